@@ -1,0 +1,65 @@
+# rlock — shortcuts only. `make help` lists them; CI runs `make test`, the same as a person.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+PYTEST    := $(VENV)/bin/pytest
+MODULE    := $(CURDIR)/target/debug/librlock.so
+MODULE_RELEASE := $(CURDIR)/target/release/librlock.so
+REDIS_SERVER ?= $(shell command -v redis-server 2>/dev/null || echo /usr/bin/redis-server)
+export RLOCK_MODULE ?= $(MODULE)
+export REDIS_SERVER
+
+.PHONY: help deps venv build release run test test-unit test-py test-client lint bench bench-quick clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+deps: ## Install what a fresh Debian machine lacks (redis-server, libclang-dev; apt-get when root)
+	@./scripts/deps.sh
+
+$(VENV)/.ok: tests/requirements.txt
+	@./scripts/deps.sh
+	python3 -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r tests/requirements.txt
+	@touch $@
+
+venv: $(VENV)/.ok ## Make the Python virtualenv for the integration tests
+
+build: ## Build the module (target/debug/librlock.so)
+	@./scripts/deps.sh
+	cargo build -p rlock
+
+release: ## Build the optimised module (target/release/librlock.so)
+	@./scripts/deps.sh
+	cargo build --release -p rlock
+
+run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
+	$(REDIS_SERVER) redis.conf.example --loadmodule $(MODULE)
+
+test: build venv test-unit test-py test-client bench-quick ## Every test: Rust unit + client tests, Python integration tests, benchmark smoke run
+
+test-unit: ## Rust unit tests of the pure lock core
+	cargo test -p rlock
+
+test-py: build venv ## Python integration tests against a real module-loaded redis-server
+	$(PYTEST) -q tests
+
+test-client: build ## Rust client crate tests against a real module-loaded redis-server
+	cargo test -p rlock-client
+
+lint: ## rustfmt check and clippy with warnings as errors
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes BENCHMARK.md
+	@echo "bench: not written yet"
+
+bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
+	@echo "bench-quick: not written yet"
+
+clean: ## Remove build output and the virtualenv
+	cargo clean
+	rm -rf $(VENV)

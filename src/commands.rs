@@ -1,0 +1,210 @@
+//! Command handlers: parse -> read -> core -> write/replicate/notify -> reply.
+
+use redis_module::redisvalue::RedisValueKey;
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::core::{self, LockState, Outcome, Plan, Reply};
+use crate::ffi::{self, LockKey};
+use crate::{guard, stats, store, waiters};
+
+fn err(msg: &'static str) -> RedisError {
+    RedisError::Str(msg)
+}
+
+fn reply(plan: &Plan) -> RedisValue {
+    match plan.reply {
+        Reply::Nil => RedisValue::Null,
+        Reply::Int(n) => RedisValue::Integer(n),
+    }
+}
+
+fn count(outcome: Outcome) {
+    match outcome {
+        Outcome::Acquired => stats::bump(|s| &s.acquisitions),
+        Outcome::Reentered => stats::bump(|s| &s.reentries),
+        Outcome::Contended => stats::bump(|s| &s.contended),
+        Outcome::Released | Outcome::Decremented => stats::bump(|s| &s.releases),
+        Outcome::ForceReleased => stats::bump(|s| &s.forced_releases),
+        Outcome::Renewed => stats::bump(|s| &s.renewals),
+        Outcome::NotHeld | Outcome::NoLock => {}
+    }
+}
+
+fn args_after_key(args: &[RedisString]) -> Vec<&[u8]> {
+    args[2..].iter().map(RedisString::as_slice).collect()
+}
+
+/// Opens the lock key for writing and reads it. If it holds no lock but clients wait for
+/// it (freed by DEL, expiry, overwrite... a moment ago, with the handoff still pending),
+/// the first waiter is served before the caller looks: nobody barges past the queue.
+fn open_for_write(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+) -> (LockKey, Result<LockState, &'static str>) {
+    let key = LockKey::open(ctx, name, true);
+    let state = store::read(&key);
+    if !matches!(state, Ok(LockState::Held { .. })) && waiters::has_waiters(db, name.as_slice()) {
+        drop(key);
+        waiters::serve(ctx, db, name);
+        let key = LockKey::open(ctx, name, true);
+        let state = store::read(&key);
+        return (key, state);
+    }
+    (key, state)
+}
+
+/// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
+/// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
+fn after_free(ctx: &Context, db: i32, name: &RedisString) {
+    if waiters::serve(ctx, db, name) != waiters::Served::Handed {
+        store::publish_unlock(ctx, name);
+    }
+}
+
+/// Where a client may not block (MULTI/EXEC, scripts, replicated or loading streams,
+/// deny-blocking contexts), WAIT is ignored and the command answers at once.
+fn may_block(ctx: &Context) -> bool {
+    let no = ContextFlags::MULTI
+        | ContextFlags::LUA
+        | ContextFlags::DENY_BLOCKING
+        | ContextFlags::REPLICATED
+        | ContextFlags::LOADING;
+    !ctx.get_flags().intersects(no)
+}
+
+/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>]
+pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() < 4 {
+            return Err(RedisError::WrongArity);
+        }
+        let a = core::parse_acquire(&args_after_key(&args)).map_err(err)?;
+        let (name, owner) = (&args[1], &args[2]);
+        let db = ffi::selected_db(ctx);
+        let (key, state) = open_for_write(ctx, db, name);
+        let plan =
+            core::acquire(&state.map_err(err)?, a.owner, a.lease, ffi::now_ms()).map_err(err)?;
+        store::apply(ctx, &key, name, owner, &plan);
+        drop(key);
+        count(plan.outcome);
+        match (plan.outcome, plan.reply, a.wait) {
+            (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
+                waiters::wait(ctx, db, name, a.owner, a.lease, timeout, pttl).map_err(err)?;
+                Ok(RedisValue::NoReply)
+            }
+            _ => {
+                waiters::note_expiry(ctx, db, name.as_slice(), a.lease);
+                Ok(reply(&plan))
+            }
+        }
+    })
+}
+
+/// RLOCK.RELEASE <key> <owner> [<lease-ms>]
+pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if !(3..=4).contains(&args.len()) {
+            return Err(RedisError::WrongArity);
+        }
+        let (owner, lease) = core::parse_release(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (key, state) = open_for_write(ctx, db, name);
+        let plan = core::release(&state.map_err(err)?, owner, lease, ffi::now_ms());
+        store::apply(ctx, &key, name, &args[2], &plan);
+        drop(key);
+        count(plan.outcome);
+        if plan.freed {
+            after_free(ctx, db, name);
+        } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
+            waiters::note_expiry(ctx, db, name.as_slice(), lease);
+        }
+        Ok(reply(&plan))
+    })
+}
+
+/// RLOCK.RENEW <key> <owner> <lease-ms>
+pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 4 {
+            return Err(RedisError::WrongArity);
+        }
+        let (owner, lease) = core::parse_renew(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (key, state) = open_for_write(ctx, db, name);
+        let plan = core::renew(&state.map_err(err)?, owner, lease, ffi::now_ms());
+        store::apply(ctx, &key, name, &args[2], &plan);
+        drop(key);
+        count(plan.outcome);
+        if plan.expire_at.is_some() {
+            waiters::note_expiry(ctx, db, name.as_slice(), lease);
+        }
+        Ok(reply(&plan))
+    })
+}
+
+/// RLOCK.FORCERELEASE <key>
+pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 2 {
+            return Err(RedisError::WrongArity);
+        }
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (key, state) = open_for_write(ctx, db, name);
+        let plan = core::force_release(&state.map_err(err)?);
+        store::apply(ctx, &key, name, name, &plan);
+        drop(key);
+        count(plan.outcome);
+        if plan.freed {
+            after_free(ctx, db, name);
+        }
+        Ok(reply(&plan))
+    })
+}
+
+/// RLOCK.INFO <key>
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 2 {
+            return Err(RedisError::WrongArity);
+        }
+        let name = &args[1];
+        let key = LockKey::open(ctx, name, false);
+        let (holders, pttl) = match store::read(&key).map_err(err)? {
+            LockState::Free => return Ok(RedisValue::Null),
+            LockState::Held { holders, pttl } => (holders, pttl),
+        };
+        let waiting = waiters::with(|q| q.len(ffi::selected_db(ctx), name.as_slice()));
+        let owners = holders
+            .into_iter()
+            .map(|h| {
+                (
+                    RedisValueKey::BulkString(h.owner),
+                    RedisValue::Integer(h.count),
+                )
+            })
+            .collect();
+        // An ordered map: a map under RESP3, flat pairs under RESP2, keys in a stable order.
+        Ok(RedisValue::OrderedMap(
+            [
+                (
+                    RedisValueKey::String("owners".into()),
+                    RedisValue::OrderedMap(owners),
+                ),
+                (
+                    RedisValueKey::String("pttl".into()),
+                    RedisValue::Integer(pttl),
+                ),
+                (
+                    RedisValueKey::String("waiters".into()),
+                    RedisValue::Integer(waiting as i64),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        ))
+    })
+}

@@ -1,0 +1,640 @@
+//! The lock algorithm, pure: no Redis, no clock, no I/O.
+//!
+//! Given what the key holds now, the caller's owner id, the lease and the current time,
+//! each function returns a [`Plan`]: what to write (in the order delete, write, expire)
+//! and what to reply. The glue in `commands.rs` reads the key into a [`LockState`], runs
+//! the plan through `store.rs`, and replies. Keeping this free of Redis types is what lets
+//! every branch be tested as a table, without a server.
+//!
+//! The data model is Redisson's on purpose: a hash whose fields are owner ids and whose
+//! values are hold counts, with the key's TTL as the lease. A lock nobody holds does not
+//! exist as a key.
+
+use crate::errors::{
+    ERR_COUNT_OVERFLOW, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOT_A_LOCK, ERR_SYNTAX, ERR_TIMEOUT,
+};
+
+/// The longest lease or wait a caller may ask for: 100 years in milliseconds. Bounded so
+/// that `now + lease` can never overflow an absolute expiry, whatever the clock says.
+pub const MAX_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// One owner's entry in the lock hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub owner: Vec<u8>,
+    pub count: i64,
+}
+
+/// What the lock key holds, as far as the algorithm cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockState {
+    /// No key: nobody holds the lock.
+    Free,
+    /// A valid lock hash. `pttl` is the remaining lease in ms, or -1 for a key with no TTL.
+    Held { holders: Vec<Holder>, pttl: i64 },
+}
+
+impl LockState {
+    /// The caller's hold count, if it holds the lock.
+    pub fn count_of(&self, owner: &[u8]) -> Option<i64> {
+        match self {
+            LockState::Free => None,
+            LockState::Held { holders, .. } => {
+                holders.iter().find(|h| h.owner == owner).map(|h| h.count)
+            }
+        }
+    }
+}
+
+/// A hash-field write for the owner a plan is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// `HSET key owner <n>` on a key that has no such field (a new lock or a handoff).
+    Set(i64),
+    /// `HINCRBY key owner <delta>`; the second value is the count after the increment, so
+    /// the store can write it directly without reading the field again.
+    IncrBy(i64, i64),
+    /// `HDEL key owner`: the owner leaves a hash that other owners still hold.
+    Remove,
+}
+
+/// The reply a command sends when it answers at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Nil,
+    Int(i64),
+}
+
+/// What happened, for the `INFO rlock` counters and for the glue's next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Acquired,
+    Reentered,
+    /// Held by another owner: a WAIT caller may block now.
+    Contended,
+    /// The owner's count went down but it still holds the lock.
+    Decremented,
+    /// The owner let go of its last hold; `Plan::freed` says whether the lock is now free.
+    Released,
+    NotHeld,
+    Renewed,
+    ForceReleased,
+    NoLock,
+}
+
+/// Effects to apply, in this order: delete the key, write the owner's field, set the
+/// absolute expiry. Then reply. No allocation: this is on every command's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub delete: bool,
+    pub write: Option<Write>,
+    /// Absolute expiry in ms since the epoch (replicated as PEXPIREAT).
+    pub expire_at: Option<i64>,
+    pub reply: Reply,
+    pub outcome: Outcome,
+    /// The lock became free: hand it to the first waiter, or publish the unlock message.
+    pub freed: bool,
+}
+
+impl Plan {
+    fn reply_only(reply: Reply, outcome: Outcome) -> Plan {
+        Plan {
+            delete: false,
+            write: None,
+            expire_at: None,
+            reply,
+            outcome,
+            freed: false,
+        }
+    }
+
+    /// True when the plan changes the keyspace.
+    pub fn writes(&self) -> bool {
+        self.delete || self.write.is_some() || self.expire_at.is_some()
+    }
+}
+
+/// `RLOCK.ACQUIRE`: take a free lock, re-enter one we hold, or report the holder's PTTL.
+pub fn acquire(
+    state: &LockState,
+    owner: &[u8],
+    lease: i64,
+    now: i64,
+) -> Result<Plan, &'static str> {
+    match state {
+        LockState::Free => Ok(grant(false, lease, now)),
+        LockState::Held { pttl, .. } => match state.count_of(owner) {
+            Some(count) => {
+                let next = count.checked_add(1).ok_or(ERR_COUNT_OVERFLOW)?;
+                Ok(Plan {
+                    delete: false,
+                    write: Some(Write::IncrBy(1, next)),
+                    expire_at: Some(now + lease),
+                    reply: Reply::Nil,
+                    outcome: Outcome::Reentered,
+                    freed: false,
+                })
+            }
+            None => Ok(Plan::reply_only(Reply::Int(*pttl), Outcome::Contended)),
+        },
+    }
+}
+
+/// The lock handed to (or created for) one owner: `{owner: 1}` expiring after its lease.
+/// `replace` deletes whatever the key held first (a handoff over an overwritten key).
+pub fn grant(replace: bool, lease: i64, now: i64) -> Plan {
+    Plan {
+        delete: replace,
+        write: Some(Write::Set(1)),
+        expire_at: Some(now + lease),
+        reply: Reply::Nil,
+        outcome: Outcome::Acquired,
+        freed: false,
+    }
+}
+
+/// `RLOCK.RELEASE`: count down; the last release frees the lock.
+pub fn release(state: &LockState, owner: &[u8], lease: Option<i64>, now: i64) -> Plan {
+    let (holders, count) = match (state, state.count_of(owner)) {
+        (LockState::Held { holders, .. }, Some(count)) => (holders, count),
+        _ => return Plan::reply_only(Reply::Nil, Outcome::NotHeld),
+    };
+    if count > 1 {
+        return Plan {
+            delete: false,
+            write: Some(Write::IncrBy(-1, count - 1)),
+            expire_at: lease.map(|l| now + l),
+            reply: Reply::Int(0),
+            outcome: Outcome::Decremented,
+            freed: false,
+        };
+    }
+    // Redisson never writes two owners into one lock, but a hash shared by several owners
+    // is still a valid lock; the last one out frees it.
+    let last = holders.len() == 1;
+    Plan {
+        delete: last,
+        write: (!last).then_some(Write::Remove),
+        expire_at: None,
+        reply: Reply::Int(1),
+        outcome: Outcome::Released,
+        freed: last,
+    }
+}
+
+/// `RLOCK.RENEW`: re-arm the lease of a lock the owner holds; the count is unchanged.
+pub fn renew(state: &LockState, owner: &[u8], lease: i64, now: i64) -> Plan {
+    match state.count_of(owner) {
+        Some(_) => Plan {
+            delete: false,
+            write: None,
+            expire_at: Some(now + lease),
+            reply: Reply::Int(1),
+            outcome: Outcome::Renewed,
+            freed: false,
+        },
+        None => Plan::reply_only(Reply::Int(0), Outcome::NotHeld),
+    }
+}
+
+/// `RLOCK.FORCERELEASE`: free the lock whoever holds it (Redisson's forceUnlock).
+pub fn force_release(state: &LockState) -> Plan {
+    match state {
+        LockState::Free => Plan::reply_only(Reply::Int(0), Outcome::NoLock),
+        LockState::Held { .. } => Plan {
+            delete: true,
+            write: None,
+            expire_at: None,
+            reply: Reply::Int(1),
+            outcome: Outcome::ForceReleased,
+            freed: true,
+        },
+    }
+}
+
+/// Reads hash fields into holders. Every value must be a positive decimal integer, or the
+/// hash is not a lock and no command may touch it (it is somebody else's data).
+pub fn parse_holders<F, V>(
+    fields: impl IntoIterator<Item = (F, V)>,
+) -> Result<Vec<Holder>, &'static str>
+where
+    F: Into<Vec<u8>>,
+    V: AsRef<[u8]>,
+{
+    let holders = fields
+        .into_iter()
+        .map(|(owner, value)| match parse_i64(value.as_ref()) {
+            Some(count) if count >= 1 => Ok(Holder {
+                owner: owner.into(),
+                count,
+            }),
+            _ => Err(ERR_NOT_A_LOCK),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if holders.is_empty() {
+        // Redis deletes empty hashes, so this cannot be read from a key; refuse it anyway.
+        return Err(ERR_NOT_A_LOCK);
+    }
+    Ok(holders)
+}
+
+/// Parses a decimal integer the way Redis writes them: optional '-', digits, no '+', no
+/// spaces, no leading zeros. Anything else is not a number to us.
+pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    if digits.is_empty()
+        || !digits.iter().all(u8::is_ascii_digit)
+        || (digits.len() > 1 && digits[0] == b'0')
+        || (digits == b"0" && digits.len() != bytes.len())
+    {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+fn parse_ms(bytes: &[u8], min: i64, err: &'static str) -> Result<i64, &'static str> {
+    match parse_i64(bytes) {
+        Some(ms) if (min..=MAX_MS).contains(&ms) => Ok(ms),
+        _ => Err(err),
+    }
+}
+
+fn parse_owner(bytes: &[u8]) -> Result<&[u8], &'static str> {
+    if bytes.is_empty() {
+        Err(ERR_EMPTY_OWNER)
+    } else {
+        Ok(bytes)
+    }
+}
+
+/// Arguments of `RLOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms]` after the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    pub owner: &'a [u8],
+    pub lease: i64,
+    /// `Some(0)` waits without limit (Redis's convention for blocking commands).
+    pub wait: Option<i64>,
+}
+
+/// Parses `owner lease-ms [WAIT timeout-ms]`. The arity was checked by the caller.
+pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static str> {
+    let owner = parse_owner(args[0])?;
+    let lease = parse_ms(args[1], 1, ERR_LEASE)?;
+    let mut wait = None;
+    let mut rest = &args[2..];
+    while let [option, tail @ ..] = rest {
+        match (option.to_ascii_uppercase().as_slice(), tail) {
+            (b"WAIT", [timeout, tail @ ..]) if wait.is_none() => {
+                wait = Some(parse_ms(timeout, 0, ERR_TIMEOUT)?);
+                rest = tail;
+            }
+            _ => return Err(ERR_SYNTAX),
+        }
+    }
+    Ok(AcquireArgs { owner, lease, wait })
+}
+
+/// Parses `owner [lease-ms]` of `RLOCK.RELEASE`.
+pub fn parse_release<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], Option<i64>), &'static str> {
+    let owner = parse_owner(args[0])?;
+    match args[1..] {
+        [] => Ok((owner, None)),
+        [lease] => Ok((owner, Some(parse_ms(lease, 1, ERR_LEASE)?))),
+        _ => Err(ERR_SYNTAX),
+    }
+}
+
+/// Parses `owner lease-ms` of `RLOCK.RENEW`.
+pub fn parse_renew<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], i64), &'static str> {
+    Ok((parse_owner(args[0])?, parse_ms(args[1], 1, ERR_LEASE)?))
+}
+
+/// The unlock channel of a lock, by Redisson's `prefixName` rule: the key goes in braces
+/// (so the channel hashes to the lock's cluster slot) unless it already has a `{`.
+pub fn unlock_channel(key: &[u8]) -> Vec<u8> {
+    const PREFIX: &[u8] = b"redisson_lock__channel:";
+    let mut channel = Vec::with_capacity(PREFIX.len() + key.len() + 2);
+    channel.extend_from_slice(PREFIX);
+    if key.contains(&b'{') {
+        channel.extend_from_slice(key);
+    } else {
+        channel.push(b'{');
+        channel.extend_from_slice(key);
+        channel.push(b'}');
+    }
+    channel
+}
+
+/// The message Redisson's LockPubSub treats as "unlocked".
+pub const UNLOCK_MESSAGE: &[u8] = b"0";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn held(holders: &[(&str, i64)], pttl: i64) -> LockState {
+        LockState::Held {
+            holders: holders
+                .iter()
+                .map(|(o, c)| Holder {
+                    owner: o.as_bytes().to_vec(),
+                    count: *c,
+                })
+                .collect(),
+            pttl,
+        }
+    }
+
+    fn plan(
+        delete: bool,
+        write: Option<Write>,
+        expire_at: Option<i64>,
+        reply: Reply,
+        outcome: Outcome,
+        freed: bool,
+    ) -> Plan {
+        Plan {
+            delete,
+            write,
+            expire_at,
+            reply,
+            outcome,
+            freed,
+        }
+    }
+
+    #[test]
+    fn acquire_table() {
+        use Outcome::*;
+        use Reply::*;
+        let rows: Vec<(&str, LockState, &str, Plan)> = vec![
+            // A free lock is created for the caller with its lease.
+            (
+                "it_creates_a_free_lock",
+                LockState::Free,
+                "a",
+                plan(
+                    false,
+                    Some(Write::Set(1)),
+                    Some(NOW + 100),
+                    Nil,
+                    Acquired,
+                    false,
+                ),
+            ),
+            // The holder re-enters: count + 1 and the lease re-armed.
+            (
+                "it_reenters_for_the_holder",
+                held(&[("a", 2)], 5),
+                "a",
+                plan(
+                    false,
+                    Some(Write::IncrBy(1, 3)),
+                    Some(NOW + 100),
+                    Nil,
+                    Reentered,
+                    false,
+                ),
+            ),
+            // Another owner gets the holder's PTTL and nothing changes.
+            (
+                "it_reports_pttl_to_others",
+                held(&[("a", 1)], 42),
+                "b",
+                plan(false, None, None, Int(42), Contended, false),
+            ),
+            // A lock with no TTL reports -1, like PTTL.
+            (
+                "it_reports_minus_one_without_ttl",
+                held(&[("a", 1)], -1),
+                "b",
+                plan(false, None, None, Int(-1), Contended, false),
+            ),
+        ];
+        for (name, state, owner, want) in rows {
+            assert_eq!(
+                acquire(&state, owner.as_bytes(), 100, NOW).unwrap(),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn it_refuses_a_reentry_that_would_overflow() {
+        let state = held(&[("a", i64::MAX)], 5);
+        assert_eq!(acquire(&state, b"a", 100, NOW), Err(ERR_COUNT_OVERFLOW));
+    }
+
+    #[test]
+    fn release_table() {
+        use Outcome::*;
+        use Reply::*;
+        let rows: Vec<(&str, LockState, &str, Option<i64>, Plan)> = vec![
+            // Count > 1 goes down and keeps the expiry when no lease is given.
+            (
+                "it_decrements_without_rearming",
+                held(&[("a", 3)], 5),
+                "a",
+                None,
+                plan(
+                    false,
+                    Some(Write::IncrBy(-1, 2)),
+                    None,
+                    Int(0),
+                    Decremented,
+                    false,
+                ),
+            ),
+            // Count > 1 with a lease re-arms the expiry.
+            (
+                "it_decrements_and_rearms",
+                held(&[("a", 2)], 5),
+                "a",
+                Some(50),
+                plan(
+                    false,
+                    Some(Write::IncrBy(-1, 1)),
+                    Some(NOW + 50),
+                    Int(0),
+                    Decremented,
+                    false,
+                ),
+            ),
+            // The last hold frees the lock.
+            (
+                "it_frees_on_the_last_hold",
+                held(&[("a", 1)], 5),
+                "a",
+                Some(50),
+                plan(true, None, None, Int(1), Released, true),
+            ),
+            // One owner of a shared hash leaves; the others still hold it.
+            (
+                "it_leaves_a_shared_hash_held",
+                held(&[("a", 1), ("b", 1)], 5),
+                "a",
+                None,
+                plan(false, Some(Write::Remove), None, Int(1), Released, false),
+            ),
+            // A non-owner changes nothing.
+            (
+                "it_rejects_release_by_non_owner",
+                held(&[("a", 1)], 5),
+                "b",
+                None,
+                plan(false, None, None, Nil, NotHeld, false),
+            ),
+            // Nothing to release.
+            (
+                "it_rejects_release_of_a_free_lock",
+                LockState::Free,
+                "a",
+                None,
+                plan(false, None, None, Nil, NotHeld, false),
+            ),
+        ];
+        for (name, state, owner, lease, want) in rows {
+            assert_eq!(
+                release(&state, owner.as_bytes(), lease, NOW),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn renew_and_force_release_table() {
+        use Outcome::*;
+        use Reply::*;
+        // The holder renews: expiry re-armed, count untouched.
+        assert_eq!(
+            renew(&held(&[("a", 2)], 5), b"a", 70, NOW),
+            plan(false, None, Some(NOW + 70), Int(1), Renewed, false)
+        );
+        // A non-holder cannot renew.
+        assert_eq!(
+            renew(&held(&[("a", 2)], 5), b"b", 70, NOW),
+            plan(false, None, None, Int(0), NotHeld, false)
+        );
+        assert_eq!(
+            renew(&LockState::Free, b"b", 70, NOW),
+            plan(false, None, None, Int(0), NotHeld, false)
+        );
+        // Force release frees whatever the count.
+        assert_eq!(
+            force_release(&held(&[("a", 9)], 5)),
+            plan(true, None, None, Int(1), ForceReleased, true)
+        );
+        assert_eq!(
+            force_release(&LockState::Free),
+            plan(false, None, None, Int(0), NoLock, false)
+        );
+    }
+
+    #[test]
+    fn it_grants_with_or_without_replacing() {
+        assert_eq!(grant(true, 10, NOW).delete, true);
+        assert_eq!(grant(false, 10, NOW).expire_at, Some(NOW + 10));
+    }
+
+    #[test]
+    fn parse_holders_table() {
+        let ok = |v: &[(&str, &str)]| {
+            parse_holders(v.iter().map(|(f, v)| (f.as_bytes().to_vec(), v.as_bytes())))
+        };
+        assert_eq!(
+            ok(&[("a", "2")]).unwrap(),
+            vec![Holder {
+                owner: b"a".to_vec(),
+                count: 2
+            }]
+        );
+        // Zero, negative, non-numeric, padded and float values are not hold counts.
+        for bad in ["0", "-1", "x", " 1", "1.5", "01", "+1", ""] {
+            assert_eq!(ok(&[("a", bad)]), Err(ERR_NOT_A_LOCK), "{bad:?}");
+        }
+        assert_eq!(ok(&[]), Err(ERR_NOT_A_LOCK));
+    }
+
+    #[test]
+    fn parse_i64_table() {
+        for (input, want) in [
+            ("0", Some(0)),
+            ("7", Some(7)),
+            ("-7", Some(-7)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("-0", None),
+            ("007", None),
+            ("+7", None),
+            ("7 ", None),
+            ("", None),
+            ("-", None),
+            ("1e3", None),
+        ] {
+            assert_eq!(parse_i64(input.as_bytes()), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn parse_acquire_table() {
+        fn p<'a>(a: &[&'a str]) -> Result<AcquireArgs<'a>, &'static str> {
+            parse_acquire(&a.iter().map(|s| s.as_bytes()).collect::<Vec<_>>())
+        }
+        assert_eq!(
+            p(&["o", "100"]).unwrap(),
+            AcquireArgs {
+                owner: b"o",
+                lease: 100,
+                wait: None
+            }
+        );
+        assert_eq!(p(&["o", "100", "wait", "0"]).unwrap().wait, Some(0));
+        assert_eq!(p(&["o", "100", "WAIT", "250"]).unwrap().wait, Some(250));
+        for (args, err) in [
+            (&["", "100"][..], ERR_EMPTY_OWNER),
+            (&["o", "0"], ERR_LEASE),
+            (&["o", "-5"], ERR_LEASE),
+            (&["o", "abc"], ERR_LEASE),
+            (&["o", "99999999999999999999"], ERR_LEASE),
+            (&["o", "3153600000001"], ERR_LEASE),
+            (&["o", "100", "WAIT"], ERR_SYNTAX),
+            (&["o", "100", "WAIT", "-1"], ERR_TIMEOUT),
+            (&["o", "100", "WAIT", "x"], ERR_TIMEOUT),
+            (&["o", "100", "WAIT", "1", "WAIT", "2"], ERR_SYNTAX),
+            (&["o", "100", "NOPE"], ERR_SYNTAX),
+        ] {
+            assert_eq!(p(args), Err(err), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn parse_release_and_renew_table() {
+        assert_eq!(parse_release(&[b"o"]), Ok((&b"o"[..], None)));
+        assert_eq!(parse_release(&[b"o", b"10"]), Ok((&b"o"[..], Some(10))));
+        assert_eq!(parse_release(&[b"o", b"0"]), Err(ERR_LEASE));
+        assert_eq!(parse_release(&[b"o", b"10", b"x"]), Err(ERR_SYNTAX));
+        assert_eq!(parse_release(&[b""]), Err(ERR_EMPTY_OWNER));
+        assert_eq!(parse_renew(&[b"o", b"10"]), Ok((&b"o"[..], 10)));
+        assert_eq!(parse_renew(&[b"o", b"ten"]), Err(ERR_LEASE));
+    }
+
+    #[test]
+    fn unlock_channel_follows_redissons_prefix_rule() {
+        assert_eq!(
+            unlock_channel(b"lock"),
+            b"redisson_lock__channel:{lock}".to_vec()
+        );
+        assert_eq!(
+            unlock_channel(b"{app}:lock"),
+            b"redisson_lock__channel:{app}:lock".to_vec()
+        );
+        assert_eq!(
+            unlock_channel(b"a{b"),
+            b"redisson_lock__channel:a{b".to_vec()
+        );
+    }
+}

@@ -1,0 +1,17 @@
+//! Every error reply the module sends, each defined once with its Redis code prefix.
+//! The Python tests assert these exact texts; the client maps the codes to its error enum.
+
+pub const ERR_SYNTAX: &str = "ERR syntax error";
+pub const ERR_LEASE: &str = "ERR lease-ms must be an integer from 1 to 3153600000000";
+pub const ERR_TIMEOUT: &str = "ERR timeout-ms must be an integer from 0 to 3153600000000";
+pub const ERR_EMPTY_OWNER: &str = "ERR owner must not be empty";
+pub const ERR_NOT_A_LOCK: &str =
+    "ERR key holds a hash that is not a lock (every field value must be a positive integer hold count)";
+pub const ERR_WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+pub const ERR_COUNT_OVERFLOW: &str = "ERR hold count would overflow";
+pub const ERR_TOO_MANY_WAITERS: &str =
+    "ERR too many clients waiting for this lock (see rlock.max-waiters-per-key)";
+pub const ERR_INTERNAL: &str = "ERR rlock internal error (details in the server log)";
+/// Sent to queued waiters when the server stops being a master: a replica cannot grant locks.
+pub const ERR_ROLE_CHANGED: &str =
+    "READONLY this server became a replica while the client waited for the lock";

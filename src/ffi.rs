@@ -1,0 +1,396 @@
+//! The only unsafe code of the module: thin RAII wrappers over the Redis module API where
+//! redis-module 2.0.8 has no safe (or no binary-safe) wrapper.
+//!
+//! - [`LockKey`]: an open key, closed on drop; binary-safe hash reads and writes, absolute
+//!   expiry. The crate's own hash helpers take `&str` fields, but owner ids are binary.
+//! - Blocked clients: `BlockClient` with reply, timeout, free and disconnect callbacks
+//!   (the crate's `block_client()` has none of them), and `UnblockClient`.
+//! - Timers: create and stop with our own data type (the crate's `stop_timer` casts the
+//!   stored box wrongly, see the shared notes).
+//! - Pub/sub and a few context helpers.
+//!
+//! Every function here checks that the server exports the API it calls and degrades
+//! instead of unwrapping a missing pointer, which would abort the server.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::os::raw::c_char;
+use std::ptr;
+
+use redis_module::{raw, Context, RedisString};
+
+/// Milliseconds since the epoch by the server's clock (the clock key expiry uses).
+pub fn now_ms() -> i64 {
+    unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) }
+}
+
+/// What a key holds, as far as locks care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    Empty,
+    Hash,
+    Other,
+}
+
+/// An open key, closed when dropped.
+pub struct LockKey {
+    ctx: *mut raw::RedisModuleCtx,
+    key: *mut raw::RedisModuleKey,
+}
+
+impl LockKey {
+    /// Opens `name` in the context's selected db. Opening may expire the key lazily, which
+    /// fires the "expired" notification synchronously, before this returns.
+    pub fn open(ctx: &Context, name: &RedisString, write: bool) -> LockKey {
+        let mode = if write {
+            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
+        } else {
+            raw::REDISMODULE_READ
+        };
+        let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx.ctx, name.inner, mode as c_int) };
+        LockKey {
+            ctx: ctx.ctx,
+            key: key.cast(),
+        }
+    }
+
+    pub fn kind(&self) -> KeyKind {
+        if self.key.is_null() {
+            return KeyKind::Empty;
+        }
+        match unsafe { raw::RedisModule_KeyType.unwrap()(self.key) } as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
+            raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
+            _ => KeyKind::Other,
+        }
+    }
+
+    /// Remaining TTL in ms, or -1 when the key has no expiry (as PTTL answers).
+    pub fn pttl(&self) -> i64 {
+        if self.key.is_null() {
+            return -2;
+        }
+        let ttl = unsafe { raw::RedisModule_GetExpire.unwrap()(self.key) };
+        if ttl == raw::REDISMODULE_NO_EXPIRE as i64 {
+            -1
+        } else {
+            ttl
+        }
+    }
+
+    /// All (field, value) pairs of a hash key.
+    pub fn hash_fields(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        extern "C" fn collect(
+            _key: *mut raw::RedisModuleKey,
+            field: *mut raw::RedisModuleString,
+            value: *mut raw::RedisModuleString,
+            privdata: *mut c_void,
+        ) {
+            let out = unsafe { &mut *privdata.cast::<Vec<(Vec<u8>, Vec<u8>)>>() };
+            out.push((string_bytes(field).to_vec(), string_bytes(value).to_vec()));
+        }
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        unsafe {
+            let cursor = raw::RedisModule_ScanCursorCreate.unwrap()();
+            while raw::RedisModule_ScanKey.unwrap()(
+                self.key,
+                cursor,
+                Some(collect),
+                ptr::addr_of_mut!(out).cast(),
+            ) != 0
+            {}
+            raw::RedisModule_ScanCursorDestroy.unwrap()(cursor);
+        }
+        out
+    }
+
+    /// `HSET key field value` (binary-safe field).
+    pub fn hash_set(&self, field: &RedisString, value: &RedisString) {
+        unsafe {
+            raw::RedisModule_HashSet.unwrap()(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.inner,
+                value.inner,
+                ptr::null::<c_char>(),
+            );
+        }
+    }
+
+    /// `HDEL key field` (binary-safe field).
+    pub fn hash_del(&self, field: &RedisString) {
+        unsafe {
+            raw::RedisModule_HashSet.unwrap()(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.inner,
+                raw::REDISMODULE_HASH_DELETE,
+                ptr::null::<c_char>(),
+            );
+        }
+    }
+
+    pub fn delete(&self) {
+        unsafe {
+            raw::RedisModule_DeleteKey.unwrap()(self.key);
+        }
+    }
+
+    /// Sets the absolute expiry (ms since the epoch). Falls back to a relative expiry on a
+    /// server without `SetAbsExpire`; the replicated PEXPIREAT is absolute either way.
+    pub fn set_abs_expire(&self, at: i64) {
+        unsafe {
+            match raw::RedisModule_SetAbsExpire {
+                Some(set_abs) => {
+                    set_abs(self.key, at);
+                }
+                None => {
+                    raw::RedisModule_SetExpire.unwrap()(self.key, (at - now_ms()).max(1));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for LockKey {
+    fn drop(&mut self) {
+        if !self.key.is_null() {
+            unsafe { raw::RedisModule_CloseKey.unwrap()(self.key) };
+        }
+        let _ = self.ctx;
+    }
+}
+
+/// The bytes of a module string (valid while the string lives).
+pub fn string_bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+    let mut len: usize = 0;
+    unsafe {
+        let p = raw::RedisModule_StringPtrLen.unwrap()(s, &mut len);
+        if p.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
+        }
+    }
+}
+
+/// The db the context has selected.
+pub fn selected_db(ctx: &Context) -> i32 {
+    unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) }
+}
+
+/// Selects a db in this context (timer contexts start on db 0).
+pub fn select_db(ctx: &Context, db: i32) -> bool {
+    unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, db) == raw::REDISMODULE_OK as c_int }
+}
+
+/// Tells WATCH and client-side caching that the key changed. The module turns off Redis's
+/// implicit signal on every write-opened key, so that a contended ACQUIRE (which writes
+/// nothing) does not abort other clients' transactions.
+pub fn signal_modified(ctx: &Context, key: &RedisString) {
+    unsafe {
+        if let Some(signal) = raw::RedisModule_SignalModifiedKey {
+            signal(ctx.ctx, key.inner);
+        }
+    }
+}
+
+pub fn disable_implicit_signal(ctx: &Context) {
+    unsafe {
+        if let Some(set) = raw::RedisModule_SetModuleOptions {
+            set(
+                ctx.ctx,
+                raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
+            );
+        }
+    }
+}
+
+/// PUBLISH (or SPUBLISH when `shard`) to subscribers of this server and, in cluster mode,
+/// to the cluster bus. Replicas are reached by replicating the command (see store.rs).
+pub fn publish(ctx: &Context, channel: &RedisString, message: &RedisString, shard: bool) {
+    unsafe {
+        let f = if shard {
+            raw::RedisModule_PublishMessageShard.or(raw::RedisModule_PublishMessage)
+        } else {
+            raw::RedisModule_PublishMessage
+        };
+        if let Some(f) = f {
+            f(ctx.ctx, channel.inner, message.inner);
+        }
+    }
+}
+
+pub fn reply_null(ctx: &Context) {
+    unsafe {
+        raw::RedisModule_ReplyWithNull.unwrap()(ctx.ctx);
+    }
+}
+
+pub fn reply_error(ctx: &Context, msg: &str) {
+    ctx.reply_error_string(msg);
+}
+
+pub fn reply_integer(ctx: &Context, n: i64) {
+    unsafe {
+        raw::RedisModule_ReplyWithLongLong.unwrap()(ctx.ctx, n);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Blocked clients
+
+/// An opaque blocked-client handle. Every handle must be given back to Redis exactly once
+/// with [`unblock`]; `waiters.rs` owns them and guarantees that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Blocked(pub usize);
+
+/// What a woken waiter is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The lock was handed to it: reply nil.
+    Granted,
+    /// Reply with this error.
+    Error(&'static str),
+}
+
+/// Callbacks the blocking glue provides. Plain function pointers keep this module free
+/// of lock logic.
+pub struct BlockCallbacks {
+    /// The client's wait timed out (or CLIENT UNBLOCK): reply and forget the waiter.
+    pub on_timeout: fn(&Context, Blocked),
+    /// The client went away (or CLIENT UNBLOCK ... ERROR): forget the waiter.
+    pub on_disconnect: fn(&Context, Blocked),
+}
+
+static mut CALLBACKS: Option<BlockCallbacks> = None;
+
+/// Installs the blocking callbacks. Called once from the module's init, on the main thread.
+pub fn set_block_callbacks(cb: BlockCallbacks) {
+    unsafe { CALLBACKS = Some(cb) };
+}
+
+fn callbacks() -> Option<&'static BlockCallbacks> {
+    unsafe { (*ptr::addr_of!(CALLBACKS)).as_ref() }
+}
+
+extern "C" fn reply_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let wake = unsafe { raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx) }.cast::<Wake>();
+    match unsafe { wake.as_ref() } {
+        Some(Wake::Granted) => reply_null(&context),
+        Some(Wake::Error(msg)) => reply_error(&context, msg),
+        None => reply_error(&context, crate::errors::ERR_INTERNAL),
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn timeout_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
+    if let Some(cb) = callbacks() {
+        crate::guard::quietly(|| (cb.on_timeout)(&context, Blocked(bc as usize)));
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn free_privdata_cb(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+    if !privdata.is_null() {
+        drop(unsafe { Box::from_raw(privdata.cast::<Wake>()) });
+    }
+}
+
+extern "C" fn disconnect_cb(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisModuleBlockedClient) {
+    let context = Context::new(ctx);
+    if let Some(cb) = callbacks() {
+        crate::guard::quietly(|| (cb.on_disconnect)(&context, Blocked(bc as usize)));
+    }
+}
+
+/// Blocks the client running the current command. `timeout_ms` 0 waits without limit.
+pub fn block_client(ctx: &Context, timeout_ms: i64) -> Blocked {
+    unsafe {
+        let bc = raw::RedisModule_BlockClient.unwrap()(
+            ctx.ctx,
+            Some(reply_cb),
+            Some(timeout_cb),
+            Some(free_privdata_cb),
+            timeout_ms,
+        );
+        if let Some(set) = raw::RedisModule_SetDisconnectCallback {
+            set(bc, Some(disconnect_cb));
+        }
+        Blocked(bc as usize)
+    }
+}
+
+/// Gives a handle back to Redis. With `Some(wake)` the client is answered by the reply
+/// callback; with `None` (after a timeout or disconnect) nothing is sent.
+pub fn unblock(handle: Blocked, wake: Option<Wake>) {
+    let privdata = wake.map_or(ptr::null_mut(), |w| {
+        Box::into_raw(Box::new(w)).cast::<c_void>()
+    });
+    unsafe {
+        raw::RedisModule_UnblockClient.unwrap()(
+            handle.0 as *mut raw::RedisModuleBlockedClient,
+            privdata,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Timers
+
+/// A module timer id.
+pub type TimerId = u64;
+
+static mut TIMER_HANDLER: Option<fn(&Context, u64)> = None;
+
+/// Installs the function every timer calls with its `tag`. Called once from init.
+pub fn set_timer_handler(f: fn(&Context, u64)) {
+    unsafe { TIMER_HANDLER = Some(f) };
+}
+
+extern "C" fn timer_cb(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    let context = Context::new(ctx);
+    let tag = data as u64;
+    if let Some(f) = unsafe { *ptr::addr_of!(TIMER_HANDLER) } {
+        crate::guard::quietly(|| f(&context, tag));
+    }
+}
+
+/// Runs the timer handler with `tag` after `delay_ms`. The tag is carried in the data
+/// pointer itself, so a timer owns no memory and stopping one frees nothing.
+pub fn create_timer(ctx: &Context, delay_ms: i64, tag: u64) -> TimerId {
+    unsafe {
+        raw::RedisModule_CreateTimer.unwrap()(
+            ctx.ctx,
+            delay_ms.max(0),
+            Some(timer_cb),
+            tag as *mut c_void,
+        )
+    }
+}
+
+pub fn stop_timer(ctx: &Context, id: TimerId) {
+    unsafe {
+        raw::RedisModule_StopTimer.unwrap()(ctx.ctx, id, ptr::null_mut());
+    }
+}
+
+/// Logs at warning level without going through a Rust String in the common path.
+pub fn log_warning(ctx: &Context, msg: &str) {
+    ctx.log_warning(msg);
+}
+
+/// The command's name, for messages. Unused bytes are replaced.
+pub fn cstr_lossy(s: &CStr) -> String {
+    s.to_string_lossy().into_owned()
+}

@@ -1,0 +1,57 @@
+//! Counters for `INFO rlock`. Main-thread only, like every module callback.
+
+use std::cell::Cell;
+
+use redis_module::{InfoContext, RedisResult};
+
+#[derive(Default)]
+pub struct Stats {
+    pub acquisitions: Cell<u64>,
+    pub reentries: Cell<u64>,
+    pub contended: Cell<u64>,
+    pub handoffs: Cell<u64>,
+    pub wait_timeouts: Cell<u64>,
+    pub releases: Cell<u64>,
+    pub forced_releases: Cell<u64>,
+    pub renewals: Cell<u64>,
+    pub expired_with_waiters: Cell<u64>,
+}
+
+thread_local! {
+    static STATS: Stats = Stats::default();
+}
+
+/// Adds one to the counter `pick` selects.
+pub fn bump(pick: impl FnOnce(&Stats) -> &Cell<u64>) {
+    STATS.with(|s| {
+        let c = pick(s);
+        c.set(c.get() + 1);
+    });
+}
+
+/// The `rlock` section of INFO. The older field API is the one that names the section
+/// after the module alone (`INFO rlock`); the builder would make it `rlock_<name>`.
+#[allow(deprecated)]
+pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
+    let (waiters, keys) = crate::waiters::with(|q| (q.total(), q.keys_with_waiters()));
+    STATS.with(|s| {
+        let fields: [(&str, u64); 11] = [
+            ("acquisitions", s.acquisitions.get()),
+            ("reentries", s.reentries.get()),
+            ("contended", s.contended.get()),
+            ("handoffs", s.handoffs.get()),
+            ("wait_timeouts", s.wait_timeouts.get()),
+            ("releases", s.releases.get()),
+            ("forced_releases", s.forced_releases.get()),
+            ("renewals", s.renewals.get()),
+            ("expired_with_waiters", s.expired_with_waiters.get()),
+            ("waiters", waiters as u64),
+            ("keys_with_waiters", keys as u64),
+        ];
+        ctx.add_info_section(None);
+        for (name, value) in fields {
+            ctx.add_info_field_long_long(name, value as i64);
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,503 @@
+//! Clients waiting in the server for a lock, and the handoff that serves them.
+//!
+//! Each lock key with waiters has a FIFO queue. When the lock is freed the first waiter is
+//! handed the lock in the same event-loop turn: the module writes `{owner: 1}` with that
+//! waiter's lease and replies nil to it, so nobody else ever sees the lock free (strict
+//! first come, first served, no thundering herd of pub/sub wake-ups).
+//!
+//! [`Queues`] is the bookkeeping, pure and unit-tested; the functions below it are the
+//! glue that blocks clients, arms expiry timers and performs handoffs.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use redis_module::{Context, RedisString};
+
+use crate::core::{self, LockState};
+use crate::ffi::{self, Blocked, LockKey, TimerId, Wake};
+use crate::stats;
+use crate::store;
+
+/// A lock key: its db and name. Shared (`Rc`) between the queue map and the handle index.
+pub type KeyName = Rc<[u8]>;
+
+/// One blocked client waiting for a lock.
+#[derive(Debug)]
+pub struct Waiter {
+    pub owner: Box<[u8]>,
+    pub lease: i64,
+    pub handle: Blocked,
+}
+
+/// The expiry timer armed for a key with waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArmedTimer {
+    pub id: TimerId,
+    pub tag: u64,
+    pub fire_at: i64,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Keyed by arrival sequence number: FIFO order, and O(log n) removal of a waiter that
+    /// times out or disconnects from the middle of a long queue.
+    waiters: BTreeMap<u64, Waiter>,
+    timer: Option<ArmedTimer>,
+}
+
+/// Every queue of the server, plus the indexes the callbacks need.
+#[derive(Debug, Default)]
+pub struct Queues {
+    dbs: HashMap<i32, HashMap<KeyName, Queue>>,
+    /// Timeout and disconnect callbacks only get the blocked-client handle.
+    by_handle: HashMap<Blocked, (i32, KeyName, u64)>,
+    /// Expiry timers carry a tag; a tag no longer here belongs to a stale timer.
+    timers: HashMap<u64, (i32, KeyName)>,
+    next_seq: u64,
+    next_tag: u64,
+    total: usize,
+}
+
+impl Queues {
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    pub fn keys_with_waiters(&self) -> usize {
+        self.dbs.values().map(HashMap::len).sum()
+    }
+
+    pub fn len(&self, db: i32, key: &[u8]) -> usize {
+        self.queue(db, key).map_or(0, |q| q.waiters.len())
+    }
+
+    fn queue(&self, db: i32, key: &[u8]) -> Option<&Queue> {
+        self.dbs.get(&db)?.get(key)
+    }
+
+    fn queue_mut(&mut self, db: i32, key: &[u8]) -> Option<&mut Queue> {
+        self.dbs.get_mut(&db)?.get_mut(key)
+    }
+
+    /// Appends a waiter; refused when the key already has `limit` waiters.
+    pub fn push(&mut self, db: i32, key: &[u8], waiter: Waiter, limit: usize) -> Result<(), ()> {
+        let keys = self.dbs.entry(db).or_default();
+        let name: KeyName = match keys.get_key_value(key) {
+            Some((_, q)) if q.waiters.len() >= limit => return Err(()),
+            Some((name, _)) => name.clone(),
+            None if limit == 0 => return Err(()),
+            None => Rc::from(key),
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.by_handle
+            .insert(waiter.handle, (db, name.clone(), seq));
+        keys.entry(name).or_default().waiters.insert(seq, waiter);
+        self.total += 1;
+        Ok(())
+    }
+
+    /// The first waiter of a key, without removing it.
+    pub fn head(&self, db: i32, key: &[u8]) -> Option<&Waiter> {
+        self.queue(db, key)?.waiters.values().next()
+    }
+
+    /// Removes and returns the first waiter of a key.
+    pub fn pop(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
+        let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
+        self.by_handle.remove(&waiter.handle);
+        self.total -= 1;
+        Some(waiter)
+    }
+
+    /// Removes the waiter with this handle wherever it queues; returns it with its key.
+    pub fn remove(&mut self, handle: Blocked) -> Option<(i32, KeyName, Waiter)> {
+        let (db, name, seq) = self.by_handle.remove(&handle)?;
+        let waiter = self.queue_mut(db, &name)?.waiters.remove(&seq)?;
+        self.total -= 1;
+        Some((db, name, waiter))
+    }
+
+    /// Drops the queue of a key that has no waiters left; returns its timer to stop.
+    pub fn forget_if_empty(&mut self, db: i32, key: &[u8]) -> Option<ArmedTimer> {
+        let keys = self.dbs.get_mut(&db)?;
+        if !keys.get(key)?.waiters.is_empty() {
+            return None;
+        }
+        let queue = keys.remove(key)?;
+        if keys.is_empty() {
+            self.dbs.remove(&db);
+        }
+        let timer = queue.timer?;
+        self.timers.remove(&timer.tag);
+        Some(timer)
+    }
+
+    /// Decides whether a key needs its expiry timer (re)armed for a lock expiring at
+    /// `expire_at`. A timer that fires earlier is kept: it finds the lock still held and
+    /// re-arms, which costs less than stopping a timer on every renewal. Returns the timer
+    /// to stop (if any) and the tag for the new one.
+    pub fn plan_timer(
+        &mut self,
+        db: i32,
+        key: &[u8],
+        fire_at: i64,
+    ) -> Option<(Option<ArmedTimer>, u64)> {
+        let queue = self.queue(db, key)?;
+        if queue.waiters.is_empty() {
+            return None;
+        }
+        let old = queue.timer;
+        if matches!(old, Some(t) if t.fire_at <= fire_at) {
+            return None;
+        }
+        if let Some(t) = old {
+            self.timers.remove(&t.tag);
+        }
+        self.next_tag += 1;
+        Some((old, self.next_tag))
+    }
+
+    /// Records the timer armed after [`Queues::plan_timer`].
+    pub fn set_timer(&mut self, db: i32, key: &[u8], timer: ArmedTimer) {
+        if let Some((name, queue)) = self.dbs.get_mut(&db).and_then(|k| {
+            k.get_key_value(key)
+                .map(|(n, _)| n.clone())
+                .zip(k.get_mut(key))
+        }) {
+            queue.timer = Some(timer);
+            self.timers.insert(timer.tag, (db, name));
+        }
+    }
+
+    /// The key of a firing timer, if the timer is still the one armed for it.
+    pub fn fired(&mut self, tag: u64) -> Option<(i32, KeyName)> {
+        let (db, name) = self.timers.remove(&tag)?;
+        if let Some(queue) = self.queue_mut(db, &name) {
+            if matches!(queue.timer, Some(t) if t.tag == tag) {
+                queue.timer = None;
+            }
+        }
+        Some((db, name))
+    }
+
+    /// All keys with waiters (for a flush, which deletes keys without per-key events).
+    pub fn all_keys(&self) -> Vec<(i32, KeyName)> {
+        self.dbs
+            .iter()
+            .flat_map(|(db, keys)| keys.keys().map(move |k| (*db, k.clone())))
+            .collect()
+    }
+
+    /// Empties every queue; returns the handles to answer and the timers to stop.
+    pub fn drain(&mut self) -> (Vec<Blocked>, Vec<TimerId>) {
+        let mut handles = Vec::with_capacity(self.total);
+        let mut timers = Vec::new();
+        for (_, keys) in self.dbs.drain() {
+            for (_, queue) in keys {
+                handles.extend(queue.waiters.into_values().map(|w| w.handle));
+                timers.extend(queue.timer.map(|t| t.id));
+            }
+        }
+        self.by_handle.clear();
+        self.timers.clear();
+        self.total = 0;
+        (handles, timers)
+    }
+}
+
+thread_local! {
+    // All module callbacks run on Redis's main thread. Borrows are kept short and never
+    // held across a key write or a notification: those re-enter the event handler.
+    static QUEUES: RefCell<Queues> = RefCell::new(Queues::default());
+}
+
+pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
+    QUEUES.with(|q| f(&mut q.borrow_mut()))
+}
+
+/// True when somebody waits for this key. Cheap when nobody waits anywhere.
+pub fn has_waiters(db: i32, key: &[u8]) -> bool {
+    with(|q| q.total > 0 && q.len(db, key) > 0)
+}
+
+/// Blocks the current client until it is handed the lock or `timeout_ms` passes.
+/// `pttl` is the holder's remaining lease, to arm the expiry timer.
+pub fn wait(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    owner: &[u8],
+    lease: i64,
+    timeout_ms: i64,
+    pttl: i64,
+) -> Result<(), &'static str> {
+    let key = name.as_slice();
+    let limit = crate::config::max_waiters_per_key();
+    if with(|q| q.len(db, key)) >= limit {
+        return Err(crate::errors::ERR_TOO_MANY_WAITERS);
+    }
+    let handle = ffi::block_client(ctx, timeout_ms);
+    let waiter = Waiter {
+        owner: owner.into(),
+        lease,
+        handle,
+    };
+    if with(|q| q.push(db, key, waiter, limit)).is_err() {
+        // Cannot happen (checked above, single-threaded), but a handle must never leak.
+        ffi::unblock(
+            handle,
+            Some(Wake::Error(crate::errors::ERR_TOO_MANY_WAITERS)),
+        );
+        return Ok(());
+    }
+    note_expiry(ctx, db, key, pttl);
+    Ok(())
+}
+
+/// Makes sure a key with waiters is looked at again when its lock expires (`pttl` from
+/// now; negative means no TTL, so only a release or a keyspace event can free it).
+///
+/// This is what makes an expired lock with waiters change hands within a few ms of its
+/// TTL: Redis's own active expiry samples keys and may take far longer to notice.
+pub fn note_expiry(ctx: &Context, db: i32, key: &[u8], pttl: i64) {
+    if pttl < 0 || !has_waiters(db, key) {
+        return;
+    }
+    // Expiry is `now > when`, so the key is gone one ms after its PTTL runs out.
+    let fire_at = ffi::now_ms() + pttl + 1;
+    if let Some((old, tag)) = with(|q| q.plan_timer(db, key, fire_at)) {
+        if let Some(old) = old {
+            ffi::stop_timer(ctx, old.id);
+        }
+        let id = ffi::create_timer(ctx, pttl + 1, tag);
+        with(|q| q.set_timer(db, key, ArmedTimer { id, tag, fire_at }));
+    }
+}
+
+/// What [`serve`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The lock was free and the first waiter now holds it.
+    Handed,
+    /// The lock is held; waiters keep waiting (the expiry timer is armed).
+    StillHeld,
+    /// Nobody waits for this key.
+    NoWaiters,
+}
+
+/// Hands a free lock to the first waiter of `name` in `db`. Must run where writes are
+/// allowed and propagated: a command or a timer. `ctx` must have `db` selected.
+///
+/// A key that holds something other than a lock counts as freed (the lock was overwritten
+/// by SET, RENAME, RESTORE...): the waiters were promised the lock at this key, so the
+/// first one gets it, replacing the value.
+pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
+    let key_bytes = name.as_slice();
+    let Some((owner, lease)) = with(|q| q.head(db, key_bytes).map(|w| (w.owner.clone(), w.lease)))
+    else {
+        forget_if_empty(ctx, db, key_bytes);
+        return Served::NoWaiters;
+    };
+    let key = LockKey::open(ctx, name, true);
+    let state = store::read(&key);
+    if let Ok(LockState::Held { pttl, .. }) = state {
+        drop(key);
+        note_expiry(ctx, db, key_bytes, pttl);
+        return Served::StillHeld;
+    }
+    let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
+        return Served::NoWaiters;
+    };
+    let plan = core::grant(state.is_err(), lease, ffi::now_ms());
+    let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), &owner);
+    store::apply(ctx, &key, name, &owner_rs, &plan);
+    drop(key);
+    ffi::unblock(waiter.handle, Some(Wake::Granted));
+    stats::bump(|s| &s.handoffs);
+    forget_if_empty(ctx, db, key_bytes);
+    note_expiry(ctx, db, key_bytes, lease);
+    Served::Handed
+}
+
+fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
+    if let Some(timer) = with(|q| q.forget_if_empty(db, key)) {
+        ffi::stop_timer(ctx, timer.id);
+    }
+}
+
+/// Timeout callback: the waiter leaves the queue and gets the holder's PTTL, as a
+/// non-waiting ACQUIRE would (or -2 if the lock is, for this instant, gone).
+pub fn on_timeout(ctx: &Context, handle: Blocked) {
+    let Some((db, name, _)) = with(|q| q.remove(handle)) else {
+        // Already handed the lock: Redis does not time out an unblocked client, so this
+        // is unreachable; answer something rather than leave the client hanging.
+        ffi::reply_error(ctx, crate::errors::ERR_INTERNAL);
+        return;
+    };
+    stats::bump(|s| &s.wait_timeouts);
+    // The timeout context belongs to the blocked client, whose db is the waiter's db.
+    let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
+    let pttl = LockKey::open(ctx, &name_rs, false).pttl();
+    ffi::reply_integer(ctx, pttl);
+    forget_if_empty(ctx, db, &name);
+    ffi::unblock(handle, None);
+}
+
+/// Disconnect callback (also CLIENT UNBLOCK ... ERROR): the waiter leaves the queue.
+/// A client already handed the lock is no longer queued: nothing to do, and its handle
+/// was already given back.
+pub fn on_disconnect(ctx: &Context, handle: Blocked) {
+    if let Some((db, name, _)) = with(|q| q.remove(handle)) {
+        forget_if_empty(ctx, db, &name);
+        ffi::unblock(handle, None);
+    }
+}
+
+/// An expiry timer fired: serve the key if its lock is gone.
+pub fn on_timer(ctx: &Context, tag: u64) {
+    if let Some((db, name)) = with(|q| q.fired(tag)) {
+        if ffi::select_db(ctx, db) {
+            let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
+            serve(ctx, db, &name_rs);
+        }
+    }
+}
+
+/// The server stopped being a master: a replica cannot grant locks, so every waiter is
+/// answered with an error now rather than left waiting for a handoff that cannot come.
+pub fn fail_all(ctx: &Context, error: &'static str) {
+    let (handles, timers) = with(Queues::drain);
+    for id in timers {
+        ffi::stop_timer(ctx, id);
+    }
+    for handle in handles {
+        ffi::unblock(handle, Some(Wake::Error(error)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(n: usize) -> Waiter {
+        Waiter {
+            owner: format!("o{n}").into_bytes().into(),
+            lease: 100,
+            handle: Blocked(n),
+        }
+    }
+
+    #[test]
+    fn it_serves_waiters_first_come_first_served() {
+        let mut q = Queues::default();
+        for n in 1..=5 {
+            q.push(0, b"k", waiter(n), 100).unwrap();
+        }
+        let order: Vec<usize> = std::iter::from_fn(|| q.pop(0, b"k").map(|w| w.handle.0)).collect();
+        assert_eq!(order, vec![1, 2, 3, 4, 5]);
+        assert_eq!(q.total(), 0);
+    }
+
+    #[test]
+    fn it_removes_a_waiter_from_the_middle_and_keeps_the_order() {
+        let mut q = Queues::default();
+        for n in 1..=4 {
+            q.push(0, b"k", waiter(n), 100).unwrap();
+        }
+        let (db, name, w) = q.remove(Blocked(2)).unwrap();
+        assert_eq!((db, &name[..], w.handle), (0, &b"k"[..], Blocked(2)));
+        assert!(q.remove(Blocked(2)).is_none(), "a handle is removed once");
+        assert_eq!(q.pop(0, b"k").unwrap().handle, Blocked(1));
+        assert_eq!(q.pop(0, b"k").unwrap().handle, Blocked(3));
+        assert_eq!(q.total(), 1);
+    }
+
+    #[test]
+    fn it_keeps_keys_and_dbs_apart() {
+        let mut q = Queues::default();
+        q.push(0, b"a", waiter(1), 10).unwrap();
+        q.push(1, b"a", waiter(2), 10).unwrap();
+        q.push(0, b"b", waiter(3), 10).unwrap();
+        assert_eq!((q.len(0, b"a"), q.len(1, b"a"), q.len(0, b"b")), (1, 1, 1));
+        assert_eq!(q.keys_with_waiters(), 3);
+        assert_eq!(q.pop(1, b"a").unwrap().handle, Blocked(2));
+    }
+
+    #[test]
+    fn it_refuses_waiters_beyond_the_limit() {
+        let mut q = Queues::default();
+        q.push(0, b"k", waiter(1), 2).unwrap();
+        q.push(0, b"k", waiter(2), 2).unwrap();
+        assert!(q.push(0, b"k", waiter(3), 2).is_err());
+        assert!(q.push(0, b"other", waiter(4), 0).is_err());
+        assert_eq!(q.total(), 2);
+    }
+
+    #[test]
+    fn it_forgets_an_empty_queue_and_returns_its_timer() {
+        let mut q = Queues::default();
+        q.push(0, b"k", waiter(1), 10).unwrap();
+        let (old, tag) = q.plan_timer(0, b"k", 1000).unwrap();
+        assert!(old.is_none());
+        let t = ArmedTimer {
+            id: 7,
+            tag,
+            fire_at: 1000,
+        };
+        q.set_timer(0, b"k", t);
+        assert!(q.forget_if_empty(0, b"k").is_none(), "not empty yet");
+        q.pop(0, b"k");
+        assert_eq!(q.forget_if_empty(0, b"k"), Some(t));
+        assert_eq!(q.keys_with_waiters(), 0);
+        assert!(q.fired(tag).is_none(), "the stopped timer's tag is stale");
+    }
+
+    #[test]
+    fn it_keeps_an_earlier_timer_and_replaces_a_later_one() {
+        let mut q = Queues::default();
+        q.push(0, b"k", waiter(1), 10).unwrap();
+        let (_, tag) = q.plan_timer(0, b"k", 1000).unwrap();
+        q.set_timer(
+            0,
+            b"k",
+            ArmedTimer {
+                id: 1,
+                tag,
+                fire_at: 1000,
+            },
+        );
+        // A renewal pushes the expiry later: the armed timer fires first and re-arms.
+        assert!(q.plan_timer(0, b"k", 5000).is_none());
+        // A shorter lease needs an earlier timer: the old one is returned to be stopped.
+        let (old, tag2) = q.plan_timer(0, b"k", 500).unwrap();
+        assert_eq!(old.unwrap().id, 1);
+        q.set_timer(
+            0,
+            b"k",
+            ArmedTimer {
+                id: 2,
+                tag: tag2,
+                fire_at: 500,
+            },
+        );
+        assert!(q.fired(tag).is_none(), "the replaced timer is stale");
+        assert_eq!(
+            q.fired(tag2).map(|(db, k)| (db, k.to_vec())),
+            Some((0, b"k".to_vec()))
+        );
+    }
+
+    #[test]
+    fn it_drains_every_queue() {
+        let mut q = Queues::default();
+        q.push(0, b"a", waiter(1), 10).unwrap();
+        q.push(3, b"b", waiter(2), 10).unwrap();
+        let (mut handles, _) = q.drain();
+        handles.sort_by_key(|h| h.0);
+        assert_eq!(handles, vec![Blocked(1), Blocked(2)]);
+        assert_eq!((q.total(), q.keys_with_waiters()), (0, 0));
+        assert!(q.remove(Blocked(1)).is_none());
+    }
+}

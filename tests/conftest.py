@@ -1,0 +1,146 @@
+"""Fixtures for the integration tests: real redis-server processes with the module loaded.
+
+Each server listens on 127.0.0.1 on a free port, keeps its files in a pytest tmp dir and
+is killed at teardown. The module is found through $RLOCK_MODULE (the Makefile sets it).
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULE = os.environ.get("RLOCK_MODULE", str(ROOT / "target" / "debug" / "librlock.so"))
+REDIS_SERVER = os.environ.get("REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def wait_until(pred, timeout=5.0, interval=0.002, what="condition"):
+    """Polls `pred` until it returns something truthy; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """One redis-server process. `args` are extra command-line config pairs."""
+
+    def __init__(self, workdir, module=True, args=(), module_args=()):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.module = module
+        self.args = list(args)
+        self.module_args = list(module_args)
+        self.proc = None
+        self.log = self.dir / "redis.log"
+        self._clients = []
+
+    def command_line(self):
+        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+               "--logfile", str(self.log), "--enable-module-command", "yes",
+               "--enable-debug-command", "yes"]
+        if self.module:
+            cmd += ["--loadmodule", MODULE, *self.module_args]
+        return cmd + self.args
+
+    def start(self):
+        self.proc = subprocess.Popen(self.command_line(), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited: {self.proc.stderr.read().decode()}\n"
+                                   f"{self.log.read_text() if self.log.exists() else ''}")
+            try:
+                if self.client().ping():
+                    break
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not answer PING in 10s")
+            time.sleep(0.01)
+        return self
+
+    def client(self, **kw):
+        kw.setdefault("socket_timeout", 30)
+        c = redis.Redis(host="127.0.0.1", port=self.port, **kw)
+        self._clients.append(c)
+        return c
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig_kill=False):
+        for c in self._clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._clients.clear()
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            if sig_kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def restart(self):
+        """Stops (SIGTERM, so AOF/RDB are flushed as configured) and starts again on the same dir."""
+        self.stop()
+        return self.start()
+
+    def assert_alive(self):
+        assert self.alive(), f"redis-server died:\n{self.log.read_text()[-3000:]}"
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """Factory: make_server(module=True, args=[...]) -> started RedisServer, stopped at teardown."""
+    servers = []
+
+    def make(name=None, **kw):
+        s = RedisServer(tmp_path / (name or f"s{len(servers)}"), **kw)
+        servers.append(s)
+        return s.start()
+
+    yield make
+    crashed = [s for s in servers if s.proc is not None and s.proc.poll() is not None]
+    for s in servers:
+        s.stop()
+    assert not crashed, "a redis-server crashed during the test:\n" + "\n".join(
+        s.log.read_text()[-3000:] for s in crashed)
+
+
+@pytest.fixture
+def server(make_server):
+    return make_server()
+
+
+@pytest.fixture
+def r(server):
+    """A RESP2 client on a fresh module-loaded server."""
+    return server.client()
