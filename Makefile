@@ -37,7 +37,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 	cargo build --release -p rlock
 
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
-	$(REDIS_SERVER) redis.conf.example --loadmodule $(MODULE)
+	$(REDIS_SERVER) redis.conf.example
 
 test: build venv test-unit test-py test-client bench-quick ## Every test: Rust unit + client tests, Python integration tests, benchmark smoke run
 
