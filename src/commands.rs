@@ -12,10 +12,7 @@ fn err(msg: &'static str) -> RedisError {
 }
 
 fn reply(plan: &Plan) -> RedisValue {
-    match plan.reply {
-        Reply::Nil => RedisValue::Null,
-        Reply::Int(n) => RedisValue::Integer(n),
-    }
+    value(plan.reply)
 }
 
 fn count(outcome: Outcome) {
@@ -28,6 +25,23 @@ fn count(outcome: Outcome) {
         Outcome::Renewed => stats::bump(|s| &s.renewals),
         Outcome::NotHeld | Outcome::NoLock => {}
     }
+}
+
+fn value(reply: Reply) -> RedisValue {
+    match reply {
+        Reply::Nil => RedisValue::Null,
+        Reply::Int(n) => RedisValue::Integer(n),
+    }
+}
+
+/// The key remembering a request id's reply, if the call has an id.
+fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString> {
+    id.map(|id| {
+        RedisString::create_from_slice(
+            std::ptr::null_mut(),
+            &core::request_key(name.as_slice(), id),
+        )
+    })
 }
 
 fn args_after_key(args: &[RedisString]) -> Vec<&[u8]> {
@@ -73,7 +87,7 @@ fn may_block(ctx: &Context) -> bool {
     !ctx.get_flags().intersects(no)
 }
 
-/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>]
+/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
         if args.len() < 4 {
@@ -81,16 +95,24 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         let a = core::parse_acquire(&args_after_key(&args)).map_err(err)?;
         let (name, owner) = (&args[1], &args[2]);
+        let request = request_key(name, a.id);
+        if let Some(first) = request.as_ref().and_then(|req| store::remembered(ctx, req)) {
+            return Ok(value(first));
+        }
         let db = ffi::selected_db(ctx);
+        let now = ffi::now_ms();
         let (key, state) = open_for_write(ctx, db, name);
-        let plan =
-            core::acquire(&state.map_err(err)?, a.owner, a.lease, ffi::now_ms()).map_err(err)?;
+        let plan = core::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
         store::apply(ctx, &key, name, owner, &plan);
         drop(key);
         count(plan.outcome);
+        if let Some(req) = request.as_ref().filter(|_| core::remembers(plan.outcome)) {
+            store::remember(ctx, req, plan.reply, now);
+        }
         match (plan.outcome, plan.reply, a.wait) {
             (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
-                waiters::wait(ctx, db, name, a.owner, a.lease, timeout, pttl).map_err(err)?;
+                let waiter = waiters::Waiter::new(a.owner, a.lease, a.id);
+                waiters::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
                 Ok(RedisValue::NoReply)
             }
             _ => {
@@ -101,20 +123,28 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// RLOCK.RELEASE <key> <owner> [<lease-ms>]
+/// RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]
 pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=4).contains(&args.len()) {
+        if !(3..=6).contains(&args.len()) {
             return Err(RedisError::WrongArity);
         }
-        let (owner, lease) = core::parse_release(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
+        let a = core::parse_release(&args_after_key(&args)).map_err(err)?;
+        let (name, lease) = (&args[1], a.lease);
+        let request = request_key(name, a.id);
+        if let Some(first) = request.as_ref().and_then(|req| store::remembered(ctx, req)) {
+            return Ok(value(first));
+        }
         let db = ffi::selected_db(ctx);
+        let now = ffi::now_ms();
         let (key, state) = open_for_write(ctx, db, name);
-        let plan = core::release(&state.map_err(err)?, owner, lease, ffi::now_ms());
+        let plan = core::release(&state.map_err(err)?, a.owner, lease, now);
         store::apply(ctx, &key, name, &args[2], &plan);
         drop(key);
         count(plan.outcome);
+        if let Some(req) = request.as_ref().filter(|_| core::remembers(plan.outcome)) {
+            store::remember(ctx, req, plan.reply, now);
+        }
         if plan.freed {
             after_free(ctx, db, name);
         } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {

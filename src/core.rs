@@ -11,7 +11,8 @@
 //! exist as a key.
 
 use crate::errors::{
-    ERR_COUNT_OVERFLOW, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOT_A_LOCK, ERR_SYNTAX, ERR_TIMEOUT,
+    ERR_COUNT_OVERFLOW, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOT_A_LOCK, ERR_SYNTAX,
+    ERR_TIMEOUT,
 };
 
 /// The longest lease or wait a caller may ask for: 100 years in milliseconds. Bounded so
@@ -274,34 +275,109 @@ pub struct AcquireArgs<'a> {
     pub lease: i64,
     /// `Some(0)` waits without limit (Redis's convention for blocking commands).
     pub wait: Option<i64>,
+    /// `ID request-id`: a retry with the same id gets the first call's reply.
+    pub id: Option<&'a [u8]>,
 }
 
-/// Parses `owner lease-ms [WAIT timeout-ms]`. The arity was checked by the caller.
+/// Arguments of `RLOCK.RELEASE key owner [lease-ms] [ID request-id]` after the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseArgs<'a> {
+    pub owner: &'a [u8],
+    pub lease: Option<i64>,
+    pub id: Option<&'a [u8]>,
+}
+
+fn is_option(arg: &[u8], name: &[u8]) -> bool {
+    arg.eq_ignore_ascii_case(name)
+}
+
+fn parse_id<'a>(arg: &'a [u8], seen: &Option<&'a [u8]>) -> Result<&'a [u8], &'static str> {
+    match (seen, arg.is_empty()) {
+        (Some(_), _) => Err(ERR_SYNTAX),
+        (None, true) => Err(ERR_EMPTY_ID),
+        (None, false) => Ok(arg),
+    }
+}
+
+/// Parses `owner lease-ms [WAIT timeout-ms] [ID request-id]`, options in any order. The
+/// arity was checked by the caller.
 pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static str> {
     let owner = parse_owner(args[0])?;
     let lease = parse_ms(args[1], 1, ERR_LEASE)?;
-    let mut wait = None;
+    let (mut wait, mut id) = (None, None);
     let mut rest = &args[2..];
-    while let [option, tail @ ..] = rest {
-        match (option.to_ascii_uppercase().as_slice(), tail) {
-            (b"WAIT", [timeout, tail @ ..]) if wait.is_none() => {
-                wait = Some(parse_ms(timeout, 0, ERR_TIMEOUT)?);
-                rest = tail;
-            }
-            _ => return Err(ERR_SYNTAX),
+    while let [option, value, tail @ ..] = rest {
+        if is_option(option, b"WAIT") && wait.is_none() {
+            wait = Some(parse_ms(value, 0, ERR_TIMEOUT)?);
+        } else if is_option(option, b"ID") {
+            id = Some(parse_id(value, &id)?);
+        } else {
+            return Err(ERR_SYNTAX);
         }
+        rest = tail;
     }
-    Ok(AcquireArgs { owner, lease, wait })
+    if !rest.is_empty() {
+        return Err(ERR_SYNTAX);
+    }
+    Ok(AcquireArgs {
+        owner,
+        lease,
+        wait,
+        id,
+    })
 }
 
-/// Parses `owner [lease-ms]` of `RLOCK.RELEASE`.
-pub fn parse_release<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], Option<i64>), &'static str> {
+/// Parses `owner [lease-ms] [ID request-id]` of `RLOCK.RELEASE`.
+pub fn parse_release<'a>(args: &[&'a [u8]]) -> Result<ReleaseArgs<'a>, &'static str> {
     let owner = parse_owner(args[0])?;
-    match args[1..] {
-        [] => Ok((owner, None)),
-        [lease] => Ok((owner, Some(parse_ms(lease, 1, ERR_LEASE)?))),
-        _ => Err(ERR_SYNTAX),
+    let mut rest = &args[1..];
+    let mut lease = None;
+    if let [first, tail @ ..] = rest {
+        if !is_option(first, b"ID") {
+            lease = Some(parse_ms(first, 1, ERR_LEASE)?);
+            rest = tail;
+        }
     }
+    let id = match rest {
+        [] => None,
+        [option, value] if is_option(option, b"ID") => Some(parse_id(value, &None)?),
+        _ => return Err(ERR_SYNTAX),
+    };
+    Ok(ReleaseArgs { owner, lease, id })
+}
+
+/// The key that remembers a request id's first reply, in the lock's cluster slot (the
+/// same `prefixName` rule as the unlock channel, like Redisson's unlock latch).
+pub fn request_key(key: &[u8], id: &[u8]) -> Vec<u8> {
+    let mut name = unlock_channel_with(b"rlock_request:", key);
+    name.push(b':');
+    name.extend_from_slice(id);
+    name
+}
+
+/// How a remembered reply is stored: `nil` or a decimal integer.
+pub fn encode_reply(reply: Reply) -> Vec<u8> {
+    match reply {
+        Reply::Nil => b"nil".to_vec(),
+        Reply::Int(n) => n.to_string().into_bytes(),
+    }
+}
+
+pub fn decode_reply(stored: &[u8]) -> Option<Reply> {
+    if stored == b"nil" {
+        Some(Reply::Nil)
+    } else {
+        parse_i64(stored).map(Reply::Int)
+    }
+}
+
+/// Only calls that changed the lock are remembered: re-running a call that changed
+/// nothing (a contended ACQUIRE, a RELEASE by a non-holder) is as good as replaying it.
+pub fn remembers(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Acquired | Outcome::Reentered | Outcome::Decremented | Outcome::Released
+    )
 }
 
 /// Parses `owner lease-ms` of `RLOCK.RENEW`.
@@ -312,9 +388,12 @@ pub fn parse_renew<'a>(args: &[&'a [u8]]) -> Result<(&'a [u8], i64), &'static st
 /// The unlock channel of a lock, by Redisson's `prefixName` rule: the key goes in braces
 /// (so the channel hashes to the lock's cluster slot) unless it already has a `{`.
 pub fn unlock_channel(key: &[u8]) -> Vec<u8> {
-    const PREFIX: &[u8] = b"redisson_lock__channel:";
-    let mut channel = Vec::with_capacity(PREFIX.len() + key.len() + 2);
-    channel.extend_from_slice(PREFIX);
+    unlock_channel_with(b"redisson_lock__channel:", key)
+}
+
+fn unlock_channel_with(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut channel = Vec::with_capacity(prefix.len() + key.len() + 2);
+    channel.extend_from_slice(prefix);
     if key.contains(&b'{') {
         channel.extend_from_slice(key);
     } else {
@@ -589,7 +668,17 @@ mod tests {
             AcquireArgs {
                 owner: b"o",
                 lease: 100,
-                wait: None
+                wait: None,
+                id: None
+            }
+        );
+        assert_eq!(
+            p(&["o", "100", "ID", "r1", "WAIT", "5"]).unwrap(),
+            AcquireArgs {
+                owner: b"o",
+                lease: 100,
+                wait: Some(5),
+                id: Some(b"r1")
             }
         );
         assert_eq!(p(&["o", "100", "wait", "0"]).unwrap().wait, Some(0));
@@ -606,6 +695,10 @@ mod tests {
             (&["o", "100", "WAIT", "x"], ERR_TIMEOUT),
             (&["o", "100", "WAIT", "1", "WAIT", "2"], ERR_SYNTAX),
             (&["o", "100", "NOPE"], ERR_SYNTAX),
+            (&["o", "100", "NOPE", "1"], ERR_SYNTAX),
+            (&["o", "100", "ID"], ERR_SYNTAX),
+            (&["o", "100", "ID", ""], ERR_EMPTY_ID),
+            (&["o", "100", "ID", "a", "ID", "b"], ERR_SYNTAX),
         ] {
             assert_eq!(p(args), Err(err), "{args:?}");
         }
@@ -613,13 +706,45 @@ mod tests {
 
     #[test]
     fn parse_release_and_renew_table() {
-        assert_eq!(parse_release(&[b"o"]), Ok((&b"o"[..], None)));
-        assert_eq!(parse_release(&[b"o", b"10"]), Ok((&b"o"[..], Some(10))));
+        let rel = |owner: &'static [u8], lease, id| Ok(ReleaseArgs { owner, lease, id });
+        assert_eq!(parse_release(&[b"o"]), rel(b"o", None, None));
+        assert_eq!(parse_release(&[b"o", b"10"]), rel(b"o", Some(10), None));
+        assert_eq!(
+            parse_release(&[b"o", b"id", b"r"]),
+            rel(b"o", None, Some(&b"r"[..]))
+        );
+        assert_eq!(
+            parse_release(&[b"o", b"10", b"ID", b"r"]),
+            rel(b"o", Some(10), Some(&b"r"[..]))
+        );
         assert_eq!(parse_release(&[b"o", b"0"]), Err(ERR_LEASE));
         assert_eq!(parse_release(&[b"o", b"10", b"x"]), Err(ERR_SYNTAX));
+        assert_eq!(parse_release(&[b"o", b"10", b"ID"]), Err(ERR_SYNTAX));
+        assert_eq!(parse_release(&[b"o", b"ID", b""]), Err(ERR_EMPTY_ID));
         assert_eq!(parse_release(&[b""]), Err(ERR_EMPTY_OWNER));
         assert_eq!(parse_renew(&[b"o", b"10"]), Ok((&b"o"[..], 10)));
         assert_eq!(parse_renew(&[b"o", b"ten"]), Err(ERR_LEASE));
+    }
+
+    #[test]
+    fn request_ids_live_in_the_locks_slot_and_replies_round_trip() {
+        assert_eq!(
+            request_key(b"lock", b"r1"),
+            b"rlock_request:{lock}:r1".to_vec()
+        );
+        assert_eq!(
+            request_key(b"{a}:l", b"r1"),
+            b"rlock_request:{a}:l:r1".to_vec()
+        );
+        for reply in [Reply::Nil, Reply::Int(0), Reply::Int(1), Reply::Int(-1)] {
+            assert_eq!(decode_reply(&encode_reply(reply)), Some(reply));
+        }
+        assert_eq!(decode_reply(b"junk"), None);
+        assert!(
+            remembers(Outcome::Reentered)
+                && !remembers(Outcome::Contended)
+                && !remembers(Outcome::NotHeld)
+        );
     }
 
     #[test]

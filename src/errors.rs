@@ -5,6 +5,7 @@ pub const ERR_SYNTAX: &str = "ERR syntax error";
 pub const ERR_LEASE: &str = "ERR lease-ms must be an integer from 1 to 3153600000000";
 pub const ERR_TIMEOUT: &str = "ERR timeout-ms must be an integer from 0 to 3153600000000";
 pub const ERR_EMPTY_OWNER: &str = "ERR owner must not be empty";
+pub const ERR_EMPTY_ID: &str = "ERR request-id must not be empty";
 pub const ERR_NOT_A_LOCK: &str =
     "ERR key holds a hash that is not a lock (every field value must be a positive integer hold count)";
 pub const ERR_WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";

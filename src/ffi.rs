@@ -12,7 +12,7 @@
 //! Every function here checks that the server exports the API it calls and degrades
 //! instead of unwrapping a missing pointer, which would abort the server.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::os::raw::c_char;
 use std::ptr;
 
@@ -127,6 +127,37 @@ impl LockKey {
                 ptr::null::<c_char>(),
             );
         }
+    }
+
+    /// The value of a string key (copied out).
+    pub fn string_get(&self) -> Vec<u8> {
+        let mut len: usize = 0;
+        unsafe {
+            let p = raw::RedisModule_StringDMA.unwrap()(
+                self.key,
+                &mut len,
+                raw::REDISMODULE_READ as c_int,
+            );
+            if p.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(p.cast::<u8>(), len).to_vec()
+            }
+        }
+    }
+
+    /// `SET key value` on a key opened for writing.
+    pub fn string_set(&self, value: &RedisString) {
+        unsafe {
+            raw::RedisModule_StringSet.unwrap()(self.key, value.inner);
+        }
+    }
+
+    /// Whether the key holds a string.
+    pub fn is_string(&self) -> bool {
+        !self.key.is_null()
+            && unsafe { raw::RedisModule_KeyType.unwrap()(self.key) } as isize
+                == raw::REDISMODULE_KEYTYPE_STRING
     }
 
     pub fn delete(&self) {
@@ -383,14 +414,4 @@ pub fn stop_timer(ctx: &Context, id: TimerId) {
     unsafe {
         raw::RedisModule_StopTimer.unwrap()(ctx.ctx, id, ptr::null_mut());
     }
-}
-
-/// Logs at warning level without going through a Rust String in the common path.
-pub fn log_warning(ctx: &Context, msg: &str) {
-    ctx.log_warning(msg);
-}
-
-/// The command's name, for messages. Unused bytes are replaced.
-pub fn cstr_lossy(s: &CStr) -> String {
-    s.to_string_lossy().into_owned()
 }

@@ -70,6 +70,8 @@ redis_module! {
         i64: [
             ["max-waiters-per-key", &config::MAX_WAITERS_PER_KEY, config::DEFAULT_MAX_WAITERS_PER_KEY,
              config::MIN_MAX_WAITERS_PER_KEY, config::MAX_MAX_WAITERS_PER_KEY, ConfigurationFlags::DEFAULT, None],
+            ["request-id-window-ms", &config::REQUEST_ID_WINDOW_MS, config::DEFAULT_REQUEST_ID_WINDOW_MS,
+             config::MIN_REQUEST_ID_WINDOW_MS, config::MAX_REQUEST_ID_WINDOW_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

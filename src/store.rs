@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 
-use crate::core::{self, LockState, Plan, Write};
+use crate::core::{self, LockState, Plan, Reply, Write};
 use crate::errors::ERR_WRONGTYPE;
 use crate::events;
 use crate::ffi::{self, KeyKind, LockKey};
@@ -89,4 +89,36 @@ pub fn publish_unlock(ctx: &Context, name: &RedisString) {
     if !cluster {
         ctx.replicate("PUBLISH", &[&channel, &message]);
     }
+}
+
+/// The reply remembered for a request id (see [`remember`]), if the window is still open.
+pub fn remembered(ctx: &Context, request: &RedisString) -> Option<Reply> {
+    let key = LockKey::open(ctx, request, false);
+    if !key.is_string() {
+        return None;
+    }
+    core::decode_reply(&key.string_get())
+}
+
+/// Remembers the reply of a call that changed the lock, under its request id, for
+/// `rlock.request-id-window-ms`. It is a plain string key with an absolute expiry in the
+/// lock's slot (Redisson's unlock latch does the same): it replicates and persists like
+/// the lock, so a client retrying after a failover still gets the first reply.
+pub fn remember(ctx: &Context, request: &RedisString, reply: Reply, now: i64) {
+    let key = LockKey::open(ctx, request, true);
+    if !matches!(key.kind(), KeyKind::Empty) && !key.is_string() {
+        return; // somebody else's data: never overwrite it
+    }
+    let _own = events::OwnWrite::begin();
+    let value = RedisString::create_from_slice(std::ptr::null_mut(), &core::encode_reply(reply));
+    let at = now + crate::config::request_id_window_ms();
+    key.string_set(&value);
+    key.set_abs_expire(at);
+    ctx.replicate("SET", &[request, &value, &number_str("PXAT"), &number(at)]);
+    ctx.notify_keyspace_event(NotifyEvent::STRING, "set", request);
+    ffi::signal_modified(ctx, request);
+}
+
+fn number_str(s: &str) -> RedisString {
+    RedisString::create(None::<NonNull<_>>, s)
 }

@@ -27,7 +27,21 @@ pub type KeyName = Rc<[u8]>;
 pub struct Waiter {
     pub owner: Box<[u8]>,
     pub lease: i64,
+    /// The call's request id: a handoff remembers its reply like an immediate acquire.
+    pub request_id: Option<Box<[u8]>>,
     pub handle: Blocked,
+}
+
+impl Waiter {
+    /// A waiter not yet blocked (its handle is set by [`wait`]).
+    pub fn new(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> Waiter {
+        Waiter {
+            owner: owner.into(),
+            lease,
+            request_id: request_id.map(Into::into),
+            handle: Blocked(0),
+        }
+    }
 }
 
 /// The expiry timer armed for a key with waiters.
@@ -228,8 +242,7 @@ pub fn wait(
     ctx: &Context,
     db: i32,
     name: &RedisString,
-    owner: &[u8],
-    lease: i64,
+    mut waiter: Waiter,
     timeout_ms: i64,
     pttl: i64,
 ) -> Result<(), &'static str> {
@@ -239,11 +252,7 @@ pub fn wait(
         return Err(crate::errors::ERR_TOO_MANY_WAITERS);
     }
     let handle = ffi::block_client(ctx, timeout_ms);
-    let waiter = Waiter {
-        owner: owner.into(),
-        lease,
-        handle,
-    };
+    waiter.handle = handle;
     if with(|q| q.push(db, key, waiter, limit)).is_err() {
         // Cannot happen (checked above, single-threaded), but a handle must never leak.
         ffi::unblock(
@@ -295,11 +304,10 @@ pub enum Served {
 /// first one gets it, replacing the value.
 pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
     let key_bytes = name.as_slice();
-    let Some((owner, lease)) = with(|q| q.head(db, key_bytes).map(|w| (w.owner.clone(), w.lease)))
-    else {
+    if with(|q| q.head(db, key_bytes).is_none()) {
         forget_if_empty(ctx, db, key_bytes);
         return Served::NoWaiters;
-    };
+    }
     let key = LockKey::open(ctx, name, true);
     let state = store::read(&key);
     if let Ok(LockState::Held { pttl, .. }) = state {
@@ -310,14 +318,20 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
     let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
         return Served::NoWaiters;
     };
-    let plan = core::grant(state.is_err(), lease, ffi::now_ms());
-    let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), &owner);
+    let now = ffi::now_ms();
+    let plan = core::grant(state.is_err(), waiter.lease, now);
+    let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), &waiter.owner);
     store::apply(ctx, &key, name, &owner_rs, &plan);
     drop(key);
+    if let Some(id) = &waiter.request_id {
+        let request =
+            RedisString::create_from_slice(std::ptr::null_mut(), &core::request_key(key_bytes, id));
+        store::remember(ctx, &request, plan.reply, now);
+    }
     ffi::unblock(waiter.handle, Some(Wake::Granted));
     stats::bump(|s| &s.handoffs);
     forget_if_empty(ctx, db, key_bytes);
-    note_expiry(ctx, db, key_bytes, lease);
+    note_expiry(ctx, db, key_bytes, waiter.lease);
     Served::Handed
 }
 
@@ -383,9 +397,8 @@ mod tests {
 
     fn waiter(n: usize) -> Waiter {
         Waiter {
-            owner: format!("o{n}").into_bytes().into(),
-            lease: 100,
             handle: Blocked(n),
+            ..Waiter::new(format!("o{n}").as_bytes(), 100, None)
         }
     }
 

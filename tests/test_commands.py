@@ -186,7 +186,8 @@ BAD_CALLS = [
     ("wait without timeout", ["RLOCK.ACQUIRE", "k", "o", "10", "WAIT"], "syntax error"),
     ("wait given twice", ["RLOCK.ACQUIRE", "k", "o", "10", "WAIT", "1", "WAIT", "1"], "syntax error"),
     ("unknown option", ["RLOCK.ACQUIRE", "k", "o", "10", "NOWAIT"], "syntax error"),
-    ("release extra argument", ["RLOCK.RELEASE", "k", "o", "10", "x"], arity("rlock.release")),
+    ("release extra argument", ["RLOCK.RELEASE", "k", "o", "10", "x"], "syntax error"),
+    ("release far too many", ["RLOCK.RELEASE", "k", "o", "10", "ID", "r", "x"], arity("rlock.release")),
     ("empty owner on acquire", ["RLOCK.ACQUIRE", "k", "", "10"], ERR_OWNER),
     ("empty owner on release", ["RLOCK.RELEASE", "k", ""], ERR_OWNER),
     ("empty owner on renew", ["RLOCK.RENEW", "k", "", "10"], ERR_OWNER),
@@ -251,9 +252,18 @@ def test_config_has_a_documented_default_and_enforced_range(r):
     assert r.config_get("rlock.max-waiters-per-key")["rlock.max-waiters-per-key"] == "5"
 
 
+def test_request_id_window_has_a_default_and_a_range(r):
+    assert r.config_get("rlock.request-id-window-ms") == {"rlock.request-id-window-ms": "60000"}
+    for bad in ("0", "86400001"):
+        with pytest.raises(redis.ResponseError):
+            r.config_set("rlock.request-id-window-ms", bad)
+
+
 def test_config_is_accepted_as_a_loadmodule_argument(make_server):
-    s = make_server(module_args=["max-waiters-per-key", "7"])
-    assert s.client().config_get("rlock.max-waiters-per-key")["rlock.max-waiters-per-key"] == "7"
+    s = make_server(module_args=["max-waiters-per-key", "7", "request-id-window-ms", "1000"])
+    got = s.client().config_get("rlock.*")
+    assert got["rlock.max-waiters-per-key"] == "7"
+    assert got["rlock.request-id-window-ms"] == "1000"
 
 
 def test_info_rlock_counts_what_happened(r):
