@@ -5,7 +5,7 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use crate::core::{self, LockState, Outcome, Plan, Reply};
 use crate::ffi::{self, LockKey};
-use crate::{guard, stats, store, waiters};
+use crate::{events, guard, stats, store, waiters};
 
 fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
@@ -72,6 +72,7 @@ fn open_for_write(
 /// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
 fn after_free(ctx: &Context, db: i32, name: &RedisString) {
     if waiters::serve(ctx, db, name) != waiters::Served::Handed {
+        events::untrack(db, name.as_slice());
         store::publish_unlock(ctx, name);
     }
 }

@@ -1,5 +1,10 @@
-//! Keyspace and server events: noticing a lock with waiters that went away some other way
-//! than a release (expiry, DEL/UNLINK, eviction, overwrite, FLUSHDB/FLUSHALL).
+//! Keyspace and server events: noticing a lock that went away some other way than a
+//! release (expiry, DEL/UNLINK, eviction, overwrite, FLUSHDB/FLUSHALL). With waiters, the
+//! first one is handed the lock; without, Redisson's unlock message is published, as for
+//! a release, so pub/sub waiters wake at once instead of at the old lease's end.
+//!
+//! The module knows which keys are locks it wrote (`TRACKED`): a key is tracked when an
+//! RLOCK command or a handoff creates a lock there, and forgotten when the lock is freed.
 //!
 //! The handoff is not written from inside the notification. Redis propagates the command
 //! that caused the event (DEL, FLUSHALL, the expiry's DEL) *after* the notification
@@ -10,16 +15,19 @@
 //! no RLOCK client can barge in between.
 
 use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 
 use redis_module::{
     server_events::FlushSubevent, server_events::ServerRole, Context, NotifyEvent, RedisString,
 };
 use redis_module_macros::{flush_event_handler, role_changed_event_handler};
 
+use crate::core::LockState;
 use crate::errors::ERR_ROLE_CHANGED;
-use crate::ffi;
+use crate::ffi::{self, LockKey};
 use crate::stats;
-use crate::waiters;
+use crate::store;
+use crate::waiters::{self, Served};
 
 /// The tag of the pending-list timer; expiry timers use tags from 1 up.
 const SWEEP_TAG: u64 = 0;
@@ -28,6 +36,46 @@ thread_local! {
     static OWN_WRITES: Cell<u32> = const { Cell::new(0) };
     static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
+    static TRACKED: RefCell<HashMap<i32, HashSet<Box<[u8]>>>> = RefCell::new(HashMap::new());
+}
+
+/// Remembers that `key` in `db` holds a lock the module wrote.
+pub fn track(db: i32, key: &[u8]) {
+    TRACKED.with(|t| {
+        let mut t = t.borrow_mut();
+        let keys = t.entry(db).or_default();
+        if !keys.contains(key) {
+            keys.insert(key.into());
+        }
+    });
+}
+
+/// Forgets a lock key; true if it was tracked.
+pub fn untrack(db: i32, key: &[u8]) -> bool {
+    TRACKED.with(|t| {
+        let mut t = t.borrow_mut();
+        let Some(keys) = t.get_mut(&db) else {
+            return false;
+        };
+        let removed = keys.remove(key);
+        if keys.is_empty() {
+            t.remove(&db);
+        }
+        removed
+    })
+}
+
+fn is_tracked(db: i32, key: &[u8]) -> bool {
+    TRACKED.with(|t| t.borrow().get(&db).is_some_and(|keys| keys.contains(key)))
+}
+
+fn nothing_tracked() -> bool {
+    TRACKED.with(|t| t.borrow().is_empty())
+}
+
+/// How many lock keys the module tracks (for INFO).
+pub fn tracked_count() -> usize {
+    TRACKED.with(|t| t.borrow().values().map(HashSet::len).sum())
 }
 
 /// Marks the module's own writes, whose notifications need no handoff check.
@@ -47,16 +95,18 @@ impl Drop for OwnWrite {
 }
 
 /// Subscribed to every keyspace event class: any write can delete or replace a lock key.
-/// The common case (nobody waits anywhere) returns after one counter check.
+/// A server with no locks of ours and no waiters returns after two emptiness checks; else
+/// it costs a set lookup per event.
 pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, key: &[u8]) {
-    if waiters::with(|q| q.total()) == 0 {
+    if waiters::with(|q| q.total()) == 0 && nothing_tracked() {
         return;
     }
     let db = ffi::selected_db(ctx);
-    if !waiters::has_waiters(db, key) {
+    let waiting = waiters::has_waiters(db, key);
+    if !waiting && !is_tracked(db, key) {
         return;
     }
-    if event == "expired" {
+    if waiting && event == "expired" {
         stats::bump(|s| &s.expired_with_waiters);
     }
     if OWN_WRITES.with(Cell::get) == 0 {
@@ -88,17 +138,43 @@ fn sweep(ctx: &Context) {
     for (db, key) in pending {
         if ffi::select_db(ctx, db) {
             let name = RedisString::create_from_slice(std::ptr::null_mut(), &key);
-            waiters::serve(ctx, db, &name);
+            settle(ctx, db, &name);
         }
     }
 }
 
-/// FLUSHDB/FLUSHALL delete keys without per-key events: look at every key with waiters.
+/// Looks at a lock key after something touched it: a freed lock goes to the first waiter,
+/// or, with nobody waiting, its unlock message is published (once: the key is forgotten).
+/// Runs where writes propagate (a command or a timer), with `db` selected.
+pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
+    if waiters::serve(ctx, db, name) != Served::NoWaiters {
+        return;
+    }
+    let held = matches!(
+        store::read(&LockKey::open(ctx, name, false)),
+        Ok(LockState::Held { .. })
+    );
+    if !held && untrack(db, name.as_slice()) {
+        store::publish_unlock(ctx, name);
+    }
+}
+
+/// FLUSHDB/FLUSHALL delete keys without per-key events: look at every key with waiters
+/// and every tracked lock (those still there are found held and left alone).
 #[flush_event_handler]
 fn on_flush(ctx: &Context, subevent: FlushSubevent) {
     if let FlushSubevent::Ended = subevent {
         crate::guard::quietly(|| {
             for (db, key) in waiters::with(|q| q.all_keys()) {
+                schedule(ctx, db, &key);
+            }
+            let tracked: Vec<(i32, Vec<u8>)> = TRACKED.with(|t| {
+                t.borrow()
+                    .iter()
+                    .flat_map(|(db, keys)| keys.iter().map(move |k| (*db, k.to_vec())))
+                    .collect()
+            });
+            for (db, key) in tracked {
                 schedule(ctx, db, &key);
             }
         });
@@ -110,7 +186,9 @@ fn on_flush(ctx: &Context, subevent: FlushSubevent) {
 fn on_role_changed(ctx: &Context, role: ServerRole) {
     if let ServerRole::Replica = role {
         crate::guard::quietly(|| {
+            // A replica's keys follow its master; what we tracked here no longer applies.
             PENDING.with(|p| p.borrow_mut().clear());
+            TRACKED.with(|t| t.borrow_mut().clear());
             waiters::fail_all(ctx, ERR_ROLE_CHANGED);
         });
     }

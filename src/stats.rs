@@ -35,7 +35,7 @@ pub fn bump(pick: impl FnOnce(&Stats) -> &Cell<u64>) {
 pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
     let (waiters, keys) = crate::waiters::with(|q| (q.total(), q.keys_with_waiters()));
     STATS.with(|s| {
-        let fields: [(&str, u64); 11] = [
+        let fields: [(&str, u64); 12] = [
             ("acquisitions", s.acquisitions.get()),
             ("reentries", s.reentries.get()),
             ("contended", s.contended.get()),
@@ -47,6 +47,7 @@ pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
             ("expired_with_waiters", s.expired_with_waiters.get()),
             ("waiters", waiters as u64),
             ("keys_with_waiters", keys as u64),
+            ("tracked_locks", crate::events::tracked_count() as u64),
         ];
         ctx.add_info_section(None);
         for (name, value) in fields {

@@ -48,6 +48,9 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
     }
     match plan.write {
         Some(Write::Set(n)) => {
+            // A new lock (or a handoff): remember the key, so that if it goes away by
+            // expiry, DEL or overwrite, the module still publishes its unlock message.
+            events::track(ffi::selected_db(ctx), name.as_slice());
             let value = number(n);
             key.hash_set(owner, &value);
             ctx.replicate("HSET", &[name, owner, &value]);

@@ -1,6 +1,8 @@
 """Redisson interop: its own lock scripts and RLOCK commands on the same keys must exclude
 each other, re-enter across each other, and wake each other's pub/sub waiters."""
 
+import pytest
+
 from conftest import wait_until
 from redisson import Redisson, channel
 
@@ -110,3 +112,40 @@ def test_a_redisson_unlock_hands_the_lock_to_an_rlock_waiter(server):
     assert r.hgetall("k") == {b"rust:2": b"1"}
     # The Redisson client, arriving later, is excluded by the handed-off lock.
     assert Redisson(r, "k", "9f1c:2").try_lock() > 0
+
+
+FREEING_WAYS = {
+    "expiry": lambda r: r.pexpire("k", 1),
+    "DEL": lambda r: r.delete("k"),
+    "UNLINK": lambda r: r.unlink("k"),
+    "FLUSHDB": lambda r: r.flushdb(),
+    "FLUSHALL": lambda r: r.flushall(),
+    "overwrite by SET": lambda r: r.set("k", "v"),
+    "RENAME away": lambda r: r.rename("k", "elsewhere"),
+}
+
+
+@pytest.mark.parametrize("way", FREEING_WAYS, ids=list(FREEING_WAYS))
+def test_a_lock_freed_any_other_way_publishes_the_unlock_message(server, way):
+    r = server.client()
+    p = subscriber(server.client(), "k")
+    rlock(r, "RLOCK.ACQUIRE", "k", "rust:1", 30_000)
+    FREEING_WAYS[way](r)
+    msg = next_message(p)
+    assert (msg["channel"], msg["data"]) == (b"redisson_lock__channel:{k}", b"0")
+    assert p.get_message(timeout=0.2) is None, "published once"
+    assert r.info("rlock")["rlock_tracked_locks"] == 0
+    p.close()
+
+
+def test_touching_a_held_lock_or_deleting_a_plain_hash_publishes_nothing(server):
+    r = server.client()
+    p = subscriber(server.client(), "k")
+    rlock(r, "RLOCK.ACQUIRE", "k", "rust:1", 30_000)
+    r.pexpire("k", 60_000)
+    r.hincrby("k", "rust:1", 1)
+    r.hset("other", "f", 1)
+    r.delete("other")
+    assert p.get_message(timeout=0.3) is None
+    assert r.hgetall("k") == {b"rust:1": b"2"}
+    p.close()
