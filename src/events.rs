@@ -125,7 +125,7 @@ fn schedule(ctx: &Context, db: i32, key: &[u8]) {
 pub fn on_timer(ctx: &Context, tag: u64) {
     if tag == SWEEP_TAG {
         sweep(ctx);
-    } else {
+    } else if tag != waiters::DEADLINE_TAG {
         waiters::on_timer(ctx, tag);
     }
 }

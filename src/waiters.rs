@@ -30,6 +30,8 @@ pub struct Waiter {
     /// The call's request id: a handoff remembers its reply like an immediate acquire.
     pub request_id: Option<Box<[u8]>>,
     pub handle: Blocked,
+    /// A no-op timer at the wait's deadline (0: none), see [`wait`].
+    pub deadline_timer: TimerId,
 }
 
 impl Waiter {
@@ -40,6 +42,7 @@ impl Waiter {
             lease,
             request_id: request_id.map(Into::into),
             handle: Blocked(0),
+            deadline_timer: 0,
         }
     }
 }
@@ -210,7 +213,10 @@ impl Queues {
         let mut timers = Vec::new();
         for (_, keys) in self.dbs.drain() {
             for (_, queue) in keys {
-                handles.extend(queue.waiters.into_values().map(|w| w.handle));
+                for w in queue.waiters.into_values() {
+                    handles.push(w.handle);
+                    timers.extend((w.deadline_timer != 0).then_some(w.deadline_timer));
+                }
                 timers.extend(queue.timer.map(|t| t.id));
             }
         }
@@ -253,6 +259,13 @@ pub fn wait(
     }
     let handle = ffi::block_client(ctx, timeout_ms);
     waiter.handle = handle;
+    // Redis checks blocked-client timeouts before it sleeps, and sleeps until its next
+    // timer (serverCron: 1000/hz ms). A timer just past the deadline (Redis times out a
+    // client when now > deadline) wakes it then, so a WAIT
+    // times out on time rather than up to 100 ms late at the default hz.
+    if timeout_ms > 0 {
+        waiter.deadline_timer = ffi::create_timer(ctx, timeout_ms + 1, DEADLINE_TAG);
+    }
     if with(|q| q.push(db, key, waiter, limit)).is_err() {
         // Cannot happen (checked above, single-threaded), but a handle must never leak.
         ffi::unblock(
@@ -328,11 +341,23 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
             RedisString::create_from_slice(std::ptr::null_mut(), &core::request_key(key_bytes, id));
         store::remember(ctx, &request, plan.reply, now);
     }
+    stop_deadline(ctx, &waiter);
     ffi::unblock(waiter.handle, Some(Wake::Granted));
     stats::bump(|s| &s.handoffs);
     forget_if_empty(ctx, db, key_bytes);
     note_expiry(ctx, db, key_bytes, waiter.lease);
     Served::Handed
+}
+
+/// The tag of deadline timers: they only wake the event loop, so their handler does nothing.
+pub const DEADLINE_TAG: u64 = u64::MAX;
+
+/// Stops a waiter's deadline timer once it leaves the queue early, so no timer outlives
+/// its waiter (a pending timer would also keep MODULE UNLOAD from succeeding).
+fn stop_deadline(ctx: &Context, waiter: &Waiter) {
+    if waiter.deadline_timer != 0 {
+        ffi::stop_timer(ctx, waiter.deadline_timer);
+    }
 }
 
 fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
@@ -344,14 +369,15 @@ fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
 /// Timeout callback: the waiter leaves the queue and gets the holder's PTTL, as a
 /// non-waiting ACQUIRE would (or -2 if the lock is, for this instant, gone).
 pub fn on_timeout(ctx: &Context, handle: Blocked) {
-    let Some((db, name, _)) = with(|q| q.remove(handle)) else {
+    let Some((db, name, waiter)) = with(|q| q.remove(handle)) else {
         // Already handed the lock: Redis does not time out an unblocked client, so this
         // is unreachable; answer something rather than leave the client hanging.
         ffi::reply_error(ctx, crate::errors::ERR_INTERNAL);
         return;
     };
     stats::bump(|s| &s.wait_timeouts);
-    // The timeout context belongs to the blocked client, whose db is the waiter's db.
+    stop_deadline(ctx, &waiter); // fired already, unless this is CLIENT UNBLOCK
+                                 // The timeout context belongs to the blocked client, whose db is the waiter's db.
     let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
     let pttl = LockKey::open(ctx, &name_rs, false).pttl();
     ffi::reply_integer(ctx, pttl);
@@ -363,7 +389,8 @@ pub fn on_timeout(ctx: &Context, handle: Blocked) {
 /// A client already handed the lock is no longer queued: nothing to do, and its handle
 /// was already given back.
 pub fn on_disconnect(ctx: &Context, handle: Blocked) {
-    if let Some((db, name, _)) = with(|q| q.remove(handle)) {
+    if let Some((db, name, waiter)) = with(|q| q.remove(handle)) {
+        stop_deadline(ctx, &waiter);
         forget_if_empty(ctx, db, &name);
         ffi::unblock(handle, None);
     }
