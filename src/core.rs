@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn it_grants_with_or_without_replacing() {
-        assert_eq!(grant(true, 10, NOW).delete, true);
+        assert!(grant(true, 10, NOW).delete);
         assert_eq!(grant(false, 10, NOW).expire_at, Some(NOW + 10));
     }
 

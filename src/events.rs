@@ -98,6 +98,10 @@ impl Drop for OwnWrite {
 /// A server with no locks of ours and no waiters returns after two emptiness checks; else
 /// it costs a set lookup per event.
 pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, key: &[u8]) {
+    crate::guard::quietly(|| noticed(ctx, event, key));
+}
+
+fn noticed(ctx: &Context, event: &str, key: &[u8]) {
     if waiters::with(|q| q.total()) == 0 && nothing_tracked() {
         return;
     }

@@ -192,7 +192,7 @@ impl Drop for LockKey {
 }
 
 /// The bytes of a module string (valid while the string lives).
-pub fn string_bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+fn string_bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
     let mut len: usize = 0;
     unsafe {
         let p = raw::RedisModule_StringPtrLen.unwrap()(s, &mut len);

@@ -97,13 +97,19 @@ impl Queues {
         self.dbs.get_mut(&db)?.get_mut(key)
     }
 
-    /// Appends a waiter; refused when the key already has `limit` waiters.
-    pub fn push(&mut self, db: i32, key: &[u8], waiter: Waiter, limit: usize) -> Result<(), ()> {
+    /// Appends a waiter; refused (and handed back) when the key already has `limit` waiters.
+    pub fn push(
+        &mut self,
+        db: i32,
+        key: &[u8],
+        waiter: Waiter,
+        limit: usize,
+    ) -> Result<(), Waiter> {
         let keys = self.dbs.entry(db).or_default();
         let name: KeyName = match keys.get_key_value(key) {
-            Some((_, q)) if q.waiters.len() >= limit => return Err(()),
+            Some((_, q)) if q.waiters.len() >= limit => return Err(waiter),
             Some((name, _)) => name.clone(),
-            None if limit == 0 => return Err(()),
+            None if limit == 0 => return Err(waiter),
             None => Rc::from(key),
         };
         let seq = self.next_seq;
@@ -261,18 +267,18 @@ pub fn wait(
     waiter.handle = handle;
     // Redis checks blocked-client timeouts before it sleeps, and sleeps until its next
     // timer (serverCron: 1000/hz ms). A timer just past the deadline (Redis times out a
-    // client when now > deadline) wakes it then, so a WAIT
-    // times out on time rather than up to 100 ms late at the default hz.
+    // client when now > deadline) wakes it then, so a WAIT times out on time rather than
+    // up to 100 ms late at the default hz.
     if timeout_ms > 0 {
         waiter.deadline_timer = ffi::create_timer(ctx, timeout_ms + 1, DEADLINE_TAG);
     }
-    if with(|q| q.push(db, key, waiter, limit)).is_err() {
+    if let Err(refused) = with(|q| q.push(db, key, waiter, limit)) {
         // Cannot happen (checked above, single-threaded), but a handle must never leak.
+        stop_deadline(ctx, &refused);
         ffi::unblock(
             handle,
             Some(Wake::Error(crate::errors::ERR_TOO_MANY_WAITERS)),
         );
-        return Ok(());
     }
     note_expiry(ctx, db, key, pttl);
     Ok(())
