@@ -47,18 +47,23 @@ test-unit: ## Rust unit tests of the pure lock core
 test-py: build venv ## Python integration tests against a real module-loaded redis-server
 	$(PYTEST) -q tests
 
-test-client: build ## Rust client crate tests against a real module-loaded redis-server
-	cargo test -p rlock-client
+test-client: build ## Rust client crate tests (blocking and async) against a real module-loaded redis-server
+	cargo test -p rlock-client --all-features
+	cargo build -p rlock-client --all-targets
 
 lint: ## rustfmt check and clippy with warnings as errors
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p rlock-client --all-targets --all-features -- -D warnings
 
 bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes BENCHMARK.md
-	@echo "bench: not written yet"
+	cargo build --release -p rlock
+	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
-	@echo "bench-quick: not written yet"
+	cargo build -p rlock
+	cargo test -q -p rlock-bench
+	cargo run -q -p rlock-bench -- --quick --module $(RLOCK_MODULE)
 
 clean: ## Remove build output and the virtualenv
 	cargo clean

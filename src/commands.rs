@@ -68,15 +68,6 @@ fn open_for_write(
     (key, state)
 }
 
-/// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
-/// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
-fn after_free(ctx: &Context, db: i32, name: &RedisString) {
-    if waiters::serve(ctx, db, name) != waiters::Served::Handed {
-        events::untrack(db, name.as_slice());
-        store::publish_unlock(ctx, name);
-    }
-}
-
 /// Where a client may not block (MULTI/EXEC, scripts, replicated or loading streams,
 /// deny-blocking contexts), WAIT is ignored and the command answers at once.
 fn may_block(ctx: &Context) -> bool {
@@ -147,7 +138,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             store::remember(ctx, req, plan.reply, now);
         }
         if plan.freed {
-            after_free(ctx, db, name);
+            events::freed(ctx, db, name);
         } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
             waiters::note_expiry(ctx, db, name.as_slice(), lease);
         }
@@ -190,7 +181,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         drop(key);
         count(plan.outcome);
         if plan.freed {
-            after_free(ctx, db, name);
+            events::freed(ctx, db, name);
         }
         Ok(reply(&plan))
     })

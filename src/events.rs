@@ -18,7 +18,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
 use redis_module::{
-    server_events::FlushSubevent, server_events::ServerRole, Context, NotifyEvent, RedisString,
+    server_events::FlushSubevent, server_events::ServerRole, Context, ContextFlags, NotifyEvent,
+    RedisString,
 };
 use redis_module_macros::{flush_event_handler, role_changed_event_handler};
 
@@ -27,7 +28,7 @@ use crate::errors::ERR_ROLE_CHANGED;
 use crate::ffi::{self, LockKey};
 use crate::stats;
 use crate::store;
-use crate::waiters::{self, Served};
+use crate::waiters::{self, Granted, Served};
 
 /// The tag of the pending-list timer; expiry timers use tags from 1 up.
 const SWEEP_TAG: u64 = 0;
@@ -36,6 +37,7 @@ thread_local! {
     static OWN_WRITES: Cell<u32> = const { Cell::new(0) };
     static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
+    static REVOKES: RefCell<Vec<Granted>> = const { RefCell::new(Vec::new()) };
     static TRACKED: RefCell<HashMap<i32, HashSet<Box<[u8]>>>> = RefCell::new(HashMap::new());
 }
 
@@ -120,9 +122,27 @@ fn noticed(ctx: &Context, event: &str, key: &[u8]) {
 
 fn schedule(ctx: &Context, db: i32, key: &[u8]) {
     PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    arm_sweep(ctx, 0);
+}
+
+fn arm_sweep(ctx: &Context, delay_ms: i64) {
     if !SWEEP_ARMED.with(|a| a.replace(true)) {
-        ffi::create_timer(ctx, 0, SWEEP_TAG);
+        ffi::create_timer(ctx, delay_ms, SWEEP_TAG);
     }
+}
+
+/// While writes are paused, look at the key again a little later (not at once: that
+/// would spin the event loop for the whole pause).
+pub fn retry_later(ctx: &Context, db: i32, key: &[u8]) {
+    const PAUSED_RETRY_MS: i64 = 10;
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    arm_sweep(ctx, PAUSED_RETRY_MS);
+}
+
+/// Takes back, on the next sweep, a lock handed to a client that vanished untold.
+pub fn revoke_later(ctx: &Context, granted: Granted) {
+    REVOKES.with(|r| r.borrow_mut().push(granted));
+    arm_sweep(ctx, 0);
 }
 
 /// Every module timer lands here.
@@ -136,6 +156,17 @@ pub fn on_timer(ctx: &Context, tag: u64) {
 
 fn sweep(ctx: &Context) {
     SWEEP_ARMED.with(|a| a.set(false));
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        // A replica's keys are its master's to change.
+        PENDING.with(|p| p.borrow_mut().clear());
+        REVOKES.with(|r| r.borrow_mut().clear());
+        return;
+    }
+    for granted in REVOKES.with(|r| std::mem::take(&mut *r.borrow_mut())) {
+        if ffi::select_db(ctx, granted.db) {
+            revoke(ctx, &granted);
+        }
+    }
     let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     pending.sort_unstable();
     pending.dedup();
@@ -147,11 +178,57 @@ fn sweep(ctx: &Context) {
     }
 }
 
+/// Releases a lock handed to a waiter that vanished before being told, if the lock is
+/// still exactly what the handoff wrote (that owner, count 1), then serves the next waiter.
+fn revoke(ctx: &Context, granted: &Granted) {
+    if ffi::writes_paused() {
+        REVOKES.with(|r| r.borrow_mut().push(granted.clone()));
+        arm_sweep(ctx, 10);
+        return;
+    }
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), &granted.key);
+    let key = LockKey::open(ctx, &name, true);
+    let Ok(state) = store::read(&key) else { return };
+    let untold = match &state {
+        LockState::Held { holders, .. } => {
+            holders.len() == 1 && holders[0].owner == *granted.owner && holders[0].count == 1
+        }
+        LockState::Free => false,
+    };
+    if !untold {
+        return; // it expired, was released or re-entered since: not ours to undo
+    }
+    let owner = RedisString::create_from_slice(std::ptr::null_mut(), &granted.owner);
+    let plan = crate::core::release(&state, &granted.owner, None, ffi::now_ms());
+    store::apply(ctx, &key, &name, &owner, &plan);
+    drop(key);
+    stats::bump(|s| &s.revoked_handoffs);
+    freed(ctx, granted.db, &name);
+}
+
+/// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
+/// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
+pub fn freed(ctx: &Context, db: i32, name: &RedisString) {
+    match waiters::serve(ctx, db, name) {
+        Served::Handed => {}
+        // Writes paused: the sweep serves the key once they resume.
+        Served::StillHeld if ffi::writes_paused() => {}
+        _ => {
+            untrack(db, name.as_slice());
+            store::publish_unlock(ctx, name);
+        }
+    }
+}
+
 /// Looks at a lock key after something touched it: a freed lock goes to the first waiter,
 /// or, with nobody waiting, its unlock message is published (once: the key is forgotten).
 /// Runs where writes propagate (a command or a timer), with `db` selected.
 pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
     if waiters::serve(ctx, db, name) != Served::NoWaiters {
+        return;
+    }
+    if ffi::writes_paused() {
+        retry_later(ctx, db, name.as_slice());
         return;
     }
     let held = matches!(

@@ -251,6 +251,13 @@ pub fn publish(ctx: &Context, channel: &RedisString, message: &RedisString, shar
     }
 }
 
+/// True while clients are paused for writes (CLIENT PAUSE WRITE/ALL, a failover). Redis
+/// then keeps expired keys in place while reporting them missing, so a timer that wrote
+/// a lock over one would hit an assertion; timers wait for the pause to end instead.
+pub fn writes_paused() -> bool {
+    unsafe { raw::RedisModule_AvoidReplicaTraffic.is_some_and(|f| f() != 0) }
+}
+
 pub fn reply_null(ctx: &Context) {
     unsafe {
         raw::RedisModule_ReplyWithNull.unwrap()(ctx.ctx);
@@ -291,6 +298,8 @@ pub struct BlockCallbacks {
     pub on_timeout: fn(&Context, Blocked),
     /// The client went away (or CLIENT UNBLOCK ... ERROR): forget the waiter.
     pub on_disconnect: fn(&Context, Blocked),
+    /// The reply of a woken client was sent.
+    pub on_replied: fn(Blocked),
 }
 
 static mut CALLBACKS: Option<BlockCallbacks> = None;
@@ -315,6 +324,10 @@ extern "C" fn reply_cb(
         Some(Wake::Granted) => reply_null(&context),
         Some(Wake::Error(msg)) => reply_error(&context, msg),
         None => reply_error(&context, crate::errors::ERR_INTERNAL),
+    }
+    let bc = unsafe { raw::RedisModule_GetBlockedClientHandle.unwrap()(ctx) };
+    if let Some(cb) = callbacks() {
+        crate::guard::quietly(|| (cb.on_replied)(Blocked(bc as usize)));
     }
     raw::REDISMODULE_OK as c_int
 }

@@ -38,6 +38,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ffi::set_block_callbacks(ffi::BlockCallbacks {
         on_timeout: waiters::on_timeout,
         on_disconnect: waiters::on_disconnect,
+        on_replied: waiters::on_replied,
     });
     ffi::set_timer_handler(events::on_timer);
     Status::Ok

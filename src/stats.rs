@@ -15,6 +15,7 @@ pub struct Stats {
     pub forced_releases: Cell<u64>,
     pub renewals: Cell<u64>,
     pub expired_with_waiters: Cell<u64>,
+    pub revoked_handoffs: Cell<u64>,
 }
 
 thread_local! {
@@ -35,7 +36,7 @@ pub fn bump(pick: impl FnOnce(&Stats) -> &Cell<u64>) {
 pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
     let (waiters, keys) = crate::waiters::with(|q| (q.total(), q.keys_with_waiters()));
     STATS.with(|s| {
-        let fields: [(&str, u64); 12] = [
+        let fields: [(&str, u64); 13] = [
             ("acquisitions", s.acquisitions.get()),
             ("reentries", s.reentries.get()),
             ("contended", s.contended.get()),
@@ -45,6 +46,7 @@ pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
             ("forced_releases", s.forced_releases.get()),
             ("renewals", s.renewals.get()),
             ("expired_with_waiters", s.expired_with_waiters.get()),
+            ("revoked_handoffs", s.revoked_handoffs.get()),
             ("waiters", waiters as u64),
             ("keys_with_waiters", keys as u64),
             ("tracked_locks", crate::events::tracked_count() as u64),

@@ -47,6 +47,14 @@ impl Waiter {
     }
 }
 
+/// A lock handed to a waiter that has not been told yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub db: i32,
+    pub key: KeyName,
+    pub owner: Box<[u8]>,
+}
+
 /// The expiry timer armed for a key with waiters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArmedTimer {
@@ -71,6 +79,10 @@ pub struct Queues {
     by_handle: HashMap<Blocked, (i32, KeyName, u64)>,
     /// Expiry timers carry a tag; a tag no longer here belongs to a stale timer.
     timers: HashMap<u64, (i32, KeyName)>,
+    /// Waiters handed the lock whose reply is not sent yet (it goes out before Redis
+    /// sleeps). If such a client disconnects or is unblocked in between, it never learns
+    /// it holds the lock, so the lock is taken back (see [`on_disconnect`]).
+    granted: HashMap<Blocked, Granted>,
     next_seq: u64,
     next_tag: u64,
     total: usize,
@@ -126,12 +138,27 @@ impl Queues {
         self.queue(db, key)?.waiters.values().next()
     }
 
-    /// Removes and returns the first waiter of a key.
+    /// Removes and returns the first waiter of a key, remembering it as granted until
+    /// its reply is sent.
     pub fn pop(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
         let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
-        self.by_handle.remove(&waiter.handle);
+        if let Some((db, key, _)) = self.by_handle.remove(&waiter.handle) {
+            let owner = waiter.owner.clone();
+            self.granted
+                .insert(waiter.handle, Granted { db, key, owner });
+        }
         self.total -= 1;
         Some(waiter)
+    }
+
+    /// The reply of a granted waiter went out: nothing more to watch.
+    pub fn replied(&mut self, handle: Blocked) {
+        self.granted.remove(&handle);
+    }
+
+    /// A granted waiter vanished before its reply: the lock it was handed, to take back.
+    pub fn ungrant(&mut self, handle: Blocked) -> Option<Granted> {
+        self.granted.remove(&handle)
     }
 
     /// Removes the waiter with this handle wherever it queues; returns it with its key.
@@ -228,6 +255,7 @@ impl Queues {
         }
         self.by_handle.clear();
         self.timers.clear();
+        self.granted.clear();
         self.total = 0;
         (handles, timers)
     }
@@ -327,6 +355,10 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
         forget_if_empty(ctx, db, key_bytes);
         return Served::NoWaiters;
     }
+    if ffi::writes_paused() {
+        crate::events::retry_later(ctx, db, key_bytes);
+        return Served::StillHeld;
+    }
     let key = LockKey::open(ctx, name, true);
     let state = store::read(&key);
     if let Ok(LockState::Held { pttl, .. }) = state {
@@ -391,15 +423,25 @@ pub fn on_timeout(ctx: &Context, handle: Blocked) {
     ffi::unblock(handle, None);
 }
 
-/// Disconnect callback (also CLIENT UNBLOCK ... ERROR): the waiter leaves the queue.
-/// A client already handed the lock is no longer queued: nothing to do, and its handle
-/// was already given back.
+/// Disconnect callback (also CLIENT UNBLOCK, CLIENT KILL): the waiter leaves the queue.
+///
+/// A client handed the lock whose reply had not gone out yet never learns it holds the
+/// lock: that lock would sit unused for a whole lease while others wait. It is taken
+/// back (released as its owner would) and passes to the next waiter. Its handle was
+/// already given back to Redis at the handoff.
 pub fn on_disconnect(ctx: &Context, handle: Blocked) {
     if let Some((db, name, waiter)) = with(|q| q.remove(handle)) {
         stop_deadline(ctx, &waiter);
         forget_if_empty(ctx, db, &name);
         ffi::unblock(handle, None);
+    } else if let Some(granted) = with(|q| q.ungrant(handle)) {
+        crate::events::revoke_later(ctx, granted);
     }
+}
+
+/// Reply callback hook: a woken waiter was told.
+pub fn on_replied(handle: Blocked) {
+    with(|q| q.replied(handle));
 }
 
 /// An expiry timer fired: serve the key if its lock is gone.
@@ -533,6 +575,23 @@ mod tests {
             q.fired(tag2).map(|(db, k)| (db, k.to_vec())),
             Some((0, b"k".to_vec()))
         );
+    }
+
+    #[test]
+    fn it_remembers_a_granted_waiter_until_its_reply_goes_out() {
+        let mut q = Queues::default();
+        q.push(0, b"k", waiter(1), 10).unwrap();
+        q.push(0, b"k", waiter(2), 10).unwrap();
+        q.pop(0, b"k").unwrap();
+        q.pop(0, b"k").unwrap();
+        q.replied(Blocked(1));
+        assert!(
+            q.ungrant(Blocked(1)).is_none(),
+            "told: nothing to take back"
+        );
+        let g = q.ungrant(Blocked(2)).unwrap();
+        assert_eq!((g.db, &g.key[..], &g.owner[..]), (0, &b"k"[..], &b"o2"[..]));
+        assert!(q.ungrant(Blocked(2)).is_none());
     }
 
     #[test]

@@ -1,0 +1,856 @@
+//! The blocking API: [`Client`], [`Lock`] and [`LockGuard`].
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::{IntoConnectionInfo, RedisResult, Value};
+
+use crate::backoff::Jitter;
+use crate::cmd::{self, Acquired, LockInfo, Released};
+use crate::conn::{renewal_outcome, renewal_pipelines, Conn, Target};
+use crate::error::{poisons_connection, Error, Result};
+use crate::options::{millis, AcquireOptions, ClientOptions, Wait};
+use crate::state::{LockShared, Lost, LostReason, OwnerIds};
+use crate::watchdog::{Due, Outcome, Registry};
+use crate::ReleaseOutcome;
+
+/// Extra read time a waiting acquire allows beyond its wait limit, for the reply to
+/// travel: the server itself answers at the limit.
+const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long the idle renewal worker sleeps when it watches nothing; any new lock wakes it.
+const IDLE_SLEEP: Duration = Duration::from_secs(3600);
+
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here leaves its data consistent before anything can panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A blocking rlock client: one server or a cluster, one renewal worker thread.
+///
+/// Cloning is cheap and shares everything (connections, owner id space, worker).
+///
+/// # Examples
+///
+/// ```no_run
+/// use rlock_client::Client;
+///
+/// # fn main() -> rlock_client::Result<()> {
+/// let client = Client::open("redis://127.0.0.1:6379/")?;
+/// let lock = client.lock("orders:42");
+/// let guard = lock.acquire()?; // waits in the server; watchdog lease
+/// // ... the critical section ...
+/// guard.release()?; // Err(NotHeld) if the lock was lost meanwhile
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.inner.ids.client_id())
+            .field("target", &self.inner.target)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct ClientInner {
+    target: Target,
+    opts: ClientOptions,
+    ids: OwnerIds,
+    jitter: Jitter,
+    cmd_conn: Mutex<Option<Conn>>,
+    wait_pool: Mutex<Vec<Conn>>,
+    watchdog: Arc<Watchdog>,
+}
+
+struct Watchdog {
+    state: Mutex<WatchdogState>,
+    cond: Condvar,
+}
+
+struct WatchdogState {
+    registry: Registry,
+    stop: bool,
+    running: bool,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // The last handle is gone (guards hold one too), so nothing is left to renew.
+        lock_ignoring_poison(&self.watchdog.state).stop = true;
+        self.watchdog.cond.notify_all();
+    }
+}
+
+impl Client {
+    /// A client of one server, with default options.
+    ///
+    /// ```no_run
+    /// let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn open<T: IntoConnectionInfo>(info: T) -> Result<Self> {
+        Self::open_with(info, ClientOptions::new())
+    }
+
+    /// A client of one server, with options.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use rlock_client::{Client, ClientOptions};
+    /// let opts = ClientOptions::new().with_watchdog_timeout(Duration::from_secs(10));
+    /// let client = Client::open_with("redis://127.0.0.1/", opts)?;
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn open_with<T: IntoConnectionInfo>(info: T, opts: ClientOptions) -> Result<Self> {
+        Ok(Self::from_redis(redis::Client::open(info)?, opts))
+    }
+
+    /// A client of a Redis Cluster, given some of its nodes.
+    ///
+    /// ```no_run
+    /// let client = rlock_client::Client::open_cluster(vec!["redis://127.0.0.1:7000/"])?;
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn open_cluster<T: IntoConnectionInfo>(nodes: impl IntoIterator<Item = T>) -> Result<Self> {
+        Self::open_cluster_with(nodes, ClientOptions::new())
+    }
+
+    /// A client of a Redis Cluster, with options.
+    pub fn open_cluster_with<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+        opts: ClientOptions,
+    ) -> Result<Self> {
+        let c = redis::cluster::ClusterClient::new(nodes)?;
+        Ok(Self::from_cluster(c, opts))
+    }
+
+    /// A client over an existing redis-rs client (its TLS, auth and database).
+    ///
+    /// ```no_run
+    /// let redis = redis::Client::open("redis://127.0.0.1/")?;
+    /// let client = rlock_client::Client::from_redis(redis, Default::default());
+    /// # Ok::<_, redis::RedisError>(())
+    /// ```
+    pub fn from_redis(client: redis::Client, opts: ClientOptions) -> Self {
+        Self::new(Target::Single(client), opts)
+    }
+
+    /// A client over an existing redis-rs cluster client.
+    pub fn from_cluster(client: redis::cluster::ClusterClient, opts: ClientOptions) -> Self {
+        Self::new(Target::Cluster(Box::new(client)), opts)
+    }
+
+    fn new(target: Target, opts: ClientOptions) -> Self {
+        let registry = Registry::new(opts.renew_interval(), opts.retry.clone());
+        Client {
+            inner: Arc::new(ClientInner {
+                target,
+                ids: OwnerIds::new(),
+                jitter: Jitter::new(),
+                cmd_conn: Mutex::new(None),
+                wait_pool: Mutex::new(Vec::new()),
+                watchdog: Arc::new(Watchdog {
+                    state: Mutex::new(WatchdogState {
+                        registry,
+                        stop: false,
+                        running: false,
+                    }),
+                    cond: Condvar::new(),
+                }),
+                opts,
+            }),
+        }
+    }
+
+    /// This client's uuid, the first part of its owner ids.
+    pub fn id(&self) -> &str {
+        self.inner.ids.client_id()
+    }
+
+    /// The options the client was made with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// A handle on the lock `name`, with a new owner id (`<client id>:<n>`).
+    ///
+    /// A handle is one owner: acquiring through it again re-enters. Two handles
+    /// exclude each other, even in one thread.
+    ///
+    /// ```no_run
+    /// # let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+    /// let a = client.lock("k");
+    /// let b = client.lock("k");
+    /// let _held = a.acquire()?;
+    /// assert!(b.try_acquire()?.is_none());
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn lock(&self, name: impl Into<String>) -> Lock {
+        let owner = self.inner.ids.next_owner();
+        self.lock_with_owner(name, owner)
+    }
+
+    /// A handle on the lock `name` with an owner id of the caller's choosing, for
+    /// example to take over a lock after a restart, or to match a Redisson owner.
+    ///
+    /// The retry logic assumes this handle is the owner id's only user.
+    pub fn lock_with_owner(&self, name: impl Into<String>, owner: impl Into<String>) -> Lock {
+        Lock {
+            client: self.inner.clone(),
+            shared: Arc::new(LockShared::new(
+                name.into(),
+                owner.into(),
+                self.inner.ids.next_handle(),
+            )),
+        }
+    }
+
+    /// What the server knows about lock `name` (`RLOCK.INFO`); `None` if it is free.
+    pub fn info(&self, name: &str) -> Result<Option<LockInfo>> {
+        let v = self
+            .inner
+            .with_retries(|_| self.inner.run(&cmd::info(name)))?;
+        cmd::parse_info(v)
+    }
+
+    /// Frees lock `name` whoever holds it (`RLOCK.FORCERELEASE`); whether there was one.
+    /// Its holder finds out at its next renewal or release.
+    pub fn force_release(&self, name: &str) -> Result<bool> {
+        let v = self
+            .inner
+            .with_retries(|_| self.inner.run(&cmd::force_release(name)))?;
+        cmd::parse_force_release(v)
+    }
+}
+
+impl ClientInner {
+    /// Runs one quick command on the shared connection, reconnecting if needed.
+    fn run(&self, c: &redis::Cmd) -> Result<Value> {
+        self.run_raw(c).map_err(Error::from)
+    }
+
+    fn run_raw(&self, c: &redis::Cmd) -> RedisResult<Value> {
+        let mut slot = lock_ignoring_poison(&self.cmd_conn);
+        if slot.is_none() {
+            *slot = Some(self.target.connect(self.opts.response_timeout)?);
+        }
+        let conn = slot.as_mut().expect("connected above");
+        let r = conn.query(c);
+        if let Err(e) = &r {
+            if poisons_connection(e) {
+                *slot = None;
+            }
+        }
+        r
+    }
+
+    /// Runs `f` on a connection of its own (for a command that blocks in the server),
+    /// then returns the connection to the pool if it is still sound.
+    fn on_wait_conn<T>(
+        &self,
+        read_timeout: Option<Duration>,
+        f: impl FnOnce(&mut Conn) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let pooled = lock_ignoring_poison(&self.wait_pool).pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => self.target.connect(read_timeout)?,
+        };
+        let r = conn
+            .set_read_timeout(read_timeout)
+            .and_then(|()| f(&mut conn));
+        let sound = match &r {
+            Ok(_) => true,
+            Err(e) => !poisons_connection(e),
+        };
+        if sound {
+            let mut pool = lock_ignoring_poison(&self.wait_pool);
+            if pool.len() < self.opts.idle_wait_connections {
+                pool.push(conn);
+            }
+        }
+        r
+    }
+
+    fn with_retries<T>(&self, mut attempt: impl FnMut(u32) -> Result<T>) -> Result<T> {
+        let mut n = 0;
+        loop {
+            match attempt(n) {
+                Err(e) if e.is_transient() && n + 1 < self.opts.retry.max_attempts() => {
+                    thread::sleep(self.opts.retry.delay(n, &self.jitter));
+                    n += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn register(
+        &self,
+        shared: &Arc<LockShared>,
+        epoch: u64,
+        lease: Duration,
+        renew: bool,
+        at: Instant,
+    ) {
+        let mut st = lock_ignoring_poison(&self.watchdog.state);
+        st.registry.insert(shared.clone(), epoch, lease, renew, at);
+        if !st.running {
+            st.running = true;
+            let wd = self.watchdog.clone();
+            let target = self.target.clone();
+            let timeout = renewal_timeout(&self.opts);
+            let spawned = thread::Builder::new()
+                .name("rlock-renewal".into())
+                .spawn(move || renewal_worker(wd, target, timeout));
+            if spawned.is_err() {
+                // Out of threads: the next registration tries again. Meanwhile the lock
+                // is not renewed, and `is_held` turns false at its lease's deadline.
+                st.running = false;
+            }
+        }
+        drop(st);
+        self.watchdog.cond.notify_all();
+    }
+
+    fn rearmed(&self, handle: u64, epoch: u64, lease: Duration, at: Instant) {
+        lock_ignoring_poison(&self.watchdog.state)
+            .registry
+            .rearmed(handle, epoch, lease, at);
+    }
+
+    fn unregister(&self, handle: u64) {
+        lock_ignoring_poison(&self.watchdog.state)
+            .registry
+            .remove(handle);
+    }
+}
+
+/// The renewal connection's read timeout: a renewal that takes longer than a renewal
+/// interval is better abandoned and retried on a fresh connection, while the lease
+/// still has two intervals to go.
+pub(crate) fn renewal_timeout(opts: &ClientOptions) -> Option<Duration> {
+    let interval = opts.renew_interval().max(Duration::from_millis(1));
+    Some(opts.response_timeout.map_or(interval, |t| t.min(interval)))
+}
+
+/// The renewal worker: one thread per client, renewing every due lock in one
+/// pipeline (per cluster slot) on a connection of its own.
+fn renewal_worker(wd: Arc<Watchdog>, target: Target, timeout: Option<Duration>) {
+    let mut conn: Option<Conn> = None;
+    let mut st = lock_ignoring_poison(&wd.state);
+    loop {
+        if st.stop {
+            return;
+        }
+        let now = Instant::now();
+        let (due, lost) = st.registry.plan(now);
+        if due.is_empty() && lost.is_empty() {
+            let sleep = st
+                .registry
+                .next_wake()
+                .map_or(IDLE_SLEEP, |w| w.saturating_duration_since(now));
+            st = wd
+                .cond
+                .wait_timeout(st, sleep)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            continue;
+        }
+        drop(st);
+        for (shared, epoch, why) in lost {
+            shared.mark_lost(epoch, why);
+        }
+        let results = renew_batch(&target, &mut conn, timeout, &due);
+        st = lock_ignoring_poison(&wd.state);
+        let mut lost = Vec::new();
+        for (d, (outcome, sent_at)) in due.iter().zip(results) {
+            lost.extend(st.registry.apply(d, outcome, sent_at));
+        }
+        if !lost.is_empty() {
+            drop(st);
+            for (shared, epoch, why) in lost {
+                shared.mark_lost(epoch, why);
+            }
+            st = lock_ignoring_poison(&wd.state);
+        }
+    }
+}
+
+fn renew_batch(
+    target: &Target,
+    conn: &mut Option<Conn>,
+    timeout: Option<Duration>,
+    due: &[Due],
+) -> Vec<(Outcome, Instant)> {
+    let mut out: Vec<(Outcome, Instant)> = due
+        .iter()
+        .map(|_| (Outcome::Failed, Instant::now()))
+        .collect();
+    for (idx, pipe) in renewal_pipelines(due, target.is_cluster()) {
+        if conn.is_none() {
+            match target.connect(timeout) {
+                Ok(c) => *conn = Some(c),
+                Err(_) => continue,
+            }
+        }
+        let c = conn.as_mut().expect("connected above");
+        let sent_at = Instant::now();
+        match pipe.query::<Vec<RedisResult<Value>>>(c) {
+            Ok(replies) => {
+                for (i, r) in idx.iter().zip(replies) {
+                    out[*i] = (renewal_outcome(r), sent_at);
+                }
+            }
+            Err(e) => {
+                if poisons_connection(&e) {
+                    *conn = None;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A handle on one lock, as one owner.
+///
+/// Acquiring through the same handle again re-enters (the hold count goes up; each
+/// guard releases one hold). Handles are cheap: make one per task or thread that
+/// must exclude the others.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+/// let lock = client.lock("report");
+/// match lock.acquire_timeout(Duration::from_secs(2))? {
+///     Some(guard) => {
+///         // ... build the report ...
+///         guard.release()?;
+///     }
+///     None => println!("someone else is building it"),
+/// }
+/// # Ok::<_, rlock_client::Error>(())
+/// ```
+pub struct Lock {
+    client: Arc<ClientInner>,
+    shared: Arc<LockShared>,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.shared.key)
+            .field("owner", &self.shared.owner)
+            .finish()
+    }
+}
+
+impl Lock {
+    /// The lock's name (its key).
+    pub fn name(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// This handle's owner id.
+    pub fn owner(&self) -> &str {
+        &self.shared.owner
+    }
+
+    /// Takes the lock, waiting in the server for as long as it takes; watchdog lease.
+    ///
+    /// # Errors
+    /// Transport errors that outlive the retries, server errors (`WRONGTYPE` when the
+    /// key is not a lock), [`Error::ReplicaSync`] with replica safety on.
+    pub fn acquire(&self) -> Result<LockGuard> {
+        match self.acquire_with(AcquireOptions::new())? {
+            Some(g) => Ok(g),
+            // A wait without limit only ends with the lock (or an error).
+            None => Err(Error::UnexpectedReply(
+                "RLOCK.ACQUIRE WAIT 0 timed out".into(),
+            )),
+        }
+    }
+
+    /// Takes the lock if it is free (or already ours); never waits.
+    ///
+    /// ```no_run
+    /// # let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+    /// if let Some(guard) = client.lock("cron:nightly").try_acquire()? {
+    ///     // only one instance runs the job
+    ///     guard.release()?;
+    /// }
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.acquire_with(AcquireOptions::new().with_wait(Wait::No))
+    }
+
+    /// Takes the lock, waiting in the server at most `wait`; `None` if it did not
+    /// come free in time.
+    pub fn acquire_timeout(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.acquire_with(AcquireOptions::new().with_wait(Wait::Up(wait)))
+    }
+
+    /// Takes the lock with explicit options (wait limit, fixed lease).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use rlock_client::{AcquireOptions, Wait};
+    /// # let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+    /// let opts = AcquireOptions::new()
+    ///     .with_wait(Wait::Up(Duration::from_millis(500)))
+    ///     .with_lease(Duration::from_secs(5)); // expires after 5 s, no renewal
+    /// let guard = client.lock("k").acquire_with(opts)?;
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn acquire_with(&self, opts: AcquireOptions) -> Result<Option<LockGuard>> {
+        let c = &self.client;
+        let shared = &self.shared;
+        let lease = opts.lease.unwrap_or(c.opts.watchdog_timeout);
+        if lease.is_zero() {
+            return Err(Error::InvalidArgument("lease must be positive"));
+        }
+        let lease_ms = millis(lease);
+        let until = match opts.wait {
+            Wait::Up(d) => Some(Instant::now() + d),
+            _ => None,
+        };
+        let mut start = shared.begin_acquire();
+        let mut retry = 0u32;
+        let mut last_sent = Instant::now();
+        // Set when an attempt may have reached the server without its reply reaching us.
+        let mut maybe_applied = false;
+        loop {
+            let attempt = (|| -> Result<Acquired> {
+                if maybe_applied {
+                    // Look before re-sending: a re-entry that did happen must not
+                    // happen twice.
+                    let n = cmd::parse_hold_count(
+                        c.run(&cmd::hold_count(&shared.key, &shared.owner))?,
+                    )?;
+                    if n == start.holds + 1 {
+                        return Ok(Acquired::Yes);
+                    }
+                }
+                last_sent = Instant::now();
+                // Re-entry never waits (the server answers at once), and neither does
+                // a try: both go on the shared connection.
+                let wait_ms = match opts.wait {
+                    _ if start.holds > 0 => None,
+                    Wait::No => None,
+                    Wait::Forever => Some(0),
+                    Wait::Up(_) => {
+                        let left = until
+                            .map_or(Duration::ZERO, |u| u.saturating_duration_since(last_sent));
+                        (!left.is_zero()).then(|| millis(left))
+                    }
+                };
+                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms);
+                let v = match wait_ms {
+                    None => c.run(&command)?,
+                    Some(w) => {
+                        let read = (w > 0).then(|| {
+                            Duration::from_millis(w)
+                                + WAIT_REPLY_MARGIN.max(c.opts.response_timeout.unwrap_or_default())
+                        });
+                        c.on_wait_conn(read, |conn| conn.query(&command))?
+                    }
+                };
+                cmd::parse_acquire(v)
+            })();
+            match attempt {
+                Ok(Acquired::Yes) => break,
+                Ok(Acquired::HeldFor(_)) if start.holds > 0 => {
+                    // We thought we held it and someone else does: ours was lost.
+                    shared.mark_lost(start.epoch, LostReason::NotHeld);
+                    c.unregister(shared.handle);
+                    start = shared.begin_acquire();
+                    maybe_applied = false;
+                    if opts.wait == Wait::No {
+                        return Ok(None);
+                    }
+                }
+                Ok(Acquired::HeldFor(_)) => return Ok(None),
+                Err(e) if e.is_transient() && retry + 1 < c.opts.retry.max_attempts() => {
+                    thread::sleep(c.opts.retry.delay(retry, &c.jitter));
+                    retry += 1;
+                    maybe_applied = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let holds = shared.acquired(start.epoch, last_sent, lease);
+        if holds == 1 {
+            c.register(shared, start.epoch, lease, opts.lease.is_none(), last_sent);
+        } else {
+            c.rearmed(shared.handle, start.epoch, lease, last_sent);
+        }
+        let guard = LockGuard {
+            client: c.clone(),
+            shared: shared.clone(),
+            epoch: start.epoch,
+            release_lease_ms: opts.lease.is_none().then_some(lease_ms),
+            done: false,
+        };
+        if let Some(rs) = c.opts.replica_sync {
+            let timeout_ms = millis(rs.timeout());
+            let read = Some(rs.timeout() + WAIT_REPLY_MARGIN);
+            let check = c.on_wait_conn(read, |conn| {
+                cmd::replica_check(
+                    &shared.key,
+                    &shared.owner,
+                    lease_ms,
+                    rs.replicas(),
+                    timeout_ms,
+                )
+                .query::<Vec<Value>>(conn)
+            });
+            let acked = match check.map_err(Error::from).and_then(|mut v| match v.pop() {
+                Some(w) => cmd::parse_wait(w),
+                None => Err(Error::UnexpectedReply("WAIT: no reply".into())),
+            }) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = guard.release();
+                    return Err(e);
+                }
+            };
+            if acked < rs.replicas() {
+                // Do not leave behind a lock the caller will not know it holds.
+                let _ = guard.release();
+                return Err(Error::ReplicaSync {
+                    key: shared.key.clone(),
+                    wanted: rs.replicas(),
+                    acked,
+                });
+            }
+        }
+        Ok(Some(guard))
+    }
+
+    /// This handle's hold count as the client knows it (0: not held).
+    pub fn hold_count(&self) -> u64 {
+        self.shared.local_holds()
+    }
+}
+
+/// Releases one hold of `epoch`, retrying transient failures without releasing twice.
+fn release_inner(
+    c: &ClientInner,
+    shared: &LockShared,
+    epoch: u64,
+    lease_ms: Option<u64>,
+    retries: bool,
+) -> Result<ReleaseOutcome> {
+    let not_held = || Error::NotHeld {
+        key: shared.key.clone(),
+    };
+    let Some(holds) = shared.current(epoch) else {
+        return Err(not_held());
+    };
+    if holds == 1 {
+        // Stop renewing before the lock can be freed, so a late renewal never reports
+        // a loss of a lock we gave up on purpose.
+        c.unregister(shared.handle);
+    }
+    let max = if retries {
+        c.opts.retry.max_attempts()
+    } else {
+        1
+    };
+    let mut retry = 0;
+    let mut maybe_applied = false;
+    let reply = loop {
+        let attempt = (|| -> Result<Released> {
+            if maybe_applied {
+                let n =
+                    cmd::parse_hold_count(c.run(&cmd::hold_count(&shared.key, &shared.owner))?)?;
+                if n + 1 == holds {
+                    return Ok(if n == 0 {
+                        Released::Freed
+                    } else {
+                        Released::StillHeld
+                    });
+                }
+                if n != holds {
+                    return Ok(Released::NotHeld);
+                }
+            }
+            cmd::parse_release(c.run(&cmd::release(&shared.key, &shared.owner, lease_ms))?)
+        })();
+        match attempt {
+            Err(e) if e.is_transient() && retry + 1 < max => {
+                thread::sleep(c.opts.retry.delay(retry, &c.jitter));
+                retry += 1;
+                maybe_applied = true;
+            }
+            r => break r?,
+        }
+    };
+    match reply {
+        Released::StillHeld => {
+            shared.released(epoch, false);
+            Ok(ReleaseOutcome::StillHeld)
+        }
+        Released::Freed => {
+            shared.released(epoch, true);
+            c.unregister(shared.handle);
+            Ok(ReleaseOutcome::Freed)
+        }
+        Released::NotHeld => {
+            shared.mark_lost(epoch, LostReason::NotHeld);
+            c.unregister(shared.handle);
+            Err(not_held())
+        }
+    }
+}
+
+/// One hold of a lock. Release it with [`release`](Self::release) to learn whether
+/// the lock was still held; dropping it releases best-effort.
+///
+/// # Drop
+/// Dropping the guard stops its renewal and sends one `RLOCK.RELEASE` (no retries),
+/// ignoring the outcome: a lost lock or an unreachable server goes unreported, and
+/// an unreleased lock expires with its lease. Inside a tokio runtime (with the
+/// `tokio` feature) the release runs on the runtime's blocking pool instead, so that
+/// dropping never blocks a runtime thread.
+///
+/// # Cancel safety
+/// The blocking API has no cancellation; see [`aio`](crate::aio) for the async one.
+///
+/// # Examples
+///
+/// ```no_run
+/// # let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+/// let guard = client.lock("k").acquire()?;
+/// guard.on_lost(|why| eprintln!("lock lost: {why:?}; stop writing"));
+/// assert!(guard.is_held());
+/// guard.release()?;
+/// # Ok::<_, rlock_client::Error>(())
+/// ```
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    client: Arc<ClientInner>,
+    shared: Arc<LockShared>,
+    epoch: u64,
+    release_lease_ms: Option<u64>,
+    done: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.shared.key)
+            .field("owner", &self.shared.owner)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The owner id holding it.
+    pub fn owner(&self) -> &str {
+        &self.shared.owner
+    }
+
+    /// Whether the lock is still held, as far as this client knows: not found lost
+    /// by a renewal or release, and its lease not run out without renewal. Costs no
+    /// round trip.
+    pub fn is_held(&self) -> bool {
+        self.shared.is_held(self.epoch)
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.shared.lost_reason(self.epoch)
+    }
+
+    /// Blocks until the lock is lost (`Some(reason)`), or `timeout` passes, or the
+    /// lock is released through another guard of the same handle (`None`).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = rlock_client::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("k").acquire()?;
+    /// if let Some(why) = guard.wait_lost(Some(Duration::from_secs(1))) {
+    ///     eprintln!("lost: {why:?}");
+    /// }
+    /// # Ok::<_, rlock_client::Error>(())
+    /// ```
+    pub fn wait_lost(&self, timeout: Option<Duration>) -> Option<LostReason> {
+        self.shared.wait_lost(self.epoch, timeout)
+    }
+
+    /// A future that completes when the lock is lost (any executor).
+    pub fn lost(&self) -> Lost<'_> {
+        Lost {
+            shared: &self.shared,
+            epoch: self.epoch,
+        }
+    }
+
+    /// Calls `f` once when the lock is lost, or at once if it already was. It runs on
+    /// whichever thread finds the loss, usually the client's renewal worker, which
+    /// serves all its locks: keep it short and non-blocking. It has run by the time
+    /// `wait_lost` or `lost()` report the loss. It is dropped uncalled if the lock is
+    /// released normally.
+    pub fn on_lost(&self, f: impl FnOnce(LostReason) + Send + 'static) {
+        self.shared.on_lost(self.epoch, Box::new(f));
+    }
+
+    /// Releases this hold, retrying transient failures.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when the lock was no longer held by this owner: the
+    /// critical section ran (at least partly) unprotected. Transport errors after
+    /// the retries: renewal has then stopped and the lock expires with its lease.
+    pub fn release(mut self) -> Result<ReleaseOutcome> {
+        self.done = true;
+        release_inner(
+            &self.client,
+            &self.shared,
+            self.epoch,
+            self.release_lease_ms,
+            true,
+        )
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let (client, shared, epoch, lease) = (
+            self.client.clone(),
+            self.shared.clone(),
+            self.epoch,
+            self.release_lease_ms,
+        );
+        if shared.current(epoch) == Some(1) {
+            client.unregister(shared.handle);
+        }
+        let job = move || {
+            let _ = release_inner(&client, &shared, epoch, lease, false);
+        };
+        #[cfg(feature = "tokio")]
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn_blocking(job));
+            return;
+        }
+        job();
+    }
+}

@@ -1,0 +1,211 @@
+//! Where the locks live (one server or a cluster) and the connections to it.
+//!
+//! A client opens three kinds of connections, so that no traffic waits behind
+//! another's: one shared connection for quick commands (acquire without waiting,
+//! release, info), one for the renewal worker, and one per waiting acquire, taken
+//! from a small pool, because a command blocked in the server holds up everything
+//! queued behind it on the same connection.
+
+use std::time::Duration;
+
+use redis::{Cmd, ConnectionLike, RedisResult, Value};
+
+/// One server or a cluster.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Single(redis::Client),
+    // Boxed: the cluster client is several times the size of the single one.
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Single(c) => write!(f, "Single({:?})", c.get_connection_info().addr()),
+            Target::Cluster(_) => write!(f, "Cluster"),
+        }
+    }
+}
+
+impl Target {
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster(_))
+    }
+
+    /// A blocking connection whose reads time out after `read_timeout` (None: never).
+    pub(crate) fn connect(&self, read_timeout: Option<Duration>) -> RedisResult<Conn> {
+        let conn = match self {
+            Target::Single(c) => Conn::Single(c.get_connection()?),
+            Target::Cluster(c) => Conn::Cluster(Box::new(c.get_connection()?)),
+        };
+        conn.set_read_timeout(read_timeout)?;
+        Ok(conn)
+    }
+
+    /// An async connection whose requests time out after `timeout` (None: never).
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn connect_async(&self, timeout: Option<Duration>) -> RedisResult<AConn> {
+        Ok(match self {
+            Target::Single(c) => {
+                let cfg = redis::AsyncConnectionConfig::new().set_response_timeout(timeout);
+                AConn::Single(c.get_multiplexed_async_connection_with_config(&cfg).await?)
+            }
+            Target::Cluster(c) => {
+                let mut cfg = redis::cluster::ClusterConfig::new();
+                if let Some(t) = timeout {
+                    cfg = cfg.set_response_timeout(t);
+                }
+                AConn::Cluster(c.get_async_connection_with_config(cfg).await?)
+            }
+        })
+    }
+}
+
+/// A blocking connection to one server or a cluster.
+pub(crate) enum Conn {
+    Single(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl Conn {
+    pub(crate) fn set_read_timeout(&self, d: Option<Duration>) -> RedisResult<()> {
+        // A zero timeout is refused by the OS; it would mean "give up at once" anyway.
+        let d = d.map(|d| d.max(Duration::from_millis(1)));
+        match self {
+            Conn::Single(c) => c.set_read_timeout(d),
+            Conn::Cluster(c) => c.set_read_timeout(d),
+        }
+    }
+
+    pub(crate) fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        cmd.query(self)
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Conn::Single(c) => c.check_connection(),
+            Conn::Cluster(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::Single(c) => c.is_open(),
+            Conn::Cluster(c) => c.is_open(),
+        }
+    }
+}
+
+/// An async (multiplexed) connection to one server or a cluster.
+#[cfg(feature = "tokio")]
+#[derive(Clone)]
+pub(crate) enum AConn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+#[cfg(feature = "tokio")]
+impl redis::aio::ConnectionLike for AConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            AConn::Single(c) => c.req_packed_command(cmd),
+            AConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            AConn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            AConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AConn::Single(c) => c.get_db(),
+            AConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Renewal pipelines: everything in one for a single server; one per hash slot for
+/// a cluster, since a cluster pipeline is sent to a single node.
+pub(crate) fn renewal_pipelines(
+    due: &[crate::watchdog::Due],
+    cluster: bool,
+) -> Vec<(Vec<usize>, redis::Pipeline)> {
+    let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+    for (i, d) in due.iter().enumerate() {
+        let slot = if cluster {
+            crate::watchdog::slot(d.key.as_bytes())
+        } else {
+            0
+        };
+        groups.entry(slot).or_default().push(i);
+    }
+    groups
+        .into_values()
+        .map(|idx| {
+            let mut p = redis::pipe();
+            // One failing RENEW (a key overwritten by another type) must not hide
+            // the answers of the others.
+            p.ignore_errors();
+            for &i in &idx {
+                p.add_command(crate::cmd::renew(
+                    &due[i].key,
+                    &due[i].owner,
+                    due[i].lease_ms,
+                ));
+            }
+            (idx, p)
+        })
+        .collect()
+}
+
+/// What one renewal's reply means for the lock.
+pub(crate) fn renewal_outcome(r: RedisResult<Value>) -> crate::watchdog::Outcome {
+    use crate::watchdog::Outcome;
+    match r {
+        Ok(v) => match crate::cmd::parse_renew(v) {
+            Ok(true) => Outcome::Renewed,
+            Ok(false) => Outcome::NotHeld,
+            Err(_) => Outcome::Failed,
+        },
+        // The key now holds something else: the lock is gone.
+        Err(e) if e.code() == Some("WRONGTYPE") => Outcome::NotHeld,
+        Err(_) => Outcome::Failed,
+    }
+}

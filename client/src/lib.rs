@@ -1,0 +1,75 @@
+//! Rust client for the **rlock** Redis module: distributed locks stored exactly like
+//! Redisson's (a hash of owner id to hold count, the key's TTL as the lease), with
+//! waiting done inside the server.
+//!
+//! - [`Client::lock`] gives a [`Lock`] handle, one owner (`<client uuid>:<n>`).
+//!   Acquiring through the same handle re-enters; two handles exclude each other.
+//! - [`Lock::acquire`] waits in the server (`RLOCK.ACQUIRE ... WAIT 0`, first come,
+//!   first served) on a connection of its own, so a waiting acquire never delays the
+//!   client's renewals or releases. [`Lock::try_acquire`] never waits;
+//!   [`Lock::acquire_timeout`] waits at most so long.
+//! - Without a lease, a lock is in *watchdog* mode: its lease is the watchdog timeout
+//!   (30 s by default) and one worker per client renews all its locks every third of
+//!   it. With [`AcquireOptions::with_lease`] the lease is fixed and never renewed.
+//! - A lost lock (renewal answered 0, or renewals failed until the lease ran out) is
+//!   reported: [`LockGuard::is_held`], [`LockGuard::wait_lost`], [`LockGuard::lost`]
+//!   (a future), [`LockGuard::on_lost`] (a callback). [`LockGuard::release`] returns
+//!   [`Error::NotHeld`] when the critical section ran unprotected.
+//! - Transient failures are retried with capped exponential backoff and jitter
+//!   ([`RetryPolicy`]); a retry after a lost reply first reads the owner's hold count,
+//!   so a re-entrant acquire or a release is never applied twice.
+//! - Optional replica safety ([`ReplicaSync`]): `WAIT n timeout` after each acquire.
+//! - One server or a Redis Cluster ([`Client::open_cluster`]).
+//!
+//! The blocking API is the default; the async one is [`aio`], behind the `tokio`
+//! feature. Both use the same command builders; only the executor differs.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use rlock_client::{Client, Error};
+//!
+//! # fn main() -> Result<(), Error> {
+//! let client = Client::open("redis://127.0.0.1/")?;
+//! let lock = client.lock("invoice:7");
+//! let guard = lock.acquire()?;
+//! // ... work that must not run twice at once ...
+//! match guard.release() {
+//!     Ok(_) => {}
+//!     Err(Error::NotHeld { .. }) => eprintln!("the lock expired under us: check the work"),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+#[cfg(feature = "tokio")]
+pub mod aio;
+mod backoff;
+mod blocking;
+mod cmd;
+mod conn;
+mod error;
+mod options;
+mod state;
+mod watchdog;
+
+pub use blocking::{Client, Lock, LockGuard};
+pub use cmd::LockInfo;
+pub use error::{Error, Result};
+pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
+pub use state::{Lost, LostReason};
+
+/// What a successful release did.
+///
+/// ```
+/// use rlock_client::ReleaseOutcome;
+/// assert_ne!(ReleaseOutcome::Freed, ReleaseOutcome::StillHeld);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseOutcome {
+    /// The hold count went down; the owner still holds the lock (it was re-entered).
+    StillHeld,
+    /// The lock is free (or was handed to the first waiter).
+    Freed,
+}

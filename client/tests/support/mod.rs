@@ -1,0 +1,393 @@
+//! Test support: real `redis-server` processes with the module loaded, on free
+//! ports, in temp dirs, killed on drop; a bounded `wait_until`; a fault-injecting proxy.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The module under test: `$RLOCK_MODULE`, else the workspace's debug build.
+pub fn module_path() -> PathBuf {
+    if let Ok(p) = std::env::var("RLOCK_MODULE") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/librlock.so")
+}
+
+fn server_bin() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `pred` every 10 ms until it holds; false after `timeout`.
+pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + timeout;
+    loop {
+        if pred() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "rlock-client-test-{}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A module-loaded redis-server on 127.0.0.1, killed (only this one) on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra arguments; retries on another port if the chosen one was
+    /// taken between choosing and binding.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let module = module_path();
+        assert!(
+            module.exists(),
+            "module not found at {} (build it with `cargo build -p rlock`, or set RLOCK_MODULE)",
+            module.display()
+        );
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let dir = TempDir::new();
+            let port = free_port();
+            let log = dir.0.join("redis.log");
+            let child = Command::new(server_bin())
+                .arg("--port")
+                .arg(port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir.0)
+                .arg("--logfile")
+                .arg(&log)
+                .arg("--loadmodule")
+                .arg(&module)
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("cannot start redis-server (set REDIS_SERVER)");
+            let mut s = Server { child, port, dir };
+            let up = wait_until(Duration::from_secs(10), || {
+                if matches!(s.child.try_wait(), Ok(Some(_))) {
+                    return true;
+                }
+                s.try_conn()
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
+                    .is_some()
+            });
+            if up && s.child.try_wait().ok().flatten().is_none() {
+                return s;
+            }
+            last_log = std::fs::read_to_string(&log).unwrap_or_default();
+        }
+        panic!("redis-server did not start; last log:\n{last_log}");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn try_conn(&self) -> Option<redis::Connection> {
+        let c = redis::Client::open(self.url()).ok()?;
+        c.get_connection_with_timeout(Duration::from_secs(1)).ok()
+    }
+
+    /// A plain connection for looking at the server from outside the client.
+    pub fn conn(&self) -> redis::Connection {
+        let c = redis::Client::open(self.url()).unwrap();
+        let conn = c
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn pttl(c: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(c).unwrap()
+}
+
+pub fn hget(c: &mut redis::Connection, key: &str, field: &str) -> Option<u64> {
+    redis::cmd("HGET").arg(key).arg(field).query(c).unwrap()
+}
+
+pub fn exists(c: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+}
+
+/// A master with a replica attached and in sync.
+pub fn master_and_replica() -> (Server, Server) {
+    let master = Server::start();
+    let port = master.port.to_string();
+    let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let mut m = master.conn();
+    let synced = wait_until(Duration::from_secs(15), || {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut m).unwrap();
+        info.contains("connected_slaves:1") && info.contains("state=online")
+    });
+    assert!(
+        synced,
+        "replica did not sync; replica log:\n{}",
+        replica.log()
+    );
+    (master, replica)
+}
+
+/// A local 3-master cluster (no replicas), slots split in three.
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        let nodes: Vec<Server> = (0..3)
+            .map(|_| {
+                // nodes.conf lands in the server's own temp dir (--dir).
+                Server::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let ranges = [(0, 5460), (5461, 10922), (10923, 16383)];
+        for (n, (lo, hi)) in nodes.iter().zip(ranges) {
+            let mut c = n.conn();
+            let _: () = redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(lo)
+                .arg(hi)
+                .query(&mut c)
+                .unwrap();
+        }
+        let mut first = nodes[0].conn();
+        for n in &nodes[1..] {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(n.port)
+                .query(&mut first)
+                .unwrap();
+        }
+        for n in &nodes {
+            let mut c = n.conn();
+            let ok = wait_until(Duration::from_secs(30), || {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+            });
+            assert!(ok, "cluster did not form; log:\n{}", n.log());
+        }
+        Cluster { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    /// A key whose slot is served by node `i` (0..3).
+    pub fn key_on(&self, i: usize, prefix: &str) -> String {
+        let mut c = self.nodes[0].conn();
+        let ranges = [(0, 5460), (5461, 10922), (10923, 16383)];
+        let (lo, hi) = ranges[i];
+        for n in 0..10_000 {
+            let k = format!("{prefix}:{n}");
+            let slot: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&k)
+                .query(&mut c)
+                .unwrap();
+            if slot >= lo && slot <= hi {
+                return k;
+            }
+        }
+        panic!("no key for node {i}");
+    }
+
+    /// A plain connection to the node serving `key`.
+    pub fn conn_for(&self, key: &str) -> redis::Connection {
+        let mut c = self.nodes[0].conn();
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut c)
+            .unwrap();
+        let i = match slot {
+            0..=5460 => 0,
+            5461..=10922 => 1,
+            _ => 2,
+        };
+        self.nodes[i].conn()
+    }
+}
+
+/// A TCP proxy in front of a server that can lose one reply: armed with a marker,
+/// it forwards the next request containing the marker, lets the server execute it,
+/// then closes the client's connection instead of relaying the reply. The client
+/// sees a connection error for a command that did take effect.
+///
+/// It relays strictly one request, one reply, which is enough for the single small
+/// commands the tests send through it.
+pub struct LossyProxy {
+    pub port: u16,
+    armed: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    pub lost: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl LossyProxy {
+    pub fn start(upstream: u16) -> LossyProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let armed: Arc<std::sync::Mutex<Option<Vec<u8>>>> = Default::default();
+        let lost = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, l, s) = (armed.clone(), lost.clone(), stop.clone());
+        thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let (a, l) = (a.clone(), l.clone());
+                        thread::spawn(move || relay(client, upstream, a, l));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        LossyProxy {
+            port,
+            armed,
+            lost,
+            stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Loses the reply of the next request containing `marker`.
+    pub fn lose_next_reply_to(&self, marker: &str) {
+        *self.armed.lock().unwrap() = Some(marker.as_bytes().to_vec());
+    }
+}
+
+impl Drop for LossyProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn relay(
+    mut client: TcpStream,
+    upstream: u16,
+    armed: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    lost: Arc<AtomicUsize>,
+) {
+    client.set_nonblocking(false).unwrap();
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    let lose = Arc::new(AtomicBool::new(false));
+    // Server to client: relays everything, except that once a request was marked
+    // it closes the client instead of relaying the reply. The client sends one
+    // command at a time, so the next bytes from the server are that reply.
+    let (mut s_read, mut c_write) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+    let lose2 = lose.clone();
+    thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match s_read.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if lose2.load(Ordering::SeqCst) {
+                lost.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+            if c_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = c_write.shutdown(std::net::Shutdown::Both);
+        let _ = s_read.shutdown(std::net::Shutdown::Both);
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match client.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let req = &buf[..n];
+        {
+            let mut g = armed.lock().unwrap();
+            if g.as_ref()
+                .is_some_and(|m| req.windows(m.len()).any(|w| w == m.as_slice()))
+            {
+                *g = None;
+                lose.store(true, Ordering::SeqCst);
+            }
+        }
+        if server.write_all(req).is_err() {
+            break;
+        }
+    }
+    let _ = server.shutdown(std::net::Shutdown::Both);
+}
