@@ -240,25 +240,52 @@ pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
     }
 }
 
+/// Every key with waiters and every tracked lock key.
+fn watched_keys() -> Vec<(i32, Vec<u8>)> {
+    let mut keys: Vec<(i32, Vec<u8>)> = waiters::with(|q| q.all_keys())
+        .into_iter()
+        .map(|(db, k)| (db, k.to_vec()))
+        .collect();
+    TRACKED.with(|t| {
+        for (db, tracked) in t.borrow().iter() {
+            keys.extend(tracked.iter().map(|k| (*db, k.to_vec())));
+        }
+    });
+    keys
+}
+
 /// FLUSHDB/FLUSHALL delete keys without per-key events: look at every key with waiters
 /// and every tracked lock (those still there are found held and left alone).
 #[flush_event_handler]
 fn on_flush(ctx: &Context, subevent: FlushSubevent) {
     if let FlushSubevent::Ended = subevent {
         crate::guard::quietly(|| {
-            for (db, key) in waiters::with(|q| q.all_keys()) {
-                schedule(ctx, db, &key);
-            }
-            let tracked: Vec<(i32, Vec<u8>)> = TRACKED.with(|t| {
-                t.borrow()
-                    .iter()
-                    .flat_map(|(db, keys)| keys.iter().map(move |k| (*db, k.to_vec())))
-                    .collect()
-            });
-            for (db, key) in tracked {
+            for (db, key) in watched_keys() {
                 schedule(ctx, db, &key);
             }
         });
+    }
+}
+
+/// SWAPDB exchanges two dbs' contents without per-key events. Every lock key of either
+/// db is tracked in both and looked at again: where a lock still is, it stays tracked;
+/// where one was and is no more, its unlock message goes out. Waiters keep their db
+/// number, so what they wait for may now be free: they are looked at too.
+pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
+    TRACKED.with(|t| {
+        let mut t = t.borrow_mut();
+        let mut union = t.remove(&a).unwrap_or_default();
+        union.extend(t.remove(&b).unwrap_or_default());
+        if !union.is_empty() {
+            t.insert(a, union.clone());
+            t.insert(b, union);
+        }
+    });
+    for (db, key) in watched_keys()
+        .into_iter()
+        .filter(|(db, _)| *db == a || *db == b)
+    {
+        schedule(ctx, db, &key);
     }
 }
 

@@ -390,6 +390,38 @@ pub fn unblock(handle: Blocked, wake: Option<Wake>) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Server events the crate has no wrapper for
+
+static mut SWAPDB_HANDLER: Option<fn(&Context, i32, i32)> = None;
+
+extern "C" fn swapdb_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut c_void,
+) {
+    let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+    let context = Context::new(ctx);
+    if let Some(f) = unsafe { *ptr::addr_of!(SWAPDB_HANDLER) } {
+        crate::guard::quietly(|| f(&context, info.dbnum_first, info.dbnum_second));
+    }
+}
+
+/// Calls `f(ctx, db1, db2)` after every SWAPDB. Called once from init.
+pub fn on_swapdb(ctx: &Context, f: fn(&Context, i32, i32)) {
+    unsafe {
+        SWAPDB_HANDLER = Some(f);
+        if let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent {
+            let event = raw::RedisModuleEvent {
+                id: raw::REDISMODULE_EVENT_SWAPDB,
+                dataver: raw::REDISMODULE_SWAPDBINFO_VERSION as u64,
+            };
+            subscribe(ctx.ctx, event, Some(swapdb_cb));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Timers
 
 /// A module timer id.

@@ -41,6 +41,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         on_replied: waiters::on_replied,
     });
     ffi::set_timer_handler(events::on_timer);
+    ffi::on_swapdb(ctx, events::on_swapdb);
     Status::Ok
 }
 
