@@ -60,7 +60,7 @@ fn open_for_write(
     let state = store::read(&key);
     if !matches!(state, Ok(LockState::Held { .. })) && waiters::has_waiters(db, name.as_slice()) {
         drop(key);
-        waiters::serve(ctx, db, name);
+        waiters::serve(ctx, db, name, waiters::Path::Command);
         let key = LockKey::open(ctx, name, true);
         let state = store::read(&key);
         return (key, state);
@@ -138,7 +138,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             store::remember(ctx, req, plan.reply, now);
         }
         if plan.freed {
-            events::freed(ctx, db, name);
+            events::freed(ctx, db, name, waiters::Path::Command);
         } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
             waiters::note_expiry(ctx, db, name.as_slice(), lease);
         }
@@ -181,7 +181,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         drop(key);
         count(plan.outcome);
         if plan.freed {
-            events::freed(ctx, db, name);
+            events::freed(ctx, db, name, waiters::Path::Command);
         }
         Ok(reply(&plan))
     })

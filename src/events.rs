@@ -28,7 +28,7 @@ use crate::errors::ERR_ROLE_CHANGED;
 use crate::ffi::{self, LockKey};
 use crate::stats;
 use crate::store;
-use crate::waiters::{self, Granted, Served};
+use crate::waiters::{self, Granted, Path, Served};
 
 /// The tag of the pending-list timer; expiry timers use tags from 1 up.
 const SWEEP_TAG: u64 = 0;
@@ -203,14 +203,14 @@ fn revoke(ctx: &Context, granted: &Granted) {
     store::apply(ctx, &key, &name, &owner, &plan);
     drop(key);
     stats::bump(|s| &s.revoked_handoffs);
-    freed(ctx, granted.db, &name);
+    freed(ctx, granted.db, &name, Path::Event);
 }
 
 /// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
 /// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
-pub fn freed(ctx: &Context, db: i32, name: &RedisString) {
-    match waiters::serve(ctx, db, name) {
-        Served::Handed => {}
+pub fn freed(ctx: &Context, db: i32, name: &RedisString, path: Path) {
+    match waiters::serve(ctx, db, name, path) {
+        Served::Handed | Served::Redirected => {}
         // Writes paused: the sweep serves the key once they resume.
         Served::StillHeld if ffi::writes_paused() => {}
         _ => {
@@ -224,7 +224,7 @@ pub fn freed(ctx: &Context, db: i32, name: &RedisString) {
 /// or, with nobody waiting, its unlock message is published (once: the key is forgotten).
 /// Runs where writes propagate (a command or a timer), with `db` selected.
 pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
-    if waiters::serve(ctx, db, name) != Served::NoWaiters {
+    if waiters::serve(ctx, db, name, Path::Event) != Served::NoWaiters {
         return;
     }
     if ffi::writes_paused() {

@@ -283,12 +283,12 @@ pub fn reply_integer(ctx: &Context, n: i64) {
 pub struct Blocked(pub usize);
 
 /// What a woken waiter is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wake {
     /// The lock was handed to it: reply nil.
     Granted,
     /// Reply with this error.
-    Error(&'static str),
+    Error(std::borrow::Cow<'static, str>),
 }
 
 /// Callbacks the blocking glue provides. Plain function pointers keep this module free

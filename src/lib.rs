@@ -8,6 +8,7 @@
 //! keys; `waiters` queues and hands off; `events` watches the keyspace; `ffi` holds the only
 //! unsafe code; `config`, `stats` and `errors` are what their names say.
 
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod core;

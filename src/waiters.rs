@@ -14,6 +14,7 @@ use std::rc::Rc;
 
 use redis_module::{Context, RedisString};
 
+use crate::cluster;
 use crate::core::{self, LockState};
 use crate::ffi::{self, Blocked, LockKey, TimerId, Wake};
 use crate::stats;
@@ -147,6 +148,14 @@ impl Queues {
             self.granted
                 .insert(waiter.handle, Granted { db, key, owner });
         }
+        self.total -= 1;
+        Some(waiter)
+    }
+
+    /// Removes and returns the first waiter of a key that is answered without the lock.
+    pub fn take(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
+        let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
+        self.by_handle.remove(&waiter.handle);
         self.total -= 1;
         Some(waiter)
     }
@@ -305,7 +314,7 @@ pub fn wait(
         stop_deadline(ctx, &refused);
         ffi::unblock(
             handle,
-            Some(Wake::Error(crate::errors::ERR_TOO_MANY_WAITERS)),
+            Some(Wake::Error(crate::errors::ERR_TOO_MANY_WAITERS.into())),
         );
     }
     note_expiry(ctx, db, key, pttl);
@@ -332,9 +341,20 @@ pub fn note_expiry(ctx: &Context, db: i32, key: &[u8], pttl: i64) {
     }
 }
 
+/// Who is asking [`serve`] to look at a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// An RLOCK command on this key, which Redis Cluster routed here: the key is ours.
+    Command,
+    /// A keyspace event, flush, swap or timer: the key may have left this node.
+    Event,
+}
+
 /// What [`serve`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Served {
+    /// The key's slot is migrating or lives on another node: the waiters were redirected.
+    Redirected,
     /// The lock was free and the first waiter now holds it.
     Handed,
     /// The lock is held; waiters keep waiting (the expiry timer is armed).
@@ -349,7 +369,7 @@ pub enum Served {
 /// A key that holds something other than a lock counts as freed (the lock was overwritten
 /// by SET, RENAME, RESTORE...): the waiters were promised the lock at this key, so the
 /// first one gets it, replacing the value.
-pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
+pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
     let key_bytes = name.as_slice();
     if with(|q| q.head(db, key_bytes).is_none()) {
         forget_if_empty(ctx, db, key_bytes);
@@ -365,6 +385,13 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
         drop(key);
         note_expiry(ctx, db, key_bytes, pttl);
         return Served::StillHeld;
+    }
+    if path == Path::Event {
+        if let cluster::Route::Redirect(error) = cluster::route_of(ctx, key_bytes) {
+            drop(key);
+            redirect(ctx, db, key_bytes, error);
+            return Served::Redirected;
+        }
     }
     let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
         return Served::NoWaiters;
@@ -385,6 +412,15 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString) -> Served {
     forget_if_empty(ctx, db, key_bytes);
     note_expiry(ctx, db, key_bytes, waiter.lease);
     Served::Handed
+}
+
+/// Answers every waiter of a key with a cluster redirection (the key left this node).
+fn redirect(ctx: &Context, db: i32, key: &[u8], error: String) {
+    while let Some(waiter) = with(|q| q.take(db, key)) {
+        stop_deadline(ctx, &waiter);
+        ffi::unblock(waiter.handle, Some(Wake::Error(error.clone().into())));
+    }
+    forget_if_empty(ctx, db, key);
 }
 
 /// The tag of deadline timers: they only wake the event loop, so their handler does nothing.
@@ -449,7 +485,7 @@ pub fn on_timer(ctx: &Context, tag: u64) {
     if let Some((db, name)) = with(|q| q.fired(tag)) {
         if ffi::select_db(ctx, db) {
             let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
-            serve(ctx, db, &name_rs);
+            serve(ctx, db, &name_rs, Path::Event);
         }
     }
 }
@@ -462,7 +498,7 @@ pub fn fail_all(ctx: &Context, error: &'static str) {
         ffi::stop_timer(ctx, id);
     }
     for handle in handles {
-        ffi::unblock(handle, Some(Wake::Error(error)));
+        ffi::unblock(handle, Some(Wake::Error(error.into())));
     }
 }
 
