@@ -189,14 +189,19 @@ fn revoke(ctx: &Context, granted: &Granted) {
     let name = RedisString::create_from_slice(std::ptr::null_mut(), &granted.key);
     let key = LockKey::open(ctx, &name, true);
     let Ok(state) = store::read(&key) else { return };
-    let untold = match &state {
-        LockState::Held { holders, .. } => {
-            holders.len() == 1 && holders[0].owner == *granted.owner && holders[0].count == 1
+    let count = state.count_of(&granted.owner);
+    // Still exactly what the handoff wrote: that owner alone, count 1.
+    let untold =
+        count == Some(1) && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
+    if untold || count.is_none() {
+        // The client was never told: a retry with its request id must not be answered
+        // "acquired" from the record the handoff wrote.
+        if let Some(id) = &granted.request_id {
+            store::forget_request(ctx, &crate::core::request_key(&granted.key, id));
         }
-        LockState::Free => false,
-    };
+    }
     if !untold {
-        return; // it expired, was released or re-entered since: not ours to undo
+        return; // re-entered since by the same owner elsewhere, or already gone
     }
     let owner = RedisString::create_from_slice(std::ptr::null_mut(), &granted.owner);
     let plan = crate::core::release(&state, &granted.owner, None, ffi::now_ms());

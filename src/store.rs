@@ -125,3 +125,17 @@ pub fn remember(ctx: &Context, request: &RedisString, reply: Reply, now: i64) {
 fn number_str(s: &str) -> RedisString {
     RedisString::create(None::<NonNull<_>>, s)
 }
+
+/// Deletes a remembered reply (a handoff taken back before its client was told).
+pub fn forget_request(ctx: &Context, request: &[u8]) {
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), request);
+    let key = LockKey::open(ctx, &name, true);
+    if !key.is_string() {
+        return;
+    }
+    let _own = events::OwnWrite::begin();
+    key.delete();
+    ctx.replicate("DEL", &[&name]);
+    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "del", &name);
+    ffi::signal_modified(ctx, &name);
+}

@@ -54,6 +54,8 @@ pub struct Granted {
     pub db: i32,
     pub key: KeyName,
     pub owner: Box<[u8]>,
+    /// The waiter's request id: its remembered reply must go if the grant is taken back.
+    pub request_id: Option<Box<[u8]>>,
 }
 
 /// The expiry timer armed for a key with waiters.
@@ -144,9 +146,16 @@ impl Queues {
     pub fn pop(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
         let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
         if let Some((db, key, _)) = self.by_handle.remove(&waiter.handle) {
-            let owner = waiter.owner.clone();
-            self.granted
-                .insert(waiter.handle, Granted { db, key, owner });
+            let (owner, request_id) = (waiter.owner.clone(), waiter.request_id.clone());
+            self.granted.insert(
+                waiter.handle,
+                Granted {
+                    db,
+                    key,
+                    owner,
+                    request_id,
+                },
+            );
         }
         self.total -= 1;
         Some(waiter)

@@ -113,3 +113,34 @@ def test_malformed_request_ids_are_refused(r, call, error):
         r.execute_command(*call)
     assert str(e.value) == error
     assert r.exists("k") == 0
+
+
+def test_a_handoff_taken_back_forgets_its_request_id(server):
+    """A waiter killed between the handoff and its reply never learns it got the lock: the
+    module takes the lock back and must forget the remembered reply, or the client's retry
+    would be told "acquired" for a lock it does not hold."""
+    r = server.client()
+    acq(r, "k", "holder")
+    w = server.client()
+    w_id = w.client_id()
+    t = threading.Thread(target=lambda: _swallow(
+        lambda: w.execute_command("RLOCK.ACQUIRE", "k", "a", 30_000, "WAIT", 10_000, "ID", "r7")))
+    t.start()
+    wait_until(lambda: r.info("rlock")["rlock_waiters"] == 1, what="waiter queued")
+    with r.pipeline(transaction=False) as p:
+        p.execute_command("RLOCK.RELEASE", "k", "holder")
+        p.execute_command("CLIENT", "KILL", "ID", w_id)
+        p.execute()
+    t.join(10)
+    wait_until(lambda: r.info("rlock")["rlock_revoked_handoffs"] == 1, what="handoff taken back")
+    assert r.exists("k") == 0
+    assert r.exists("rlock_request:{k}:r7") == 0
+    assert acq(r, "k", "a", "ID", "r7") is None
+    assert r.hgetall("k") == {b"a": b"1"}, "the retry really acquired"
+
+
+def _swallow(call):
+    try:
+        call()
+    except redis.ConnectionError:
+        pass

@@ -476,31 +476,24 @@ impl Lock {
         };
         let mut start = shared.begin_acquire();
         let mut retry = 0u32;
-        let mut last_sent = Instant::now();
-        let mut maybe_applied = false;
+        // One request id for this acquire and all its retries (see the blocking API).
+        let mut request = cmd::request_id();
+        // The send time of the earliest attempt that may have taken the lock.
+        let mut lease_from: Option<Instant> = None;
         loop {
+            let sent = Instant::now();
             let attempt: Result<Acquired> = async {
-                if maybe_applied {
-                    // Look before re-sending, so that a re-entry is never counted twice.
-                    let n = cmd::parse_hold_count(
-                        c.run(&cmd::hold_count(&shared.key, &shared.owner)).await?,
-                    )?;
-                    if n == start.holds + 1 {
-                        return Ok(Acquired::Yes);
-                    }
-                }
-                last_sent = Instant::now();
                 let wait_ms = match opts.wait {
                     _ if start.holds > 0 => None,
                     Wait::No => None,
                     Wait::Forever => Some(0),
                     Wait::Up(_) => {
-                        let left = until
-                            .map_or(Duration::ZERO, |u| u.saturating_duration_since(last_sent));
+                        let left =
+                            until.map_or(Duration::ZERO, |u| u.saturating_duration_since(sent));
                         (!left.is_zero()).then(|| millis(left))
                     }
                 };
-                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms);
+                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms, &request);
                 let v = match wait_ms {
                     None => c.run(&command).await?,
                     Some(w) => {
@@ -518,13 +511,32 @@ impl Lock {
                 cmd::parse_acquire(v)
             }
             .await;
+            let from = *lease_from.get_or_insert(sent);
             match attempt {
-                Ok(Acquired::Yes) => break,
+                Ok(Acquired::Yes) => match confirm_fresh(c, shared, lease, lease_ms, from).await? {
+                    Some(at) => {
+                        lease_from = Some(at);
+                        break;
+                    }
+                    None => {
+                        if start.holds > 0 {
+                            shared.mark_lost(start.epoch, LostReason::NotHeld);
+                            c.unregister(shared.handle);
+                        }
+                        start = shared.begin_acquire();
+                        request = cmd::request_id();
+                        lease_from = None;
+                        if opts.wait == Wait::No {
+                            return Ok(None);
+                        }
+                    }
+                },
                 Ok(Acquired::HeldFor(_)) if start.holds > 0 => {
                     shared.mark_lost(start.epoch, LostReason::NotHeld);
                     c.unregister(shared.handle);
                     start = shared.begin_acquire();
-                    maybe_applied = false;
+                    request = cmd::request_id();
+                    lease_from = None;
                     if opts.wait == Wait::No {
                         return Ok(None);
                     }
@@ -533,11 +545,11 @@ impl Lock {
                 Err(e) if e.is_transient() && retry + 1 < c.opts.retry.max_attempts() => {
                     tokio::time::sleep(c.opts.retry.delay(retry, &c.jitter)).await;
                     retry += 1;
-                    maybe_applied = true;
                 }
                 Err(e) => return Err(e),
             }
         }
+        let last_sent = lease_from.expect("set when the lock was taken");
         let holds = shared.acquired(start.epoch, last_sent, lease);
         if holds == 1 {
             c.register(shared, start.epoch, lease, opts.lease.is_none(), last_sent);
@@ -594,6 +606,32 @@ impl Lock {
     }
 }
 
+/// When the lease of a lock just taken can be counted from; see the blocking API's
+/// `confirm_fresh`. `None`: the server says the lock is no longer ours.
+async fn confirm_fresh(
+    c: &ClientInner,
+    shared: &LockShared,
+    lease: Duration,
+    lease_ms: u64,
+    from: Instant,
+) -> Result<Option<Instant>> {
+    if from.elapsed() < lease / 3 {
+        return Ok(Some(from));
+    }
+    let sent = Instant::now();
+    let renew = cmd::renew(&shared.key, &shared.owner, lease_ms);
+    match c
+        .with_retries(|| c.run(&renew))
+        .await
+        .and_then(cmd::parse_renew)
+    {
+        Ok(true) => Ok(Some(sent)),
+        Ok(false) => Ok(None),
+        Err(e) if e.is_transient() => Ok(Some(from)),
+        Err(e) => Err(e),
+    }
+}
+
 async fn release_inner(
     c: &ClientInner,
     shared: &LockShared,
@@ -616,36 +654,15 @@ async fn release_inner(
     } else {
         1
     };
+    // One request id for this release and its retries: never applied twice.
+    let request = cmd::request_id();
+    let command = cmd::release(&shared.key, &shared.owner, lease_ms, &request);
     let mut retry = 0;
-    let mut maybe_applied = false;
     let reply = loop {
-        let attempt: Result<Released> = async {
-            if maybe_applied {
-                let n = cmd::parse_hold_count(
-                    c.run(&cmd::hold_count(&shared.key, &shared.owner)).await?,
-                )?;
-                if n + 1 == holds {
-                    return Ok(if n == 0 {
-                        Released::Freed
-                    } else {
-                        Released::StillHeld
-                    });
-                }
-                if n != holds {
-                    return Ok(Released::NotHeld);
-                }
-            }
-            cmd::parse_release(
-                c.run(&cmd::release(&shared.key, &shared.owner, lease_ms))
-                    .await?,
-            )
-        }
-        .await;
-        match attempt {
+        match c.run(&command).await.and_then(cmd::parse_release) {
             Err(e) if e.is_transient() && retry + 1 < max => {
                 tokio::time::sleep(c.opts.retry.delay(retry, &c.jitter)).await;
                 retry += 1;
-                maybe_applied = true;
             }
             r => break r?,
         }

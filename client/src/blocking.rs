@@ -525,22 +525,16 @@ impl Lock {
         };
         let mut start = shared.begin_acquire();
         let mut retry = 0u32;
-        let mut last_sent = Instant::now();
-        // Set when an attempt may have reached the server without its reply reaching us.
-        let mut maybe_applied = false;
+        // One request id for this acquire and all its retries: a retry of an attempt
+        // that did take effect (a re-entry, or a handoff to a waiter whose connection
+        // then broke) gets the first reply back and changes nothing.
+        let mut request = cmd::request_id();
+        // The send time of the earliest attempt that may have taken the lock: the
+        // lease cannot have started before it.
+        let mut lease_from: Option<Instant> = None;
         loop {
+            let sent = Instant::now();
             let attempt = (|| -> Result<Acquired> {
-                if maybe_applied {
-                    // Look before re-sending: a re-entry that did happen must not
-                    // happen twice.
-                    let n = cmd::parse_hold_count(
-                        c.run(&cmd::hold_count(&shared.key, &shared.owner))?,
-                    )?;
-                    if n == start.holds + 1 {
-                        return Ok(Acquired::Yes);
-                    }
-                }
-                last_sent = Instant::now();
                 // Re-entry never waits (the server answers at once), and neither does
                 // a try: both go on the shared connection.
                 let wait_ms = match opts.wait {
@@ -548,12 +542,12 @@ impl Lock {
                     Wait::No => None,
                     Wait::Forever => Some(0),
                     Wait::Up(_) => {
-                        let left = until
-                            .map_or(Duration::ZERO, |u| u.saturating_duration_since(last_sent));
+                        let left =
+                            until.map_or(Duration::ZERO, |u| u.saturating_duration_since(sent));
                         (!left.is_zero()).then(|| millis(left))
                     }
                 };
-                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms);
+                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms, &request);
                 let v = match wait_ms {
                     None => c.run(&command)?,
                     Some(w) => {
@@ -566,14 +560,34 @@ impl Lock {
                 };
                 cmd::parse_acquire(v)
             })();
+            let from = *lease_from.get_or_insert(sent);
             match attempt {
-                Ok(Acquired::Yes) => break,
+                Ok(Acquired::Yes) => match confirm_fresh(c, shared, lease, lease_ms, from)? {
+                    Some(at) => {
+                        lease_from = Some(at);
+                        break;
+                    }
+                    None => {
+                        // Handed the lock, then it was gone before we could renew it.
+                        if start.holds > 0 {
+                            shared.mark_lost(start.epoch, LostReason::NotHeld);
+                            c.unregister(shared.handle);
+                        }
+                        start = shared.begin_acquire();
+                        request = cmd::request_id();
+                        lease_from = None;
+                        if opts.wait == Wait::No {
+                            return Ok(None);
+                        }
+                    }
+                },
                 Ok(Acquired::HeldFor(_)) if start.holds > 0 => {
                     // We thought we held it and someone else does: ours was lost.
                     shared.mark_lost(start.epoch, LostReason::NotHeld);
                     c.unregister(shared.handle);
                     start = shared.begin_acquire();
-                    maybe_applied = false;
+                    request = cmd::request_id();
+                    lease_from = None;
                     if opts.wait == Wait::No {
                         return Ok(None);
                     }
@@ -582,11 +596,11 @@ impl Lock {
                 Err(e) if e.is_transient() && retry + 1 < c.opts.retry.max_attempts() => {
                     thread::sleep(c.opts.retry.delay(retry, &c.jitter));
                     retry += 1;
-                    maybe_applied = true;
                 }
                 Err(e) => return Err(e),
             }
         }
+        let last_sent = lease_from.expect("set when the lock was taken");
         let holds = shared.acquired(start.epoch, last_sent, lease);
         if holds == 1 {
             c.register(shared, start.epoch, lease, opts.lease.is_none(), last_sent);
@@ -640,6 +654,51 @@ impl Lock {
     pub fn hold_count(&self) -> u64 {
         self.shared.local_holds()
     }
+
+    /// Another handle on the same owner state, for a thread of a combined lock. Only
+    /// one operation may run on a handle at a time; the caller sees to that.
+    pub(crate) fn same_handle(&self) -> Lock {
+        Lock {
+            client: self.client.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The lease an acquire with `opts` asks for.
+    pub(crate) fn lease_for(&self, opts: &AcquireOptions) -> Duration {
+        opts.lease.unwrap_or(self.client.opts.watchdog_timeout)
+    }
+}
+
+/// The instant the lease of a lock just taken can be counted from, given `from`, the
+/// send time of the earliest attempt that may have taken it.
+///
+/// A lock handed over after a wait started its lease at the handoff, somewhere between
+/// the send and the reply; counting from the send is safe but, after a long wait, says
+/// the lease is (nearly) over. When the renewal would already be due, the lease is
+/// re-armed now with `RLOCK.RENEW`, whose send time is then a safe start. `None`:
+/// the server says the lock is no longer ours.
+fn confirm_fresh(
+    c: &ClientInner,
+    shared: &LockShared,
+    lease: Duration,
+    lease_ms: u64,
+    from: Instant,
+) -> Result<Option<Instant>> {
+    if from.elapsed() < lease / 3 {
+        return Ok(Some(from));
+    }
+    let sent = Instant::now();
+    let renewed = c
+        .with_retries(|_| c.run(&cmd::renew(&shared.key, &shared.owner, lease_ms)))
+        .and_then(cmd::parse_renew);
+    match renewed {
+        Ok(true) => Ok(Some(sent)),
+        Ok(false) => Ok(None),
+        // Unconfirmed: count from the send, which may report the lease run out early.
+        Err(e) if e.is_transient() => Ok(Some(from)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Releases one hold of `epoch`, retrying transient failures without releasing twice.
@@ -666,31 +725,16 @@ fn release_inner(
     } else {
         1
     };
+    // One request id for this release and its retries: a retry of a release that did
+    // reach the server gets the first reply and is not applied twice.
+    let request = cmd::request_id();
+    let command = cmd::release(&shared.key, &shared.owner, lease_ms, &request);
     let mut retry = 0;
-    let mut maybe_applied = false;
     let reply = loop {
-        let attempt = (|| -> Result<Released> {
-            if maybe_applied {
-                let n =
-                    cmd::parse_hold_count(c.run(&cmd::hold_count(&shared.key, &shared.owner))?)?;
-                if n + 1 == holds {
-                    return Ok(if n == 0 {
-                        Released::Freed
-                    } else {
-                        Released::StillHeld
-                    });
-                }
-                if n != holds {
-                    return Ok(Released::NotHeld);
-                }
-            }
-            cmd::parse_release(c.run(&cmd::release(&shared.key, &shared.owner, lease_ms))?)
-        })();
-        match attempt {
+        match c.run(&command).and_then(cmd::parse_release) {
             Err(e) if e.is_transient() && retry + 1 < max => {
                 thread::sleep(c.opts.retry.delay(retry, &c.jitter));
                 retry += 1;
-                maybe_applied = true;
             }
             r => break r?,
         }
@@ -776,6 +820,11 @@ impl LockGuard {
     /// Why the lock was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.shared.lost_reason(self.epoch)
+    }
+
+    /// When the lease must have run out, by this client's clock (None: not held).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.shared.deadline(self.epoch)
     }
 
     /// Blocks until the lock is lost (`Some(reason)`), or `timeout` passes, or the

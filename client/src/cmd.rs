@@ -10,25 +10,40 @@ use redis::{Cmd, Value};
 
 use crate::error::{Error, Result};
 
-/// `RLOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms]`; `wait_ms = Some(0)` waits
-/// without a limit.
-pub(crate) fn acquire(key: &str, owner: &str, lease_ms: u64, wait_ms: Option<u64>) -> Cmd {
+/// A fresh request id (a v4 uuid) for one logical acquire or release. Every retry of
+/// that operation sends the same id, so the server answers a retry of a call that did
+/// take effect with the first reply instead of applying it again (README, "Request ids").
+pub(crate) fn request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// `RLOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms] ID request-id`;
+/// `wait_ms = Some(0)` waits without a limit.
+pub(crate) fn acquire(
+    key: &str,
+    owner: &str,
+    lease_ms: u64,
+    wait_ms: Option<u64>,
+    request_id: &str,
+) -> Cmd {
     let mut c = redis::cmd("RLOCK.ACQUIRE");
     c.arg(key).arg(owner).arg(lease_ms);
     if let Some(w) = wait_ms {
         c.arg("WAIT").arg(w);
     }
+    c.arg("ID").arg(request_id);
     c
 }
 
-/// `RLOCK.RELEASE key owner [lease-ms]`: the lease re-arms the expiry of a lock that
-/// stays held (a re-entrant release), so a watchdog lock keeps its full lease.
-pub(crate) fn release(key: &str, owner: &str, lease_ms: Option<u64>) -> Cmd {
+/// `RLOCK.RELEASE key owner [lease-ms] ID request-id`: the lease re-arms the expiry of
+/// a lock that stays held (a re-entrant release), so a watchdog lock keeps its full lease.
+pub(crate) fn release(key: &str, owner: &str, lease_ms: Option<u64>, request_id: &str) -> Cmd {
     let mut c = redis::cmd("RLOCK.RELEASE");
     c.arg(key).arg(owner);
     if let Some(l) = lease_ms {
         c.arg(l);
     }
+    c.arg("ID").arg(request_id);
     c
 }
 
@@ -50,15 +65,6 @@ pub(crate) fn force_release(key: &str) -> Cmd {
 pub(crate) fn info(key: &str) -> Cmd {
     let mut c = redis::cmd("RLOCK.INFO");
     c.arg(key);
-    c
-}
-
-/// `HGET key owner`: the owner's hold count as the server sees it. A retry after a
-/// lost reply reads it first, so that a re-entrant acquire or a release that did
-/// reach the server is not applied twice.
-pub(crate) fn hold_count(key: &str, owner: &str) -> Cmd {
-    let mut c = redis::cmd("HGET");
-    c.arg(key).arg(owner);
     c
 }
 
@@ -132,14 +138,6 @@ pub(crate) fn parse_force_release(v: Value) -> Result<bool> {
         Value::Int(1) => Ok(true),
         Value::Int(0) => Ok(false),
         other => Err(unexpected("RLOCK.FORCERELEASE", &other)),
-    }
-}
-
-/// The reply of `HGET key owner` as a hold count (0 when the owner holds nothing).
-pub(crate) fn parse_hold_count(v: Value) -> Result<u64> {
-    match v {
-        Value::Nil => Ok(0),
-        other => as_u64(&other).ok_or_else(|| unexpected("HGET", &other)),
     }
 }
 
@@ -257,26 +255,28 @@ mod tests {
         // Table: the command built -> its words on the wire.
         let cases: Vec<(Cmd, &[&str])> = vec![
             (
-                acquire("k", "o", 30000, None),
-                &["RLOCK.ACQUIRE", "k", "o", "30000"],
+                acquire("k", "o", 30000, None, "r1"),
+                &["RLOCK.ACQUIRE", "k", "o", "30000", "ID", "r1"],
             ),
             (
-                acquire("k", "o", 100, Some(0)),
-                &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "0"],
+                acquire("k", "o", 100, Some(0), "r1"),
+                &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "0", "ID", "r1"],
             ),
             (
-                acquire("k", "o", 100, Some(250)),
-                &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "250"],
+                acquire("k", "o", 100, Some(250), "r1"),
+                &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "250", "ID", "r1"],
             ),
-            (release("k", "o", None), &["RLOCK.RELEASE", "k", "o"]),
             (
-                release("k", "o", Some(9)),
-                &["RLOCK.RELEASE", "k", "o", "9"],
+                release("k", "o", None, "r2"),
+                &["RLOCK.RELEASE", "k", "o", "ID", "r2"],
+            ),
+            (
+                release("k", "o", Some(9), "r2"),
+                &["RLOCK.RELEASE", "k", "o", "9", "ID", "r2"],
             ),
             (renew("k", "o", 9), &["RLOCK.RENEW", "k", "o", "9"]),
             (force_release("k"), &["RLOCK.FORCERELEASE", "k"]),
             (info("k"), &["RLOCK.INFO", "k"]),
-            (hold_count("k", "o"), &["HGET", "k", "o"]),
         ];
         for (cmd, want) in cases {
             assert_eq!(args(&cmd), want);
@@ -328,10 +328,10 @@ mod tests {
     }
 
     #[test]
-    fn it_reads_hold_counts_from_hget() {
-        assert_eq!(parse_hold_count(Value::Nil).unwrap(), 0);
-        assert_eq!(parse_hold_count(bulk("3")).unwrap(), 3);
-        assert!(parse_hold_count(bulk("x")).is_err());
+    fn it_makes_a_fresh_v4_uuid_per_request() {
+        let (a, b) = (request_id(), request_id());
+        assert_ne!(a, b);
+        assert_eq!(uuid::Uuid::parse_str(&a).unwrap().get_version_num(), 4);
     }
 
     #[test]

@@ -16,9 +16,15 @@
 //!   (a future), [`LockGuard::on_lost`] (a callback). [`LockGuard::release`] returns
 //!   [`Error::NotHeld`] when the critical section ran unprotected.
 //! - Transient failures are retried with capped exponential backoff and jitter
-//!   ([`RetryPolicy`]); a retry after a lost reply first reads the owner's hold count,
-//!   so a re-entrant acquire or a release is never applied twice.
+//!   ([`RetryPolicy`]). Each acquire and each release sends one fresh request id (a v4
+//!   uuid, `ID <request-id>`) with every one of its retries; the module remembers the
+//!   reply of a call that changed the lock under that id, so a retry after a lost
+//!   reply gets the first reply back instead of re-entering or releasing twice. This
+//!   also covers a waiting acquire whose connection broke just after the server
+//!   handed it the lock: the retry, on a new connection, learns of the handoff.
 //! - Optional replica safety ([`ReplicaSync`]): `WAIT n timeout` after each acquire.
+//! - Several locks at once: [`MultiLock`] (all or none, on one server or several) and
+//!   [`RedLock`] (a majority of independent servers, within a validity time).
 //! - One server or a Redis Cluster ([`Client::open_cluster`]).
 //!
 //! The blocking API is the default; the async one is [`aio`], behind the `tokio`
@@ -50,6 +56,7 @@ mod blocking;
 mod cmd;
 mod conn;
 mod error;
+mod multi;
 mod options;
 mod state;
 mod watchdog;
@@ -57,6 +64,7 @@ mod watchdog;
 pub use blocking::{Client, Lock, LockGuard};
 pub use cmd::LockInfo;
 pub use error::{Error, Result};
+pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
 pub use state::{Lost, LostReason};
 

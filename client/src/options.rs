@@ -9,6 +9,11 @@ use crate::backoff::Jitter;
 /// How operations that fail transiently (connection loss, timeout, `LOADING`,
 /// `TRYAGAIN`, ...) are retried: capped exponential backoff with jitter.
 ///
+/// A retried acquire or release resends the same request id (`ID <uuid>`), so the
+/// server answers a retry of a call that did take effect with its first reply; nothing
+/// is applied twice as long as the retries end within the module's
+/// `rlock.request-id-window-ms` (60 s by default), which the default policy does by far.
+///
 /// The delay before retry `n` (counting from 0) is drawn uniformly from
 /// `[d/2, d]` where `d = min(max_delay, base_delay * 2^n)`; the jitter keeps many
 /// clients that failed together from retrying together.
@@ -116,7 +121,8 @@ impl Default for RetryPolicy {
 ///
 /// This narrows, but does not close, the window in which a failover to a replica
 /// that never saw the lock lets a second client take it (Redisson's
-/// `checkLockSyncedSlaves`).
+/// `checkLockSyncedSlaves`): the crate's README, "Replicas and failover", says
+/// exactly what is guaranteed.
 ///
 /// ```
 /// use std::time::Duration;

@@ -207,6 +207,16 @@ impl LockShared {
         }
     }
 
+    /// When the lease of `epoch` must have run out, if it is current and not lost.
+    pub(crate) fn deadline(&self, epoch: u64) -> Option<Instant> {
+        let g = self.lock();
+        if g.epoch == epoch && g.lost.is_none() && g.holds > 0 {
+            g.deadline
+        } else {
+            None
+        }
+    }
+
     /// Moves the lease deadline after a confirmed renewal.
     pub(crate) fn renewed(&self, epoch: u64, deadline: Instant) {
         let mut g = self.lock();

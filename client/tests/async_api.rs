@@ -341,3 +341,39 @@ async fn it_locks_keys_on_every_master_of_a_cluster() {
         assert!(!exists(&mut cluster.conn_for(k), k));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_applies_a_reentry_and_a_release_once_when_their_replies_are_lost() {
+    let s = Server::start();
+    let proxy = support::LossyProxy::start(s.port);
+    let opts = ClientOptions::new().with_retry(
+        rlock_client::RetryPolicy::new()
+            .with_max_attempts(3)
+            .with_base_delay(Duration::from_millis(10)),
+    );
+    let c = Client::open_with(proxy.url(), opts).await.unwrap();
+    let mut r = s.conn();
+    let lock = c.lock("k");
+    let fixed = AcquireOptions::new()
+        .with_wait(rlock_client::Wait::No)
+        .with_lease(Duration::from_secs(30));
+    let g1 = lock.acquire_with(fixed).await.unwrap().unwrap();
+    proxy.lose_next_reply_to("RLOCK.ACQUIRE");
+    let g2 = lock.acquire_with(fixed).await.unwrap().expect("re-entered");
+    assert_eq!(proxy.lost.load(Ordering::SeqCst), 1, "the fault fired");
+    assert_eq!(
+        hget(&mut r, "k", lock.owner()),
+        Some(2),
+        "re-entry applied once"
+    );
+    proxy.lose_next_reply_to("RLOCK.RELEASE");
+    assert_eq!(g2.release().await.unwrap(), ReleaseOutcome::StillHeld);
+    assert_eq!(proxy.lost.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        hget(&mut r, "k", lock.owner()),
+        Some(1),
+        "release applied once"
+    );
+    assert_eq!(g1.release().await.unwrap(), ReleaseOutcome::Freed);
+    assert!(!exists(&mut r, "k"));
+}

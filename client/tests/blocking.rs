@@ -297,12 +297,7 @@ fn it_releases_on_drop() {
 fn it_does_not_double_count_a_reentry_whose_reply_was_lost() {
     let s = Server::start();
     let proxy = LossyProxy::start(s.port);
-    let opts = ClientOptions::new().with_retry(
-        RetryPolicy::new()
-            .with_max_attempts(3)
-            .with_base_delay(Duration::from_millis(10)),
-    );
-    let c = Client::open_with(proxy.url(), opts).unwrap();
+    let c = Client::open_with(proxy.url(), quick_retries()).unwrap();
     let mut r = s.conn();
     let lock = c.lock("k");
     let fixed = AcquireOptions::new()
@@ -327,6 +322,131 @@ fn it_does_not_double_count_a_reentry_whose_reply_was_lost() {
     );
     assert_eq!(g1.release().unwrap(), ReleaseOutcome::Freed);
     assert!(!exists(&mut r, "k"));
+}
+
+fn quick_retries() -> ClientOptions {
+    ClientOptions::new().with_retry(
+        RetryPolicy::new()
+            .with_max_attempts(3)
+            .with_base_delay(Duration::from_millis(10)),
+    )
+}
+
+#[test]
+fn it_keeps_a_lock_handed_over_just_before_the_wait_connection_broke() {
+    let s = Server::start();
+    let proxy = LossyProxy::start(s.port);
+    let c = Client::open_with(proxy.url(), quick_retries()).unwrap();
+    let other = client(&s);
+    let mut r = s.conn();
+    let holder = other.lock("k").acquire().unwrap();
+    // The waiting acquire is the only ACQUIRE through the proxy: the server hands it
+    // the lock on release, and the reply is lost with the connection.
+    proxy.lose_next_reply_to("RLOCK.ACQUIRE");
+    let lock = c.lock("k");
+    let owner = lock.owner().to_owned();
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire_timeout(Duration::from_secs(10)).unwrap();
+        (lock, g)
+    });
+    assert!(wait_until(Duration::from_secs(5), || other
+        .info("k")
+        .unwrap()
+        .is_some_and(|i| i.waiters == 1)));
+    holder.release().unwrap();
+    let (lock, g) = waiter.join().unwrap();
+    let g = g.expect("the retry learns of the handoff");
+    assert_eq!(proxy.lost.load(Ordering::SeqCst), 1, "the fault fired");
+    // Re-sent without its id, the retry would have re-entered: count 2.
+    assert_eq!(hget(&mut r, "k", &owner), Some(1), "handoff counted once");
+    assert_eq!(lock.hold_count(), 1);
+    assert!(g.is_held());
+    assert_eq!(g.release().unwrap(), ReleaseOutcome::Freed);
+    assert!(!exists(&mut r, "k"));
+}
+
+#[test]
+fn it_keeps_a_lock_handed_over_after_a_wait_longer_than_the_lease() {
+    let s = Server::start();
+    let c = client_with_watchdog(&s, 600);
+    let other = client(&s);
+    let mut r = s.conn();
+    let holder = other.lock("k").acquire().unwrap();
+    let lock = c.lock("k");
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire().unwrap();
+        (lock, g)
+    });
+    assert!(wait_until(Duration::from_secs(5), || other
+        .info("k")
+        .unwrap()
+        .is_some_and(|i| i.waiters == 1)));
+    // The point is the elapsed time: the waiter waits longer than its 600 ms lease.
+    thread::sleep(Duration::from_millis(800));
+    holder.release().unwrap();
+    let (lock, g) = waiter.join().unwrap();
+    // Counted from the send of the waiting acquire, the lease would be over already.
+    assert!(g.is_held(), "{:?}", g.lost_reason());
+    let ttl = pttl(&mut r, "k");
+    assert!(ttl > 300, "re-armed at the handoff: {ttl}");
+    // And the watchdog keeps it: still held after two leases.
+    assert_eq!(g.wait_lost(Some(Duration::from_millis(1200))), None);
+    assert_eq!(hget(&mut r, "k", lock.owner()), Some(1));
+    g.release().unwrap();
+}
+
+/// The module remembers a handoff's reply under the waiter's request id, and takes the
+/// lock back when the waiter vanishes before the reply goes out. It must forget the id
+/// then too, or the retry would be told "acquired" for a lock that is free.
+#[test]
+fn it_does_not_believe_a_handoff_the_server_took_back() {
+    let s = Server::start();
+    let c = Client::open_with(s.url(), quick_retries()).unwrap();
+    let mut r = s.conn();
+    let _: () = redis::cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("holder")
+        .arg(30_000)
+        .query(&mut r)
+        .unwrap();
+    let lock = c.lock("k");
+    let owner = lock.owner().to_owned();
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire_timeout(Duration::from_secs(5)).unwrap();
+        (lock, g)
+    });
+    let mut waiting_id = None;
+    assert!(wait_until(Duration::from_secs(5), || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut r).unwrap();
+        waiting_id = list
+            .lines()
+            .find(|l| l.contains("cmd=rlock.acquire") && l.contains("flags=b"))
+            .and_then(|l| l.strip_prefix("id="))
+            .and_then(|l| l.split(' ').next())
+            .map(str::to_owned);
+        waiting_id.is_some()
+    }));
+    // Handed the lock, killed before its reply goes out: the module takes it back.
+    let (released, killed): (i64, i64) = redis::pipe()
+        .cmd("RLOCK.RELEASE")
+        .arg("k")
+        .arg("holder")
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(waiting_id.unwrap())
+        .query(&mut r)
+        .unwrap();
+    assert_eq!((released, killed), (1, 1));
+    let (_lock, g) = waiter.join().unwrap();
+    if let Some(g) = g {
+        assert_eq!(
+            hget(&mut r, "k", &owner),
+            Some(1),
+            "the client believes it holds a lock the server took back"
+        );
+        g.release().unwrap();
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -97,6 +97,8 @@ impl Server {
                 .arg("--port")
                 .arg(port.to_string())
                 .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                // A replica's first sync starts at once, not after the default 5 s.
+                .args(["--repl-diskless-sync-delay", "0"])
                 .arg("--dir")
                 .arg(&dir.0)
                 .arg("--logfile")
@@ -145,6 +147,12 @@ impl Server {
         conn
     }
 
+    /// SIGKILL, at once: no shutdown, no last replication bytes.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.0.join("redis.log")).unwrap_or_default()
     }
@@ -172,7 +180,14 @@ pub fn exists(c: &mut redis::Connection, key: &str) -> bool {
 /// A master with a replica attached and in sync.
 pub fn master_and_replica() -> (Server, Server) {
     let master = Server::start();
-    let port = master.port.to_string();
+    let replica = replica_of(&master, master.port);
+    (master, replica)
+}
+
+/// A replica of `master`, reaching it at `port` (the master's own, or a proxy's),
+/// started and in sync.
+pub fn replica_of(master: &Server, port: u16) -> Server {
+    let port = port.to_string();
     let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
     let mut m = master.conn();
     let synced = wait_until(Duration::from_secs(15), || {
@@ -184,7 +199,15 @@ pub fn master_and_replica() -> (Server, Server) {
         "replica did not sync; replica log:\n{}",
         replica.log()
     );
-    (master, replica)
+    replica
+}
+
+/// One counter of `INFO rlock`.
+pub fn rlock_stat(c: &mut redis::Connection, name: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("rlock").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in INFO rlock:\n{info}"))
 }
 
 /// A local 3-master cluster (no replicas), slots split in three.
@@ -282,12 +305,18 @@ impl Cluster {
 /// then closes the client's connection instead of relaying the reply. The client
 /// sees a connection error for a command that did take effect.
 ///
+/// It can also stand for a failover address (`set_upstream`: new connections go to
+/// another server) and for a slow network (`hold_replies`: bytes from the server are
+/// kept back, and thrown away if the server dies meanwhile), e.g. on a replication link.
+///
 /// It relays strictly one request, one reply, which is enough for the single small
 /// commands the tests send through it.
 pub struct LossyProxy {
     pub port: u16,
     armed: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     pub lost: Arc<AtomicUsize>,
+    upstream: Arc<AtomicU16>,
+    hold: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 }
 
@@ -299,13 +328,22 @@ impl LossyProxy {
         let armed: Arc<std::sync::Mutex<Option<Vec<u8>>>> = Default::default();
         let lost = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (a, l, s) = (armed.clone(), lost.clone(), stop.clone());
+        let hold = Arc::new(AtomicBool::new(false));
+        let upstream = Arc::new(AtomicU16::new(upstream));
+        let (a, l, s, h, u) = (
+            armed.clone(),
+            lost.clone(),
+            stop.clone(),
+            hold.clone(),
+            upstream.clone(),
+        );
         thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((client, _)) => {
-                        let (a, l) = (a.clone(), l.clone());
-                        thread::spawn(move || relay(client, upstream, a, l));
+                        let (a, l, h) = (a.clone(), l.clone(), h.clone());
+                        let port = u.load(Ordering::SeqCst);
+                        thread::spawn(move || relay(client, port, a, l, h));
                     }
                     Err(_) => thread::sleep(Duration::from_millis(5)),
                 }
@@ -315,6 +353,8 @@ impl LossyProxy {
             port,
             armed,
             lost,
+            upstream,
+            hold,
             stop,
         }
     }
@@ -326,6 +366,16 @@ impl LossyProxy {
     /// Loses the reply of the next request containing `marker`.
     pub fn lose_next_reply_to(&self, marker: &str) {
         *self.armed.lock().unwrap() = Some(marker.as_bytes().to_vec());
+    }
+
+    /// New connections go to the server on `port` from now on (a failover).
+    pub fn set_upstream(&self, port: u16) {
+        self.upstream.store(port, Ordering::SeqCst);
+    }
+
+    /// Holds back (true) or lets through again (false) every byte from the server.
+    pub fn hold_replies(&self, hold: bool) {
+        self.hold.store(hold, Ordering::SeqCst);
     }
 }
 
@@ -340,6 +390,7 @@ fn relay(
     upstream: u16,
     armed: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     lost: Arc<AtomicUsize>,
+    hold: Arc<AtomicBool>,
 ) {
     client.set_nonblocking(false).unwrap();
     let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
@@ -348,22 +399,39 @@ fn relay(
     let lose = Arc::new(AtomicBool::new(false));
     // Server to client: relays everything, except that once a request was marked
     // it closes the client instead of relaying the reply. The client sends one
-    // command at a time, so the next bytes from the server are that reply.
+    // command at a time, so the next bytes from the server are that reply. Bytes
+    // held back are relayed once the hold is lifted, or dropped with the connection.
     let (mut s_read, mut c_write) = (server.try_clone().unwrap(), client.try_clone().unwrap());
     let lose2 = lose.clone();
     thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut held: Vec<u8> = Vec::new();
+        // Short reads so that lifting the hold flushes without waiting for new bytes.
+        let _ = s_read.set_read_timeout(Some(Duration::from_millis(20)));
         loop {
             let n = match s_read.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    0
+                }
+                Err(_) => break,
             };
-            if lose2.load(Ordering::SeqCst) {
+            if n > 0 && lose2.load(Ordering::SeqCst) {
                 lost.fetch_add(1, Ordering::SeqCst);
                 break;
             }
-            if c_write.write_all(&buf[..n]).is_err() {
-                break;
+            held.extend_from_slice(&buf[..n]);
+            if !hold.load(Ordering::SeqCst) && !held.is_empty() {
+                if c_write.write_all(&held).is_err() {
+                    break;
+                }
+                held.clear();
             }
         }
         let _ = c_write.shutdown(std::net::Shutdown::Both);

@@ -1,0 +1,119 @@
+//! Failover: a master and its replica (both with the module), the master SIGKILLed and
+//! the replica promoted with `REPLICAOF NO ONE`. The client reaches the master through
+//! a proxy that stands for the failover address (a Sentinel-managed VIP or DNS name).
+
+mod support;
+
+use std::time::Duration;
+
+use rlock_client::{Client, ClientOptions, Error, ReleaseOutcome, ReplicaSync, RetryPolicy};
+use support::{exists, hget, pttl, replica_of, rlock_stat, wait_until, LossyProxy, Server};
+
+fn promote(replica: &Server) {
+    let mut r = replica.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut r)
+        .unwrap();
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut r).unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec()))
+    );
+}
+
+fn options(replica_sync: Option<ReplicaSync>) -> ClientOptions {
+    ClientOptions::new()
+        .with_watchdog_timeout(Duration::from_millis(3000))
+        .with_replica_sync(replica_sync)
+        .with_retry(
+            RetryPolicy::new()
+                .with_max_attempts(5)
+                .with_base_delay(Duration::from_millis(20)),
+        )
+}
+
+#[test]
+fn a_lock_taken_with_replica_safety_survives_the_masters_death() {
+    let mut master = Server::start();
+    let replica = replica_of(&master, master.port);
+    let address = LossyProxy::start(master.port);
+    let sync = ReplicaSync::new(1, Duration::from_secs(2));
+    let c = Client::open_with(address.url(), options(Some(sync))).unwrap();
+    let lock = c.lock("k");
+    let g1 = lock.acquire().unwrap();
+    let g2 = lock.acquire().unwrap(); // re-entered: count 2
+                                      // WAIT 1 was acknowledged, so the replica has applied both, with the lease.
+    let mut r = replica.conn();
+    assert_eq!(hget(&mut r, "k", lock.owner()), Some(2));
+    assert!(pttl(&mut r, "k") > 0);
+
+    master.kill();
+    promote(&replica);
+    address.set_upstream(replica.port);
+
+    // Same owner, same count, still under lease on the new master...
+    assert_eq!(hget(&mut r, "k", lock.owner()), Some(2));
+    assert!(pttl(&mut r, "k") > 0);
+    // ...renewed there by the watchdog (every second; a replica never renews)...
+    assert!(
+        wait_until(Duration::from_secs(5), || rlock_stat(
+            &mut r,
+            "rlock_renewals"
+        ) >= 1),
+        "no renewal reached the new master"
+    );
+    assert!(g1.is_held() && g2.is_held());
+    // ...and released through it, one hold at a time.
+    assert_eq!(g2.release().unwrap(), ReleaseOutcome::StillHeld);
+    assert_eq!(hget(&mut r, "k", lock.owner()), Some(1));
+    assert_eq!(g1.release().unwrap(), ReleaseOutcome::Freed);
+    assert!(!exists(&mut r, "k"));
+}
+
+/// The window that replica safety closes (the seeds' "problem 4"): an acquire the
+/// master acknowledged but had not yet sent to its replica is gone after a failover,
+/// and a second client takes the lock while the first still believes it holds it.
+///
+/// The replica reaches the master through a proxy that holds back the replication
+/// stream. (Stopping the replica with SIGSTOP or DEBUG SLEEP would not do: the stream
+/// would wait in the replica's socket buffer and be applied when it resumes.)
+#[test]
+fn without_replica_safety_a_failover_can_lose_an_acquired_lock() {
+    let mut master = Server::start();
+    let link = LossyProxy::start(master.port);
+    let replica = replica_of(&master, link.port);
+    let mut r = replica.conn();
+    link.hold_replies(true);
+
+    // With the option, the acquire fails: no replica acknowledged it.
+    let sync = ReplicaSync::new(1, Duration::from_millis(300));
+    let safe = Client::open_with(master.url(), options(Some(sync))).unwrap();
+    match safe.lock("k").acquire() {
+        Err(Error::ReplicaSync { wanted, acked, .. }) => assert_eq!((wanted, acked), (1, 0)),
+        other => panic!("{other:?}"),
+    }
+    // Without it, the acquire succeeds on the master alone.
+    let unsafe_client = Client::open_with(master.url(), options(None)).unwrap();
+    let lock = unsafe_client.lock("k");
+    let g = lock.acquire().unwrap();
+    assert_eq!(hget(&mut master.conn(), "k", lock.owner()), Some(1));
+    assert!(!exists(&mut r, "k"), "the replica has not seen it yet");
+
+    master.kill();
+    promote(&replica);
+
+    // The lock is gone on the new master: another client takes it at once...
+    assert!(
+        !exists(&mut r, "k"),
+        "the lock reached the replica after all"
+    );
+    let other = Client::open(replica.url()).unwrap();
+    let theirs = other.lock("k").try_acquire().unwrap().expect("free there");
+    // ...while the first holder's guard still says it holds the lock (its client cannot
+    // reach anyone to learn otherwise until its lease would have run out).
+    assert!(g.is_held());
+    theirs.release().unwrap();
+    drop(g);
+}

@@ -1,0 +1,218 @@
+//! MultiLock and RedLock against three independent module-loaded redis-servers.
+
+mod support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rlock_client::{
+    redlock_drift, AcquireOptions, Client, ClientOptions, Error, MultiLock, RedLock, RetryPolicy,
+};
+use support::{exists, hget, pttl, wait_until, Server};
+
+fn three() -> Vec<Server> {
+    (0..3).map(|_| Server::start()).collect()
+}
+
+/// One client per server: watchdog lease `ms`, quick retries (a dead server must cost
+/// little of a RedLock's validity).
+fn clients(servers: &[Server], ms: u64) -> Vec<Client> {
+    servers
+        .iter()
+        .map(|s| {
+            let opts = ClientOptions::new()
+                .with_watchdog_timeout(Duration::from_millis(ms))
+                .with_retry(
+                    RetryPolicy::new()
+                        .with_max_attempts(2)
+                        .with_base_delay(Duration::from_millis(10)),
+                );
+            Client::open_with(s.url(), opts).unwrap()
+        })
+        .collect()
+}
+
+fn redlock(clients: &[Client], name: &str) -> RedLock {
+    RedLock::new(clients.iter().map(|c| c.lock(name)))
+}
+
+fn multilock(clients: &[Client], name: &str) -> MultiLock {
+    MultiLock::new(clients.iter().map(|c| c.lock(name)))
+}
+
+#[test]
+fn a_multilock_takes_every_lock_or_none() {
+    let servers = three();
+    let (a, b) = (clients(&servers, 30_000), clients(&servers, 30_000));
+    let mut conns: Vec<_> = servers.iter().map(Server::conn).collect();
+    let ml = multilock(&a, "k");
+    let g = ml.acquire().unwrap();
+    assert!(g.is_held());
+    for (conn, lock) in conns.iter_mut().zip(ml.locks()) {
+        assert_eq!(hget(conn, "k", lock.owner()), Some(1));
+    }
+    // Another multi-lock on the same locks gets nothing, and leaves nothing behind.
+    let other = multilock(&b, "k");
+    assert!(other.try_acquire().unwrap().is_none());
+    for (conn, lock) in conns.iter_mut().zip(other.locks()) {
+        assert_eq!(hget(conn, "k", lock.owner()), None);
+    }
+    g.release().unwrap();
+    for conn in &mut conns {
+        assert!(!exists(conn, "k"));
+    }
+}
+
+#[test]
+fn a_multilock_gives_back_what_it_took_when_one_lock_stays_held() {
+    let servers = three();
+    let (a, b) = (clients(&servers, 30_000), clients(&servers, 30_000));
+    let mut conns: Vec<_> = servers.iter().map(Server::conn).collect();
+    let holder = b[2].lock("k").acquire().unwrap();
+    let ml = multilock(&a, "k");
+    let t = Instant::now();
+    assert!(ml
+        .acquire_timeout(Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(!exists(&mut conns[0], "k"), "left behind on server 0");
+    assert!(!exists(&mut conns[1], "k"), "left behind on server 1");
+    // Waiting for the last lock in the server: handed over on release.
+    let waiter = thread::spawn(move || {
+        let g = ml.acquire_timeout(Duration::from_secs(10)).unwrap();
+        (ml, g)
+    });
+    assert!(wait_until(Duration::from_secs(5), || b[2]
+        .info("k")
+        .unwrap()
+        .is_some_and(|i| i.waiters == 1)));
+    holder.release().unwrap();
+    let (ml, g) = waiter.join().unwrap();
+    let g = g.expect("handed the last lock");
+    for (conn, lock) in conns.iter_mut().zip(ml.locks()) {
+        assert_eq!(hget(conn, "k", lock.owner()), Some(1));
+    }
+    g.release().unwrap();
+}
+
+#[test]
+fn a_multilock_fails_and_leaves_nothing_when_a_server_is_down() {
+    let mut servers = three();
+    let a = clients(&servers, 30_000);
+    servers[1].kill();
+    let ml = multilock(&a, "k");
+    let err = ml.try_acquire().unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    // The lock taken on server 0 before server 1 failed was given back; server 2 was
+    // never reached.
+    assert!(!exists(&mut servers[0].conn(), "k"));
+    assert!(!exists(&mut servers[2].conn(), "k"));
+}
+
+#[test]
+fn a_multilock_is_lost_with_any_of_its_locks() {
+    let servers = three();
+    let a = clients(&servers, 900);
+    let g = multilock(&a, "k").acquire().unwrap();
+    assert!(a[1].force_release("k").unwrap());
+    assert!(g.wait_lost(Some(Duration::from_secs(5))).is_some());
+    assert!(!g.is_held());
+    assert!(matches!(g.release(), Err(Error::NotHeld { .. })));
+    for s in &servers {
+        assert!(!exists(&mut s.conn(), "k"));
+    }
+}
+
+#[test]
+fn two_redlocks_exclude_each_other() {
+    let servers = three();
+    let (a, b) = (clients(&servers, 30_000), clients(&servers, 30_000));
+    let (ra, rb) = (redlock(&a, "k"), redlock(&b, "k"));
+    let lease = Duration::from_secs(10);
+    let opts = AcquireOptions::new().with_lease(lease);
+    let g = ra.acquire_with(opts).unwrap().expect("free");
+    assert_eq!(g.held_count(), 3);
+    let v = g.validity();
+    assert!(
+        v > Duration::ZERO && v <= lease - redlock_drift(lease),
+        "{v:?}"
+    );
+    assert!(rb.try_acquire().unwrap().is_none());
+    assert!(rb
+        .acquire_timeout(Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    // The failed attempts left nothing of b's behind.
+    for (s, l) in servers.iter().zip(rb.locks()) {
+        assert_eq!(hget(&mut s.conn(), "k", l.owner()), None);
+    }
+    assert_eq!(g.release().unwrap(), 3);
+    let g = rb.try_acquire().unwrap().expect("free again");
+    assert_eq!(g.release().unwrap(), 3);
+}
+
+#[test]
+fn a_redlock_survives_one_server_dying_and_is_taken_again_by_a_majority() {
+    let mut servers = three();
+    let (a, b) = (clients(&servers, 900), clients(&servers, 900));
+    let (ra, rb) = (redlock(&a, "k"), redlock(&b, "k"));
+    let g = ra.acquire().unwrap();
+    assert_eq!(g.held_count(), 3);
+    servers[2].kill();
+    // The dead server's part runs out after its 900 ms lease; the two others are renewed.
+    assert!(
+        wait_until(Duration::from_secs(5), || g.held_count() == 2),
+        "held on {}",
+        g.held_count()
+    );
+    assert!(g.is_held(), "a majority still holds it");
+    assert!(g.validity() > Duration::ZERO);
+    assert_eq!(g.lost_reason(), None);
+    for s in &servers[..2] {
+        let ttl = pttl(&mut s.conn(), "k");
+        assert!(ttl > 0, "renewed past the lease: {ttl}");
+    }
+    // Two of three are held by a: b can have no majority.
+    assert!(rb.try_acquire().unwrap().is_none());
+    assert_eq!(g.release().unwrap(), 2);
+    // With one server still down, b takes it on the two others.
+    let t = Instant::now();
+    let gb = rb.try_acquire().unwrap().expect("a majority of 2 of 3");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(gb.held_count(), 2);
+    assert!(gb.is_held());
+    for (s, l) in servers[..2].iter().zip(rb.locks()) {
+        assert_eq!(hget(&mut s.conn(), "k", l.owner()), Some(1));
+    }
+    assert_eq!(gb.release().unwrap(), 2);
+}
+
+#[test]
+fn a_redlock_is_lost_when_a_majority_is_lost() {
+    let servers = three();
+    let a = clients(&servers, 900);
+    let g = redlock(&a, "k").acquire().unwrap();
+    assert!(a[0].force_release("k").unwrap());
+    assert!(wait_until(Duration::from_secs(5), || g.held_count() == 2));
+    assert!(g.is_held(), "one loss is spared");
+    assert!(a[1].force_release("k").unwrap());
+    assert!(g.wait_lost(Some(Duration::from_secs(5))).is_some());
+    assert!(!g.is_held());
+    assert!(g.release().is_err(), "only one server still held it");
+}
+
+#[test]
+fn a_redlock_fails_without_a_majority_of_servers() {
+    let mut servers = three();
+    let a = clients(&servers, 30_000);
+    servers[0].kill();
+    servers[1].kill();
+    let err = redlock(&a, "k").try_acquire().unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(!exists(&mut servers[2].conn(), "k"), "left behind");
+}
