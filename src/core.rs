@@ -763,3 +763,184 @@ mod tests {
         );
     }
 }
+
+/// Property tests: arbitrary input to the parsers, and arbitrary operation sequences run
+/// through the core against a simulated key, checked against the SPEC's rules.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn arg() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..12),
+            Just(b"WAIT".to_vec()),
+            Just(b"wait".to_vec()),
+            Just(b"ID".to_vec()),
+            any::<i64>().prop_map(|n| n.to_string().into_bytes()),
+            (0..MAX_MS + 2).prop_map(|n| n.to_string().into_bytes()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn parsers_never_panic_and_accept_only_valid_values(args in proptest::collection::vec(arg(), 2..8)) {
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            if let Ok(a) = parse_acquire(&args) {
+                prop_assert!(!a.owner.is_empty());
+                prop_assert!((1..=MAX_MS).contains(&a.lease));
+                prop_assert!(a.wait.is_none_or(|w| (0..=MAX_MS).contains(&w)));
+                prop_assert!(a.id.is_none_or(|id| !id.is_empty()));
+            }
+            if let Ok(r) = parse_release(&args) {
+                prop_assert!(!r.owner.is_empty());
+                prop_assert!(r.lease.is_none_or(|l| (1..=MAX_MS).contains(&l)));
+            }
+            if let Ok((owner, lease)) = parse_renew(&args[..2]) {
+                prop_assert!(!owner.is_empty() && (1..=MAX_MS).contains(&lease));
+            }
+        }
+
+        #[test]
+        fn parse_i64_agrees_with_canonical_formatting(n in any::<i64>(), junk in "[ +0a-z.]{0,2}") {
+            prop_assert_eq!(parse_i64(n.to_string().as_bytes()), Some(n));
+            let padded = format!("{junk}{n}");
+            if !junk.is_empty() && padded != n.to_string() {
+                prop_assert_eq!(parse_i64(padded.as_bytes()), None);
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Acquire(u8, i64),
+        Release(u8, Option<i64>),
+        Renew(u8, i64),
+        Force,
+        Tick(i64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..3u8, 1..100i64).prop_map(|(o, l)| Op::Acquire(o, l)),
+            (0..3u8, proptest::option::of(1..100i64)).prop_map(|(o, l)| Op::Release(o, l)),
+            (0..3u8, 1..100i64).prop_map(|(o, l)| Op::Renew(o, l)),
+            Just(Op::Force),
+            (1..60i64).prop_map(Op::Tick),
+        ]
+    }
+
+    /// A simulated lock key: owner -> count, absolute expiry.
+    #[derive(Debug, Default)]
+    struct Key {
+        fields: BTreeMap<Vec<u8>, i64>,
+        expire_at: Option<i64>,
+    }
+
+    impl Key {
+        fn state(&mut self, now: i64) -> LockState {
+            if self.expire_at.is_some_and(|at| now >= at) {
+                self.fields.clear();
+                self.expire_at = None;
+            }
+            if self.fields.is_empty() {
+                return LockState::Free;
+            }
+            let holders = self
+                .fields
+                .iter()
+                .map(|(o, c)| Holder {
+                    owner: o.clone(),
+                    count: *c,
+                })
+                .collect();
+            LockState::Held {
+                holders,
+                pttl: self.expire_at.map_or(-1, |at| at - now),
+            }
+        }
+
+        fn apply(&mut self, owner: &[u8], plan: &Plan) {
+            if plan.delete {
+                self.fields.clear();
+                self.expire_at = None;
+            }
+            match plan.write {
+                Some(Write::Set(n)) => {
+                    self.fields.insert(owner.to_vec(), n);
+                }
+                Some(Write::IncrBy(delta, next)) => {
+                    let c = self.fields.entry(owner.to_vec()).or_insert(0);
+                    assert_eq!(*c + delta, next, "IncrBy's result matches the field");
+                    *c = next;
+                }
+                Some(Write::Remove) => {
+                    self.fields.remove(owner);
+                }
+                None => {}
+            }
+            if let Some(at) = plan.expire_at {
+                self.expire_at = Some(at);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Whatever happens: one owner at most, counts stay positive, replies follow the
+        /// SPEC, and the freed flag is set exactly when the key disappears.
+        #[test]
+        fn the_core_keeps_the_lock_invariants(ops in proptest::collection::vec(op(), 1..60)) {
+            let mut key = Key::default();
+            let mut now = 1_000_000i64;
+            for op in ops {
+                let state = key.state(now);
+                let before: Option<Vec<u8>> = key.fields.keys().next().cloned();
+                let (owner, plan) = match op {
+                    Op::Tick(ms) => { now += ms; continue; }
+                    Op::Acquire(o, lease) => {
+                        let plan = acquire(&state, &[o], lease, now).unwrap();
+                        match (&state, state.count_of(&[o])) {
+                            (LockState::Free, _) | (_, Some(_)) => prop_assert_eq!(plan.reply, Reply::Nil),
+                            (LockState::Held { pttl, .. }, None) => {
+                                prop_assert_eq!(plan.reply, Reply::Int(*pttl));
+                                prop_assert!(!plan.writes(), "a contended acquire writes nothing");
+                            }
+                        }
+                        (vec![o], plan)
+                    }
+                    Op::Release(o, lease) => {
+                        let plan = release(&state, &[o], lease, now);
+                        let want = match state.count_of(&[o]) {
+                            None => Reply::Nil,
+                            Some(1) => Reply::Int(1),
+                            Some(_) => Reply::Int(0),
+                        };
+                        prop_assert_eq!(plan.reply, want);
+                        (vec![o], plan)
+                    }
+                    Op::Renew(o, lease) => {
+                        let plan = renew(&state, &[o], lease, now);
+                        prop_assert_eq!(plan.reply, Reply::Int(state.count_of(&[o]).map_or(0, |_| 1)));
+                        (vec![o], plan)
+                    }
+                    Op::Force => (vec![], force_release(&state)),
+                };
+                key.apply(&owner, &plan);
+                prop_assert!(key.fields.len() <= 1, "never two owners: {:?}", key.fields);
+                prop_assert!(key.fields.values().all(|c| *c >= 1));
+                prop_assert!(key.fields.is_empty() || key.expire_at.is_some(), "a held lock always has a lease");
+                prop_assert_eq!(plan.freed, before.is_some() && key.fields.is_empty());
+                if let Some(held) = &before {
+                    if !key.fields.is_empty() {
+                        prop_assert_eq!(key.fields.keys().next(), Some(held), "nobody takes a held lock");
+                    }
+                }
+            }
+        }
+    }
+}
