@@ -149,7 +149,9 @@ pub fn revoke_later(ctx: &Context, granted: Granted) {
 pub fn on_timer(ctx: &Context, tag: u64) {
     if tag == SWEEP_TAG {
         sweep(ctx);
-    } else if tag != waiters::DEADLINE_TAG {
+    } else if tag & waiters::DEADLINE_BIT != 0 {
+        waiters::on_deadline(ctx, ffi::Blocked((tag & !waiters::DEADLINE_BIT) as usize));
+    } else {
         waiters::on_timer(ctx, tag);
     }
 }

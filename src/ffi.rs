@@ -287,6 +287,8 @@ pub struct Blocked(pub usize);
 pub enum Wake {
     /// The lock was handed to it: reply nil.
     Granted,
+    /// Its wait ran out: reply the holder's PTTL, as a non-waiting ACQUIRE would.
+    TimedOut(i64),
     /// Reply with this error.
     Error(std::borrow::Cow<'static, str>),
 }
@@ -322,6 +324,7 @@ extern "C" fn reply_cb(
     let wake = unsafe { raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx) }.cast::<Wake>();
     match unsafe { wake.as_ref() } {
         Some(Wake::Granted) => reply_null(&context),
+        Some(Wake::TimedOut(pttl)) => reply_integer(&context, *pttl),
         Some(Wake::Error(msg)) => reply_error(&context, msg),
         None => reply_error(&context, crate::errors::ERR_INTERNAL),
     }
@@ -358,15 +361,19 @@ extern "C" fn disconnect_cb(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisMo
     }
 }
 
-/// Blocks the client running the current command. `timeout_ms` 0 waits without limit.
-pub fn block_client(ctx: &Context, timeout_ms: i64) -> Blocked {
+/// Blocks the client running the current command, with no Redis-side timeout.
+///
+/// The module times waits out itself (see `waiters::wait`): when Redis times out a client
+/// that the module unblocked in the same event-loop turn, it sends no reply at all and the
+/// client hangs. The timeout callback stays registered for `CLIENT UNBLOCK`.
+pub fn block_client(ctx: &Context) -> Blocked {
     unsafe {
         let bc = raw::RedisModule_BlockClient.unwrap()(
             ctx.ctx,
             Some(reply_cb),
             Some(timeout_cb),
             Some(free_privdata_cb),
-            timeout_ms,
+            0,
         );
         if let Some(set) = raw::RedisModule_SetDisconnectCallback {
             set(bc, Some(disconnect_cb));

@@ -31,8 +31,10 @@ pub struct Waiter {
     /// The call's request id: a handoff remembers its reply like an immediate acquire.
     pub request_id: Option<Box<[u8]>>,
     pub handle: Blocked,
-    /// A no-op timer at the wait's deadline (0: none), see [`wait`].
+    /// The timer that ends the wait (0: waits without limit), see [`wait`].
     pub deadline_timer: TimerId,
+    /// When the wait ends, in ms since the epoch (0: no limit).
+    pub deadline_at: i64,
 }
 
 impl Waiter {
@@ -44,6 +46,7 @@ impl Waiter {
             request_id: request_id.map(Into::into),
             handle: Blocked(0),
             deadline_timer: 0,
+            deadline_at: 0,
         }
     }
 }
@@ -159,6 +162,12 @@ impl Queues {
         }
         self.total -= 1;
         Some(waiter)
+    }
+
+    /// The deadline of a queued waiter (0 when it waits without limit).
+    pub fn deadline_of(&self, handle: Blocked) -> Option<i64> {
+        let (db, name, seq) = self.by_handle.get(&handle)?;
+        Some(self.queue(*db, name)?.waiters.get(seq)?.deadline_at)
     }
 
     /// Removes and returns the first waiter of a key that is answered without the lock.
@@ -309,14 +318,16 @@ pub fn wait(
     if with(|q| q.len(db, key)) >= limit {
         return Err(crate::errors::ERR_TOO_MANY_WAITERS);
     }
-    let handle = ffi::block_client(ctx, timeout_ms);
+    let handle = ffi::block_client(ctx);
     waiter.handle = handle;
-    // Redis checks blocked-client timeouts before it sleeps, and sleeps until its next
-    // timer (serverCron: 1000/hz ms). A timer just past the deadline (Redis times out a
-    // client when now > deadline) wakes it then, so a WAIT times out on time rather than
-    // up to 100 ms late at the default hz.
+    // The module ends the wait itself, with a timer of its own, rather than giving Redis
+    // a timeout: a handoff and a timeout then both go through the queue, and whichever
+    // takes the waiter out first answers it, exactly once. (Redis's timeout of a client
+    // the module unblocked in the same turn sends no reply.) It is also on time, where
+    // Redis checks timeouts only when serverCron wakes it, up to 1000/hz ms late.
     if timeout_ms > 0 {
-        waiter.deadline_timer = ffi::create_timer(ctx, timeout_ms + 1, DEADLINE_TAG);
+        waiter.deadline_at = ffi::now_ms() + timeout_ms;
+        waiter.deadline_timer = ffi::create_timer(ctx, timeout_ms, DEADLINE_BIT | handle.0 as u64);
     }
     if let Err(refused) = with(|q| q.push(db, key, waiter, limit)) {
         // Cannot happen (checked above, single-threaded), but a handle must never leak.
@@ -432,8 +443,9 @@ fn redirect(ctx: &Context, db: i32, key: &[u8], error: String) {
     forget_if_empty(ctx, db, key);
 }
 
-/// The tag of deadline timers: they only wake the event loop, so their handler does nothing.
-pub const DEADLINE_TAG: u64 = u64::MAX;
+/// Timer tags with this bit end a wait; the other bits are the waiter's blocked-client
+/// handle (a pointer, far below 2^63). Expiry timers use small counters, the sweep 0.
+pub const DEADLINE_BIT: u64 = 1 << 63;
 
 /// Stops a waiter's deadline timer once it leaves the queue early, so no timer outlives
 /// its waiter (a pending timer would also keep MODULE UNLOAD from succeeding).
@@ -449,8 +461,28 @@ fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
     }
 }
 
-/// Timeout callback: the waiter leaves the queue and gets the holder's PTTL, as a
-/// non-waiting ACQUIRE would (or -2 if the lock is, for this instant, gone).
+/// A wait's deadline timer fired: the waiter leaves the queue and gets the holder's PTTL,
+/// as a non-waiting ACQUIRE would (-2 if the lock is, for this instant, gone).
+pub fn on_deadline(ctx: &Context, handle: Blocked) {
+    // Every way out of the queue stops this timer, so the waiter is the one it was armed
+    // for; the deadline check guards against a handle reused by a later waiter anyway.
+    let due = with(|q| q.deadline_of(handle)).is_some_and(|at| at <= ffi::now_ms());
+    let Some((db, name, _)) = due.then(|| with(|q| q.remove(handle))).flatten() else {
+        return;
+    };
+    stats::bump(|s| &s.wait_timeouts);
+    let pttl = if ffi::select_db(ctx, db) {
+        let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
+        LockKey::open(ctx, &name_rs, false).pttl()
+    } else {
+        -2
+    };
+    forget_if_empty(ctx, db, &name);
+    ffi::unblock(handle, Some(Wake::TimedOut(pttl)));
+}
+
+/// Timeout callback, reached only through `CLIENT UNBLOCK <id> TIMEOUT` (the module gives
+/// Redis no timeout): the waiter leaves the queue and gets the holder's PTTL.
 pub fn on_timeout(ctx: &Context, handle: Blocked) {
     let Some((db, name, waiter)) = with(|q| q.remove(handle)) else {
         // Already handed the lock: Redis does not time out an unblocked client, so this

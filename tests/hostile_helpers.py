@@ -1,0 +1,230 @@
+"""Helpers for the hostile-input and fault tests (issue 7): a raw RESP client that shows
+replies exactly as the server sent them, and readers for `INFO` sections.
+
+redis-py rewrites error replies (it strips known code prefixes) and cannot keep hundreds of
+blocked calls open without hundreds of threads; a plain socket does both, and its strict
+parser doubles as a check that every reply is well-formed RESP.
+"""
+
+import select
+import socket
+import time
+
+# The module's error texts, as src/errors.rs defines them (the spec: assert exact texts).
+ERR_SYNTAX = "ERR syntax error"
+ERR_LEASE = "ERR lease-ms must be an integer from 1 to 3153600000000"
+ERR_TIMEOUT = "ERR timeout-ms must be an integer from 0 to 3153600000000"
+ERR_EMPTY_OWNER = "ERR owner must not be empty"
+ERR_EMPTY_ID = "ERR request-id must not be empty"
+ERR_NOT_A_LOCK = ("ERR key holds a hash that is not a lock "
+                  "(every field value must be a positive integer hold count)")
+ERR_WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+ERR_INTERNAL_PREFIX = "ERR rlock internal error"
+MAX_MS = 100 * 365 * 24 * 3600 * 1000
+
+
+def arity_error(command):
+    return f"ERR wrong number of arguments for '{command.lower()}' command"
+
+
+class ReplyError(Exception):
+    """An error reply (`-...` or RESP3 `!...`), kept as the exact text the server sent."""
+
+    def __init__(self, text):
+        super().__init__(text)
+        self.text = text
+
+    def __eq__(self, other):
+        return isinstance(other, ReplyError) and other.text == self.text
+
+    def __hash__(self):
+        return hash(self.text)
+
+    def __repr__(self):
+        return f"ReplyError({self.text!r})"
+
+
+class ProtocolViolation(AssertionError):
+    """The server sent bytes that are not valid RESP."""
+
+
+class Map(list):
+    """A RESP3 map reply, as a list of (key, value) pairs in the server's order."""
+
+
+class Raw:
+    """One connection speaking RESP by hand. Replies come back as Python values:
+    None (nil), int, bytes, list, Map, float, bool; errors as ReplyError (returned, not raised).
+    """
+
+    def __init__(self, port, timeout=10.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.timeout = timeout
+        self.buf = bytearray()
+        self.pos = 0
+
+    @staticmethod
+    def encode(args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            if isinstance(a, str):
+                a = a.encode()
+            elif isinstance(a, int):
+                a = str(a).encode()
+            out.append(b"$%d\r\n" % len(a))
+            out.append(a)
+            out.append(b"\r\n")
+        return b"".join(out)
+
+    def send(self, *args):
+        self.sock.sendall(self.encode(args))
+
+    def send_many(self, commands):
+        self.sock.sendall(b"".join(self.encode(c) for c in commands))
+
+    def call(self, *args):
+        self.send(*args)
+        return self.read()
+
+    def pipeline(self, commands):
+        self.send_many(commands)
+        return [self.read() for _ in commands]
+
+    def has_reply(self, timeout=0.0):
+        """True when a reply (or part of one) has arrived; False after `timeout` seconds."""
+        if self.pos < len(self.buf):
+            return True
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        return bool(ready)
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    # -- parser ----------------------------------------------------------------------------
+    def _fill(self, deadline):
+        if self.pos > 65536 and self.pos == len(self.buf):
+            self.buf.clear()
+            self.pos = 0
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no reply within the timeout")
+        self.sock.settimeout(remaining)
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("connection closed by the server")
+        self.buf += chunk
+
+    def _line(self, deadline):
+        while True:
+            end = self.buf.find(b"\r\n", self.pos)
+            if end >= 0:
+                line = bytes(self.buf[self.pos:end])
+                self.pos = end + 2
+                return line
+            self._fill(deadline)
+
+    def _exact(self, n, deadline):
+        while len(self.buf) - self.pos < n + 2:
+            self._fill(deadline)
+        data = bytes(self.buf[self.pos:self.pos + n])
+        if self.buf[self.pos + n:self.pos + n + 2] != b"\r\n":
+            raise ProtocolViolation(f"bulk string of {n} bytes not followed by CRLF")
+        self.pos += n + 2
+        return data
+
+    def read(self, timeout=None):
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        return self._value(deadline)
+
+    def _int(self, text):
+        try:
+            return int(text)
+        except ValueError:
+            raise ProtocolViolation(f"not an integer: {text!r}") from None
+
+    def _value(self, deadline):
+        line = self._line(deadline)
+        if not line:
+            raise ProtocolViolation("empty reply line")
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            return ReplyError(rest.decode("utf-8", "replace"))
+        if kind == b":":
+            return self._int(rest)
+        if kind in (b"$", b"=", b"!"):
+            n = self._int(rest)
+            if n == -1 and kind == b"$":
+                return None
+            if n < 0:
+                raise ProtocolViolation(f"bad length {n}")
+            data = self._exact(n, deadline)
+            return ReplyError(data.decode("utf-8", "replace")) if kind == b"!" else data
+        if kind in (b"*", b"~", b">"):
+            n = self._int(rest)
+            if n == -1 and kind == b"*":
+                return None
+            return [self._value(deadline) for _ in range(n)]
+        if kind == b"%":
+            n = self._int(rest)
+            return Map((self._value(deadline), self._value(deadline)) for _ in range(n))
+        if kind == b"_":
+            return None
+        if kind == b"#":
+            return rest == b"t"
+        if kind == b",":
+            return float(rest)
+        if kind == b"(":
+            return self._int(rest)
+        raise ProtocolViolation(f"unknown reply type {line[:40]!r}")
+
+
+def info_section(client, section):
+    """`INFO <section>` as a dict of str -> str, from a redis-py client or a Raw one."""
+    if isinstance(client, Raw):
+        text = client.call("INFO", section)
+        assert isinstance(text, bytes), text
+        text = text.decode()
+    else:
+        text = client.execute_command("INFO", section)
+        if isinstance(text, dict):  # redis-py parses INFO itself
+            return {k: str(v) for k, v in text.items()}
+        text = text.decode() if isinstance(text, bytes) else text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            k, v = line.split(":", 1)
+            out[k] = v
+    return out
+
+
+def rlock_stat(client, name):
+    return int(info_section(client, "rlock")[f"rlock_{name}"])
+
+
+def blocked_clients(client):
+    return int(info_section(client, "clients")["blocked_clients"])
+
+
+def used_memory(client):
+    return int(info_section(client, "memory")["used_memory"])
+
+
+def connected_clients(client):
+    return int(info_section(client, "clients")["connected_clients"])
+
+
+def settle_memory(client):
+    """Empties what Redis keeps around between commands so two `used_memory` readings
+    compare the keyspace and the module's own allocations, not incidental caches."""
+    client.execute_command("FLUSHALL") if not isinstance(client, Raw) else client.call("FLUSHALL")
+    for cmd in (("SLOWLOG", "RESET"), ("CONFIG", "RESETSTAT")):
+        if isinstance(client, Raw):
+            client.call(*cmd)
+        else:
+            client.execute_command(*cmd)
