@@ -58,7 +58,7 @@ lint: ## rustfmt check and clippy with warnings as errors
 
 bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes BENCHMARK.md
 	cargo build --release -p rlock
-	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg
+	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock
