@@ -15,6 +15,7 @@
 use std::ffi::{c_int, c_void};
 use std::os::raw::c_char;
 use std::ptr;
+use std::sync::OnceLock;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -304,15 +305,15 @@ pub struct BlockCallbacks {
     pub on_replied: fn(Blocked),
 }
 
-static mut CALLBACKS: Option<BlockCallbacks> = None;
+static CALLBACKS: OnceLock<BlockCallbacks> = OnceLock::new();
 
-/// Installs the blocking callbacks. Called once from the module's init, on the main thread.
+/// Installs the blocking callbacks. Called once from the module's init.
 pub fn set_block_callbacks(cb: BlockCallbacks) {
-    unsafe { CALLBACKS = Some(cb) };
+    let _ = CALLBACKS.set(cb);
 }
 
 fn callbacks() -> Option<&'static BlockCallbacks> {
-    unsafe { (*ptr::addr_of!(CALLBACKS)).as_ref() }
+    CALLBACKS.get()
 }
 
 extern "C" fn reply_cb(
@@ -399,7 +400,7 @@ pub fn unblock(handle: Blocked, wake: Option<Wake>) {
 // ---------------------------------------------------------------------------------------
 // Server events the crate has no wrapper for
 
-static mut SWAPDB_HANDLER: Option<fn(&Context, i32, i32)> = None;
+static SWAPDB_HANDLER: OnceLock<fn(&Context, i32, i32)> = OnceLock::new();
 
 extern "C" fn swapdb_cb(
     ctx: *mut raw::RedisModuleCtx,
@@ -409,15 +410,15 @@ extern "C" fn swapdb_cb(
 ) {
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
     let context = Context::new(ctx);
-    if let Some(f) = unsafe { *ptr::addr_of!(SWAPDB_HANDLER) } {
+    if let Some(f) = SWAPDB_HANDLER.get() {
         crate::guard::quietly(|| f(&context, info.dbnum_first, info.dbnum_second));
     }
 }
 
 /// Calls `f(ctx, db1, db2)` after every SWAPDB. Called once from init.
 pub fn on_swapdb(ctx: &Context, f: fn(&Context, i32, i32)) {
+    let _ = SWAPDB_HANDLER.set(f);
     unsafe {
-        SWAPDB_HANDLER = Some(f);
         if let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent {
             let event = raw::RedisModuleEvent {
                 id: raw::REDISMODULE_EVENT_SWAPDB,
@@ -434,17 +435,17 @@ pub fn on_swapdb(ctx: &Context, f: fn(&Context, i32, i32)) {
 /// A module timer id.
 pub type TimerId = u64;
 
-static mut TIMER_HANDLER: Option<fn(&Context, u64)> = None;
+static TIMER_HANDLER: OnceLock<fn(&Context, u64)> = OnceLock::new();
 
 /// Installs the function every timer calls with its `tag`. Called once from init.
 pub fn set_timer_handler(f: fn(&Context, u64)) {
-    unsafe { TIMER_HANDLER = Some(f) };
+    let _ = TIMER_HANDLER.set(f);
 }
 
 extern "C" fn timer_cb(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     let context = Context::new(ctx);
     let tag = data as u64;
-    if let Some(f) = unsafe { *ptr::addr_of!(TIMER_HANDLER) } {
+    if let Some(f) = TIMER_HANDLER.get() {
         crate::guard::quietly(|| f(&context, tag));
     }
 }
