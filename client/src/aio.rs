@@ -10,7 +10,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::{IntoConnectionInfo, RedisResult, Value};
@@ -18,21 +18,14 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use crate::backoff::Jitter;
-use crate::cmd::{self, Acquired, LockInfo, Released};
-use crate::conn::{renewal_outcome, renewal_pipelines, AConn, Target};
+use crate::cmd::{self, LockInfo};
+use crate::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
 use crate::error::{poisons_connection, Error, Result};
-use crate::options::{millis, AcquireOptions, ClientOptions, Wait};
+use crate::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::options::{AcquireOptions, ClientOptions, Wait};
 use crate::state::{LockShared, Lost, LostReason, OwnerIds};
-use crate::watchdog::{Due, Outcome, Registry};
+use crate::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
-
-/// Extra time a waiting acquire allows beyond its wait limit for the reply to travel.
-const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(2);
-
-fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // No critical section here can panic half-way through an update.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// An async rlock client: one server or a cluster, one renewal task.
 ///
@@ -72,7 +65,7 @@ struct ClientInner {
     jitter: Jitter,
     runtime: Handle,
     cmd_conn: tokio::sync::Mutex<Option<AConn>>,
-    wait_pool: Mutex<Vec<AConn>>,
+    wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,
     worker: tokio::task::AbortHandle,
 }
@@ -146,7 +139,7 @@ impl Client {
             .spawn(renewal_task(
                 watchdog.clone(),
                 target.clone(),
-                crate::blocking::renewal_timeout(&opts),
+                logic::renewal_timeout(&opts),
             ))
             .abort_handle();
         Client {
@@ -156,7 +149,7 @@ impl Client {
                 jitter: Jitter::new(),
                 runtime,
                 cmd_conn: tokio::sync::Mutex::new(None),
-                wait_pool: Mutex::new(Vec::new()),
+                wait_pool: WaitPool::new(opts.idle_wait_connections),
                 watchdog,
                 worker,
                 opts,
@@ -194,14 +187,14 @@ impl Client {
 
     /// What the server knows about lock `name`; `None` if it is free.
     pub async fn info(&self, name: &str) -> Result<Option<LockInfo>> {
-        let c = cmd::info(name);
-        cmd::parse_info(self.inner.with_retries(|| self.inner.run(&c)).await?)
+        let (c, info) = (&self.inner, cmd::info(name));
+        cmd::parse_info(c.with_retries(c.retries(), || c.run(&info)).await?)
     }
 
     /// Frees lock `name` whoever holds it; whether there was one.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
-        let c = cmd::force_release(name);
-        cmd::parse_force_release(self.inner.with_retries(|| self.inner.run(&c)).await?)
+        let (c, force) = (&self.inner, cmd::force_release(name));
+        cmd::parse_force_release(c.with_retries(c.retries(), || c.run(&force)).await?)
     }
 }
 
@@ -231,19 +224,24 @@ impl ClientInner {
         Ok(r?)
     }
 
-    async fn with_retries<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    /// As many attempts as the client's retry policy allows.
+    fn retries(&self) -> Retries<'_> {
+        Retries::new(&self.opts.retry, &self.jitter)
+    }
+
+    /// Runs `attempt` until it succeeds or `retries` says to give up, sleeping between.
+    async fn with_retries<T, F, Fut>(&self, mut retries: Retries<'_>, mut attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let mut n = 0;
         loop {
             match attempt().await {
-                Err(e) if e.is_transient() && n + 1 < self.opts.retry.max_attempts() => {
-                    tokio::time::sleep(self.opts.retry.delay(n, &self.jitter)).await;
-                    n += 1;
-                }
-                r => return r,
+                Err(e) => match retries.backoff(&e) {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => return Err(e),
+                },
+                ok => return ok,
             }
         }
     }
@@ -254,8 +252,7 @@ impl ClientInner {
         F: FnOnce(AConn) -> Fut,
         Fut: std::future::Future<Output = (AConn, RedisResult<T>)>,
     {
-        let pooled = lock_ignoring_poison(&self.wait_pool).pop();
-        let conn = match pooled {
+        let conn = match self.wait_pool.take() {
             Some(c) => c,
             // No response timeout on these: the wait is bounded by the server and by `limit`.
             None => self.target.connect_async(None).await?,
@@ -276,19 +273,12 @@ impl ClientInner {
             },
             None => run.await,
         };
-        let sound = match &r {
-            Ok(_) => true,
-            Err(e) => !poisons_connection(e),
-        };
-        if sound {
-            let mut pool = lock_ignoring_poison(&self.wait_pool);
-            if pool.len() < self.opts.idle_wait_connections {
-                pool.push(conn);
-            }
-        }
+        self.wait_pool.give_back(conn, &r);
         r
     }
+}
 
+impl Renewals for ClientInner {
     fn register(
         &self,
         shared: &Arc<LockShared>,
@@ -326,9 +316,7 @@ async fn renewal_task(wd: Arc<Watchdog>, target: Target, timeout: Option<Duratio
             let (due, lost) = reg.plan(Instant::now());
             (due, lost, reg.next_wake())
         };
-        for (shared, epoch, why) in lost {
-            shared.mark_lost(epoch, why);
-        }
+        report(lost);
         if due.is_empty() {
             // notify_one stores a permit, so a lock registered between plan() and
             // here still wakes us.
@@ -341,16 +329,8 @@ async fn renewal_task(wd: Arc<Watchdog>, target: Target, timeout: Option<Duratio
             continue;
         }
         let results = renew_batch(&target, &mut conn, timeout, &due).await;
-        let lost: Vec<_> = {
-            let mut reg = lock_ignoring_poison(&wd.registry);
-            due.iter()
-                .zip(results)
-                .filter_map(|(d, (o, at))| reg.apply(d, o, at))
-                .collect()
-        };
-        for (shared, epoch, why) in lost {
-            shared.mark_lost(epoch, why);
-        }
+        let lost = lock_ignoring_poison(&wd.registry).apply_all(&due, results);
+        report(lost);
     }
 }
 
@@ -360,10 +340,7 @@ async fn renew_batch(
     timeout: Option<Duration>,
     due: &[Due],
 ) -> Vec<(Outcome, Instant)> {
-    let mut out: Vec<(Outcome, Instant)> = due
-        .iter()
-        .map(|_| (Outcome::Failed, Instant::now()))
-        .collect();
+    let mut out = unanswered(due);
     for (idx, pipe) in renewal_pipelines(due, target.is_cluster()) {
         if conn.is_none() {
             match target.connect_async(timeout).await {
@@ -373,17 +350,8 @@ async fn renew_batch(
         }
         let c = conn.as_mut().expect("connected above");
         let sent_at = Instant::now();
-        match pipe.query_async::<Vec<RedisResult<Value>>>(c).await {
-            Ok(replies) => {
-                for (i, r) in idx.iter().zip(replies) {
-                    out[*i] = (renewal_outcome(r), sent_at);
-                }
-            }
-            Err(e) => {
-                if poisons_connection(&e) {
-                    *conn = None;
-                }
-            }
+        if !record_renewals(&mut out, &idx, pipe.query_async(c).await, sent_at) {
+            *conn = None;
         }
     }
     out
@@ -427,12 +395,10 @@ impl Lock {
     /// it out of the server's queue. If the server handed it the lock at that very
     /// moment, the lock stays held until its lease runs out (it is never renewed).
     pub async fn acquire(&self) -> Result<LockGuard> {
-        match self.acquire_with(AcquireOptions::new()).await? {
-            Some(g) => Ok(g),
-            None => Err(Error::UnexpectedReply(
-                "RLOCK.ACQUIRE WAIT 0 timed out".into(),
-            )),
-        }
+        logic::taken(
+            self.acquire_with(AcquireOptions::new()).await?,
+            "RLOCK.ACQUIRE WAIT 0 timed out",
+        )
     }
 
     /// Takes the lock if it is free (or already ours); never waits.
@@ -465,173 +431,66 @@ impl Lock {
     pub async fn acquire_with(&self, opts: AcquireOptions) -> Result<Option<LockGuard>> {
         let c = &self.client;
         let shared = &self.shared;
-        let lease = opts.lease.unwrap_or(c.opts.watchdog_timeout);
-        if lease.is_zero() {
-            return Err(Error::InvalidArgument("lease must be positive"));
-        }
-        let lease_ms = millis(lease);
-        let until = match opts.wait {
-            Wait::Up(d) => Some(Instant::now() + d),
-            _ => None,
-        };
-        let mut start = shared.begin_acquire();
-        let mut retry = 0u32;
-        // One request id for this acquire and all its retries (see the blocking API).
-        let mut request = cmd::request_id();
-        // The send time of the earliest attempt that may have taken the lock.
-        let mut lease_from: Option<Instant> = None;
+        let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?;
         loop {
             let sent = Instant::now();
-            let attempt: Result<Acquired> = async {
-                let wait_ms = match opts.wait {
-                    _ if start.holds > 0 => None,
-                    Wait::No => None,
-                    Wait::Forever => Some(0),
-                    Wait::Up(_) => {
-                        let left =
-                            until.map_or(Duration::ZERO, |u| u.saturating_duration_since(sent));
-                        (!left.is_zero()).then(|| millis(left))
-                    }
-                };
-                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms, &request);
-                let v = match wait_ms {
-                    None => c.run(&command).await?,
-                    Some(w) => {
-                        let limit = (w > 0).then(|| {
-                            Duration::from_millis(w)
-                                + WAIT_REPLY_MARGIN.max(c.opts.response_timeout.unwrap_or_default())
-                        });
-                        c.on_wait_conn(limit, |mut conn| async move {
-                            let r = command.query_async::<Value>(&mut conn).await;
-                            (conn, r)
-                        })
-                        .await?
-                    }
-                };
-                cmd::parse_acquire(v)
+            let (command, route) = run.attempt(shared, sent);
+            let reply = match route {
+                Route::Shared => c.run(&command).await,
+                Route::Waiting { limit } => c
+                    .on_wait_conn(limit, |mut conn| async move {
+                        let r = command.query_async::<Value>(&mut conn).await;
+                        (conn, r)
+                    })
+                    .await
+                    .map_err(Error::from),
+            };
+            let mut next =
+                run.after_attempt(&**c, shared, sent, reply.and_then(cmd::parse_acquire));
+            if let Next::Renew = next {
+                let sent = Instant::now();
+                let renew = run.renew_command(shared);
+                let renewed = c
+                    .with_retries(c.retries(), || c.run(&renew))
+                    .await
+                    .and_then(cmd::parse_renew);
+                next = run.after_renew(&**c, shared, sent, renewed);
             }
-            .await;
-            let from = *lease_from.get_or_insert(sent);
-            match attempt {
-                Ok(Acquired::Yes) => match confirm_fresh(c, shared, lease, lease_ms, from).await? {
-                    Some(at) => {
-                        lease_from = Some(at);
-                        break;
-                    }
-                    None => {
-                        if start.holds > 0 {
-                            shared.mark_lost(start.epoch, LostReason::NotHeld);
-                            c.unregister(shared.handle);
-                        }
-                        start = shared.begin_acquire();
-                        request = cmd::request_id();
-                        lease_from = None;
-                        if opts.wait == Wait::No {
-                            return Ok(None);
-                        }
-                    }
-                },
-                Ok(Acquired::HeldFor(_)) if start.holds > 0 => {
-                    shared.mark_lost(start.epoch, LostReason::NotHeld);
-                    c.unregister(shared.handle);
-                    start = shared.begin_acquire();
-                    request = cmd::request_id();
-                    lease_from = None;
-                    if opts.wait == Wait::No {
-                        return Ok(None);
-                    }
-                }
-                Ok(Acquired::HeldFor(_)) => return Ok(None),
-                Err(e) if e.is_transient() && retry + 1 < c.opts.retry.max_attempts() => {
-                    tokio::time::sleep(c.opts.retry.delay(retry, &c.jitter)).await;
-                    retry += 1;
-                }
-                Err(e) => return Err(e),
+            match next {
+                Next::Taken => break,
+                Next::Renew | Next::Again => {}
+                Next::Backoff(pause) => tokio::time::sleep(pause).await,
+                Next::NotTaken => return Ok(None),
+                Next::Fail(e) => return Err(e),
             }
         }
-        let last_sent = lease_from.expect("set when the lock was taken");
-        let holds = shared.acquired(start.epoch, last_sent, lease);
-        if holds == 1 {
-            c.register(shared, start.epoch, lease, opts.lease.is_none(), last_sent);
-        } else {
-            c.rearmed(shared.handle, start.epoch, lease, last_sent);
-        }
+        let took = run.finish(&**c, shared);
         let guard = LockGuard {
             client: c.clone(),
             shared: shared.clone(),
-            epoch: start.epoch,
-            release_lease_ms: opts.lease.is_none().then_some(lease_ms),
+            epoch: took.epoch,
+            release_lease_ms: took.release_lease_ms,
             done: false,
         };
         if let Some(rs) = c.opts.replica_sync {
-            let pipe = cmd::replica_check(
-                &shared.key,
-                &shared.owner,
-                lease_ms,
-                rs.replicas(),
-                millis(rs.timeout()),
-            );
-            let checked = c
-                .on_wait_conn(
-                    Some(rs.timeout() + WAIT_REPLY_MARGIN),
-                    |mut conn| async move {
-                        let r = pipe.query_async::<Vec<Value>>(&mut conn).await;
-                        (conn, r)
-                    },
-                )
-                .await
-                .map_err(Error::from)
-                .and_then(|mut v| match v.pop() {
-                    Some(w) => cmd::parse_wait(w),
-                    None => Err(Error::UnexpectedReply("WAIT: no reply".into())),
-                });
-            let acked = match checked {
-                Ok(n) => n,
-                Err(e) => {
-                    let _ = guard.release().await;
-                    return Err(e);
-                }
-            };
-            if acked < rs.replicas() {
-                // Do not leave behind a lock the caller will not know it holds.
+            let (pipe, limit) = logic::replica_check(shared, took.lease_ms, rs);
+            let reply = c
+                .on_wait_conn(Some(limit), |mut conn| async move {
+                    let r = pipe.query_async::<Vec<Value>>(&mut conn).await;
+                    (conn, r)
+                })
+                .await;
+            if let Err(e) = logic::replica_outcome(shared, rs, reply) {
                 let _ = guard.release().await;
-                return Err(Error::ReplicaSync {
-                    key: shared.key.clone(),
-                    wanted: rs.replicas(),
-                    acked,
-                });
+                return Err(e);
             }
         }
         Ok(Some(guard))
     }
 }
 
-/// When the lease of a lock just taken can be counted from; see the blocking API's
-/// `confirm_fresh`. `None`: the server says the lock is no longer ours.
-async fn confirm_fresh(
-    c: &ClientInner,
-    shared: &LockShared,
-    lease: Duration,
-    lease_ms: u64,
-    from: Instant,
-) -> Result<Option<Instant>> {
-    if from.elapsed() < lease / 3 {
-        return Ok(Some(from));
-    }
-    let sent = Instant::now();
-    let renew = cmd::renew(&shared.key, &shared.owner, lease_ms);
-    match c
-        .with_retries(|| c.run(&renew))
-        .await
-        .and_then(cmd::parse_renew)
-    {
-        Ok(true) => Ok(Some(sent)),
-        Ok(false) => Ok(None),
-        Err(e) if e.is_transient() => Ok(Some(from)),
-        Err(e) => Err(e),
-    }
-}
-
+/// Releases one hold of `epoch`, retrying transient failures (if `retries`) without
+/// releasing twice.
 async fn release_inner(
     c: &ClientInner,
     shared: &LockShared,
@@ -639,50 +498,18 @@ async fn release_inner(
     lease_ms: Option<u64>,
     retries: bool,
 ) -> Result<ReleaseOutcome> {
-    let not_held = || Error::NotHeld {
-        key: shared.key.clone(),
-    };
-    let Some(holds) = shared.current(epoch) else {
-        return Err(not_held());
-    };
-    if holds == 1 {
-        // Stop renewing before the lock can be freed.
-        c.unregister(shared.handle);
-    }
-    let max = if retries {
-        c.opts.retry.max_attempts()
+    let command = logic::begin_release(c, shared, epoch, lease_ms)?;
+    let retries = if retries {
+        c.retries()
     } else {
-        1
+        c.retries().once()
     };
-    // One request id for this release and its retries: never applied twice.
-    let request = cmd::request_id();
-    let command = cmd::release(&shared.key, &shared.owner, lease_ms, &request);
-    let mut retry = 0;
-    let reply = loop {
-        match c.run(&command).await.and_then(cmd::parse_release) {
-            Err(e) if e.is_transient() && retry + 1 < max => {
-                tokio::time::sleep(c.opts.retry.delay(retry, &c.jitter)).await;
-                retry += 1;
-            }
-            r => break r?,
-        }
-    };
-    match reply {
-        Released::StillHeld => {
-            shared.released(epoch, false);
-            Ok(ReleaseOutcome::StillHeld)
-        }
-        Released::Freed => {
-            shared.released(epoch, true);
-            c.unregister(shared.handle);
-            Ok(ReleaseOutcome::Freed)
-        }
-        Released::NotHeld => {
-            shared.mark_lost(epoch, LostReason::NotHeld);
-            c.unregister(shared.handle);
-            Err(not_held())
-        }
-    }
+    let reply = c
+        .with_retries(retries, || async {
+            c.run(&command).await.and_then(cmd::parse_release)
+        })
+        .await?;
+    logic::released(c, shared, epoch, reply)
 }
 
 /// One hold of a lock, async; see [`crate::LockGuard`].

@@ -1,31 +1,23 @@
 //! The blocking API: [`Client`], [`Lock`] and [`LockGuard`].
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{IntoConnectionInfo, RedisResult, Value};
 
 use crate::backoff::Jitter;
-use crate::cmd::{self, Acquired, LockInfo, Released};
-use crate::conn::{renewal_outcome, renewal_pipelines, Conn, Target};
+use crate::cmd::{self, LockInfo};
+use crate::conn::{record_renewals, renewal_pipelines, unanswered, Conn, Target, WaitPool};
 use crate::error::{poisons_connection, Error, Result};
-use crate::options::{millis, AcquireOptions, ClientOptions, Wait};
+use crate::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::options::{AcquireOptions, ClientOptions, Wait};
 use crate::state::{LockShared, Lost, LostReason, OwnerIds};
-use crate::watchdog::{Due, Outcome, Registry};
+use crate::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
-
-/// Extra read time a waiting acquire allows beyond its wait limit, for the reply to
-/// travel: the server itself answers at the limit.
-const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long the idle renewal worker sleeps when it watches nothing; any new lock wakes it.
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
-
-fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section here leaves its data consistent before anything can panic.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A blocking rlock client: one server or a cluster, one renewal worker thread.
 ///
@@ -64,7 +56,7 @@ pub(crate) struct ClientInner {
     ids: OwnerIds,
     jitter: Jitter,
     cmd_conn: Mutex<Option<Conn>>,
-    wait_pool: Mutex<Vec<Conn>>,
+    wait_pool: WaitPool<Conn>,
     watchdog: Arc<Watchdog>,
 }
 
@@ -154,7 +146,7 @@ impl Client {
                 ids: OwnerIds::new(),
                 jitter: Jitter::new(),
                 cmd_conn: Mutex::new(None),
-                wait_pool: Mutex::new(Vec::new()),
+                wait_pool: WaitPool::new(opts.idle_wait_connections),
                 watchdog: Arc::new(Watchdog {
                     state: Mutex::new(WatchdogState {
                         registry,
@@ -213,19 +205,15 @@ impl Client {
 
     /// What the server knows about lock `name` (`RLOCK.INFO`); `None` if it is free.
     pub fn info(&self, name: &str) -> Result<Option<LockInfo>> {
-        let v = self
-            .inner
-            .with_retries(|_| self.inner.run(&cmd::info(name)))?;
-        cmd::parse_info(v)
+        let c = &self.inner;
+        cmd::parse_info(c.with_retries(c.retries(), || c.run(&cmd::info(name)))?)
     }
 
     /// Frees lock `name` whoever holds it (`RLOCK.FORCERELEASE`); whether there was one.
     /// Its holder finds out at its next renewal or release.
     pub fn force_release(&self, name: &str) -> Result<bool> {
-        let v = self
-            .inner
-            .with_retries(|_| self.inner.run(&cmd::force_release(name)))?;
-        cmd::parse_force_release(v)
+        let c = &self.inner;
+        cmd::parse_force_release(c.with_retries(c.retries(), || c.run(&cmd::force_release(name)))?)
     }
 }
 
@@ -257,40 +245,41 @@ impl ClientInner {
         read_timeout: Option<Duration>,
         f: impl FnOnce(&mut Conn) -> RedisResult<T>,
     ) -> RedisResult<T> {
-        let pooled = lock_ignoring_poison(&self.wait_pool).pop();
-        let mut conn = match pooled {
+        let mut conn = match self.wait_pool.take() {
             Some(c) => c,
             None => self.target.connect(read_timeout)?,
         };
         let r = conn
             .set_read_timeout(read_timeout)
             .and_then(|()| f(&mut conn));
-        let sound = match &r {
-            Ok(_) => true,
-            Err(e) => !poisons_connection(e),
-        };
-        if sound {
-            let mut pool = lock_ignoring_poison(&self.wait_pool);
-            if pool.len() < self.opts.idle_wait_connections {
-                pool.push(conn);
-            }
-        }
+        self.wait_pool.give_back(conn, &r);
         r
     }
 
-    fn with_retries<T>(&self, mut attempt: impl FnMut(u32) -> Result<T>) -> Result<T> {
-        let mut n = 0;
+    /// As many attempts as the client's retry policy allows.
+    fn retries(&self) -> Retries<'_> {
+        Retries::new(&self.opts.retry, &self.jitter)
+    }
+
+    /// Runs `attempt` until it succeeds or `retries` says to give up, sleeping between.
+    fn with_retries<T>(
+        &self,
+        mut retries: Retries<'_>,
+        mut attempt: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         loop {
-            match attempt(n) {
-                Err(e) if e.is_transient() && n + 1 < self.opts.retry.max_attempts() => {
-                    thread::sleep(self.opts.retry.delay(n, &self.jitter));
-                    n += 1;
-                }
-                r => return r,
+            match attempt() {
+                Err(e) => match retries.backoff(&e) {
+                    Some(pause) => thread::sleep(pause),
+                    None => return Err(e),
+                },
+                ok => return ok,
             }
         }
     }
+}
 
+impl Renewals for ClientInner {
     fn register(
         &self,
         shared: &Arc<LockShared>,
@@ -305,7 +294,7 @@ impl ClientInner {
             st.running = true;
             let wd = self.watchdog.clone();
             let target = self.target.clone();
-            let timeout = renewal_timeout(&self.opts);
+            let timeout = logic::renewal_timeout(&self.opts);
             let spawned = thread::Builder::new()
                 .name("rlock-renewal".into())
                 .spawn(move || renewal_worker(wd, target, timeout));
@@ -332,14 +321,6 @@ impl ClientInner {
     }
 }
 
-/// The renewal connection's read timeout: a renewal that takes longer than a renewal
-/// interval is better abandoned and retried on a fresh connection, while the lease
-/// still has two intervals to go.
-pub(crate) fn renewal_timeout(opts: &ClientOptions) -> Option<Duration> {
-    let interval = opts.renew_interval().max(Duration::from_millis(1));
-    Some(opts.response_timeout.map_or(interval, |t| t.min(interval)))
-}
-
 /// The renewal worker: one thread per client, renewing every due lock in one
 /// pipeline (per cluster slot) on a connection of its own.
 fn renewal_worker(wd: Arc<Watchdog>, target: Target, timeout: Option<Duration>) {
@@ -364,20 +345,13 @@ fn renewal_worker(wd: Arc<Watchdog>, target: Target, timeout: Option<Duration>) 
             continue;
         }
         drop(st);
-        for (shared, epoch, why) in lost {
-            shared.mark_lost(epoch, why);
-        }
+        report(lost);
         let results = renew_batch(&target, &mut conn, timeout, &due);
         st = lock_ignoring_poison(&wd.state);
-        let mut lost = Vec::new();
-        for (d, (outcome, sent_at)) in due.iter().zip(results) {
-            lost.extend(st.registry.apply(d, outcome, sent_at));
-        }
+        let lost = st.registry.apply_all(&due, results);
         if !lost.is_empty() {
             drop(st);
-            for (shared, epoch, why) in lost {
-                shared.mark_lost(epoch, why);
-            }
+            report(lost);
             st = lock_ignoring_poison(&wd.state);
         }
     }
@@ -389,10 +363,7 @@ fn renew_batch(
     timeout: Option<Duration>,
     due: &[Due],
 ) -> Vec<(Outcome, Instant)> {
-    let mut out: Vec<(Outcome, Instant)> = due
-        .iter()
-        .map(|_| (Outcome::Failed, Instant::now()))
-        .collect();
+    let mut out = unanswered(due);
     for (idx, pipe) in renewal_pipelines(due, target.is_cluster()) {
         if conn.is_none() {
             match target.connect(timeout) {
@@ -402,17 +373,8 @@ fn renew_batch(
         }
         let c = conn.as_mut().expect("connected above");
         let sent_at = Instant::now();
-        match pipe.query::<Vec<RedisResult<Value>>>(c) {
-            Ok(replies) => {
-                for (i, r) in idx.iter().zip(replies) {
-                    out[*i] = (renewal_outcome(r), sent_at);
-                }
-            }
-            Err(e) => {
-                if poisons_connection(&e) {
-                    *conn = None;
-                }
-            }
+        if !record_renewals(&mut out, &idx, pipe.query(c), sent_at) {
+            *conn = None;
         }
     }
     out
@@ -470,13 +432,10 @@ impl Lock {
     /// Transport errors that outlive the retries, server errors (`WRONGTYPE` when the
     /// key is not a lock), [`Error::ReplicaSync`] with replica safety on.
     pub fn acquire(&self) -> Result<LockGuard> {
-        match self.acquire_with(AcquireOptions::new())? {
-            Some(g) => Ok(g),
-            // A wait without limit only ends with the lock (or an error).
-            None => Err(Error::UnexpectedReply(
-                "RLOCK.ACQUIRE WAIT 0 timed out".into(),
-            )),
-        }
+        logic::taken(
+            self.acquire_with(AcquireOptions::new())?,
+            "RLOCK.ACQUIRE WAIT 0 timed out",
+        )
     }
 
     /// Takes the lock if it is free (or already ours); never waits.
@@ -514,137 +473,48 @@ impl Lock {
     pub fn acquire_with(&self, opts: AcquireOptions) -> Result<Option<LockGuard>> {
         let c = &self.client;
         let shared = &self.shared;
-        let lease = opts.lease.unwrap_or(c.opts.watchdog_timeout);
-        if lease.is_zero() {
-            return Err(Error::InvalidArgument("lease must be positive"));
-        }
-        let lease_ms = millis(lease);
-        let until = match opts.wait {
-            Wait::Up(d) => Some(Instant::now() + d),
-            _ => None,
-        };
-        let mut start = shared.begin_acquire();
-        let mut retry = 0u32;
-        // One request id for this acquire and all its retries: a retry of an attempt
-        // that did take effect (a re-entry, or a handoff to a waiter whose connection
-        // then broke) gets the first reply back and changes nothing.
-        let mut request = cmd::request_id();
-        // The send time of the earliest attempt that may have taken the lock: the
-        // lease cannot have started before it.
-        let mut lease_from: Option<Instant> = None;
+        let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?;
         loop {
             let sent = Instant::now();
-            let attempt = (|| -> Result<Acquired> {
-                // Re-entry never waits (the server answers at once), and neither does
-                // a try: both go on the shared connection.
-                let wait_ms = match opts.wait {
-                    _ if start.holds > 0 => None,
-                    Wait::No => None,
-                    Wait::Forever => Some(0),
-                    Wait::Up(_) => {
-                        let left =
-                            until.map_or(Duration::ZERO, |u| u.saturating_duration_since(sent));
-                        (!left.is_zero()).then(|| millis(left))
-                    }
-                };
-                let command = cmd::acquire(&shared.key, &shared.owner, lease_ms, wait_ms, &request);
-                let v = match wait_ms {
-                    None => c.run(&command)?,
-                    Some(w) => {
-                        let read = (w > 0).then(|| {
-                            Duration::from_millis(w)
-                                + WAIT_REPLY_MARGIN.max(c.opts.response_timeout.unwrap_or_default())
-                        });
-                        c.on_wait_conn(read, |conn| conn.query(&command))?
-                    }
-                };
-                cmd::parse_acquire(v)
-            })();
-            let from = *lease_from.get_or_insert(sent);
-            match attempt {
-                Ok(Acquired::Yes) => match confirm_fresh(c, shared, lease, lease_ms, from)? {
-                    Some(at) => {
-                        lease_from = Some(at);
-                        break;
-                    }
-                    None => {
-                        // Handed the lock, then it was gone before we could renew it.
-                        if start.holds > 0 {
-                            shared.mark_lost(start.epoch, LostReason::NotHeld);
-                            c.unregister(shared.handle);
-                        }
-                        start = shared.begin_acquire();
-                        request = cmd::request_id();
-                        lease_from = None;
-                        if opts.wait == Wait::No {
-                            return Ok(None);
-                        }
-                    }
-                },
-                Ok(Acquired::HeldFor(_)) if start.holds > 0 => {
-                    // We thought we held it and someone else does: ours was lost.
-                    shared.mark_lost(start.epoch, LostReason::NotHeld);
-                    c.unregister(shared.handle);
-                    start = shared.begin_acquire();
-                    request = cmd::request_id();
-                    lease_from = None;
-                    if opts.wait == Wait::No {
-                        return Ok(None);
-                    }
-                }
-                Ok(Acquired::HeldFor(_)) => return Ok(None),
-                Err(e) if e.is_transient() && retry + 1 < c.opts.retry.max_attempts() => {
-                    thread::sleep(c.opts.retry.delay(retry, &c.jitter));
-                    retry += 1;
-                }
-                Err(e) => return Err(e),
+            let (command, route) = run.attempt(shared, sent);
+            let reply = match route {
+                Route::Shared => c.run(&command),
+                Route::Waiting { limit } => c
+                    .on_wait_conn(limit, |conn| conn.query(&command))
+                    .map_err(Error::from),
+            };
+            let mut next =
+                run.after_attempt(&**c, shared, sent, reply.and_then(cmd::parse_acquire));
+            if let Next::Renew = next {
+                let sent = Instant::now();
+                let renew = run.renew_command(shared);
+                let renewed = c
+                    .with_retries(c.retries(), || c.run(&renew))
+                    .and_then(cmd::parse_renew);
+                next = run.after_renew(&**c, shared, sent, renewed);
+            }
+            match next {
+                Next::Taken => break,
+                Next::Renew | Next::Again => {}
+                Next::Backoff(pause) => thread::sleep(pause),
+                Next::NotTaken => return Ok(None),
+                Next::Fail(e) => return Err(e),
             }
         }
-        let last_sent = lease_from.expect("set when the lock was taken");
-        let holds = shared.acquired(start.epoch, last_sent, lease);
-        if holds == 1 {
-            c.register(shared, start.epoch, lease, opts.lease.is_none(), last_sent);
-        } else {
-            c.rearmed(shared.handle, start.epoch, lease, last_sent);
-        }
+        let took = run.finish(&**c, shared);
         let guard = LockGuard {
             client: c.clone(),
             shared: shared.clone(),
-            epoch: start.epoch,
-            release_lease_ms: opts.lease.is_none().then_some(lease_ms),
+            epoch: took.epoch,
+            release_lease_ms: took.release_lease_ms,
             done: false,
         };
         if let Some(rs) = c.opts.replica_sync {
-            let timeout_ms = millis(rs.timeout());
-            let read = Some(rs.timeout() + WAIT_REPLY_MARGIN);
-            let check = c.on_wait_conn(read, |conn| {
-                cmd::replica_check(
-                    &shared.key,
-                    &shared.owner,
-                    lease_ms,
-                    rs.replicas(),
-                    timeout_ms,
-                )
-                .query::<Vec<Value>>(conn)
-            });
-            let acked = match check.map_err(Error::from).and_then(|mut v| match v.pop() {
-                Some(w) => cmd::parse_wait(w),
-                None => Err(Error::UnexpectedReply("WAIT: no reply".into())),
-            }) {
-                Ok(n) => n,
-                Err(e) => {
-                    let _ = guard.release();
-                    return Err(e);
-                }
-            };
-            if acked < rs.replicas() {
-                // Do not leave behind a lock the caller will not know it holds.
+            let (pipe, read) = logic::replica_check(shared, took.lease_ms, rs);
+            let reply = c.on_wait_conn(Some(read), |conn| pipe.query(conn));
+            if let Err(e) = logic::replica_outcome(shared, rs, reply) {
                 let _ = guard.release();
-                return Err(Error::ReplicaSync {
-                    key: shared.key.clone(),
-                    wanted: rs.replicas(),
-                    acked,
-                });
+                return Err(e);
             }
         }
         Ok(Some(guard))
@@ -666,42 +536,12 @@ impl Lock {
 
     /// The lease an acquire with `opts` asks for.
     pub(crate) fn lease_for(&self, opts: &AcquireOptions) -> Duration {
-        opts.lease.unwrap_or(self.client.opts.watchdog_timeout)
+        opts.lease_or(self.client.opts.watchdog_timeout)
     }
 }
 
-/// The instant the lease of a lock just taken can be counted from, given `from`, the
-/// send time of the earliest attempt that may have taken it.
-///
-/// A lock handed over after a wait started its lease at the handoff, somewhere between
-/// the send and the reply; counting from the send is safe but, after a long wait, says
-/// the lease is (nearly) over. When the renewal would already be due, the lease is
-/// re-armed now with `RLOCK.RENEW`, whose send time is then a safe start. `None`:
-/// the server says the lock is no longer ours.
-fn confirm_fresh(
-    c: &ClientInner,
-    shared: &LockShared,
-    lease: Duration,
-    lease_ms: u64,
-    from: Instant,
-) -> Result<Option<Instant>> {
-    if from.elapsed() < lease / 3 {
-        return Ok(Some(from));
-    }
-    let sent = Instant::now();
-    let renewed = c
-        .with_retries(|_| c.run(&cmd::renew(&shared.key, &shared.owner, lease_ms)))
-        .and_then(cmd::parse_renew);
-    match renewed {
-        Ok(true) => Ok(Some(sent)),
-        Ok(false) => Ok(None),
-        // Unconfirmed: count from the send, which may report the lease run out early.
-        Err(e) if e.is_transient() => Ok(Some(from)),
-        Err(e) => Err(e),
-    }
-}
-
-/// Releases one hold of `epoch`, retrying transient failures without releasing twice.
+/// Releases one hold of `epoch`, retrying transient failures (if `retries`) without
+/// releasing twice.
 fn release_inner(
     c: &ClientInner,
     shared: &LockShared,
@@ -709,52 +549,14 @@ fn release_inner(
     lease_ms: Option<u64>,
     retries: bool,
 ) -> Result<ReleaseOutcome> {
-    let not_held = || Error::NotHeld {
-        key: shared.key.clone(),
-    };
-    let Some(holds) = shared.current(epoch) else {
-        return Err(not_held());
-    };
-    if holds == 1 {
-        // Stop renewing before the lock can be freed, so a late renewal never reports
-        // a loss of a lock we gave up on purpose.
-        c.unregister(shared.handle);
-    }
-    let max = if retries {
-        c.opts.retry.max_attempts()
+    let command = logic::begin_release(c, shared, epoch, lease_ms)?;
+    let retries = if retries {
+        c.retries()
     } else {
-        1
+        c.retries().once()
     };
-    // One request id for this release and its retries: a retry of a release that did
-    // reach the server gets the first reply and is not applied twice.
-    let request = cmd::request_id();
-    let command = cmd::release(&shared.key, &shared.owner, lease_ms, &request);
-    let mut retry = 0;
-    let reply = loop {
-        match c.run(&command).and_then(cmd::parse_release) {
-            Err(e) if e.is_transient() && retry + 1 < max => {
-                thread::sleep(c.opts.retry.delay(retry, &c.jitter));
-                retry += 1;
-            }
-            r => break r?,
-        }
-    };
-    match reply {
-        Released::StillHeld => {
-            shared.released(epoch, false);
-            Ok(ReleaseOutcome::StillHeld)
-        }
-        Released::Freed => {
-            shared.released(epoch, true);
-            c.unregister(shared.handle);
-            Ok(ReleaseOutcome::Freed)
-        }
-        Released::NotHeld => {
-            shared.mark_lost(epoch, LostReason::NotHeld);
-            c.unregister(shared.handle);
-            Err(not_held())
-        }
-    }
+    let reply = c.with_retries(retries, || c.run(&command).and_then(cmd::parse_release))?;
+    logic::released(c, shared, epoch, reply)
 }
 
 /// One hold of a lock. Release it with [`release`](Self::release) to learn whether

@@ -6,9 +6,14 @@
 //! from a small pool, because a command blocked in the server holds up everything
 //! queued behind it on the same connection.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use redis::{Cmd, ConnectionLike, RedisResult, Value};
+
+use crate::error::poisons_connection;
+use crate::logic::lock_ignoring_poison;
+use crate::watchdog::{Due, Outcome};
 
 /// One server or a cluster.
 #[derive(Clone)]
@@ -161,12 +166,45 @@ impl redis::aio::ConnectionLike for AConn {
     }
 }
 
+/// The idle connections kept for waiting commands (blocking or async ones).
+pub(crate) struct WaitPool<C> {
+    idle: Mutex<Vec<C>>,
+    max_idle: usize,
+}
+
+impl<C> WaitPool<C> {
+    /// A pool that keeps at most `max_idle` idle connections.
+    pub(crate) fn new(max_idle: usize) -> Self {
+        WaitPool {
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+        }
+    }
+
+    /// An idle connection, if there is one.
+    pub(crate) fn take(&self) -> Option<C> {
+        lock_ignoring_poison(&self.idle).pop()
+    }
+
+    /// Gives `conn` back after a command that ended with `r`: kept if it is still
+    /// sound and the pool is not full, else closed.
+    pub(crate) fn give_back<T>(&self, conn: C, r: &RedisResult<T>) {
+        let sound = match r {
+            Ok(_) => true,
+            Err(e) => !poisons_connection(e),
+        };
+        if sound {
+            let mut idle = lock_ignoring_poison(&self.idle);
+            if idle.len() < self.max_idle {
+                idle.push(conn);
+            }
+        }
+    }
+}
+
 /// Renewal pipelines: everything in one for a single server; one per hash slot for
 /// a cluster, since a cluster pipeline is sent to a single node.
-pub(crate) fn renewal_pipelines(
-    due: &[crate::watchdog::Due],
-    cluster: bool,
-) -> Vec<(Vec<usize>, redis::Pipeline)> {
+pub(crate) fn renewal_pipelines(due: &[Due], cluster: bool) -> Vec<(Vec<usize>, redis::Pipeline)> {
     let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
     for (i, d) in due.iter().enumerate() {
         let slot = if cluster {
@@ -195,9 +233,34 @@ pub(crate) fn renewal_pipelines(
         .collect()
 }
 
+/// The outcomes of a round of renewals before any reply: all failed (now).
+pub(crate) fn unanswered(due: &[Due]) -> Vec<(Outcome, Instant)> {
+    due.iter()
+        .map(|_| (Outcome::Failed, Instant::now()))
+        .collect()
+}
+
+/// Records in `out` the `reply` of the renewal pipeline of `due[idx]`, sent at
+/// `sent_at`; false when the connection must be dropped.
+pub(crate) fn record_renewals(
+    out: &mut [(Outcome, Instant)],
+    idx: &[usize],
+    reply: RedisResult<Vec<RedisResult<Value>>>,
+    sent_at: Instant,
+) -> bool {
+    match reply {
+        Ok(replies) => {
+            for (i, r) in idx.iter().zip(replies) {
+                out[*i] = (renewal_outcome(r), sent_at);
+            }
+            true
+        }
+        Err(e) => !poisons_connection(&e),
+    }
+}
+
 /// What one renewal's reply means for the lock.
-pub(crate) fn renewal_outcome(r: RedisResult<Value>) -> crate::watchdog::Outcome {
-    use crate::watchdog::Outcome;
+fn renewal_outcome(r: RedisResult<Value>) -> Outcome {
     match r {
         Ok(v) => match crate::cmd::parse_renew(v) {
             Ok(true) => Outcome::Renewed,

@@ -56,6 +56,7 @@ mod blocking;
 mod cmd;
 mod conn;
 mod error;
+mod logic;
 mod multi;
 mod options;
 mod state;

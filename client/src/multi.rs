@@ -7,13 +7,14 @@
 //! holds the parts' guards and reports the whole lost when too many parts are lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::backoff::Jitter;
 use crate::blocking::{Lock, LockGuard};
 use crate::error::{Error, Result};
+use crate::logic::{lock_ignoring_poison, taken};
 use crate::options::{AcquireOptions, Wait};
 use crate::state::LostReason;
 
@@ -25,11 +26,6 @@ const MULTI_ROUND_WAIT_PER_LOCK: Duration = Duration::from_millis(1500);
 
 /// Upper bound of the random pause between two rounds.
 const ROUND_PAUSE: Duration = Duration::from_millis(100);
-
-fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section here leaves its data consistent before anything can panic.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The clock-drift allowance of a lease, Redis's Redlock formula: 1 % of the lease
 /// plus 2 ms.
@@ -272,10 +268,10 @@ impl MultiLock {
     /// Waits in rounds of 1.5 s per lock: a round that cannot take them all gives
     /// back what it took and starts again after a short random pause.
     pub fn acquire(&self) -> Result<MultiGuard> {
-        match self.acquire_with(AcquireOptions::new())? {
-            Some(g) => Ok(g),
-            None => Err(Error::UnexpectedReply("a wait without limit ended".into())),
-        }
+        taken(
+            self.acquire_with(AcquireOptions::new())?,
+            "a wait without limit ended",
+        )
     }
 
     /// Takes all the locks if each is free (or already ours); never waits.
@@ -313,10 +309,7 @@ impl MultiLock {
     }
 
     fn round(&self, opts: AcquireOptions) -> Result<Option<MultiGuard>> {
-        let until = match opts.wait {
-            Wait::Up(d) => Some(Instant::now() + d),
-            _ => None,
-        };
+        let until = opts.wait_until(Instant::now());
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
             let wait = match until {
@@ -507,10 +500,10 @@ impl RedLock {
 
     /// Takes the lock, trying again for as long as it takes; watchdog leases.
     pub fn acquire(&self) -> Result<RedLockGuard> {
-        match self.acquire_with(AcquireOptions::new())? {
-            Some(g) => Ok(g),
-            None => Err(Error::UnexpectedReply("a wait without limit ended".into())),
-        }
+        taken(
+            self.acquire_with(AcquireOptions::new())?,
+            "a wait without limit ended",
+        )
     }
 
     /// One attempt: `None` if no majority granted it in time.
@@ -537,10 +530,7 @@ impl RedLock {
         if opts.lease.is_some_and(|l| l.is_zero()) {
             return Err(Error::InvalidArgument("lease must be positive"));
         }
-        let until = match opts.wait {
-            Wait::Up(d) => Some(Instant::now() + d),
-            _ => None,
-        };
+        let until = opts.wait_until(Instant::now());
         loop {
             if let Some(g) = self.round(opts)? {
                 return Ok(Some(g));

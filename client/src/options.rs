@@ -2,7 +2,7 @@
 //! constants and `with_*` setters, so that new options are new methods rather than
 //! new positional parameters.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backoff::Jitter;
 
@@ -310,6 +310,19 @@ impl AcquireOptions {
     /// The fixed lease, if any.
     pub fn lease(&self) -> Option<Duration> {
         self.lease
+    }
+
+    /// The lease an acquire asks for on a client whose watchdog timeout is `watchdog`.
+    pub(crate) fn lease_or(&self, watchdog: Duration) -> Duration {
+        self.lease.unwrap_or(watchdog)
+    }
+
+    /// When a limited wait that starts `now` ends (None: no limit, or no wait).
+    pub(crate) fn wait_until(&self, now: Instant) -> Option<Instant> {
+        match self.wait {
+            Wait::Up(d) => Some(now + d),
+            _ => None,
+        }
     }
 }
 

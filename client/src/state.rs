@@ -400,6 +400,22 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(60);
 
+    /// A handle holding its lock once, with a long lease, and the epoch it holds.
+    fn held() -> (LockShared, u64) {
+        let s = shared();
+        let a = s.begin_acquire();
+        s.acquired(a.epoch, Instant::now(), LONG);
+        (s, a.epoch)
+    }
+
+    /// A callback that counts its calls in `n`.
+    fn counting(n: &Arc<AtomicUsize>) -> Callback {
+        let n = n.clone();
+        Box::new(move |_| {
+            n.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+
     #[test]
     fn it_makes_owner_ids_from_one_uuid_and_a_counter() {
         let ids = OwnerIds::new();
@@ -440,40 +456,30 @@ mod tests {
 
     #[test]
     fn it_opens_a_new_epoch_after_a_loss() {
-        let s = shared();
-        let a = s.begin_acquire();
-        s.acquired(a.epoch, Instant::now(), LONG);
-        assert!(s.mark_lost(a.epoch, LostReason::NotHeld));
-        assert!(!s.mark_lost(a.epoch, LostReason::NotHeld), "reported twice");
+        let (s, epoch) = held();
+        assert!(s.mark_lost(epoch, LostReason::NotHeld));
+        assert!(!s.mark_lost(epoch, LostReason::NotHeld), "reported twice");
         let b = s.begin_acquire();
-        assert_ne!(a.epoch, b.epoch);
+        assert_ne!(epoch, b.epoch);
         assert_eq!(b.holds, 0);
         s.acquired(b.epoch, Instant::now(), LONG);
         // The stale guard still reads lost, the new one held.
-        assert_eq!(s.lost_reason(a.epoch), Some(LostReason::NotHeld));
+        assert_eq!(s.lost_reason(epoch), Some(LostReason::NotHeld));
         assert!(s.is_held(b.epoch));
-        assert!(s.current(a.epoch).is_none());
+        assert!(s.current(epoch).is_none());
     }
 
     #[test]
     fn it_runs_callbacks_once_and_at_once_when_already_lost() {
-        let s = shared();
-        let a = s.begin_acquire();
-        s.acquired(a.epoch, Instant::now(), LONG);
+        let (s, epoch) = held();
         let n = Arc::new(AtomicUsize::new(0));
-        let n2 = n.clone();
-        s.on_lost(
-            a.epoch,
-            Box::new(move |_| {
-                n2.fetch_add(1, Ordering::SeqCst);
-            }),
-        );
-        s.mark_lost(a.epoch, LostReason::LeaseExpired);
-        s.mark_lost(a.epoch, LostReason::LeaseExpired);
+        s.on_lost(epoch, counting(&n));
+        s.mark_lost(epoch, LostReason::LeaseExpired);
+        s.mark_lost(epoch, LostReason::LeaseExpired);
         assert_eq!(n.load(Ordering::SeqCst), 1);
         let n3 = n.clone();
         s.on_lost(
-            a.epoch,
+            epoch,
             Box::new(move |r| {
                 assert_eq!(r, LostReason::LeaseExpired);
                 n3.fetch_add(1, Ordering::SeqCst);
@@ -484,18 +490,10 @@ mod tests {
 
     #[test]
     fn it_drops_callbacks_of_an_epoch_released_normally() {
-        let s = shared();
-        let a = s.begin_acquire();
-        s.acquired(a.epoch, Instant::now(), LONG);
+        let (s, epoch) = held();
         let n = Arc::new(AtomicUsize::new(0));
-        let n2 = n.clone();
-        s.on_lost(
-            a.epoch,
-            Box::new(move |_| {
-                n2.fetch_add(1, Ordering::SeqCst);
-            }),
-        );
-        s.released(a.epoch, true);
+        s.on_lost(epoch, counting(&n));
+        s.released(epoch, true);
         let b = s.begin_acquire();
         s.acquired(b.epoch, Instant::now(), LONG);
         s.mark_lost(b.epoch, LostReason::NotHeld);
@@ -516,25 +514,23 @@ mod tests {
 
     #[test]
     fn it_wakes_a_blocked_waiter_when_lost() {
-        let s = Arc::new(shared());
-        let a = s.begin_acquire();
-        s.acquired(a.epoch, Instant::now(), LONG);
+        let (s, epoch) = held();
+        let s = Arc::new(s);
         let s2 = s.clone();
-        let t = std::thread::spawn(move || s2.wait_lost(a.epoch, Some(Duration::from_secs(30))));
+        let t = std::thread::spawn(move || s2.wait_lost(epoch, Some(Duration::from_secs(30))));
         // Until the waiter is parked, mark_lost may run first; both orders must work.
-        s.mark_lost(a.epoch, LostReason::NotHeld);
+        s.mark_lost(epoch, LostReason::NotHeld);
         assert_eq!(t.join().unwrap(), Some(LostReason::NotHeld));
     }
 
     #[test]
     fn it_runs_callbacks_before_waking_waiters() {
-        let s = Arc::new(shared());
-        let a = s.begin_acquire();
-        s.acquired(a.epoch, Instant::now(), LONG);
+        let (s, epoch) = held();
+        let s = Arc::new(s);
         let ran = Arc::new(AtomicUsize::new(0));
         let r2 = ran.clone();
         s.on_lost(
-            a.epoch,
+            epoch,
             Box::new(move |_| {
                 std::thread::sleep(Duration::from_millis(50));
                 r2.fetch_add(1, Ordering::SeqCst);
@@ -542,12 +538,12 @@ mod tests {
         );
         let (s2, r3) = (s.clone(), ran.clone());
         let t = std::thread::spawn(move || {
-            let got = s2.wait_lost(a.epoch, Some(Duration::from_secs(30)));
+            let got = s2.wait_lost(epoch, Some(Duration::from_secs(30)));
             (got, r3.load(Ordering::SeqCst))
         });
-        s.mark_lost(a.epoch, LostReason::NotHeld);
+        s.mark_lost(epoch, LostReason::NotHeld);
         assert_eq!(t.join().unwrap(), (Some(LostReason::NotHeld), 1));
-        assert!(!s.is_held(a.epoch));
+        assert!(!s.is_held(epoch));
     }
 
     #[test]
@@ -559,18 +555,13 @@ mod tests {
                 self.0.fetch_add(1, Ordering::SeqCst);
             }
         }
-        let s = shared();
-        let a = s.begin_acquire();
-        s.acquired(a.epoch, Instant::now(), LONG);
+        let (s, epoch) = held();
         let flag = Arc::new(Flag(AtomicUsize::new(0)));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut fut = Lost {
-            shared: &s,
-            epoch: a.epoch,
-        };
+        let mut fut = Lost { shared: &s, epoch };
         assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
-        s.mark_lost(a.epoch, LostReason::NotHeld);
+        s.mark_lost(epoch, LostReason::NotHeld);
         assert_eq!(flag.0.load(Ordering::SeqCst), 1);
         assert_eq!(
             Pin::new(&mut fut).poll(&mut cx),

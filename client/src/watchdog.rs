@@ -56,6 +56,14 @@ pub(crate) struct Registry {
 /// A lock whose loss must be reported (outside the registry's lock).
 pub(crate) type Lost = (Arc<LockShared>, u64, LostReason);
 
+/// Reports `lost` to the locks' guards. Call it outside the registry's lock: the
+/// guards' callbacks run here.
+pub(crate) fn report(lost: Vec<Lost>) {
+    for (shared, epoch, why) in lost {
+        shared.mark_lost(epoch, why);
+    }
+}
+
 impl Registry {
     pub(crate) fn new(interval: Duration, retry: RetryPolicy) -> Self {
         Registry {
@@ -171,6 +179,15 @@ impl Registry {
                 None
             }
         }
+    }
+
+    /// Applies the outcomes of a round of renewals, `results[i]` for `due[i]`; returns
+    /// the losses to report.
+    pub(crate) fn apply_all(&mut self, due: &[Due], results: Vec<(Outcome, Instant)>) -> Vec<Lost> {
+        due.iter()
+            .zip(results)
+            .filter_map(|(d, (outcome, sent_at))| self.apply(d, outcome, sent_at))
+            .collect()
     }
 
     /// When the worker must wake next (None: nothing to watch).

@@ -9,20 +9,20 @@ use std::time::{Duration, Instant};
 
 use rlock_client::aio::Client;
 use rlock_client::{AcquireOptions, ClientOptions, Error, LostReason, ReleaseOutcome, ReplicaSync};
-use support::{exists, hget, pttl, Cluster, Server};
+use support::{
+    assert_took_at_least, eventually, exists, hget, pttl, quick_retries, write_lock, Cluster,
+    LossyProxy, Server,
+};
 
-/// Polls `pred` every 10 ms without blocking the runtime; false after `timeout`.
-async fn eventually(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + timeout;
-    loop {
-        if pred() {
+/// Whether one acquire of `key` comes to wait in the server within 5 s, as `c` sees it.
+async fn queued(c: &Client, key: &str) -> bool {
+    for _ in 0..500 {
+        if c.info(key).await.unwrap().is_some_and(|i| i.waiters == 1) {
             return true;
-        }
-        if Instant::now() >= until {
-            return false;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    false
 }
 
 async fn client_with_watchdog(s: &Server, ms: u64) -> Client {
@@ -60,11 +60,7 @@ async fn it_excludes_two_handles_and_times_out() {
         .await
         .unwrap()
         .is_none());
-    assert!(
-        t.elapsed() >= Duration::from_millis(250),
-        "{:?}",
-        t.elapsed()
-    );
+    assert_took_at_least(t.elapsed(), Duration::from_millis(250));
     ga.release().await.unwrap();
     b.try_acquire()
         .await
@@ -85,15 +81,7 @@ async fn it_hands_the_lock_to_a_waiting_task() {
         let g = c2.lock("k").acquire().await.unwrap();
         g.release().await.unwrap()
     });
-    let mut seen = false;
-    for _ in 0..500 {
-        if c.info("k").await.unwrap().is_some_and(|i| i.waiters == 1) {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "waiter never queued");
+    assert!(queued(&c, "k").await, "waiter never queued");
     holder.release().await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
@@ -125,17 +113,7 @@ async fn it_renews_with_one_task_and_stops_after_release() {
     assert!(other.lock("k").try_acquire().await.unwrap().is_none());
     g.release().await.unwrap();
     assert!(!exists(&mut r, "k"));
-    let _: () = redis::cmd("HSET")
-        .arg("k")
-        .arg("holder")
-        .arg(1)
-        .query(&mut r)
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg("k")
-        .arg(800)
-        .query(&mut r)
-        .unwrap();
+    write_lock(&mut r, "k", "holder", 800);
     assert!(eventually(Duration::from_secs(5), || !exists(&mut r, "k")).await);
 }
 
@@ -182,20 +160,7 @@ async fn it_does_not_delay_renewals_behind_a_waiting_acquire() {
             .unwrap()
             .is_some()
     });
-    let mut queued = false;
-    for _ in 0..500 {
-        if other
-            .info("contended")
-            .await
-            .unwrap()
-            .is_some_and(|i| i.waiters == 1)
-        {
-            queued = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(queued);
+    assert!(queued(&other, "contended").await);
     let t = Instant::now();
     let mut min_ttl = i64::MAX;
     while t.elapsed() < Duration::from_millis(1500) {
@@ -319,19 +284,7 @@ async fn it_locks_keys_on_every_master_of_a_cluster() {
         let (other, k) = (other.clone(), keys[2].clone());
         tokio::spawn(async move { other.lock(k).acquire_timeout(Duration::from_secs(10)).await })
     };
-    let mut queued = false;
-    for _ in 0..500 {
-        if c.info(&keys[2])
-            .await
-            .unwrap()
-            .is_some_and(|i| i.waiters == 1)
-        {
-            queued = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(queued);
+    assert!(queued(&c, &keys[2]).await);
     for g in guards {
         assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Freed);
     }
@@ -345,13 +298,10 @@ async fn it_locks_keys_on_every_master_of_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_applies_a_reentry_and_a_release_once_when_their_replies_are_lost() {
     let s = Server::start();
-    let proxy = support::LossyProxy::start(s.port);
-    let opts = ClientOptions::new().with_retry(
-        rlock_client::RetryPolicy::new()
-            .with_max_attempts(3)
-            .with_base_delay(Duration::from_millis(10)),
-    );
-    let c = Client::open_with(proxy.url(), opts).await.unwrap();
+    let proxy = LossyProxy::start(s.port);
+    let c = Client::open_with(proxy.url(), quick_retries())
+        .await
+        .unwrap();
     let mut r = s.conn();
     let lock = c.lock("k");
     let fixed = AcquireOptions::new()

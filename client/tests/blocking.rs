@@ -11,7 +11,10 @@ use rlock_client::{
     AcquireOptions, Client, ClientOptions, Error, LostReason, ReleaseOutcome, ReplicaSync,
     RetryPolicy, Wait,
 };
-use support::{exists, hget, pttl, wait_until, Cluster, LossyProxy, Server};
+use support::{
+    assert_took_at_least, exists, hget, pttl, queued, quick_retries, wait_until, write_lock,
+    Cluster, LossyProxy, Server,
+};
 
 fn client(s: &Server) -> Client {
     Client::open(s.url()).unwrap()
@@ -103,10 +106,7 @@ fn it_gives_up_after_the_wait_limit() {
         .unwrap();
     let took = t.elapsed();
     assert!(got.is_none());
-    assert!(
-        took >= Duration::from_millis(250),
-        "returned early: {took:?}"
-    );
+    assert_took_at_least(took, Duration::from_millis(250));
     assert!(took < Duration::from_secs(3), "returned late: {took:?}");
     holder.release().unwrap();
 }
@@ -126,10 +126,7 @@ fn it_hands_the_lock_to_a_waiter_on_release() {
     });
     // The waiter is parked in the server until we let go.
     let mut r = s.conn();
-    assert!(wait_until(Duration::from_secs(5), || c
-        .info("k")
-        .unwrap()
-        .is_some_and(|i| i.waiters == 1)));
+    assert!(queued(&c, "k"));
     assert!(rx.try_recv().is_err());
     holder.release().unwrap();
     rx.recv_timeout(Duration::from_secs(5))
@@ -184,17 +181,7 @@ fn it_renews_a_watchdog_lock_for_as_long_as_it_is_held() {
     g.release().unwrap();
     assert!(!exists(&mut r, "k"));
     // Renewal has stopped: a lock written by hand for the same owner is left to run out.
-    let _: () = redis::cmd("HSET")
-        .arg("k")
-        .arg("holder")
-        .arg(1)
-        .query(&mut r)
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg("k")
-        .arg(800)
-        .query(&mut r)
-        .unwrap();
+    write_lock(&mut r, "k", "holder", 800);
     assert!(wait_until(Duration::from_secs(5), || !exists(&mut r, "k")));
 }
 
@@ -253,10 +240,7 @@ fn it_does_not_delay_renewals_or_releases_behind_a_waiting_acquire() {
             .unwrap()
             .map(|g| g.release())
     });
-    assert!(wait_until(Duration::from_secs(5), || other
-        .info("contended")
-        .unwrap()
-        .is_some_and(|i| i.waiters == 1)));
+    assert!(queued(&other, "contended"));
     // While the same client waits in the server, its renewals keep the lease up...
     let t = Instant::now();
     let mut min_ttl = i64::MAX;
@@ -324,14 +308,6 @@ fn it_does_not_double_count_a_reentry_whose_reply_was_lost() {
     assert!(!exists(&mut r, "k"));
 }
 
-fn quick_retries() -> ClientOptions {
-    ClientOptions::new().with_retry(
-        RetryPolicy::new()
-            .with_max_attempts(3)
-            .with_base_delay(Duration::from_millis(10)),
-    )
-}
-
 #[test]
 fn it_keeps_a_lock_handed_over_just_before_the_wait_connection_broke() {
     let s = Server::start();
@@ -349,10 +325,7 @@ fn it_keeps_a_lock_handed_over_just_before_the_wait_connection_broke() {
         let g = lock.acquire_timeout(Duration::from_secs(10)).unwrap();
         (lock, g)
     });
-    assert!(wait_until(Duration::from_secs(5), || other
-        .info("k")
-        .unwrap()
-        .is_some_and(|i| i.waiters == 1)));
+    assert!(queued(&other, "k"));
     holder.release().unwrap();
     let (lock, g) = waiter.join().unwrap();
     let g = g.expect("the retry learns of the handoff");
@@ -377,10 +350,7 @@ fn it_keeps_a_lock_handed_over_after_a_wait_longer_than_the_lease() {
         let g = lock.acquire().unwrap();
         (lock, g)
     });
-    assert!(wait_until(Duration::from_secs(5), || other
-        .info("k")
-        .unwrap()
-        .is_some_and(|i| i.waiters == 1)));
+    assert!(queued(&other, "k"));
     // The point is the elapsed time: the waiter waits longer than its 600 ms lease.
     thread::sleep(Duration::from_millis(800));
     holder.release().unwrap();
@@ -464,7 +434,7 @@ fn it_gives_up_after_max_attempts_when_the_server_is_gone() {
     let err = c.lock("k").try_acquire().unwrap_err();
     assert!(err.is_transient(), "{err:?}");
     // Two backoff delays of at least 10 and 20 ms.
-    assert!(t.elapsed() >= Duration::from_millis(30));
+    assert_took_at_least(t.elapsed(), Duration::from_millis(30));
 }
 
 #[test]
@@ -537,10 +507,7 @@ fn it_locks_keys_on_every_master_of_a_cluster() {
                 .unwrap()
         })
     };
-    assert!(wait_until(Duration::from_secs(5), || c
-        .info(&keys[1])
-        .unwrap()
-        .is_some_and(|i| i.waiters == 1)));
+    assert!(queued(&c, &keys[1]));
     for g in guards {
         assert_eq!(g.release().unwrap(), ReleaseOutcome::Freed);
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rlock_client::{
     redlock_drift, AcquireOptions, Client, ClientOptions, Error, MultiLock, RedLock, RetryPolicy,
 };
-use support::{exists, hget, pttl, wait_until, Server};
+use support::{assert_took_at_least, exists, hget, pttl, queued, wait_until, Server};
 
 fn three() -> Vec<Server> {
     (0..3).map(|_| Server::start()).collect()
@@ -75,11 +75,7 @@ fn a_multilock_gives_back_what_it_took_when_one_lock_stays_held() {
         .acquire_timeout(Duration::from_millis(300))
         .unwrap()
         .is_none());
-    assert!(
-        t.elapsed() >= Duration::from_millis(250),
-        "{:?}",
-        t.elapsed()
-    );
+    assert_took_at_least(t.elapsed(), Duration::from_millis(250));
     assert!(!exists(&mut conns[0], "k"), "left behind on server 0");
     assert!(!exists(&mut conns[1], "k"), "left behind on server 1");
     // Waiting for the last lock in the server: handed over on release.
@@ -87,10 +83,7 @@ fn a_multilock_gives_back_what_it_took_when_one_lock_stays_held() {
         let g = ml.acquire_timeout(Duration::from_secs(10)).unwrap();
         (ml, g)
     });
-    assert!(wait_until(Duration::from_secs(5), || b[2]
-        .info("k")
-        .unwrap()
-        .is_some_and(|i| i.waiters == 1)));
+    assert!(queued(&b[2], "k"));
     holder.release().unwrap();
     let (ml, g) = waiter.join().unwrap();
     let g = g.expect("handed the last lock");

@@ -45,6 +45,42 @@ pub fn wait_until(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// [`wait_until`] for async tests: sleeps without blocking the runtime.
+pub async fn eventually(timeout: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + timeout;
+    loop {
+        if pred() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether one acquire of `key` comes to wait in the server within 5 s, as `c` sees it.
+pub fn queued(c: &rlock_client::Client, key: &str) -> bool {
+    wait_until(Duration::from_secs(5), || {
+        c.info(key).unwrap().is_some_and(|i| i.waiters == 1)
+    })
+}
+
+/// Asserts that a wait that took `took` lasted at least `min` (was not cut short).
+#[track_caller]
+pub fn assert_took_at_least(took: Duration, min: Duration) {
+    assert!(took >= min, "returned early: {took:?}");
+}
+
+/// Client options with three attempts 10 ms apart: quick to retry a lost reply.
+pub fn quick_retries() -> rlock_client::ClientOptions {
+    rlock_client::ClientOptions::new().with_retry(
+        rlock_client::RetryPolicy::new()
+            .with_max_attempts(3)
+            .with_base_delay(Duration::from_millis(10)),
+    )
+}
+
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -175,6 +211,17 @@ pub fn hget(c: &mut redis::Connection, key: &str, field: &str) -> Option<u64> {
 
 pub fn exists(c: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+}
+
+/// Writes by hand a lock of `owner` (count 1) on `key` that expires in `ms`.
+pub fn write_lock(c: &mut redis::Connection, key: &str, owner: &str, ms: u64) {
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg(owner)
+        .arg(1)
+        .query(c)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE").arg(key).arg(ms).query(c).unwrap();
 }
 
 /// A master with a replica attached and in sync.
