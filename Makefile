@@ -57,6 +57,7 @@ lint: ## rustfmt check and clippy with warnings as errors
 	cargo clippy -p rlock-client --all-targets --all-features -- -D warnings
 
 bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes BENCHMARK.md
+	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 
