@@ -45,10 +45,9 @@ thread_local! {
 pub fn track(db: i32, key: &[u8]) {
     TRACKED.with(|t| {
         let mut t = t.borrow_mut();
-        let keys = t.entry(db).or_default();
-        if !keys.contains(key) {
-            keys.insert(key.into());
-        }
+        // Insert directly: a lock being written is almost never tracked yet, so this
+        // hashes the key once instead of twice (contains, then insert).
+        t.entry(db).or_default().insert(key.into());
     });
 }
 

@@ -12,7 +12,7 @@ use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 use crate::core::{self, LockState, Plan, Reply, Write};
 use crate::errors::ERR_WRONGTYPE;
 use crate::events;
-use crate::ffi::{self, KeyKind, LockKey};
+use crate::ffi::{self, Arg, KeyKind, LockKey};
 
 /// The lock a key holds, or the error a command must answer when it is not a lock.
 pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
@@ -27,7 +27,7 @@ pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
 }
 
 fn number(n: i64) -> RedisString {
-    RedisString::create(None::<NonNull<_>>, n.to_string())
+    ffi::long_string(n)
 }
 
 /// Applies a plan for `owner` on the open key `key` named `name`.
@@ -43,8 +43,8 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
     let _own = events::OwnWrite::begin();
     if plan.delete {
         key.delete();
-        ctx.replicate("DEL", &[name]);
-        ctx.notify_keyspace_event(NotifyEvent::GENERIC, "del", name);
+        ffi::replicate(ctx, c"DEL", &[Arg::Str(name)]);
+        ffi::notify(ctx, NotifyEvent::GENERIC, c"del", name);
     }
     match plan.write {
         Some(Write::Set(n)) => {
@@ -53,27 +53,35 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
             events::track(ffi::selected_db(ctx), name.as_slice());
             let value = number(n);
             key.hash_set(owner, &value);
-            ctx.replicate("HSET", &[name, owner, &value]);
-            ctx.notify_keyspace_event(NotifyEvent::HASH, "hset", name);
+            ffi::replicate(
+                ctx,
+                c"HSET",
+                &[Arg::Str(name), Arg::Str(owner), Arg::Int(n)],
+            );
+            ffi::notify(ctx, NotifyEvent::HASH, c"hset", name);
         }
         Some(Write::IncrBy(delta, next)) => {
             // We know the count already, so we write the result; replicas get the HINCRBY
             // whose result is the same.
             key.hash_set(owner, &number(next));
-            ctx.replicate("HINCRBY", &[name, owner, &number(delta)]);
-            ctx.notify_keyspace_event(NotifyEvent::HASH, "hincrby", name);
+            ffi::replicate(
+                ctx,
+                c"HINCRBY",
+                &[Arg::Str(name), Arg::Str(owner), Arg::Int(delta)],
+            );
+            ffi::notify(ctx, NotifyEvent::HASH, c"hincrby", name);
         }
         Some(Write::Remove) => {
             key.hash_del(owner);
-            ctx.replicate("HDEL", &[name, owner]);
-            ctx.notify_keyspace_event(NotifyEvent::HASH, "hdel", name);
+            ffi::replicate(ctx, c"HDEL", &[Arg::Str(name), Arg::Str(owner)]);
+            ffi::notify(ctx, NotifyEvent::HASH, c"hdel", name);
         }
         None => {}
     }
     if let Some(at) = plan.expire_at {
         key.set_abs_expire(at);
-        ctx.replicate("PEXPIREAT", &[name, &number(at)]);
-        ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", name);
+        ffi::replicate(ctx, c"PEXPIREAT", &[Arg::Str(name), Arg::Int(at)]);
+        ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", name);
     }
     ffi::signal_modified(ctx, name);
 }
@@ -90,7 +98,7 @@ pub fn publish_unlock(ctx: &Context, name: &RedisString) {
     let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
     ffi::publish(ctx, &channel, &message, cluster);
     if !cluster {
-        ctx.replicate("PUBLISH", &[&channel, &message]);
+        ffi::replicate(ctx, c"PUBLISH", &[Arg::Str(&channel), Arg::Str(&message)]);
     }
 }
 
@@ -118,7 +126,7 @@ pub fn remember(ctx: &Context, request: &RedisString, reply: Reply, now: i64) {
     key.string_set(&value);
     key.set_abs_expire(at);
     ctx.replicate("SET", &[request, &value, &number_str("PXAT"), &number(at)]);
-    ctx.notify_keyspace_event(NotifyEvent::STRING, "set", request);
+    ffi::notify(ctx, NotifyEvent::STRING, c"set", request);
     ffi::signal_modified(ctx, request);
 }
 
@@ -136,6 +144,6 @@ pub fn forget_request(ctx: &Context, request: &[u8]) {
     let _own = events::OwnWrite::begin();
     key.delete();
     ctx.replicate("DEL", &[&name]);
-    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "del", &name);
+    ffi::notify(ctx, NotifyEvent::GENERIC, c"del", &name);
     ffi::signal_modified(ctx, &name);
 }
