@@ -11,16 +11,16 @@ REDIS_SERVER ?= $(shell command -v redis-server 2>/dev/null || echo /usr/bin/red
 export RLOCK_MODULE ?= $(MODULE)
 export REDIS_SERVER
 
-.PHONY: help deps venv build release run test test-unit test-py test-client lint bench bench-quick clean
+.PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-quick clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Install what a fresh Debian machine lacks (redis-server, libclang-dev; apt-get when root)
-	@./scripts/deps.sh
+deps: ## Install what a fresh Debian machine lacks (redis-server, libclang-dev, python3-venv; apt-get when root)
+	@./scripts/deps.sh --venv
 
 $(VENV)/.ok: tests/requirements.txt
-	@./scripts/deps.sh
+	@./scripts/deps.sh --venv
 	python3 -m venv $(VENV) || { echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r tests/requirements.txt
@@ -46,6 +46,10 @@ test-unit: ## Rust unit tests of the pure lock core
 
 test-py: build venv ## Python integration tests against a real module-loaded redis-server
 	$(PYTEST) -q tests
+
+test-long: build venv ## Long runs: 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls
+	RLOCK_LEAK_CYCLES=1000000 RLOCK_MODEL_EXAMPLES=500 RLOCK_FUZZ_CALLS=30000 \
+		$(PYTEST) -q tests/test_leak.py tests/test_model.py tests/test_fuzz.py
 
 test-client: build ## Rust client crate tests (blocking and async) against a real module-loaded redis-server
 	cargo test -p rlock-client --all-features

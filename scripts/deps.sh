@@ -7,6 +7,10 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libclang; then
   need+=(libclang-dev)
 fi
+# The tests' virtualenv: Debian's own python3 needs python3-venv for `python3 -m venv`.
+if [ "${1:-}" = "--venv" ] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need+=(python3-venv)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "deps: installing ${need[*]} with apt-get"
