@@ -13,6 +13,7 @@ pub const ERR_COUNT_OVERFLOW: &str = "ERR hold count would overflow";
 pub const ERR_TOO_MANY_WAITERS: &str =
     "ERR too many clients waiting for this lock (see rlock.max-waiters-per-key)";
 pub const ERR_INTERNAL: &str = "ERR rlock internal error (details in the server log)";
-/// Sent to queued waiters when the server stops being a master: a replica cannot grant locks.
+/// Sent to waiters still queued when the server stops being a master (Redis 7.0 normally
+/// unblocks them itself first): a replica cannot grant locks.
 pub const ERR_ROLE_CHANGED: &str =
     "READONLY this server became a replica while the client waited for the lock";

@@ -295,7 +295,10 @@ pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
     }
 }
 
-/// A server turned replica (REPLICAOF, failover) answers its waiters with an error.
+/// A server turned replica (REPLICAOF, failover) can grant no locks. Redis 7.0 already
+/// answers and drops every blocked client before this event (`UNBLOCKED force unblock
+/// ...`), which empties the queues through the disconnect callback; this is the safety
+/// net for anything left, and it forgets the lock keys tracked as a master.
 #[role_changed_event_handler]
 fn on_role_changed(ctx: &Context, role: ServerRole) {
     if let ServerRole::Replica = role {
