@@ -10,15 +10,15 @@ import select
 import socket
 import time
 
-# The module's error texts, as src/errors.rs defines them (the spec: assert exact texts).
-ERR_SYNTAX = "ERR syntax error"
-ERR_LEASE = "ERR lease-ms must be an integer from 1 to 3153600000000"
-ERR_TIMEOUT = "ERR timeout-ms must be an integer from 0 to 3153600000000"
-ERR_EMPTY_OWNER = "ERR owner must not be empty"
-ERR_EMPTY_ID = "ERR request-id must not be empty"
-ERR_NOT_A_LOCK = ("ERR key holds a hash that is not a lock "
-                  "(every field value must be a positive integer hold count)")
-ERR_WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+# The module's error texts, defined once in errors.py (the spec: assert exact texts).
+from errors import EMPTY_ID as ERR_EMPTY_ID
+from errors import EMPTY_OWNER as ERR_EMPTY_OWNER
+from errors import LEASE as ERR_LEASE
+from errors import NOT_A_LOCK as ERR_NOT_A_LOCK
+from errors import SYNTAX as ERR_SYNTAX
+from errors import TIMEOUT as ERR_TIMEOUT
+from errors import WRONGTYPE as ERR_WRONGTYPE
+
 ERR_INTERNAL_PREFIX = "ERR rlock internal error"
 MAX_MS = 100 * 365 * 24 * 3600 * 1000
 

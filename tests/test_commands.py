@@ -3,16 +3,16 @@
 import pytest
 import redis
 
+import errors
 from conftest import wait_until
 
 LEASE = 30_000
 
-ERR_LEASE = "lease-ms must be an integer from 1 to 3153600000000"
-ERR_TIMEOUT = "timeout-ms must be an integer from 0 to 3153600000000"
-ERR_OWNER = "owner must not be empty"
-ERR_NOT_A_LOCK = ("key holds a hash that is not a lock "
-                  "(every field value must be a positive integer hold count)")
-ERR_WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+ERR_LEASE = errors.text(errors.LEASE)
+ERR_TIMEOUT = errors.text(errors.TIMEOUT)
+ERR_OWNER = errors.text(errors.EMPTY_OWNER)
+ERR_NOT_A_LOCK = errors.text(errors.NOT_A_LOCK)
+ERR_WRONGTYPE = errors.WRONGTYPE
 
 
 def acquire(r, key, owner, lease=LEASE, *extra):

@@ -13,13 +13,14 @@ import time
 import pytest
 import redis
 
+import errors
 from conftest import RedisServer, wait_until
 
 HOLDER_LEASE = 30_000
 WAITER_LEASE = 7_000
 
-ERR_TOO_MANY = "too many clients waiting for this lock (see rlock.max-waiters-per-key)"
-ERR_READONLY = "this server became a replica while the client waited for the lock"
+ERR_TOO_MANY = errors.text(errors.TOO_MANY_WAITERS)
+ERR_READONLY = errors.text(errors.ROLE_CHANGED)
 ERR_ROLE_UNBLOCKED = ("UNBLOCKED force unblock from blocking operation, "
                       "instance state changed (master -> replica?)")
 ERR_UNBLOCKED = "UNBLOCKED client unblocked via CLIENT UNBLOCK"

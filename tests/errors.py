@@ -1,0 +1,21 @@
+"""The module's error replies, exactly as src/errors.rs defines them, in one place."""
+
+SYNTAX = "ERR syntax error"
+LEASE = "ERR lease-ms must be an integer from 1 to 3153600000000"
+TIMEOUT = "ERR timeout-ms must be an integer from 0 to 3153600000000"
+EMPTY_OWNER = "ERR owner must not be empty"
+EMPTY_ID = "ERR request-id must not be empty"
+NOT_A_LOCK = ("ERR key holds a hash that is not a lock "
+              "(every field value must be a positive integer hold count)")
+WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+TOO_MANY_WAITERS = "ERR too many clients waiting for this lock (see rlock.max-waiters-per-key)"
+INTERNAL = "ERR rlock internal error (details in the server log)"
+ROLE_CHANGED = "READONLY this server became a replica while the client waited for the lock"
+
+
+def text(error):
+    """What redis-py's exception shows: it drops the codes it maps to its own classes."""
+    for code in ("ERR ", "READONLY "):
+        if error.startswith(code):
+            return error[len(code):]
+    return error
