@@ -50,6 +50,28 @@ impl Shas {
 }
 
 /// Redisson's channel naming (`prefixName`): braces keep the channel in the lock's slot.
+/// Redisson's acquire script: None = acquired, Some(pttl) = held by another.
+fn redisson_try(
+    con: &mut Connection,
+    shas: &Shas,
+    key: &str,
+    lease_ms: u64,
+    owner: &str,
+) -> Res<Option<i64>> {
+    let v: Value = redis::cmd("EVALSHA")
+        .arg(&shas.acquire)
+        .arg(1)
+        .arg(key)
+        .arg(lease_ms)
+        .arg(owner)
+        .query(con)?;
+    match v {
+        Value::Nil => Ok(None),
+        Value::Int(t) => Ok(Some(t)),
+        other => Err(format!("Redisson acquire answered {other:?}").into()),
+    }
+}
+
 pub fn channel_of(key: &str) -> String {
     if key.contains('{') {
         format!("redisson_lock__channel:{key}")
@@ -236,18 +258,13 @@ impl Locker {
 
     /// Runs the acquire script. None = acquired, Some(pttl) = held by another.
     fn redisson_try(&mut self) -> Res<Option<i64>> {
-        let v: Value = redis::cmd("EVALSHA")
-            .arg(&self.shas.acquire)
-            .arg(1)
-            .arg(&self.key)
-            .arg(self.lease_ms)
-            .arg(&self.owner)
-            .query(&mut self.con)?;
-        match v {
-            Value::Nil => Ok(None),
-            Value::Int(t) => Ok(Some(t)),
-            other => Err(format!("Redisson acquire answered {other:?}").into()),
-        }
+        redisson_try(
+            &mut self.con,
+            &self.shas,
+            &self.key,
+            self.lease_ms,
+            &self.owner,
+        )
     }
 
     /// Redisson's `tryLock(waitTime)`: try; on a PTTL subscribe to the unlock channel,
@@ -263,19 +280,16 @@ impl Locker {
         ps.subscribe(&self.channel)?;
         let outcome = (|| -> Res<bool> {
             loop {
-                let ttl = {
-                    let v: Value = redis::cmd("EVALSHA")
-                        .arg(&self.shas.acquire)
-                        .arg(1)
-                        .arg(&self.key)
-                        .arg(self.lease_ms)
-                        .arg(&self.owner)
-                        .query(&mut self.con)?;
-                    match v {
-                        Value::Nil => return Ok(true),
-                        Value::Int(t) => t,
-                        other => return Err(format!("Redisson acquire answered {other:?}").into()),
-                    }
+                // A free function, not the method: the subscription borrows `self.sub`.
+                let Some(ttl) = redisson_try(
+                    &mut self.con,
+                    &self.shas,
+                    &self.key,
+                    self.lease_ms,
+                    &self.owner,
+                )?
+                else {
+                    return Ok(true);
                 };
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {

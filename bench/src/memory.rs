@@ -94,18 +94,15 @@ pub fn per_held_lock(
         },
     )?;
     let mut c = RawConn::connect(server.port)?;
-    let mut buf = Vec::new();
-    let mut i = 0;
-    while i < n {
-        buf.clear();
-        let batch = (n - i).min(1000);
-        for j in i..i + batch {
+    c.load(
+        n,
+        |j, buf| {
             let key = format!("mem:{j:08}");
             let k = key.as_bytes();
             match kind {
-                HeldKind::Rlock => encode(&mut buf, &[b"RLOCK.ACQUIRE", k, OWNER, b"3600000"]),
+                HeldKind::Rlock => encode(buf, &[b"RLOCK.ACQUIRE", k, OWNER, b"3600000"]),
                 HeldKind::Redisson => encode(
-                    &mut buf,
+                    buf,
                     &[
                         b"EVALSHA",
                         shas.acquire.as_bytes(),
@@ -115,18 +112,14 @@ pub fn per_held_lock(
                         OWNER,
                     ],
                 ),
-                HeldKind::SetNx => encode(&mut buf, &[b"SET", k, OWNER, b"NX", b"PX", b"3600000"]),
+                HeldKind::SetNx => encode(buf, &[b"SET", k, OWNER, b"NX", b"PX", b"3600000"]),
             }
-        }
-        c.send(&buf)?;
-        for _ in 0..batch {
-            let r = c.read_reply()?;
-            if r != Reply::Nil && r != Reply::Status {
-                return Err(format!("{}: lock creation answered {r:?}", kind.label()).into());
-            }
-        }
-        i += batch;
-    }
+        },
+        |r| match r {
+            Reply::Nil | Reply::Status => Ok(()),
+            r => Err(format!("{}: lock creation answered {r:?}", kind.label()).into()),
+        },
+    )?;
     drop(c);
     let after = settled_used_memory(
         &mut admin,

@@ -76,6 +76,31 @@ impl RawConn {
         })
     }
 
+    /// Sends `n` commands in pipelined batches of 1000: `command(j, buf)` encodes the
+    /// j-th into `buf`, `check` judges each reply (an error stops the load).
+    pub fn load(
+        &mut self,
+        n: u64,
+        mut command: impl FnMut(u64, &mut Vec<u8>),
+        mut check: impl FnMut(Reply) -> Res<()>,
+    ) -> Res<()> {
+        let mut buf = Vec::new();
+        let mut i = 0;
+        while i < n {
+            buf.clear();
+            let batch = (n - i).min(1000);
+            for j in i..i + batch {
+                command(j, &mut buf);
+            }
+            self.send(&buf)?;
+            for _ in 0..batch {
+                check(self.read_reply()?)?;
+            }
+            i += batch;
+        }
+        Ok(())
+    }
+
     pub fn send(&mut self, bytes: &[u8]) -> Res<()> {
         self.stream.write_all(bytes)?;
         Ok(())

@@ -13,25 +13,25 @@ use crate::Res;
 
 /// Fills the database with `n` unrelated keys carrying a one-hour TTL.
 pub fn preload(server: &Server, n: u64) -> Res<()> {
-    let mut c = RawConn::connect(server.port)?;
-    let mut buf = Vec::new();
-    let mut i = 0;
-    while i < n {
-        buf.clear();
-        let batch = (n - i).min(1000);
-        for j in i..i + batch {
-            let key = format!("other:{j}");
-            encode(&mut buf, &[b"SET", key.as_bytes(), b"x", b"PX", b"3600000"]);
-        }
-        c.send(&buf)?;
-        for _ in 0..batch {
-            if c.read_reply()? != Reply::Status {
-                return Err("preload SET failed".into());
-            }
-        }
-        i += batch;
-    }
-    Ok(())
+    RawConn::connect(server.port)?.load(
+        n,
+        |j, buf| {
+            encode(
+                buf,
+                &[
+                    b"SET",
+                    format!("other:{j}").as_bytes(),
+                    b"x",
+                    b"PX",
+                    b"3600000",
+                ],
+            )
+        },
+        |r| match r {
+            Reply::Status => Ok(()),
+            _ => Err("preload SET failed".into()),
+        },
+    )
 }
 
 /// One sample: milliseconds from the end of the holder's lease until the waiter holds
