@@ -3,16 +3,12 @@
 use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::core::{self, LockState, Outcome, Plan, Reply};
+use crate::core::{self, LockState, Outcome, Reply};
 use crate::ffi::{self, LockKey};
 use crate::{events, guard, stats, store, waiters};
 
 fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
-}
-
-fn reply(plan: &Plan) -> RedisValue {
-    value(plan.reply)
 }
 
 fn count(outcome: Outcome) {
@@ -109,7 +105,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             }
             _ => {
                 waiters::note_expiry(ctx, db, name.as_slice(), a.lease);
-                Ok(reply(&plan))
+                Ok(value(plan.reply))
             }
         }
     })
@@ -142,7 +138,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
             waiters::note_expiry(ctx, db, name.as_slice(), lease);
         }
-        Ok(reply(&plan))
+        Ok(value(plan.reply))
     })
 }
 
@@ -163,7 +159,7 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if plan.expire_at.is_some() {
             waiters::note_expiry(ctx, db, name.as_slice(), lease);
         }
-        Ok(reply(&plan))
+        Ok(value(plan.reply))
     })
 }
 
@@ -183,7 +179,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if plan.freed {
             events::freed(ctx, db, name, waiters::Path::Command);
         }
-        Ok(reply(&plan))
+        Ok(value(plan.reply))
     })
 }
 
