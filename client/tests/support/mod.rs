@@ -7,16 +7,63 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// The module under test: `$RLOCK_MODULE`, else the workspace's debug build.
+/// The module under test: `$RLOCK_MODULE`, else the workspace's own build of it in this
+/// test binary's profile directory (`target/debug/librlock.so` for `cargo test`), built
+/// first, once per test process, so that `cargo test -p rlock-client` works on a fresh
+/// clone and never runs against a module older than the source.
 pub fn module_path() -> PathBuf {
     if let Ok(p) = std::env::var("RLOCK_MODULE") {
         return PathBuf::from(p);
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/librlock.so")
+    // Tests run on many threads; the first one builds, the others wait for it here.
+    // Concurrent test processes (e.g. nextest) are serialised by cargo's own build lock.
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(build_module).clone()
+}
+
+/// Runs `cargo build -p rlock` in the workspace, into the target directory and profile
+/// this test binary was built in (it lives in `<target>/<profile>/deps/`), and returns
+/// where the module lands. Cargo releases its build-directory lock before it runs the
+/// tests, so this nested build does not wait on the `cargo test` that started us.
+fn build_module() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary in <target>/<profile>/deps/");
+    let target_dir = profile_dir.parent().expect("<target>/<profile>");
+    let module = profile_dir.join("librlock.so");
+    // The directory is named after the profile, except the dev profile's ("debug").
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(name) => name,
+    };
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // `cargo test` gives its own path in $CARGO; the one that compiled us is the fallback.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+    let status = Command::new(&cargo)
+        .args(["build", "-q", "-p", "rlock", "--profile", profile, "--target-dir"])
+        .arg(target_dir)
+        .current_dir(&workspace)
+        .stdin(Stdio::null())
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        // Not fatal when a module is there already (e.g. no cargo beside a copied binary).
+        _ if module.exists() => {
+            eprintln!("warning: `{cargo} build -p rlock` failed; testing the existing {module:?}")
+        }
+        other => panic!(
+            "cannot build the module (`{cargo} build -p rlock` in {}): {other:?}; \
+             build it by hand or set RLOCK_MODULE",
+            workspace.display()
+        ),
+    }
+    module
 }
 
 fn server_bin() -> String {
