@@ -46,7 +46,15 @@ fn build_module() -> PathBuf {
     // `cargo test` gives its own path in $CARGO; the one that compiled us is the fallback.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
     let status = Command::new(&cargo)
-        .args(["build", "-q", "-p", "rlock", "--profile", profile, "--target-dir"])
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "rlock",
+            "--profile",
+            profile,
+            "--target-dir",
+        ])
         .arg(target_dir)
         .current_dir(&workspace)
         .stdin(Stdio::null())
