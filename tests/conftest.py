@@ -1,7 +1,9 @@
 """Fixtures for the integration tests: real redis-server processes with the module loaded.
 
 Each server listens on 127.0.0.1 on a free port, keeps its files in a pytest tmp dir and
-is killed at teardown. The module is found through $RLOCK_MODULE (the Makefile sets it).
+is killed at teardown. The module is found through $RLOCK_MODULE (the Makefile sets it),
+the server binary through $REDIS_SERVER: Redis 7.0 or Valkey 9.1 (`make test` runs the
+suite on both); tests whose expected text differs between them ask `server.kind()`.
 """
 
 import os
@@ -77,6 +79,12 @@ class RedisServer:
                 raise RuntimeError("redis-server did not answer PING in 10s")
             time.sleep(0.01)
         return self
+
+    def kind(self):
+        """"valkey" or "redis": whose wording and defaults to expect (Valkey names itself
+        in INFO server; it also reports a redis_version, 7.2.4, for compatibility)."""
+        info = self.client().info("server")
+        return "valkey" if info.get("server_name") == "valkey" else "redis"
 
     def client(self, **kw):
         kw.setdefault("socket_timeout", 30)
