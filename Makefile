@@ -70,8 +70,9 @@ test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-chec
 		$(PYTEST) -q -p no:valkey tests/test_leak.py tests/test_model.py tests/test_fuzz.py; done
 
 test-client: build venv ## Rust client crate tests (blocking and async) against real module-loaded servers (each in SERVERS)
-	cargo test -p rlock-client --all-features --no-run
-	@$(PER_SERVER) cargo test -q -p rlock-client --all-features; done
+	cargo test -q -p rlock-client --all-features --lib
+	cargo test -q -p rlock-client --all-features --doc
+	@$(PER_SERVER) cargo test -q -p rlock-client --all-features --test '*'; done
 	cargo build -p rlock-client --all-targets
 
 lint: ## rustfmt check and clippy with warnings as errors
