@@ -83,6 +83,11 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 # bindgen (through redis-module) loads libclang at build time, and needs clang's own
 # headers (stddef.h...) beside it: Debian's libclang-dev brings both.
 mapfile -t dirs < <(default_libclang_dirs)
+if [ -n "${LIBCLANG_PATH:-}" ] && ! has_libclang "${dirs[@]}"; then
+  # bindgen looks nowhere else then, so installing a package would not help.
+  echo "deps: LIBCLANG_PATH=$LIBCLANG_PATH holds no libclang bindgen can load; unset it or fix it" >&2
+  exit 1
+fi
 if ! has_libclang "${dirs[@]}" || ! compgen -G '/usr/lib/llvm-*/lib/clang/*/include/stddef.h' >/dev/null; then
   need+=(libclang-dev)
 fi

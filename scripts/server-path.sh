@@ -12,7 +12,10 @@ set -euo pipefail
 
 case "${1:-}" in
   redis)
-    command -v redis-server || { echo "server-path: no redis-server on PATH (make deps)" >&2; exit 1; }
+    command -v redis-server || {
+      echo "server-path: no redis-server on PATH (make deps)" >&2
+      exit 1
+    }
     ;;
   valkey)
     py="${VENV:-.venv}/bin/python"

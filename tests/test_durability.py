@@ -252,7 +252,8 @@ ALLOWED_IN_AOF = {b"SELECT", b"MULTI", b"EXEC", b"HSET", b"HINCRBY", b"HDEL", b"
 # lazyfree-lazy-expire is on (Valkey's default; Redis 7.0's is off) and DEL otherwise;
 # the module's own deletions are DEL either way. Both settings run on either server.
 @pytest.mark.parametrize("lazy_expire", ["no", "yes"])
-def test_the_aof_holds_plain_effects_with_pexpireat_and_no_rlock_command(make_server, lazy_expire):
+def test_the_aof_holds_plain_effects_with_pexpireat_and_no_rlock_command(make_server,
+                                                                         lazy_expire):
     s = make_server(args=["--appendonly", "yes", "--appendfsync", "always", "--hz", "100",
                           "--lazyfree-lazy-expire", lazy_expire])
     c = s.client()

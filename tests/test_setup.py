@@ -103,6 +103,15 @@ def test_libclang_path_is_the_only_place_searched_when_set(tmp_path):
     assert has_libclang(env={"LIBCLANG_PATH": str(good / "libclang.so.1")}) == 0
 
 
+def test_a_libclang_path_without_libclang_is_reported_not_installed_over(tmp_path):
+    # Installing libclang-dev would not help a build that looks only at LIBCLANG_PATH.
+    env = {**os.environ, "LIBCLANG_PATH": str(lib_dir(tmp_path, "libclang-cpp.so.14"))}
+    run = subprocess.run([str(DEPS)], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "holds no libclang bindgen can load" in run.stderr
+    assert "apt-get" not in run.stdout + run.stderr
+
+
 def test_the_default_search_finds_the_libclang_this_build_used():
     # The module under test was built here by bindgen (make test builds first), so the
     # default search, run as `make build` runs it, must find a libclang on this machine.
