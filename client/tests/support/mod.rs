@@ -45,6 +45,10 @@ fn build_module() -> PathBuf {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     // `cargo test` gives its own path in $CARGO; the one that compiled us is the fallback.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+    if !module.exists() {
+        // The first build takes minutes (bindgen); say why the tests are quiet meanwhile.
+        eprintln!("building the module under test: `cargo build -p rlock` ...");
+    }
     let status = Command::new(&cargo)
         .args([
             "build",
