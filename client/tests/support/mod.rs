@@ -46,8 +46,12 @@ fn build_module() -> PathBuf {
     // `cargo test` gives its own path in $CARGO; the one that compiled us is the fallback.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
     if !module.exists() {
-        // The first build takes minutes (bindgen); say why the tests are quiet meanwhile.
-        eprintln!("building the module under test: `cargo build -p rlock` ...");
+        // The first build takes minutes (bindgen); say why the tests are quiet meanwhile,
+        // on the real stderr (libtest captures eprintln! of test threads).
+        let _ = writeln!(
+            std::io::stderr(),
+            "building the module under test: `cargo build -p rlock` ..."
+        );
     }
     let status = Command::new(&cargo)
         .args([
