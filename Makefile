@@ -12,6 +12,7 @@ export RLOCK_MODULE ?= $(MODULE)
 export REDIS_SERVER
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-quick clean
+.PHONY: test-pyclient bench-python
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,7 +40,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client bench-quick ## Every test: Rust unit + client tests, Python integration tests, benchmark smoke run
+test: build venv test-unit test-py test-client test-pyclient bench-quick ## Every test: Rust unit + client tests, Python integration tests, Python client + redis-py lock suites, benchmark smoke runs
 
 test-unit: ## Rust unit tests of the pure lock core
 	cargo test -p rlock
@@ -64,11 +65,28 @@ bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes 
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
+	$(MAKE) bench-python
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock
 	cargo test -q -p rlock-bench
 	cargo run -q -p rlock-bench -- --quick --module $(RLOCK_MODULE)
+
+PYCLIENT := clients/python
+
+$(VENV)/.pyclient-ok: $(VENV)/.ok $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
+	$(VENV)/bin/pip install -q -r $(PYCLIENT)/requirements-test.txt -e $(PYCLIENT)
+	@touch $@
+
+test-pyclient: build venv $(VENV)/.pyclient-ok ## Python client: its tests, redis-py's own lock suites on rlock.Lock, bench smoke run
+	$(PYTEST) -q $(PYCLIENT)/tests
+	$(PY) $(PYCLIENT)/redis_py_suite/run.py -q
+	$(PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
+
+bench-python: venv $(VENV)/.pyclient-ok ## Python contention bench: 32 processes, rlock.Lock vs redis-py's Lock; writes bench/python/contention.md
+	@./scripts/deps.sh
+	cargo build --release -p rlock
+	$(PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention.md
 
 clean: ## Remove build output and the virtualenv
 	cargo clean
