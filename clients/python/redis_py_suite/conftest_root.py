@@ -36,6 +36,7 @@ EXCLUDED = {
 }
 
 _server: RedisServer | None = None
+_passed = 0
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -52,7 +53,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     if _server is None:
         return
     try:
-        if session.testscollected and exitstatus == 0:
+        if _passed and exitstatus == 0:
             stats = redis.Redis(port=_server.port).info("rlock")
             acquired = stats.get("rlock_acquisitions", 0) + stats.get("rlock_handoffs", 0)
             print(f"\nrlock server: {acquired} locks taken through RLOCK.ACQUIRE "
@@ -63,6 +64,12 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     finally:
         _server.stop()
         _server = None
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    global _passed
+    if report.when == "call" and report.passed:
+        _passed += 1
 
 
 def pytest_collection_modifyitems(config: Any, items: list) -> None:
