@@ -6,6 +6,7 @@ in how they send commands. Nothing here does I/O or reads a clock: callers pass 
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -123,3 +124,16 @@ def encode_token(token: Union[str, bytes], encoder: object) -> bytes:
     if isinstance(token, bytes):
         return token
     return encoder.encode(token)  # type: ignore[attr-defined]
+
+
+def get_connection_args(pool: object, command: str) -> tuple:
+    """Arguments for ``pool.get_connection``: redis-py 5 requires the command name, redis-py
+    6 deprecates passing it (and warns), so pass it only where the signature requires it."""
+    try:
+        params = list(inspect.signature(pool.get_connection).parameters.values())  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return (command,)
+    if params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD) \
+            and params[0].default is params[0].empty:
+        return (command,)
+    return ()

@@ -45,6 +45,7 @@ class Lock:
         blocking: bool = True,
         blocking_timeout: Optional[Number] = None,
         thread_local: bool = True,
+        raise_on_release_error: bool = True,
         *,
         watchdog_timeout: Number = _plan.DEFAULT_WATCHDOG_TIMEOUT,
         on_lost: Optional[OnLost] = None,
@@ -57,6 +58,7 @@ class Lock:
         self.blocking = blocking
         self.blocking_timeout = blocking_timeout
         self.thread_local = bool(thread_local)
+        self.raise_on_release_error = raise_on_release_error
         self.local = threading.local() if self.thread_local else SimpleNamespace()
         self.local.token = None
         self.watchdog_timeout = watchdog_timeout
@@ -75,8 +77,13 @@ class Lock:
         exc_value: Optional[BaseException],
         traceback: Optional[TracebackType],
     ) -> None:
-        """Releases the lock."""
-        await self.release()
+        """Releases the lock (see ``raise_on_release_error``)."""
+        try:
+            await self.release()
+        except LockError:
+            if self.raise_on_release_error:
+                raise
+            log.warning("rlock: lock %r was no longer held when leaving its block", self.name)
 
     async def acquire(
         self,
@@ -119,6 +126,8 @@ class Lock:
                 await asyncio.sleep(sleep)
                 continue
             if reply is not None:
+                if reply == -2 and wait.ms is not None:
+                    continue  # freed at the very instant the wait ended: try again
                 return False
             self.local.token = token_bytes
             if not self.timeout:
@@ -140,7 +149,7 @@ class Lock:
         started = time.monotonic()
         while True:
             attempt += 1
-            conn = await pool.get_connection(args[0])
+            conn = await pool.get_connection(*_plan.get_connection_args(pool, args[0]))
             socket_timeout = conn.socket_timeout
             try:
                 await conn.send_command(*args)
@@ -210,8 +219,14 @@ class Lock:
             reply = await self.redis.execute_command(*args)
         except ResponseError as e:
             if not _plan.not_a_lock(e):
+                self._stop_watchdog(expected_token)
                 raise
             reply = None
+        except BaseException:
+            # The outcome is unknown and the token is forgotten (as in redis-py): stop
+            # renewing, so that a lock this release did not free expires with its lease.
+            self._stop_watchdog(expected_token)
+            raise
         if reply == 0:
             self.local.token = expected_token
             if watchdog is not None:

@@ -52,6 +52,7 @@ class Lock:
         blocking: bool = True,
         blocking_timeout: Optional[Number] = None,
         thread_local: bool = True,
+        raise_on_release_error: bool = True,
         *,
         watchdog_timeout: Number = _plan.DEFAULT_WATCHDOG_TIMEOUT,
         on_lost: Optional[OnLost] = None,
@@ -63,6 +64,8 @@ class Lock:
         bounded wait ends before ``blocking_timeout`` (and uses it to poll a key that holds
         a non-lock value). ``blocking`` / ``blocking_timeout``: as redis-py's.
         ``thread_local``: keep the token per thread (redis-py's default) or shared.
+        ``raise_on_release_error``: if False, leaving the ``with`` block logs instead of
+        raising when the lock was no longer held (redis-py >= 5.3 passes it).
         ``watchdog_timeout``: the lease of a lock without ``timeout``, in seconds.
         ``on_lost``: called ``(name, token)`` on the watchdog thread when a renewal finds
         that the lock is no longer held (it expired or was taken away).
@@ -74,6 +77,7 @@ class Lock:
         self.blocking = blocking
         self.blocking_timeout = blocking_timeout
         self.thread_local = bool(thread_local)
+        self.raise_on_release_error = raise_on_release_error
         self.local = threading.local() if self.thread_local else SimpleNamespace()
         self.local.token = None
         self.watchdog_timeout = watchdog_timeout
@@ -93,8 +97,13 @@ class Lock:
         exc_value: Optional[BaseException],
         traceback: Optional[TracebackType],
     ) -> None:
-        """Releases the lock."""
-        self.release()
+        """Releases the lock (see ``raise_on_release_error``)."""
+        try:
+            self.release()
+        except LockError:
+            if self.raise_on_release_error:
+                raise
+            log.warning("rlock: lock %r was no longer held when leaving its block", self.name)
 
     def acquire(
         self,
@@ -140,6 +149,8 @@ class Lock:
                 time.sleep(sleep)
                 continue
             if reply is not None:
+                if reply == -2 and wait.ms is not None:
+                    continue  # freed at the very instant the wait ended: try again
                 return False
             self.local.token = token_bytes
             if not self.timeout:
@@ -161,7 +172,7 @@ class Lock:
         started = time.monotonic()
         while True:
             attempt += 1
-            conn = pool.get_connection(args[0])
+            conn = pool.get_connection(*_plan.get_connection_args(pool, args[0]))
             try:
                 conn.send_command(*args)
                 socket_timeout = getattr(conn, "socket_timeout", None)
@@ -224,8 +235,14 @@ class Lock:
                 *_plan.release_args(self.name, token, lease, _plan.new_request_id()))
         except ResponseError as e:
             if not _plan.not_a_lock(e):
+                self._stop_watchdog(token)
                 raise
             reply = None
+        except BaseException:
+            # The outcome is unknown and the token is forgotten (as in redis-py): stop
+            # renewing, so that a lock this release did not free expires with its lease.
+            self._stop_watchdog(token)
+            raise
         if reply == 0:
             self.local.token = token
             if watchdog is not None:

@@ -178,3 +178,25 @@ def test_extend_adds_to_the_remaining_lease(r):
         lock.extend(3)
     with pytest.raises(LockNotOwnedError):
         lock.reacquire()
+
+
+def test_raise_on_release_error_false_logs_instead(r, caplog):
+    with rlock.Lock(r, "k", timeout=10, raise_on_release_error=False):
+        r.execute_command("RLOCK.FORCERELEASE", "k")
+    assert "no longer held" in caplog.text
+    with pytest.raises(LockNotOwnedError):
+        with rlock.Lock(r, "k", timeout=10):
+            r.execute_command("RLOCK.FORCERELEASE", "k")
+
+
+def test_a_failed_release_stops_the_watchdog(server, r):
+    lock = rlock.Lock(r, "k", watchdog_timeout=0.3)
+    assert lock.acquire(blocking=False)
+    watchdog = lock._watchdog(lock.local.token)
+    r.client_pause(2000, all=True)  # the release times out against a paused server...
+    lock.redis = redis.Redis(port=server.port, socket_timeout=0.2)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        lock.release()
+    r.client_unpause()
+    wait_until(lambda: not watchdog.is_alive(), what="watchdog stopped")
+    wait_until(lambda: r.exists("k") == 0, what="lease ran out")  # ...and nobody renews

@@ -72,3 +72,19 @@ def test_tokens_and_request_ids_are_fresh():
     assert _plan.new_token() != _plan.new_token()
     assert isinstance(_plan.new_token(), bytes)
     assert _plan.new_request_id() != _plan.new_request_id()
+
+
+class _Pool5:
+    def get_connection(self, command_name, *keys, **options): ...
+
+
+class _Pool6:
+    def get_connection(self, command_name=None, *keys, **options): ...
+
+
+@pytest.mark.parametrize("pool, expected", [
+    (_Pool5(), ("RLOCK.ACQUIRE",)),  # redis-py 5: the command name is required
+    (_Pool6(), ()),                  # redis-py 6: passing it is deprecated
+])
+def test_it_calls_get_connection_as_the_installed_redis_py_wants(pool, expected):
+    assert _plan.get_connection_args(pool, "RLOCK.ACQUIRE") == expected
