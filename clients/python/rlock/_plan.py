@@ -27,7 +27,7 @@ RENEW_FRACTION: float = 1 / 3
 #: than a whole interval later, as long as the lease has not run out.
 RENEW_RETRY_DELAY: float = 1.0
 
-#: Attempts of a waiting acquire that lost its connection (the first try included). The
+#: Attempts of an acquire whose connection fails (the first try included). The
 #: retries carry the same request id, so an acquire that did succeed is not applied twice.
 ACQUIRE_ATTEMPTS: int = 3
 

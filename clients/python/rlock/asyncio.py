@@ -107,6 +107,7 @@ class Lock:
         stop_at = None if blocking_timeout is None else time.monotonic() + blocking_timeout
         lease = _plan.lease_ms(self.timeout, self.watchdog_timeout)
         request_id = _plan.new_request_id()
+        failures = 0
         while True:
             wait = _plan.plan_wait(blocking, stop_at, sleep, time.monotonic())
             args = _plan.acquire_args(self.name, token_bytes, lease, wait, request_id)
@@ -115,6 +116,13 @@ class Lock:
                     reply = await self.redis.execute_command(*args)
                 else:
                     reply = await self._call_waiting(args, wait.ms)
+            except (ConnectionError, RedisTimeoutError):
+                # Retried with the same request id (and what is left of the wait): if the
+                # lost call did take the lock, the server answers nil again.
+                failures += 1
+                if failures >= _plan.ACQUIRE_ATTEMPTS:
+                    raise
+                continue
             except ResponseError as e:
                 if not _plan.not_a_lock(e):
                     raise
@@ -138,47 +146,38 @@ class Lock:
         """Sends a waiting ACQUIRE on a pool connection of its own and awaits its reply.
 
         The connection's ``socket_timeout`` would cut a wait longer than it, so it is
-        lifted for this read and applied on top of the wait instead. Connection errors are
-        retried with the same request id; cancellation closes the connection, which makes
-        the server drop the waiter (or take back a lock it had just handed over).
+        lifted for this read and applied on top of the wait instead. On any failure,
+        cancellation included, the connection is closed, which makes the server drop the
+        waiter (or take back a lock it had just handed over); `acquire` retries connection
+        errors with the same request id.
         """
         pool = getattr(self.redis, "connection_pool", None)
         if pool is None:
             return await self.redis.execute_command(*args)
-        attempt = 0
         started = time.monotonic()
-        while True:
-            attempt += 1
-            conn = await pool.get_connection(*_plan.get_connection_args(pool, args[0]))
-            socket_timeout = conn.socket_timeout
-            try:
-                await conn.send_command(*args)
-                # With socket_timeout lifted, read_response(timeout=None) reads without a
-                # limit; passing it a timeout instead would return None on expiry, which
-                # could not be told apart from the nil "acquired" reply.
-                conn.socket_timeout = None
-                if wait_ms == 0 or socket_timeout is None:
-                    reply = await conn.read_response()
-                else:
-                    left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
-                    try:
-                        reply = await asyncio.wait_for(conn.read_response(), max(left, 0.001))
-                    except asyncio.TimeoutError:
-                        raise RedisTimeoutError("no reply to a waiting RLOCK.ACQUIRE") from None
-            except (ConnectionError, RedisTimeoutError):
-                conn.socket_timeout = socket_timeout
-                await conn.disconnect()
-                await pool.release(conn)
-                if attempt >= _plan.ACQUIRE_ATTEMPTS:
-                    raise
-                continue
-            except BaseException:
-                conn.socket_timeout = socket_timeout
-                await asyncio.shield(_close(pool, conn))
-                raise
+        conn = await pool.get_connection(*_plan.get_connection_args(pool, args[0]))
+        socket_timeout = conn.socket_timeout
+        try:
+            await conn.send_command(*args)
+            # With socket_timeout lifted, read_response() reads without a limit; passing it
+            # a timeout instead would return None on expiry, which could not be told apart
+            # from the nil "acquired" reply.
+            conn.socket_timeout = None
+            if wait_ms == 0 or socket_timeout is None:
+                reply = await conn.read_response()
+            else:
+                left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
+                try:
+                    reply = await asyncio.wait_for(conn.read_response(), max(left, 0.001))
+                except asyncio.TimeoutError:
+                    raise RedisTimeoutError("no reply to a waiting RLOCK.ACQUIRE") from None
+        except BaseException:
             conn.socket_timeout = socket_timeout
-            await pool.release(conn)
-            return reply
+            await asyncio.shield(_close(pool, conn))
+            raise
+        conn.socket_timeout = socket_timeout
+        await pool.release(conn)
+        return reply
 
     async def locked(self) -> bool:
         """True if the key is held by anyone (any value at the key counts, as in redis-py)."""

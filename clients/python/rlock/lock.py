@@ -129,6 +129,7 @@ class Lock:
         stop_at = None if blocking_timeout is None else time.monotonic() + blocking_timeout
         lease = _plan.lease_ms(self.timeout, self.watchdog_timeout)
         request_id = _plan.new_request_id()
+        failures = 0
         while True:
             wait = _plan.plan_wait(blocking, stop_at, sleep, time.monotonic())
             args = _plan.acquire_args(self.name, token_bytes, lease, wait, request_id)
@@ -137,6 +138,13 @@ class Lock:
                     reply = self.redis.execute_command(*args)
                 else:
                     reply = self._call_waiting(args, wait.ms)
+            except (ConnectionError, RedisTimeoutError):
+                # Retried with the same request id (and what is left of the wait): if the
+                # lost call did take the lock, the server answers nil again.
+                failures += 1
+                if failures >= _plan.ACQUIRE_ATTEMPTS:
+                    raise
+                continue
             except ResponseError as e:
                 if not _plan.not_a_lock(e):
                     raise
@@ -162,43 +170,33 @@ class Lock:
 
         The wait may be longer than the client's ``socket_timeout``, so the reply is
         awaited with a timeout of the wait plus ``socket_timeout`` (none if the client has
-        none, like redis-py). A connection lost meanwhile is retried with the same request
-        id: if the first call did take the lock, the server answers nil again.
+        none, like redis-py). On any failure the connection is closed, which makes the
+        server drop the waiter (or take back a lock it had just handed over); `acquire`
+        retries connection errors with the same request id.
         """
         pool = getattr(self.redis, "connection_pool", None)
         if pool is None:  # e.g. RedisCluster: no pool to borrow from; its own timeouts apply
             return self.redis.execute_command(*args)
-        attempt = 0
         started = time.monotonic()
-        while True:
-            attempt += 1
-            conn = pool.get_connection(*_plan.get_connection_args(pool, args[0]))
-            try:
-                conn.send_command(*args)
-                socket_timeout = getattr(conn, "socket_timeout", None)
-                if wait_ms == 0 or socket_timeout is None:
-                    ready = conn.can_read(timeout=None)
-                else:
-                    left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
-                    ready = conn.can_read(timeout=max(left, 0.001))
-                if not ready:
-                    raise RedisTimeoutError("no reply to a waiting RLOCK.ACQUIRE")
-                reply = conn.read_response()
-            except (ConnectionError, RedisTimeoutError):
-                conn.disconnect()
-                pool.release(conn)
-                if attempt >= _plan.ACQUIRE_ATTEMPTS:
-                    raise
-                continue
-            except BaseException:
-                # Interrupted mid-wait (KeyboardInterrupt...): the reply is still due on
-                # this connection, so close it; the server drops the waiter, or takes back
-                # a lock it had just handed over.
-                conn.disconnect()
-                pool.release(conn)
-                raise
+        conn = pool.get_connection(*_plan.get_connection_args(pool, args[0]))
+        try:
+            conn.send_command(*args)
+            socket_timeout = getattr(conn, "socket_timeout", None)
+            if wait_ms == 0 or socket_timeout is None:
+                ready = conn.can_read(timeout=None)
+            else:
+                left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
+                ready = conn.can_read(timeout=max(left, 0.001))
+            if not ready:
+                raise RedisTimeoutError("no reply to a waiting RLOCK.ACQUIRE")
+            reply = conn.read_response()
+        except BaseException:
+            # Also on KeyboardInterrupt: the reply would still be due on this connection.
+            conn.disconnect()
             pool.release(conn)
-            return reply
+            raise
+        pool.release(conn)
+        return reply
 
     def locked(self) -> bool:
         """True if the key is held by anyone (any value at the key counts, as in redis-py)."""
