@@ -72,21 +72,28 @@ bench-quick: ## A seconds-long smoke run of the benchmark code (used by make tes
 	cargo test -q -p rlock-bench
 	cargo run -q -p rlock-bench -- --quick --module $(RLOCK_MODULE)
 
+# The Python client gets a virtualenv of its own (inside .venv), so that its pytest-asyncio
+# plugin and editable install stay out of the module's integration tests.
 PYCLIENT := clients/python
+PYC_VENV := $(VENV)/pyclient
+PYC_PY   := $(PYC_VENV)/bin/python
 
-$(VENV)/.pyclient-ok: $(VENV)/.ok $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
-	$(VENV)/bin/pip install -q -r $(PYCLIENT)/requirements-test.txt -e $(PYCLIENT)
+$(PYC_VENV)/.ok: $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
+	@./scripts/deps.sh --venv
+	python3 -m venv $(PYC_VENV)
+	$(PYC_VENV)/bin/pip install -q --upgrade pip
+	$(PYC_VENV)/bin/pip install -q -r $(PYCLIENT)/requirements-test.txt -e $(PYCLIENT)
 	@touch $@
 
-test-pyclient: build venv $(VENV)/.pyclient-ok ## Python client: its tests, redis-py's own lock suites on rlock.Lock, bench smoke run
-	$(PYTEST) -q $(PYCLIENT)/tests
-	$(PY) $(PYCLIENT)/redis_py_suite/run.py -q
-	$(PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
+test-pyclient: build $(PYC_VENV)/.ok ## Python client: its tests, redis-py's own lock suites on rlock.Lock, bench smoke run
+	$(PYC_PY) -m pytest -q $(PYCLIENT)/tests
+	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q
+	$(PYC_PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
 
-bench-python: venv $(VENV)/.pyclient-ok ## Python contention bench: 32 processes, rlock.Lock vs redis-py's Lock; writes bench/python/contention.md
+bench-python: $(PYC_VENV)/.ok ## Python contention bench: 32 processes, rlock.Lock vs redis-py's Lock; writes bench/python/contention.md
 	@./scripts/deps.sh
 	cargo build --release -p rlock
-	$(PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention.md
+	$(PYC_PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention.md
 
 clean: ## Remove build output and the virtualenv
 	cargo clean

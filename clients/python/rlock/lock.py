@@ -282,7 +282,7 @@ class Lock:
 
     def do_reacquire(self) -> bool:
         """RLOCK.RENEW to ``timeout``; LockNotOwnedError if the token no longer holds it."""
-        if not self._renew(self.local.token, _plan.to_ms(self.timeout)):
+        if not self._renew(self.local.token, _plan.lease_ms(self.timeout, self.watchdog_timeout)):
             raise LockNotOwnedError("Cannot reacquire a lock that's no longer owned",
                                     lock_name=self.name)
         return True
