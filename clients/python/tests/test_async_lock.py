@@ -26,6 +26,21 @@ async def await_until(pred, timeout: float = 5.0, what: str = "condition"):
         await asyncio.sleep(0.002)
 
 
+async def _eq(value, expected) -> bool:
+    """`await_until` predicate: the awaited counter equals `expected`."""
+    return (await value) == expected
+
+
+async def _ge(value, expected) -> bool:
+    """`await_until` predicate: the awaited counter reached `expected`."""
+    return (await value) >= expected
+
+
+async def _true(value) -> bool:
+    """`await_until` predicate on a plain value."""
+    return bool(value)
+
+
 async def test_waiters_are_served_in_arrival_order(ar):
     holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
     assert await holder.acquire(blocking=False)
@@ -44,10 +59,6 @@ async def test_waiters_are_served_in_arrival_order(ar):
     await holder.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert order == [0, 1, 2, 3]
-
-
-async def _eq(value, expected) -> bool:
-    return (await value) == expected
 
 
 async def test_a_wait_may_outlast_the_socket_timeout(server, ar):
@@ -99,11 +110,3 @@ async def test_release_stops_the_watchdog_task(ar):
     await lock.release()
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
     assert task.cancelled() and await ar.exists("k") == 0
-
-
-async def _ge(value, expected) -> bool:
-    return (await value) >= expected
-
-
-async def _true(value) -> bool:
-    return bool(value)
