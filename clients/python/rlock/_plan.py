@@ -6,6 +6,7 @@ in how they send commands. Nothing here does I/O or reads a clock: callers pass 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import uuid
 from dataclasses import dataclass
@@ -129,11 +130,16 @@ def encode_token(token: Union[str, bytes], encoder: object) -> bytes:
 def get_connection_args(pool: object, command: str) -> tuple:
     """Arguments for ``pool.get_connection``: redis-py 5 requires the command name, redis-py
     6 deprecates passing it (and warns), so pass it only where the signature requires it."""
+    return (command,) if _needs_command_name(type(pool)) else ()
+
+
+@functools.lru_cache(maxsize=None)
+def _needs_command_name(pool_class: type) -> bool:
+    # Cached per class: inspect.signature costs tens of microseconds, once per acquire.
     try:
-        params = list(inspect.signature(pool.get_connection).parameters.values())  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
-        return (command,)
-    if params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD) \
-            and params[0].default is params[0].empty:
-        return (command,)
-    return ()
+        params = list(inspect.signature(pool_class.get_connection).parameters.values())[1:]
+    except (TypeError, ValueError, AttributeError):
+        return True
+    first = params[0] if params else None
+    return (first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
+            and first.default is first.empty)
