@@ -41,13 +41,17 @@ VARIANTS = {
 }
 
 
-def worker(port: int, variant: str, duration: float, barrier, results) -> None:
+def worker(port: int, variant: str, duration: float, barrier, start_at, results) -> None:
     """One contender: loops until the round ends, then reports (acquisitions, waits)."""
     r = redis.Redis(port=port)
     lock = VARIANTS[variant](r)
     r.ping()
+    barrier.wait()  # everyone connected: the main process sets start_at
     barrier.wait()
-    stop_at = time.monotonic() + duration
+    # One start and one stop instant for all (CLOCK_MONOTONIC is system-wide), so that a
+    # process scheduled late does not get a shorter round and skew the fairness index.
+    time.sleep(max(0.0, start_at.value - time.monotonic()))
+    stop_at = start_at.value + duration
     waits: list[float] = []
     me = str(os.getpid()).encode()
     changes = 0  # acquisitions that took the lock from another process
@@ -91,14 +95,17 @@ def run_round(port: int, variant: str, processes: int, duration: float) -> dict:
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(processes + 1)
     results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(port, variant, duration, barrier, results))
+    start_at = ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=worker,
+                         args=(port, variant, duration, barrier, start_at, results))
              for _ in range(processes)]
     for p in procs:
         p.start()
     barrier.wait(timeout=60)
-    started = time.monotonic()
+    start_at.value = time.monotonic() + 0.2
+    barrier.wait(timeout=60)
     outcomes = [results.get(timeout=duration + 60) for _ in procs]
-    elapsed = time.monotonic() - started
+    elapsed = duration
     for p in procs:
         p.join(30)
     counts = [n for n, _, _ in outcomes]

@@ -36,7 +36,7 @@ class RedisServer:
     """One redis-server process with the rlock module; `start()`, then `stop()`."""
 
     def __init__(self, module: Optional[str] = None) -> None:
-        self.module = module or _default_module()
+        self.module = os.path.abspath(module or _default_module())  # the server chdirs to --dir
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="rlock-py-")
         self.proc: Optional[subprocess.Popen] = None
