@@ -88,6 +88,7 @@ $(PYC_VENV)/.ok: $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
 test-pyclient: build $(PYC_VENV)/.ok ## Python client: its tests, redis-py's own lock suites on rlock.Lock, bench smoke run
 	$(PYC_PY) -m pytest -q $(PYCLIENT)/tests
 	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q
+	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q --protocol 3
 	$(PYC_PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
 
 bench-python: $(PYC_VENV)/.ok ## Python contention bench: 32 processes, rlock.Lock vs redis-py's Lock; writes bench/python/contention.md
