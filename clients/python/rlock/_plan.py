@@ -6,11 +6,10 @@ in how they send commands. Nothing here does I/O or reads a clock: callers pass 
 
 from __future__ import annotations
 
-import functools
 import inspect
 import uuid
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from redis.exceptions import ResponseError
 
@@ -127,19 +126,28 @@ def encode_token(token: Union[str, bytes], encoder: object) -> bytes:
     return encoder.encode(token)  # type: ignore[attr-defined]
 
 
-def get_connection_args(pool: object, command: str) -> tuple:
+def get_connection_args(pool: Any, command: str) -> tuple:
     """Arguments for ``pool.get_connection``: redis-py 5 requires the command name, redis-py
     6 deprecates passing it (and warns), so pass it only where the signature requires it."""
-    return (command,) if _needs_command_name(type(pool)) else ()
+    cls = type(pool)
+    needs = _NEEDS_COMMAND_NAME.get(cls)
+    if needs is None:
+        # Cached per class: inspect.signature costs tens of microseconds, once per acquire.
+        needs = _NEEDS_COMMAND_NAME[cls] = _needs_command_name(cls)
+    return (command,) if needs else ()
 
 
-@functools.lru_cache(maxsize=None)
+_NEEDS_COMMAND_NAME: Dict[type, bool] = {}
+
+
 def _needs_command_name(pool_class: type) -> bool:
-    # Cached per class: inspect.signature costs tens of microseconds, once per acquire.
     try:
-        params = list(inspect.signature(pool_class.get_connection).parameters.values())[1:]
+        method = getattr(pool_class, "get_connection")
+        params = list(inspect.signature(method).parameters.values())[1:]  # after self
     except (TypeError, ValueError, AttributeError):
         return True
-    first = params[0] if params else None
-    return (first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
-            and first.default is first.empty)
+    if not params:
+        return False
+    first = params[0]
+    positional = first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
+    return positional and first.default is first.empty

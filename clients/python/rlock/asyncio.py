@@ -263,7 +263,8 @@ class Lock:
 
     async def do_reacquire(self) -> bool:
         """RLOCK.RENEW to ``timeout``; LockNotOwnedError if the token no longer holds it."""
-        if not await self._renew(self.local.token, _plan.lease_ms(self.timeout, self.watchdog_timeout)):
+        lease = _plan.lease_ms(self.timeout, self.watchdog_timeout)
+        if not await self._renew(self.local.token, lease):
             raise LockNotOwnedError("Cannot reacquire a lock that's no longer owned",
                                     lock_name=self.name)
         return True
@@ -277,7 +278,8 @@ class Lock:
 
     async def _renew(self, token: bytes, lease: int) -> bool:
         try:
-            return bool(await self.redis.execute_command(*_plan.renew_args(self.name, token, lease)))
+            args = _plan.renew_args(self.name, token, lease)
+            return bool(await self.redis.execute_command(*args))
         except ResponseError as e:
             if _plan.not_a_lock(e):
                 return False

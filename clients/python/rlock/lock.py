@@ -282,7 +282,8 @@ class Lock:
 
     def do_reacquire(self) -> bool:
         """RLOCK.RENEW to ``timeout``; LockNotOwnedError if the token no longer holds it."""
-        if not self._renew(self.local.token, _plan.lease_ms(self.timeout, self.watchdog_timeout)):
+        lease = _plan.lease_ms(self.timeout, self.watchdog_timeout)
+        if not self._renew(self.local.token, lease):
             raise LockNotOwnedError("Cannot reacquire a lock that's no longer owned",
                                     lock_name=self.name)
         return True

@@ -48,7 +48,8 @@ class RedisServer:
 
     def start(self) -> "RedisServer":
         """Starts the server and waits (bounded) until it answers PING."""
-        binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
+        binary = (os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+                  or "/usr/bin/redis-server")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--loadmodule", self.module],

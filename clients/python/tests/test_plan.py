@@ -53,7 +53,8 @@ def test_it_builds_the_calls():
         "RLOCK.ACQUIRE", "k", b"t", 30000, "ID", "id1"]
     assert _plan.acquire_args("k", b"t", 30000, Wait(0), "id1") == [
         "RLOCK.ACQUIRE", "k", b"t", 30000, "WAIT", 0, "ID", "id1"]
-    assert _plan.release_args("k", b"t", 500, "id2") == ["RLOCK.RELEASE", "k", b"t", 500, "ID", "id2"]
+    assert _plan.release_args("k", b"t", 500, "id2") == [
+        "RLOCK.RELEASE", "k", b"t", 500, "ID", "id2"]
     assert _plan.renew_args("k", b"t", 500) == ["RLOCK.RENEW", "k", b"t", 500]
 
 
