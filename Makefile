@@ -27,9 +27,10 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-quick clean
+.PHONY: test-pyclient bench-python
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 	@echo "Servers: SERVERS=\"redis valkey\" (the default: Redis 7.0 from apt, Valkey 9.1 from the venv),"
 	@echo "  SERVERS=redis or SERVERS=valkey for one, or REDIS_SERVER=/path/to/server for any other."
 
@@ -56,7 +57,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client bench-quick ## Every test: Rust unit tests, then client + Python integration tests on each server in SERVERS, bench smoke run
+test: build venv test-unit test-py test-client test-pyclient bench-quick ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, bench smoke runs
 
 test-unit: ## Rust unit tests of the pure lock core
 	cargo test -p rlock
@@ -84,11 +85,36 @@ bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes 
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
+	$(MAKE) bench-python
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock
 	cargo test -q -p rlock-bench
 	cargo run -q -p rlock-bench -- --quick --module $(RLOCK_MODULE)
+
+# The Python client gets a virtualenv of its own (inside .venv), so that its pytest-asyncio
+# plugin and editable install stay out of the module's integration tests.
+PYCLIENT := clients/python
+PYC_VENV := $(VENV)/pyclient
+PYC_PY   := $(PYC_VENV)/bin/python
+
+$(PYC_VENV)/.ok: $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
+	@./scripts/deps.sh --venv
+	python3 -m venv $(PYC_VENV)
+	$(PYC_VENV)/bin/pip install -q --upgrade pip
+	$(PYC_VENV)/bin/pip install -q -r $(PYCLIENT)/requirements-test.txt -e $(PYCLIENT)
+	@touch $@
+
+test-pyclient: build $(PYC_VENV)/.ok ## Python client: its tests, redis-py's own lock suites on rlock.Lock, bench smoke run
+	$(PYC_PY) -m pytest -q $(PYCLIENT)/tests
+	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q
+	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q --protocol 3
+	$(PYC_PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
+
+bench-python: $(PYC_VENV)/.ok ## Python contention bench: 32 processes, rlock.Lock vs redis-py's Lock; writes bench/python/contention.md
+	@./scripts/deps.sh
+	cargo build --release -p rlock
+	$(PYC_PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention.md
 
 clean: ## Remove build output and the virtualenv
 	cargo clean

@@ -1,0 +1,59 @@
+"""Fixtures for the Python client's own tests: one module-loaded redis-server per session
+(the module's integration tests in ../../../tests cover the server; these cover the
+client), a flushed database per test, and `wait_until` for bounded waits.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+from server import RedisServer
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+    """Polls `pred` until truthy; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.002)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    alive = s.alive()
+    s.stop()
+    assert alive, "the redis-server died during the tests"
+
+
+@pytest.fixture
+def r(server: RedisServer) -> Iterator[redis.Redis]:
+    """A client on a flushed database (socket_timeout 5 s, shorter than no test's wait)."""
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def ar(server: RedisServer) -> Any:
+    """An asyncio client on a flushed database."""
+    client = redis.asyncio.Redis(port=server.port, socket_timeout=5)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+def stat(r: redis.Redis, name: str) -> int:
+    """One `INFO rlock` counter."""
+    return int(r.info("rlock").get(f"rlock_{name}", 0))

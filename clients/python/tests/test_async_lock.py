@@ -1,0 +1,112 @@
+"""rlock.asyncio.Lock against a module-loaded server: FIFO handoff, waits longer than
+socket_timeout, cancellation of a waiting acquire, the watchdog task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio
+from redis.exceptions import LockNotOwnedError
+
+import rlock.asyncio
+
+
+async def astat(r, name: str) -> int:
+    return int((await r.info("rlock")).get(f"rlock_{name}", 0))
+
+
+async def await_until(pred, timeout: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def _eq(value, expected) -> bool:
+    """`await_until` predicate: the awaited counter equals `expected`."""
+    return (await value) == expected
+
+
+async def _ge(value, expected) -> bool:
+    """`await_until` predicate: the awaited counter reached `expected`."""
+    return (await value) >= expected
+
+
+async def _true(value) -> bool:
+    """`await_until` predicate on a plain value."""
+    return bool(value)
+
+
+async def test_waiters_are_served_in_arrival_order(ar):
+    holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+    assert await holder.acquire(blocking=False)
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        lock = ar.lock("k", timeout=10, blocking_timeout=10, lock_class=rlock.asyncio.Lock)
+        assert await lock.acquire()
+        order.append(i)
+        await lock.release()
+
+    tasks = []
+    for i in range(4):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await await_until(lambda i=i: _eq(astat(ar, "waiters"), i + 1), what=f"waiter {i}")
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == [0, 1, 2, 3]
+
+
+async def test_a_wait_may_outlast_the_socket_timeout(server, ar):
+    short = redis.asyncio.Redis(port=server.port, socket_timeout=0.2)
+    holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+    assert await holder.acquire(blocking=False)
+    lock = short.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+    started = time.monotonic()
+    assert await lock.acquire(blocking_timeout=0.8) is False
+    assert 0.6 < time.monotonic() - started < 0.8
+    await short.aclose()
+
+
+async def test_cancelling_a_waiting_acquire_leaves_the_queue(ar):
+    holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+    assert await holder.acquire(blocking=False)
+    waiter = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(waiter.acquire(), 0.3)
+    await await_until(lambda: _eq(astat(ar, "waiters"), 0), what="waiter gone")
+    await holder.release()
+    assert await waiter.acquire(blocking=False)  # the pool still works
+    await waiter.release()
+
+
+async def test_the_watchdog_task_renews_and_reports_a_lost_lock(ar):
+    lost: list[tuple] = []
+
+    async def on_lost(name, token):
+        lost.append((name, token))
+
+    lock = rlock.asyncio.Lock(ar, "k", watchdog_timeout=0.3, on_lost=on_lost)
+    assert await lock.acquire(blocking=False)
+    renewals = await astat(ar, "renewals")
+    await await_until(lambda: _ge(astat(ar, "renewals"), renewals + 6), what="renewals")
+    assert await lock.owned()
+    token = lock.local.token
+    await ar.execute_command("RLOCK.FORCERELEASE", "k")
+    await await_until(lambda: _true(lost), what="on_lost called")
+    assert lost == [("k", token)] and lock.lost
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+
+
+async def test_release_stops_the_watchdog_task(ar):
+    lock = rlock.asyncio.Lock(ar, "k", watchdog_timeout=0.3)
+    assert await lock.acquire(blocking=False)
+    task = lock._watchdogs[lock.local.token].task
+    await lock.release()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
+    assert task.cancelled() and await ar.exists("k") == 0
