@@ -17,3 +17,16 @@ pub const ERR_INTERNAL: &str = "ERR rlock internal error (details in the server 
 /// unblocks them itself first): a replica cannot grant locks.
 pub const ERR_ROLE_CHANGED: &str =
     "READONLY this server became a replica while the client waited for the lock";
+
+// Read-write lock and fenced lock (SPEC 4.1, 4.2).
+pub const ERR_RW_SIDE: &str = "ERR lock side must be READ or WRITE";
+pub const ERR_RW_OWNER_SUFFIX: &str =
+    "ERR owner must not end with ':write' (the suffix of the write lock's field)";
+pub const ERR_NOT_A_RWLOCK: &str =
+    "ERR key holds a hash that is not a read-write lock (a 'mode' field of read or write, one writer at most, positive integer hold counts)";
+pub const ERR_RW_READ_HELD: &str =
+    "ERR this owner holds the read lock: release the read lock first (a writer waiting on its own read would wait forever)";
+pub const ERR_RW_TOO_MANY_HOLDS: &str = "ERR an owner may hold the read lock at most 1024 times";
+pub const ERR_NOT_A_TOKEN: &str =
+    "ERR the fencing token key holds a value that is not an integer";
+pub const ERR_TOKEN_OVERFLOW: &str = "ERR fencing token would overflow";

@@ -20,6 +20,11 @@ pub mod stats;
 pub mod store;
 pub mod waiters;
 
+// Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
+pub mod effects;
+pub mod fenced;
+pub mod rwlock;
+
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 
