@@ -27,6 +27,5 @@ pub const ERR_NOT_A_RWLOCK: &str =
 pub const ERR_RW_READ_HELD: &str =
     "ERR this owner holds the read lock: release the read lock first (a writer waiting on its own read would wait forever)";
 pub const ERR_RW_TOO_MANY_HOLDS: &str = "ERR an owner may hold the read lock at most 1024 times";
-pub const ERR_NOT_A_TOKEN: &str =
-    "ERR the fencing token key holds a value that is not an integer";
+pub const ERR_NOT_A_TOKEN: &str = "ERR the fencing token key holds a value that is not an integer";
 pub const ERR_TOKEN_OVERFLOW: &str = "ERR fencing token would overflow";

@@ -386,7 +386,8 @@ impl Build<'_> {
             Effect::HIncrBy(KeyRef::Main, owner.to_vec(), 1, n)
         });
         let timeout = KeyRef::Aux(timeout_key(self.key, owner, n));
-        self.effects.push(Effect::Set(timeout.clone(), b"1".to_vec()));
+        self.effects
+            .push(Effect::Set(timeout.clone(), b"1".to_vec()));
         self.effects.push(Effect::PExpireAt(timeout, end));
         self.s.readers.entry(owner.to_vec()).or_default().push(end);
         Ok(())
@@ -403,7 +404,8 @@ impl Build<'_> {
             self.effects
                 .push(Effect::HIncrBy(KeyRef::Main, owner.to_vec(), -1, n - 1));
         } else {
-            self.effects.push(Effect::HDel(KeyRef::Main, owner.to_vec()));
+            self.effects
+                .push(Effect::HDel(KeyRef::Main, owner.to_vec()));
             self.s.readers.remove(owner);
         }
         self.effects
@@ -413,7 +415,8 @@ impl Build<'_> {
     /// Every read hold of `owner` goes, timeout keys included.
     fn drop_reader(&mut self, owner: &[u8]) {
         if let Some(ends) = self.s.readers.remove(owner) {
-            self.effects.push(Effect::HDel(KeyRef::Main, owner.to_vec()));
+            self.effects
+                .push(Effect::HDel(KeyRef::Main, owner.to_vec()));
             for n in 1..=ends.len() as i64 {
                 self.effects
                     .push(Effect::Del(KeyRef::Aux(timeout_key(self.key, owner, n))));
@@ -421,14 +424,19 @@ impl Build<'_> {
         }
     }
 
-    fn renew_reads(&mut self, owner: &[u8], end: i64) {
+    /// Re-arms every read hold of `owner` to `end`. A hold whose key has already run out
+    /// gets it back (Redisson's renewal PEXPIREs it, which does nothing on a missing key).
+    fn renew_reads(&mut self, owner: &[u8], end: i64, now: i64) {
         let Some(ends) = self.s.readers.get_mut(owner) else {
             return;
         };
         for (i, e) in ends.iter_mut().enumerate() {
+            let key = KeyRef::Aux(timeout_key(self.key, owner, i as i64 + 1));
+            if *e <= now {
+                self.effects.push(Effect::Set(key.clone(), b"1".to_vec()));
+            }
+            self.effects.push(Effect::PExpireAt(key, end));
             *e = end;
-            let key = timeout_key(self.key, owner, i as i64 + 1);
-            self.effects.push(Effect::PExpireAt(KeyRef::Aux(key), end));
         }
     }
 
@@ -510,13 +518,12 @@ fn normalize<'a>(state: &RwState, key: &'a [u8], now: i64) -> Build<'a> {
         });
         return b;
     }
-    let expired: Vec<Vec<u8>> = b
-        .s
-        .readers
-        .iter()
-        .filter(|(_, ends)| lease_end(ends) <= now)
-        .map(|(owner, _)| owner.clone())
-        .collect();
+    let expired: Vec<Vec<u8>> =
+        b.s.readers
+            .iter()
+            .filter(|(_, ends)| lease_end(ends) <= now)
+            .map(|(owner, _)| owner.clone())
+            .collect();
     for owner in &expired {
         b.drop_reader(owner);
         b.dropped += 1;
@@ -636,7 +643,10 @@ pub fn grant(
 /// Whether to publish a plan's message after the engine served its queue: not when a
 /// queued writer now holds the lock (nobody else could take it: section 1.3's handoff);
 /// otherwise yes, so Redisson's pub/sub waiters retry.
-pub fn message_after_grants(plan_message: Option<&'static [u8]>, now_state: &RwState) -> Option<&'static [u8]> {
+pub fn message_after_grants(
+    plan_message: Option<&'static [u8]>,
+    now_state: &RwState,
+) -> Option<&'static [u8]> {
     plan_message.filter(|_| now_state.mode != Some(Mode::Write))
 }
 
@@ -660,13 +670,17 @@ pub fn release(
                 return b.finish(Reply::Nil, Outcome::NotHeld);
             }
             b.pop_read(owner);
-            if count > 1 {
-                if let Some(lease) = lease {
-                    b.renew_reads(owner, now.saturating_add(lease));
-                }
+            if let Some(lease) = lease {
+                b.renew_reads(owner, now.saturating_add(lease), now);
+            }
+            // The holds left may all have run out already (Redisson's re-entry arms only
+            // the new hold's key): then the owner is gone, as at its lease end.
+            let left = b.s.readers.get(owner).map(|ends| lease_end(ends));
+            if left.is_some_and(|end| end > now) {
                 b.fit_expiry();
                 return b.finish(Reply::Int(0), Outcome::Decremented);
             }
+            b.drop_reader(owner);
             if b.s.mode == Some(Mode::Read) && b.s.readers.is_empty() {
                 b.delete(UNLOCK_MESSAGE);
             } else {
@@ -703,19 +717,12 @@ pub fn release(
 
 /// `RRWLOCK.RENEW key READ|WRITE owner lease-ms`: 1 and every hold of the owner on that
 /// side re-armed to `now + lease`, or 0 when it holds none.
-pub fn renew(
-    state: &RwState,
-    key: &[u8],
-    side: Side,
-    owner: &[u8],
-    lease: i64,
-    now: i64,
-) -> Plan {
+pub fn renew(state: &RwState, key: &[u8], side: Side, owner: &[u8], lease: i64, now: i64) -> Plan {
     let mut b = normalize(state, key, now);
     let end = now.saturating_add(lease);
     match side {
         Side::Read if b.s.read_count(owner) > 0 => {
-            b.renew_reads(owner, end);
+            b.renew_reads(owner, end, now);
             b.fit_expiry();
         }
         Side::Write if b.s.is_writer(owner) => {
@@ -842,7 +849,12 @@ mod tests {
             writer: None,
             readers: readers
                 .iter()
-                .map(|(o, ends)| (o.as_bytes().to_vec(), ends.iter().map(|e| NOW + e).collect()))
+                .map(|(o, ends)| {
+                    (
+                        o.as_bytes().to_vec(),
+                        ends.iter().map(|e| NOW + e).collect(),
+                    )
+                })
                 .collect(),
             expire_at: NOW + expire_in,
         }
@@ -1123,9 +1135,31 @@ mod tests {
                 Some(50),
                 Reply::Int(1),
                 Released,
-                vec![hdel("a"), Effect::Del(tk("a", 1)), Effect::Del(KeyRef::Main)],
+                vec![
+                    hdel("a"),
+                    Effect::Del(tk("a", 1)),
+                    Effect::Del(KeyRef::Main),
+                ],
                 true,
                 Some(UNLOCK_MESSAGE),
+            ),
+            (
+                "a_reader_whose_older_holds_ran_out_is_gone_with_its_newest",
+                reading(&[("a", &[-5, 300]), ("b", &[200])], 300),
+                Read,
+                "a",
+                None,
+                Reply::Int(1),
+                Released,
+                vec![
+                    incr("a", -1, 1),
+                    Effect::Del(tk("a", 2)),
+                    hdel("a"),
+                    Effect::Del(tk("a", 1)),
+                    expire_main(NOW + 200),
+                ],
+                false,
+                None,
             ),
             (
                 "a_non_reader_changes_nothing",
@@ -1171,7 +1205,11 @@ mod tests {
                 None,
                 Reply::Int(1),
                 Released,
-                vec![hdel("w:write"), main_hset("mode", "read"), expire_main(NOW + 80)],
+                vec![
+                    hdel("w:write"),
+                    main_hset("mode", "read"),
+                    expire_main(NOW + 80),
+                ],
                 true,
                 Some(READ_UNLOCK_MESSAGE),
             ),
@@ -1203,7 +1241,13 @@ mod tests {
         for (name, state, side, owner, lease, reply, outcome, effects, wake, message) in rows {
             let plan = release(&state, K, side, owner.as_bytes(), lease, NOW);
             assert_eq!(
-                (plan.reply, plan.outcome, &plan.effects, plan.wake, plan.message),
+                (
+                    plan.reply,
+                    plan.outcome,
+                    &plan.effects,
+                    plan.wake,
+                    plan.message
+                ),
                 (reply, outcome, &effects, wake, message),
                 "{name}"
             );
@@ -1223,8 +1267,26 @@ mod tests {
                 expire_main(NOW + 1000),
             ]
         );
-        assert_eq!(renew(&s, K, Side::Write, b"a", 1000, NOW).reply, Reply::Int(0));
-        assert_eq!(renew(&s, K, Side::Read, b"c", 1000, NOW).reply, Reply::Int(0));
+        // A hold whose key already ran out (the owner lives on its other hold) gets its
+        // key back.
+        let s2 = reading(&[("a", &[-10, 20])], 20);
+        assert_eq!(
+            renew(&s2, K, Side::Read, b"a", 1000, NOW).effects,
+            vec![
+                Effect::Set(tk("a", 1), b"1".to_vec()),
+                Effect::PExpireAt(tk("a", 1), NOW + 1000),
+                Effect::PExpireAt(tk("a", 2), NOW + 1000),
+                expire_main(NOW + 1000),
+            ]
+        );
+        assert_eq!(
+            renew(&s, K, Side::Write, b"a", 1000, NOW).reply,
+            Reply::Int(0)
+        );
+        assert_eq!(
+            renew(&s, K, Side::Read, b"c", 1000, NOW).reply,
+            Reply::Int(0)
+        );
         let w = writing("w", 1, &[], 300);
         let plan = renew(&w, K, Side::Write, b"w", 1000, NOW);
         assert_eq!(
@@ -1237,8 +1299,14 @@ mod tests {
     fn force_release_frees_any_mode_or_only_its_own() {
         let r = reading(&[("a", &[900])], 900);
         let w = writing("w", 3, &[], 300);
-        assert_eq!(force_release(&r, K, Some(Side::Write), NOW).reply, Reply::Int(0));
-        assert_eq!(force_release(&w, K, Some(Side::Read), NOW).reply, Reply::Int(0));
+        assert_eq!(
+            force_release(&r, K, Some(Side::Write), NOW).reply,
+            Reply::Int(0)
+        );
+        assert_eq!(
+            force_release(&w, K, Some(Side::Read), NOW).reply,
+            Reply::Int(0)
+        );
         let plan = force_release(&r, K, Some(Side::Read), NOW);
         assert_eq!(
             (plan.reply, plan.effects, plan.message, plan.state.is_free()),
@@ -1268,7 +1336,11 @@ mod tests {
         assert_eq!(plan.dropped, 1);
         assert_eq!(
             plan.effects,
-            vec![hdel("dead"), Effect::Del(tk("dead", 1)), Effect::Del(tk("dead", 2))]
+            vec![
+                hdel("dead"),
+                Effect::Del(tk("dead", 1)),
+                Effect::Del(tk("dead", 2))
+            ]
         );
         assert!(!plan.wake, "a reader remains: nobody new can be served");
         // One live hold of an owner keeps it: its lease is its longest hold's.
@@ -1365,7 +1437,10 @@ mod tests {
             view.timeout_keys(b"rw"),
             vec![b"{rw}:w:rwlock_timeout:1".to_vec()]
         );
-        assert!(p(&[("mode", "read")]).is_ok(), "a leftover mode field: freed on sight");
+        assert!(
+            p(&[("mode", "read")]).is_ok(),
+            "a leftover mode field: freed on sight"
+        );
         for (bad, err) in [
             (&[("a", "1")][..], ERR_NOT_A_RWLOCK),
             (&[("mode", "READ"), ("a", "1")], ERR_NOT_A_RWLOCK),
@@ -1405,12 +1480,21 @@ mod tests {
             parse_rw_acquire(&v.iter().map(|s| s.as_bytes()).collect::<Vec<_>>())
         };
         let (side, args) = a(&["read", "o", "100", "WAIT", "0"]).unwrap();
-        assert_eq!((side, args.owner, args.lease, args.wait), (Side::Read, &b"o"[..], 100, Some(0)));
+        assert_eq!(
+            (side, args.owner, args.lease, args.wait),
+            (Side::Read, &b"o"[..], 100, Some(0))
+        );
         assert_eq!(a(&["WRITE", "o", "5"]).unwrap().0, Side::Write);
         assert_eq!(a(&["both", "o", "5"]).unwrap_err(), ERR_RW_SIDE);
-        assert_eq!(a(&["READ", "o:write", "5"]).unwrap_err(), ERR_RW_OWNER_SUFFIX);
+        assert_eq!(
+            a(&["READ", "o:write", "5"]).unwrap_err(),
+            ERR_RW_OWNER_SUFFIX
+        );
         assert_eq!(a(&["READ", "o"]).unwrap_err(), ERR_SYNTAX);
-        assert_eq!(a(&["READ", "o", "0"]).unwrap_err(), crate::errors::ERR_LEASE);
+        assert_eq!(
+            a(&["READ", "o", "0"]).unwrap_err(),
+            crate::errors::ERR_LEASE
+        );
         let r = |v: &[&'static str]| {
             parse_rw_release(&v.iter().map(|s| s.as_bytes()).collect::<Vec<_>>())
         };
@@ -1430,5 +1514,428 @@ mod tests {
             b"redisson_rwlock:{rw}".to_vec(),
             "Redisson's channel"
         );
+    }
+}
+
+/// Property tests: random operation sequences against a simulated keyspace (a hash and
+/// string keys with expiries, as Redis keeps them) and a simulated waiting engine (a FIFO
+/// queue served with [`grant`]), checked against SPEC 4.1 and an independent lease model.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    const K: &[u8] = b"rw";
+
+    #[derive(Debug, Clone)]
+    enum Val {
+        Hash(BTreeMap<Vec<u8>, Vec<u8>>),
+        Str,
+    }
+
+    /// Redis as far as the effects go: values and absolute expiries; a key is gone at
+    /// its expiry (the core must not rely on Redis's sampling for read holds).
+    #[derive(Debug, Default)]
+    struct Store {
+        vals: BTreeMap<KeyRef, Val>,
+        expiry: BTreeMap<KeyRef, i64>,
+    }
+
+    impl Store {
+        fn expire(&mut self, now: i64) {
+            let due: Vec<KeyRef> = self
+                .expiry
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in due {
+                self.vals.remove(&k);
+                self.expiry.remove(&k);
+            }
+        }
+
+        fn hash(&mut self, k: &KeyRef) -> &mut BTreeMap<Vec<u8>, Vec<u8>> {
+            match self
+                .vals
+                .entry(k.clone())
+                .or_insert_with(|| Val::Hash(BTreeMap::new()))
+            {
+                Val::Hash(h) => h,
+                Val::Str => panic!("hash effect on a string key {k:?}"),
+            }
+        }
+
+        fn apply(&mut self, effects: &[Effect], now: i64) {
+            for e in effects {
+                match e {
+                    Effect::Del(k) => {
+                        self.vals.remove(k);
+                        self.expiry.remove(k);
+                    }
+                    Effect::HSet(k, f, v) => {
+                        self.hash(k).insert(f.clone(), v.clone());
+                    }
+                    Effect::HIncrBy(k, f, delta, result) => {
+                        let h = self.hash(k);
+                        let cur = h.get(f).map_or(0, |v| parse_i64(v).unwrap());
+                        assert_eq!(cur + delta, *result, "HINCRBY's stated result");
+                        h.insert(f.clone(), result.to_string().into_bytes());
+                    }
+                    Effect::HDel(k, f) => {
+                        let h = self.hash(k);
+                        h.remove(f);
+                        if h.is_empty() {
+                            self.vals.remove(k);
+                            self.expiry.remove(k);
+                        }
+                    }
+                    Effect::Set(k, _) => {
+                        self.vals.insert(k.clone(), Val::Str);
+                        self.expiry.remove(k);
+                    }
+                    Effect::PExpireAt(k, at) => {
+                        if self.vals.contains_key(k) {
+                            self.expiry.insert(k.clone(), *at);
+                        }
+                    }
+                    Effect::Persist(k) => {
+                        self.expiry.remove(k);
+                    }
+                }
+            }
+            self.expire(now);
+        }
+
+        fn pttl(&self, k: &KeyRef, now: i64) -> i64 {
+            match (self.vals.contains_key(k), self.expiry.get(k)) {
+                (false, _) => -2,
+                (true, None) => -1,
+                (true, Some(at)) => at - now,
+            }
+        }
+
+        /// What the glue will do: HGETALL, PTTL, then PTTL of each timeout key.
+        fn state(&mut self, now: i64) -> RwState {
+            self.expire(now);
+            let fields = match self.vals.get(&KeyRef::Main) {
+                None => return RwState::free(),
+                Some(Val::Hash(h)) => h.clone(),
+                Some(Val::Str) => panic!("main key became a string"),
+            };
+            let view = parse_hash(fields).expect("the core only writes valid locks");
+            let pttls: Vec<i64> = view
+                .timeout_keys(K)
+                .into_iter()
+                .map(|k| self.pttl(&KeyRef::Aux(k), now))
+                .collect();
+            let pttl = self.pttl(&KeyRef::Main, now);
+            view.into_state(pttl, &pttls, now)
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Acquire(Side, u8, i64, bool),
+        Release(Side, u8, Option<i64>),
+        Renew(Side, u8, i64),
+        Force(Option<Side>),
+        /// A queued waiter times out or disconnects.
+        Cancel(usize),
+        Tick(i64),
+    }
+
+    fn side() -> impl Strategy<Value = Side> {
+        prop_oneof![Just(Side::Read), Just(Side::Write)]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (side(), 0..5u8, 1..200i64, any::<bool>()).prop_map(|(s, o, l, w)| Op::Acquire(s, o, l, w)),
+            3 => (side(), 0..5u8, proptest::option::of(1..200i64)).prop_map(|(s, o, l)| Op::Release(s, o, l)),
+            2 => (side(), 0..5u8, 1..200i64).prop_map(|(s, o, l)| Op::Renew(s, o, l)),
+            1 => proptest::option::of(side()).prop_map(Op::Force),
+            1 => (0..4usize).prop_map(Op::Cancel),
+            3 => (1..120i64).prop_map(Op::Tick),
+        ]
+    }
+
+    fn owner(o: u8) -> Vec<u8> {
+        vec![b'o', b'0' + o]
+    }
+
+    /// The lease model, kept apart from the core: each owner's read hold ends, pushed on
+    /// acquire, the newest popped on release, all re-armed on renew, and the owner gone
+    /// when its longest hold has ended, whatever the others do.
+    #[derive(Debug, Default)]
+    struct Leases(BTreeMap<Vec<u8>, Vec<i64>>);
+
+    impl Leases {
+        fn tick(&mut self, now: i64) {
+            self.0
+                .retain(|_, ends| ends.iter().max().is_some_and(|e| *e > now));
+            // A hold past its end has lost its timeout key: the keys say GONE for it.
+            for e in self.0.values_mut().flatten() {
+                if *e <= now {
+                    *e = GONE;
+                }
+            }
+        }
+    }
+
+    struct World {
+        store: Store,
+        queue: VecDeque<Request>,
+        leases: Leases,
+        now: i64,
+        granted: Vec<Request>,
+    }
+
+    impl World {
+        fn state(&mut self) -> RwState {
+            self.store.state(self.now)
+        }
+
+        fn apply(&mut self, plan: &Plan) -> Result<(), TestCaseError> {
+            self.store.apply(&plan.effects, self.now);
+            let read_back = self.state();
+            prop_assert_eq!(&read_back, &plan.state, "the keys hold what the plan says");
+            self.leases.tick(self.now);
+            let model: BTreeMap<Vec<u8>, Vec<i64>> = self.leases.0.clone();
+            prop_assert_eq!(
+                &read_back.readers,
+                &model,
+                "each read hold ends at its own lease"
+            );
+            check(&read_back, self.now)
+        }
+
+        fn track(&mut self, side: Side, owner: &[u8], lease: i64, plan: &Plan) {
+            if side == Side::Read && matches!(plan.outcome, Outcome::Acquired | Outcome::Reentered)
+            {
+                self.leases
+                    .0
+                    .entry(owner.to_vec())
+                    .or_default()
+                    .push(self.now + lease);
+            }
+        }
+
+        /// The engine: serve the head while it can be granted.
+        fn serve(&mut self) -> Result<(), TestCaseError> {
+            while let Some(head) = self.queue.front().cloned() {
+                let state = self.state();
+                match grant(&state, K, &head, self.now) {
+                    None => {
+                        // A head that waits is excluded for real: readers wait only on a
+                        // writer, a writer on anyone else.
+                        match head.side {
+                            Side::Read => prop_assert!(
+                                state.mode == Some(Mode::Write) && !state.is_writer(&head.owner)
+                            ),
+                            Side::Write => {
+                                prop_assert!(!state.is_free() && !state.is_writer(&head.owner))
+                            }
+                        }
+                        break;
+                    }
+                    Some(Ok(plan)) => {
+                        self.queue.pop_front();
+                        self.track(head.side, &head.owner, head.lease, &plan);
+                        self.apply(&plan)?;
+                        self.granted.push(head);
+                    }
+                    Some(Err(e)) => {
+                        prop_assert_eq!(e, ERR_RW_READ_HELD);
+                        self.queue.pop_front();
+                    }
+                }
+            }
+            let state = self.state();
+            prop_assert!(
+                !state.is_free() || self.queue.is_empty(),
+                "a free lock has no waiters"
+            );
+            Ok(())
+        }
+
+        /// Before a command on a key with waiters, and on the timer: drop what ran out.
+        fn expire(&mut self) -> Result<(), TestCaseError> {
+            let state = self.state();
+            let plan = expire(&state, K, self.now);
+            self.apply(&plan)?;
+            // A hash that Redis expired (or anything else deleted) frees the lock too: the
+            // engine hears of it from the keyspace event and serves the queue (SPEC 1.3).
+            if plan.wake || plan.state.is_free() {
+                self.serve()?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Never a writer with anyone else; the hash lives exactly as long as its longest
+    /// read lease in read mode; nothing past its lease is left.
+    fn check(s: &RwState, now: i64) -> Result<(), TestCaseError> {
+        match s.mode {
+            None => prop_assert!(s.writer.is_none() && s.readers.is_empty()),
+            Some(Mode::Write) => {
+                let w = s.writer.as_ref().expect("write mode has a writer");
+                prop_assert!(
+                    s.readers.keys().all(|o| *o == w.owner),
+                    "a writer with other readers"
+                );
+                prop_assert!(s.expire_at > now);
+            }
+            Some(Mode::Read) => {
+                prop_assert!(s.writer.is_none());
+                prop_assert!(!s.readers.is_empty());
+                prop_assert_eq!(Some(s.expire_at), s.read_end());
+            }
+        }
+        for ends in s.readers.values() {
+            prop_assert!(lease_end(ends) > now);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn the_rw_core_keeps_its_invariants_fifo_and_per_hold_leases(ops in proptest::collection::vec(op(), 1..80)) {
+            let mut w = World {
+                store: Store::default(),
+                queue: VecDeque::new(),
+                leases: Leases::default(),
+                now: 1_000_000,
+                granted: vec![],
+            };
+            let mut enqueued: Vec<Request> = vec![];
+            for op in ops {
+                // Owners blocked in the queue send nothing until they are served.
+                let busy = |o: u8, w: &World| w.queue.iter().any(|r| r.owner == owner(o));
+                if !w.queue.is_empty() {
+                    w.expire()?;
+                }
+                let state = w.state();
+                match op {
+                    Op::Tick(ms) => {
+                        w.now += ms;
+                        w.expire()?;
+                    }
+                    Op::Acquire(side, o, lease, wait) => {
+                        if busy(o, &w) { continue; }
+                        let id = owner(o);
+                        let queued = !w.queue.is_empty();
+                        match acquire(&state, K, side, &id, lease, w.now, queued) {
+                            Err(e) => {
+                                prop_assert_eq!(e, ERR_RW_READ_HELD);
+                                prop_assert!(side == Side::Write && state.read_count(&id) > 0 && !state.is_writer(&id));
+                            }
+                            Ok(plan) => {
+                                // The writer reading its own lock counts as a re-entry: it
+                                // would otherwise wait on the readers queued behind it.
+                                let reentry = match side {
+                                    Side::Read => state.read_count(&id) > 0 || state.is_writer(&id),
+                                    Side::Write => state.is_writer(&id),
+                                };
+                                if queued && !reentry {
+                                    prop_assert_eq!(plan.outcome, Outcome::Contended, "no barging past the queue");
+                                }
+                                if plan.outcome == Outcome::Contended {
+                                    prop_assert!(plan.effects.is_empty());
+                                    let pttl = if state.is_free() { 0 } else { state.pttl(w.now) };
+                                    prop_assert_eq!(plan.reply, Reply::Int(pttl));
+                                } else {
+                                    prop_assert_eq!(plan.reply, Reply::Nil);
+                                }
+                                w.track(side, &id, lease, &plan);
+                                w.apply(&plan)?;
+                                if plan.outcome == Outcome::Contended && wait {
+                                    let req = Request { side, owner: id, lease };
+                                    enqueued.push(req.clone());
+                                    w.queue.push_back(req);
+                                }
+                                if plan.wake { w.serve()?; }
+                            }
+                        }
+                    }
+                    Op::Release(side, o, lease) => {
+                        if busy(o, &w) { continue; }
+                        let id = owner(o);
+                        let plan = release(&state, K, side, &id, lease, w.now);
+                        let want = match side {
+                            Side::Read => match state.readers.get(&id) {
+                                None => Reply::Nil,
+                                Some(ends) => {
+                                    // 0 while some hold left is alive (or re-armed by the lease).
+                                    let rest = &ends[..ends.len() - 1];
+                                    let alive = lease.is_some() && !rest.is_empty() || rest.iter().any(|e| *e > w.now);
+                                    Reply::Int(if alive { 0 } else { 1 })
+                                }
+                            },
+                            Side::Write => match &state.writer {
+                                Some(wr) if wr.owner == id => Reply::Int(if wr.count == 1 { 1 } else { 0 }),
+                                _ => Reply::Nil,
+                            },
+                        };
+                        prop_assert_eq!(plan.reply, want);
+                        if side == Side::Read && want != Reply::Nil {
+                            let ends = w.leases.0.get_mut(&id).unwrap();
+                            ends.pop();
+                            if let Some(l) = lease { ends.iter_mut().for_each(|e| *e = w.now + l); }
+                        }
+                        w.apply(&plan)?;
+                        if plan.wake { w.serve()?; }
+                    }
+                    Op::Renew(side, o, lease) => {
+                        if busy(o, &w) { continue; }
+                        let id = owner(o);
+                        let plan = renew(&state, K, side, &id, lease, w.now);
+                        if side == Side::Read {
+                            if let Some(ends) = w.leases.0.get_mut(&id) {
+                                ends.iter_mut().for_each(|e| *e = w.now + lease);
+                            }
+                        }
+                        w.apply(&plan)?;
+                    }
+                    Op::Force(side) => {
+                        let plan = force_release(&state, K, side, w.now);
+                        if plan.outcome == Outcome::ForceReleased {
+                            w.leases.0.clear();
+                        }
+                        w.apply(&plan)?;
+                        if plan.wake { w.serve()?; }
+                    }
+                    Op::Cancel(i) => {
+                        if i < w.queue.len() {
+                            let gone = w.queue.remove(i).unwrap();
+                            enqueued.retain(|r| r != &gone);
+                            // A head that leaves may unblock the readers behind it.
+                            w.serve()?;
+                        }
+                    }
+                }
+            }
+            // FIFO: waiters were granted in the order they queued.
+            let served: Vec<&Request> = enqueued.iter().filter(|r| w.granted.contains(r)).collect();
+            let order: Vec<&Request> = w.granted.iter().collect();
+            prop_assert_eq!(served, order);
+        }
+
+        #[test]
+        fn parsers_never_panic(args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..8), 0..7)) {
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let _ = parse_rw_acquire(&args);
+            let _ = parse_rw_release(&args);
+            let _ = parse_rw_renew(&args);
+            let _ = parse_rw_force(&args);
+            let pairs = args.chunks(2).map(|c| (c[0].to_vec(), c.get(1).copied().unwrap_or(b"")));
+            if let Ok(view) = parse_hash(pairs) {
+                let keys = view.timeout_keys(K);
+                let _ = view.into_state(5, &vec![1; keys.len()], 0);
+            }
+        }
     }
 }
