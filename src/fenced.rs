@@ -7,32 +7,43 @@
 //!
 //! Redisson's INCR only increases on one server: a failover to a replica that missed the
 //! last increments issues those numbers again. Here each token is a hybrid logical clock,
-//! `max(last + 1, now_ms << 16)`, written with SET (so a replica or the AOF holds the
+//! `max(last + 1, now_ms << 10)`, written with SET (so a replica or the AOF holds the
 //! value itself, and Java clients' INCRs keep counting from it). It always increases on
 //! one server, whatever its clock does, and after a failover or a restart that lost
 //! writes, the first token exceeds every token issued before as long as
 //!
 //! ```text
-//!     now_ms(new master, first token)  >  last_token(old master) >> 16
+//!     now_ms(new master, first token)  >  last_token(old master) >> 10
 //! ```
 //!
-//! `last_token >> 16` is the old master's clock at its last token (in ms), plus its
-//! "lead": how far bursts of more than 65 536 tokens per ms on this one name pushed the
+//! `last_token >> 10` is the old master's clock at its last token (in ms), plus its
+//! "lead": how far bursts of more than 1024 tokens per ms on this one name pushed the
 //! counter ahead of its clock (0 otherwise). So with no such bursts: the promoted
 //! replica's clock may lag the old master's by less than the failover took (from the old
 //! master's last token to the new one's first), minus 1 ms. Sentinel and cluster
 //! failovers take seconds; NTP keeps masters within milliseconds. Without any clock
 //! help (a clock set back by more than the outage), tokens are still as good as
 //! Redisson's: never lower than the replicated `last + 1`.
+//!
+//! Why 10 bits and not 16: Redisson's lockAndGetToken returns the INCR result through its
+//! Lua script, and Lua numbers are doubles, exact only below 2^53. `now_ms << CLOCK_SHIFT` is about
+//! 2^57 today and came back rounded to a multiple of 16 (tests/test_redisson_rw_scripts.py
+//! shows it), so Java clients would see repeated tokens. `now_ms << 10` stays below 2^53
+//! until the year 2248 ([`LUA_EXACT_UNTIL_MS`]), and 1024 tokens per millisecond on one
+//! lock name is beyond what one Redis serves.
 
 use crate::core::{self, LockState, Outcome, Plan, Reply, Write};
 use crate::effects::{prefix_name, Effect, KeyRef};
 use crate::errors::{ERR_NOT_A_TOKEN, ERR_TOKEN_OVERFLOW};
 
-/// Tokens keep the wall clock in their high bits: 2^16 tokens per millisecond.
-pub const CLOCK_SHIFT: u32 = 16;
-/// The last millisecond whose shifted value fits an i64 (year 6429); later clocks are
-/// clamped, and tokens go on by `last + 1`.
+/// Tokens keep the wall clock in their high bits: 1024 tokens per millisecond.
+pub const CLOCK_SHIFT: u32 = 10;
+/// Until this clock (2^43 ms, September 2248) clock-made tokens stay below 2^53, so they
+/// pass exactly through Lua numbers (Redisson's scripts). Later they are still exact in
+/// Redis and in `RFENCED.*` replies.
+pub const LUA_EXACT_UNTIL_MS: i64 = 1 << (53 - CLOCK_SHIFT);
+/// The last millisecond whose shifted value fits an i64; later clocks are clamped, and
+/// tokens go on by `last + 1`.
 pub const MAX_CLOCK_MS: i64 = i64::MAX >> CLOCK_SHIFT;
 
 /// `redisson_lock_token:{name}` (RedissonFencedLock's tokenName).
@@ -49,7 +60,7 @@ pub fn parse_token(value: Option<&[u8]>) -> Result<i64, &'static str> {
     }
 }
 
-/// The next token: `max(last + 1, now_ms << 16)`. A clock before the epoch counts as 0
+/// The next token: `max(last + 1, now_ms << 10)`. A clock before the epoch counts as 0
 /// and one past [`MAX_CLOCK_MS`] as that; only `last = i64::MAX` cannot go on.
 pub fn next_token(last: i64, now_ms: i64) -> Result<i64, &'static str> {
     let bumped = last.checked_add(1).ok_or(ERR_TOKEN_OVERFLOW)?;
@@ -169,39 +180,44 @@ mod tests {
     fn next_token_table() {
         // (name, last, now_ms, next)
         for (name, last, now, want) in [
-            ("it_starts_from_the_clock", 0, 1000, 1000 << 16),
+            ("it_starts_from_the_clock", 0, 1000, 1000 << CLOCK_SHIFT),
             (
                 "it_counts_within_one_millisecond",
-                (1000 << 16) + 5,
+                (1000 << CLOCK_SHIFT) + 5,
                 1000,
-                (1000 << 16) + 6,
+                (1000 << CLOCK_SHIFT) + 6,
             ),
             (
                 "it_jumps_to_a_later_clock",
-                (1000 << 16) + 5,
+                (1000 << CLOCK_SHIFT) + 5,
                 1001,
-                1001 << 16,
+                1001 << CLOCK_SHIFT,
             ),
             (
                 "it_never_goes_back_with_the_clock",
-                5000 << 16,
+                5000 << CLOCK_SHIFT,
                 10,
-                (5000 << 16) + 1,
+                (5000 << CLOCK_SHIFT) + 1,
             ),
-            ("it_continues_a_java_incr_counter", 41, NOW, NOW << 16),
+            (
+                "it_continues_a_java_incr_counter",
+                41,
+                NOW,
+                NOW << CLOCK_SHIFT,
+            ),
             ("a_clock_before_the_epoch_counts_as_zero", 7, -5, 8),
             ("a_negative_token_goes_up", -10, -1, 0),
             (
-                "a_clock_past_year_6429_is_clamped",
+                "a_clock_past_an_i64_is_clamped",
                 0,
                 i64::MAX,
-                MAX_CLOCK_MS << 16,
+                MAX_CLOCK_MS << CLOCK_SHIFT,
             ),
             (
                 "past_the_clamp_it_counts",
-                MAX_CLOCK_MS << 16,
+                MAX_CLOCK_MS << CLOCK_SHIFT,
                 i64::MAX,
-                (MAX_CLOCK_MS << 16) + 1,
+                (MAX_CLOCK_MS << CLOCK_SHIFT) + 1,
             ),
         ] {
             assert_eq!(next_token(last, now), Ok(want), "{name}");
@@ -224,7 +240,7 @@ mod tests {
     fn acquire_issues_a_token_on_every_acquire_and_reentry_only() {
         // A free lock: created, token from the clock, written after the lock.
         let plan = acquire(&LockState::Free, 3, b"a", 100, NOW).unwrap();
-        assert_eq!(plan.reply, FencedReply::Acquired(NOW << 16));
+        assert_eq!(plan.reply, FencedReply::Acquired(NOW << CLOCK_SHIFT));
         assert_eq!(
             plan.effects(b"f", b"a"),
             vec![
@@ -232,12 +248,12 @@ mod tests {
                 Effect::PExpireAt(KeyRef::Main, NOW + 100),
                 Effect::Set(
                     KeyRef::Aux(b"redisson_lock_token:{f}".to_vec()),
-                    (NOW << 16).to_string().into_bytes()
+                    (NOW << CLOCK_SHIFT).to_string().into_bytes()
                 ),
             ]
         );
         // A re-entry gets a new token, as with Redisson's lockAndGetToken.
-        let last = NOW << 16;
+        let last = NOW << CLOCK_SHIFT;
         let plan = acquire(&held("a", 1, 50), last, b"a", 100, NOW).unwrap();
         assert_eq!(plan.reply, FencedReply::Acquired(last + 1));
         assert_eq!(
@@ -251,7 +267,7 @@ mod tests {
         assert!(!issues_token(plan.lock.outcome));
         // A handoff to a queued waiter carries a token too.
         let plan = grant(false, last, 100, NOW + 1).unwrap();
-        assert_eq!(plan.reply, FencedReply::Acquired((NOW + 1) << 16));
+        assert_eq!(plan.reply, FencedReply::Acquired((NOW + 1) << CLOCK_SHIFT));
         assert_eq!(
             acquire(&held("a", 1, 50), i64::MAX, b"a", 100, NOW),
             Err(ERR_TOKEN_OVERFLOW)
@@ -273,6 +289,14 @@ mod tests {
         // only (t1 + 1), which repeats a lost token. This is the documented bound.
         let late = t_a - 1;
         assert_eq!(next_token(t1, late).unwrap(), t2);
+    }
+
+    #[test]
+    fn clock_made_tokens_stay_exact_in_lua_until_2248() {
+        let year_2248 = 8_771_000_000_000; // 2247-12-12
+        assert!(LUA_EXACT_UNTIL_MS > year_2248);
+        assert!(next_token(0, LUA_EXACT_UNTIL_MS - 1).unwrap() < 1 << 53);
+        assert!(next_token(0, NOW).unwrap() < 1 << 53);
     }
 
     #[test]

@@ -200,3 +200,24 @@ def test_fenced_lock_increments_the_token_on_every_acquire_and_reentry(r):
     assert g.get_token() == 3
     assert f.try_lock() > 0
     assert g.get_token() == 3, "a refused acquire issues no token"
+
+
+def test_java_tokens_continue_from_a_clock_based_token(r):
+    # The module writes max(last + 1, now_ms << 10) with SET; Redisson's INCR must go on
+    # from there, so Java clients on the same name still see increasing tokens.
+    hlc = 1_700_000_000_000 << 10
+    r.set(token_key("f"), hlc)
+    f = RedissonFencedLock(r, "f", "ua:1")
+    assert f.try_lock_and_get_token() == hlc + 1
+    assert f.try_lock_and_get_token() == hlc + 2
+    assert f.get_token() == hlc + 2
+
+
+def test_tokens_above_2_pow_53_come_back_rounded_through_lua(r):
+    # Why the module's clock shift is 10 bits, not 16: the script returns INCR's result
+    # as a Lua number (a double).
+    big = 1_700_000_000_000 << 16
+    r.set(token_key("f"), big)
+    f = RedissonFencedLock(r, "f", "ua:1")
+    assert f.try_lock_and_get_token() == big, "big + 1 rounded down to a multiple of 16"
+    assert f.get_token() == big + 1, "the key itself is exact"
