@@ -126,6 +126,21 @@ impl RwState {
         }
     }
 
+    /// For `RRWLOCK.INFO`: each read owner with its hold count and remaining lease in ms
+    /// (-1 when a hold has no TTL).
+    pub fn read_holds(&self, now: i64) -> Vec<(&[u8], i64, i64)> {
+        self.readers
+            .iter()
+            .map(|(owner, ends)| {
+                let remaining = match lease_end(ends) {
+                    NEVER => -1,
+                    end => (end - now).max(0),
+                };
+                (owner.as_slice(), ends.len() as i64, remaining)
+            })
+            .collect()
+    }
+
     /// The longest read lease still running, or `None` with no readers.
     fn read_end(&self) -> Option<i64> {
         self.readers.values().map(|ends| lease_end(ends)).max()
@@ -268,12 +283,9 @@ pub fn pttl_to_at(pttl: i64, now: i64) -> i64 {
     }
 }
 
-/// The reply a command sends when it answers at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
-    Nil,
-    Int(i64),
-}
+/// The reply a command sends when it answers at once: nil or an integer, as the lock's
+/// (so the request-id store's `core::encode_reply` keeps RW replies as it is).
+pub use crate::core::Reply;
 
 /// What happened, for the `INFO rlock` counters and the glue's next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -605,6 +617,15 @@ pub fn acquire(
         }
     }
     Ok(b.finish(Reply::Nil, outcome))
+}
+
+/// Only calls that changed the holds are remembered under a request id (as
+/// `core::remembers`): re-running any other call is as good as replaying it.
+pub fn remembers(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Acquired | Outcome::Reentered | Outcome::Decremented | Outcome::Released
+    )
 }
 
 /// A queued request, as the engine keeps it.
@@ -1482,6 +1503,23 @@ mod tests {
         assert_eq!(state.readers[&b"b".to_vec()], vec![NEVER]);
         assert_eq!(pttl_to_at(-1, NOW), NEVER);
         assert_eq!(pttl_to_at(0, NOW), NOW);
+    }
+
+    #[test]
+    fn read_holds_report_counts_and_remaining_leases() {
+        let mut s = reading(&[("a", &[10, 40]), ("b", &[5])], 40);
+        s.readers.insert(b"c".to_vec(), vec![NEVER]);
+        assert_eq!(
+            s.read_holds(NOW),
+            vec![(&b"a"[..], 2, 40), (&b"b"[..], 1, 5), (&b"c"[..], 1, -1)]
+        );
+    }
+
+    #[test]
+    fn only_changes_of_holds_are_remembered_under_a_request_id() {
+        assert!(remembers(Outcome::Acquired) && remembers(Outcome::Released));
+        assert!(!remembers(Outcome::Contended) && !remembers(Outcome::NotHeld));
+        assert!(!remembers(Outcome::Expired) && !remembers(Outcome::Renewed));
     }
 
     #[test]
