@@ -285,7 +285,7 @@ pub fn message_after_grants(plan_message: Option<&[u8]>, available_after: i64) -
 pub fn remembers(outcome: Outcome) -> bool {
     !matches!(
         outcome,
-        Outcome::Contended | Outcome::NotHeld | Outcome::Nothing
+        Outcome::Contended | Outcome::NotHeld | Outcome::NotSet | Outcome::Nothing
     )
 }
 
@@ -537,6 +537,15 @@ mod tests {
         assert_eq!(message_after_grants(Some(b"5"), 0), None);
         assert_eq!(message_after_grants(Some(b"-1"), 3), None);
         assert_eq!(message_after_grants(None, 3), None);
+    }
+
+    #[test]
+    fn only_calls_that_changed_something_are_remembered() {
+        assert!(remembers(acquire(&sem(1), 1, false).outcome));
+        assert!(remembers(try_set_permits(&NONE, 1, None, 0).outcome));
+        assert!(!remembers(acquire(&sem(0), 1, false).outcome));
+        assert!(!remembers(try_set_permits(&sem(1), 1, None, 0).outcome));
+        assert!(!remembers(drain(&NONE).outcome));
     }
 
     #[test]
