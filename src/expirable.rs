@@ -237,7 +237,7 @@ pub fn acquire(
         return Err(ERR_INTERNAL);
     }
     let ids = &ids[..permits as usize];
-    if queued || b.s.available() < permits || b.s.available.is_none() {
+    if queued || b.s.available() < permits {
         return Ok(b.finish(Reply::Nil, Outcome::Contended));
     }
     if ids
@@ -832,6 +832,11 @@ mod tests {
             ]
         }
 
+        /// The `i`-th held permit (modulo), if any.
+        fn pick(s: &ExpState, i: usize) -> Option<Vec<u8>> {
+            s.permits.keys().nth(i % s.permits.len().max(1)).cloned()
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(1000))]
 
@@ -850,7 +855,12 @@ mod tests {
                 for op in ops {
                     let plan = match op {
                         Op::Acquire(n, lease) => {
-                            let ids: Vec<[u8; ID_BYTES]> = (0..n).map(|_| { next_id = next_id.wrapping_add(1); [next_id; ID_BYTES] }).collect();
+                            let ids: Vec<[u8; ID_BYTES]> = (0..n)
+                                .map(|_| {
+                                    next_id += 1;
+                                    [next_id; ID_BYTES]
+                                })
+                                .collect();
                             if ids.iter().any(|i| s.permits.contains_key(&i[..])) { continue; }
                             let p = acquire(&s, K, n, lease, &ids, true, now, false).unwrap();
                             if p.outcome == Outcome::Acquired {
@@ -859,14 +869,14 @@ mod tests {
                             p
                         }
                         Op::Release(i) => {
-                            let Some(id) = s.permits.keys().nth(i % s.permits.len().max(1)).cloned() else { continue };
+                            let Some(id) = pick(&s, i) else { continue };
                             let p = release(&s, K, &id, now).unwrap();
                             prop_assert_eq!(p.reply.clone(), Reply::Int((ends[&id] > now) as i64));
                             ends.remove(&id);
                             p
                         }
                         Op::Update(i, lease) => {
-                            let Some(id) = s.permits.keys().nth(i % s.permits.len().max(1)).cloned() else { continue };
+                            let Some(id) = pick(&s, i) else { continue };
                             let p = update_lease_time(&s, K, &id, lease, now).unwrap();
                             if p.reply == Reply::Int(1) { ends.insert(id, expiry(lease, now)); }
                             p
@@ -888,13 +898,17 @@ mod tests {
                         prop_assert_eq!(Some(&end), ends.get(id));
                         prop_assert!(end > now, "held only before its end");
                     }
-                    prop_assert_eq!(s.next_expiry(), s.permits.values().copied().filter(|&a| a != NO_LEASE).min());
+                    let earliest = s.permits.values().copied().filter(|&a| a != NO_LEASE).min();
+                    prop_assert_eq!(s.next_expiry(), earliest);
                 }
             }
 
             /// A permit leased for `lease` ms is held at now + lease - 1 and back at now + lease.
             #[test]
-            fn a_permit_expires_exactly_at_its_lease(lease in 1..10_000_000i64, now in 0..2_000_000_000_000i64) {
+            fn a_permit_expires_exactly_at_its_lease(
+                lease in 1..10_000_000i64,
+                now in 0..2_000_000_000_000i64
+            ) {
                 let s = try_set_permits(&ExpState::default(), K, 1, now).unwrap().state;
                 let s = acquire(&s, K, 1, Some(lease), &[[1; ID_BYTES]], false, now, false).unwrap().state;
                 prop_assert_eq!(s.next_expiry(), Some(now + lease));

@@ -282,16 +282,23 @@ mod tests {
             /// Any count, any number of awaiters arriving between count-downs: nobody is
             /// granted before the count reaches zero, and all are in the turn it does.
             #[test]
-            fn all_waiters_are_granted_at_zero(count in 1..20i64, arrivals in proptest::collection::vec(0..4usize, 1..25)) {
+            fn all_waiters_are_granted_at_zero(
+                count in 1..20i64,
+                arrivals in proptest::collection::vec(0..4usize, 1..25)
+            ) {
                 let mut s = try_set_count(&LatchState::default(), count).state;
                 let mut queue = 0usize;
                 let mut granted = 0usize;
+                let mut zero_messages = 0;
+                let mut count_downs = 0;
                 for (i, arriving) in arrivals.iter().enumerate() {
                     for _ in 0..*arriving {
                         if await_open(&s).outcome == Outcome::Acquired { granted += 1 } else { queue += 1 }
                     }
                     if i as i64 >= count + 2 { break; }
                     let plan = count_down(&s).unwrap();
+                    count_downs += 1;
+                    zero_messages += (plan.message.as_deref() == Some(ZERO_COUNT_MESSAGE)) as i64;
                     s = plan.state;
                     if plan.wake {
                         while queue > 0 {
@@ -307,6 +314,7 @@ mod tests {
                         prop_assert_eq!(granted, 0, "nobody before zero");
                     }
                 }
+                prop_assert_eq!(zero_messages, (count_downs >= count) as i64, "one zero message, at zero");
             }
         }
     }
