@@ -10,8 +10,8 @@
 //! The layout is Redisson's RSemaphore (docs/redisson-sync-layouts.md): a string at the
 //! name holding the number of available permits (a missing key is 0), its channel
 //! `redisson_sc:{name}`, every message the count Redisson would publish. Nobody records
-//! who holds permits, so a holder that dies keeps its permits forever: the README says so
-//! and points to the permit-expirable semaphore.
+//! who holds permits, so a holder that dies keeps its permits forever: the README is to say
+//! so and point to the permit-expirable semaphore (SPEC 4.3).
 //!
 //! Fairness beyond Redisson: waiters are served first come, first served, and a request
 //! for 5 at the head holds back a later request for 1 (so big requests are not starved).
