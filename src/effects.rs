@@ -33,6 +33,15 @@ pub enum Effect {
     PExpireAt(KeyRef, i64),
     /// `PERSIST key`: the lease became unbounded (only when some hold had no TTL).
     Persist(KeyRef),
+    // Semaphores and latch:
+    /// `INCRBY key delta` on a string counter (a missing key counts as 0); the last value
+    /// is the counter after it. A negative delta goes out as `DECRBY key -delta`, which is
+    /// what Redisson's acquire and countDown send (keyspace event `decrby`).
+    IncrBy(KeyRef, i64, i64),
+    /// `ZADD key score member [score member ...]`: scores are integer ms.
+    ZAdd(KeyRef, Vec<(i64, Vec<u8>)>),
+    /// `ZREM key member [member ...]`.
+    ZRem(KeyRef, Vec<Vec<u8>>),
 }
 
 /// Redisson's `RedissonObject.prefixName`: `prefix:{name}`, or `prefix:name` when the name

@@ -1651,6 +1651,9 @@ mod props {
                     Effect::Persist(k) => {
                         self.expiry.remove(k);
                     }
+                    Effect::IncrBy(..) | Effect::ZAdd(..) | Effect::ZRem(..) => {
+                        panic!("the read-write lock writes no counters or sorted sets: {e:?}")
+                    }
                 }
             }
             self.expire(now);
