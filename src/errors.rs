@@ -17,3 +17,33 @@ pub const ERR_INTERNAL: &str = "ERR rlock internal error (details in the server 
 /// unblocks them itself first): a replica cannot grant locks.
 pub const ERR_ROLE_CHANGED: &str =
     "READONLY this server became a replica while the client waited for the lock";
+
+// Read-write lock and fenced lock (SPEC 4.1, 4.2).
+pub const ERR_RW_SIDE: &str = "ERR lock side must be READ or WRITE";
+pub const ERR_RW_OWNER_SUFFIX: &str =
+    "ERR owner must not end with ':write' (the suffix of the write lock's field)";
+pub const ERR_NOT_A_RWLOCK: &str =
+    "ERR key holds a hash that is not a read-write lock (a 'mode' field of read or write, one writer at most, positive integer hold counts)";
+pub const ERR_RW_READ_HELD: &str =
+    "ERR this owner holds the read lock: release the read lock first (a writer waiting on its own read would wait forever)";
+pub const ERR_RW_TOO_MANY_HOLDS: &str = "ERR an owner may hold the read lock at most 1024 times";
+pub const ERR_NOT_A_TOKEN: &str = "ERR the fencing token key holds a value that is not an integer";
+pub const ERR_TOKEN_OVERFLOW: &str = "ERR fencing token would overflow";
+
+// Semaphores and latch
+pub const ERR_NOT_A_SEMAPHORE: &str =
+    "ERR key holds a string that is not a permit count (it must be a decimal integer)";
+pub const ERR_NOT_A_PERMIT_SET: &str =
+    "ERR the permit set is not a semaphore's (every score must be an integer expiry in ms)";
+pub const ERR_NOT_A_LATCH: &str =
+    "ERR key holds a string that is not a latch count (it must be a decimal integer)";
+pub const ERR_PERMITS: &str = "ERR permits must be an integer from 0 to 2147483647";
+pub const ERR_PERMITS_DELTA: &str = "ERR permits must be an integer from -2147483647 to 2147483647";
+pub const ERR_PERMIT_COUNT: &str = "ERR permits must be an integer from 1 to 1024";
+pub const ERR_PERMITS_OVERFLOW: &str = "ERR permit count would overflow";
+pub const ERR_PERMIT_LEASE: &str =
+    "ERR lease-ms must be -1 (no lease) or an integer from 1 to 3153600000000";
+pub const ERR_PERMIT_ID: &str = "ERR permit-id must be 2 to 64 hex digits, an even number of them";
+pub const ERR_TTL: &str = "ERR ttl-ms must be an integer from 1 to 3153600000000";
+pub const ERR_LATCH_COUNT: &str = "ERR count must be an integer from 1 to 9223372036854775807";
+pub const ERR_LATCH_OVERFLOW: &str = "ERR latch count would overflow";

@@ -20,6 +20,15 @@ pub mod stats;
 pub mod store;
 pub mod waiters;
 
+// Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
+// Not wired to commands yet: the shared waiting engine comes first (issue 12).
+pub mod effects;
+pub mod expirable;
+pub mod fenced;
+pub mod latch;
+pub mod rwlock;
+pub mod semaphore;
+
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
 
