@@ -61,6 +61,16 @@ fn open_for_write(
         let state = store::read(&key);
         return (key, state);
     }
+    if state.is_err() && events::is_tracked(db, name.as_slice()) {
+        // A lock of ours replaced by something that is no lock, by a command whose
+        // events the module does not watch on this server (SORT ... STORE on 7.0): its
+        // unlock message goes out now, lazily (README, "Freeing and handoff").
+        drop(key);
+        events::settle(ctx, db, name);
+        let key = LockKey::open(ctx, name, true);
+        let state = store::read(&key);
+        return (key, state);
+    }
     (key, state)
 }
 

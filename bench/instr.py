@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+"""`make bench-instr`: what rlock costs the server, in instructions per call.
+
+Deterministic where `make bench` (wall clock, shared machine) is not: every figure is the
+number of instructions the server executes, counted by valgrind's callgrind. Each
+workload runs twice on a fresh server under callgrind, once with N1 calls and once with
+N2; per call = (I(N2) - I(N1)) / (N2 - N1), which cancels start-up, set-up and shut-down.
+Commands are sent pipelined by `redis-cli --pipe` from a generated stream (keys spread
+over 100 000 names by a fixed permutation, so reruns are identical).
+
+Two tables, written into BENCHMARK.md between the `instr` markers:
+1. The tax on commands that are not locks: a plain server, the module loaded with no lock
+   and with 10 000 locks held, and the floor (a do-nothing module subscribed to what
+   rlock subscribes to on that server: the server's own cost of telling any module).
+2. RLOCK commands against Redisson's Lua scripts (EVALSHA) and SET NX PX.
+
+Standard library only; needs valgrind, redis-cli and gcc (for the floor module).
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import glob
+import hashlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPACE = 100_000  # key names per family
+LOCKS_HELD = 10_000
+LEASE = 600_000  # ms: nothing expires during a run, even under valgrind
+OWNER = "6f1c2a4e-8b1d-4f7a-9c3e-2d5b7e9a1c40:1"  # Redisson's shape, 38 bytes
+OTHER = "0b9e8d7c-6a5f-4e3d-8c2b-1a0f9e8d7c6b:7"
+
+ACQUIRE = """
+if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then
+    redis.call('hincrby', KEYS[1], ARGV[2], 1);
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return nil;
+end;
+return redis.call('pttl', KEYS[1]);
+"""
+UNLOCK = """
+local val = redis.call('get', KEYS[3]);
+if val ~= false then
+    return tonumber(val);
+end;
+if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then
+    return nil;
+end;
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
+if (counter > 0) then
+    redis.call('pexpire', KEYS[1], ARGV[2]);
+    redis.call('set', KEYS[3], 0, 'px', ARGV[5]);
+    return 0;
+else
+    redis.call('del', KEYS[1]);
+    redis.call(ARGV[4], KEYS[2], ARGV[1]);
+    redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
+    return 1;
+end;
+"""
+RENEW = """
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return 1;
+end;
+return 0;
+"""
+SHA = {name: hashlib.sha1(src.encode()).hexdigest()
+       for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
+
+
+def slot(i):
+    """The i-th key index: a fixed permutation of 0..SPACE-1 (7919 is prime to SPACE)."""
+    return (i * 7919 + 13) % SPACE
+
+
+def lock_name(i):
+    return f"lock:{slot(i)}"
+
+
+def channel(name):
+    return f"redisson_lock__channel:{{{name}}}"
+
+
+def hold_locks(n):
+    """Set-up: n locks held (names apart from every workload's keys)."""
+    return [["RLOCK.ACQUIRE", f"held:{{{i}}}", OWNER, LEASE] for i in range(n)]
+
+
+def load_scripts():
+    return [["SCRIPT", "LOAD", src] for src in (ACQUIRE, UNLOCK, RENEW)]
+
+
+def held_with_count(name, count=10_000_000):
+    """A lock held by OWNER with a count no run brings to zero (release measures HINCRBY -1)."""
+    return [["HSET", name, OWNER, count], ["PEXPIRE", name, LEASE]]
+
+
+# --- Table 1: commands that are not locks ----------------------------------------------
+# Existing string keys (DEBUG POPULATE: key:0..key:99999), so SET overwrites, DEL and
+# EXPIRE find their key, GET hits; counters, lists and hashes are new keys.
+TAX = [
+    ("SET k v", lambda i: ["SET", f"key:{slot(i)}", "v"]),
+    ("SET k v PX", lambda i: ["SET", f"key:{slot(i)}", "v", "PX", LEASE]),
+    ("INCR c", lambda i: ["INCR", f"ctr:{slot(i)}"]),
+    ("LPUSH l v", lambda i: ["LPUSH", f"list:{slot(i)}", "v"]),
+    ("HSET h f v", lambda i: ["HSET", f"hash:{slot(i)}", "f", "v"]),
+    ("DEL k", lambda i: ["DEL", f"key:{slot(i)}"]),
+    ("EXPIRE k s", lambda i: ["EXPIRE", f"key:{slot(i)}", 600]),
+    ("GET k", lambda i: ["GET", f"key:{slot(i)}"]),
+]
+POPULATE = [["DEBUG", "POPULATE", SPACE, "key", 1]]
+
+# --- Table 2: lock commands --------------------------------------------------------------
+# (label, set-up, call i, calls per operation)
+LOCKS = [
+    ("acquire, new lock", "RLOCK.ACQUIRE", [],
+     lambda i: ["RLOCK.ACQUIRE", lock_name(i), OWNER, LEASE]),
+    ("acquire, new lock", "Redisson script", load_scripts(),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, lock_name(i), LEASE, OWNER]),
+    ("acquire, new lock", "SET NX PX", [],
+     lambda i: ["SET", lock_name(i), OWNER, "NX", "PX", LEASE]),
+    ("acquire, re-entry", "RLOCK.ACQUIRE", held_with_count("lock:r", 1),
+     lambda i: ["RLOCK.ACQUIRE", "lock:r", OWNER, LEASE]),
+    ("acquire, re-entry", "Redisson script", load_scripts() + held_with_count("lock:r", 1),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:r", LEASE, OWNER]),
+    ("acquire, contended", "RLOCK.ACQUIRE", held_with_count("lock:c", 1),
+     lambda i: ["RLOCK.ACQUIRE", "lock:c", OTHER, LEASE]),
+    ("acquire, contended", "Redisson script", load_scripts() + held_with_count("lock:c", 1),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:c", LEASE, OTHER]),
+    ("acquire, contended", "SET NX PX", [["SET", "lock:c", OTHER]],
+     lambda i: ["SET", "lock:c", OWNER, "NX", "PX", LEASE]),
+    ("release, count > 1", "RLOCK.RELEASE", held_with_count("lock:r"),
+     lambda i: ["RLOCK.RELEASE", "lock:r", OWNER, LEASE]),
+    ("release, count > 1", "RLOCK.RELEASE ... ID", held_with_count("lock:r"),
+     lambda i: ["RLOCK.RELEASE", "lock:r", OWNER, LEASE, "ID", f"{OWNER}:{i}"]),
+    ("release, count > 1", "Redisson script", load_scripts() + held_with_count("lock:r"),
+     lambda i: ["EVALSHA", SHA["unlock"], 3, "lock:r", channel("lock:r"),
+                f"redisson_unlock_latch:{{lock:r}}:{OWNER}:{i}", 0, LEASE, OWNER, "publish",
+                1000]),
+    ("renew", "RLOCK.RENEW", held_with_count("lock:r", 1),
+     lambda i: ["RLOCK.RENEW", "lock:r", OWNER, LEASE]),
+    ("renew", "Redisson script", load_scripts() + held_with_count("lock:r", 1),
+     lambda i: ["EVALSHA", SHA["renew"], 1, "lock:r", LEASE, OWNER]),
+]
+# Acquire + full release of a new lock, two calls per operation.
+CYCLES = [
+    ("acquire + full release", "RLOCK", [],
+     lambda i: [["RLOCK.ACQUIRE", lock_name(i), OWNER, LEASE],
+                ["RLOCK.RELEASE", lock_name(i), OWNER]]),
+    ("acquire + full release", "Redisson scripts", load_scripts(),
+     lambda i: [["EVALSHA", SHA["acquire"], 1, lock_name(i), LEASE, OWNER],
+                ["EVALSHA", SHA["unlock"], 3, lock_name(i), channel(lock_name(i)),
+                 f"redisson_unlock_latch:{{{lock_name(i)}}}:{OWNER}:{i}", 0, LEASE, OWNER,
+                 "publish", 1000]]),
+]
+
+
+def resp(cmd):
+    out = [f"*{len(cmd)}\r\n".encode()]
+    for a in cmd:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(server, modules, setup, calls, workdir, tag):
+    """Instructions the server executed over start-up, set-up, `calls`, shut-down."""
+    port = free_port()
+    out = os.path.join(workdir, f"cg.{tag}.{port}")
+    args = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+            server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--enable-debug-command", "yes", "--dir", workdir]
+    for m in modules:
+        args += ["--loadmodule", m]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while True:
+            ping = subprocess.run(["redis-cli", "-p", str(port), "ping"],
+                                  capture_output=True, text=True)
+            if ping.stdout.strip() == "PONG":
+                break
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{server} did not start (modules {modules})")
+            time.sleep(0.2)
+        stream = b"".join(resp(c) for c in setup) + b"".join(resp(c) for c in calls)
+        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=stream,
+                             capture_output=True, timeout=1800)
+        text = fed.stdout.decode(errors="replace")
+        m = re.search(r"errors: (\d+), replies: (\d+)", text)
+        if not m or int(m.group(2)) != len(setup) + len(calls):
+            raise RuntimeError(f"redis-cli --pipe: {text} {fed.stderr!r}")
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"],
+                       capture_output=True)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with open(out) as f:
+        data = f.read()
+    os.unlink(out)
+    m = re.search(r"^(?:summary|totals): (\d+)", data, re.M)
+    return int(m.group(1))
+
+
+def per_call(server, modules, setup, call, n1, n2, workdir, tag, calls_per_op=1):
+    def stream(n):
+        out = []
+        for i in range(n):
+            c = call(i)
+            out.extend(c if calls_per_op > 1 else [c])
+        return out
+    i1 = run_once(server, modules, setup, stream(n1), workdir, tag + "a")
+    i2 = run_once(server, modules, setup, stream(n2), workdir, tag + "b")
+    return (i2 - i1) / (n2 - n1)
+
+
+def server_version(server):
+    out = subprocess.run([server, "--version"], capture_output=True, text=True).stdout
+    name = "Valkey" if "valkey" in out.lower() else "Redis"
+    m = re.search(r"v=(\S+)", out)
+    return f"{name} {m.group(1) if m else '?'}"
+
+
+def build_floor(workdir):
+    headers = glob.glob(os.path.expanduser(
+        "~/.cargo/registry/src/*/redis-module-2.*/src/include/redismodule.h"))
+    if not headers:
+        raise RuntimeError("redismodule.h not found (build the module first: cargo fetch)")
+    so = os.path.join(workdir, "floor.so")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", so, "-I",
+                    os.path.dirname(sorted(headers)[-1]), os.path.join(HERE, "instr", "floor.c")],
+                   check=True)
+    return so
+
+
+def measure(server, module, floor, n1, n2, jobs, workdir, log):
+    jobs_out = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = {}
+        configs = [
+            ("plain", [], POPULATE),
+            ("floor", [floor], POPULATE),
+            ("rlock, no lock", [module], POPULATE),
+            ("rlock, " + f"{LOCKS_HELD:,}".replace(",", " ") + " locks", [module],
+             POPULATE + hold_locks(LOCKS_HELD)),
+        ]
+        for label, call in TAX:
+            for cfg, mods, setup in configs:
+                f = pool.submit(per_call, server, mods, setup, call, n1, n2, workdir,
+                                f"tax{len(futs)}")
+                futs[f] = ("tax", label, cfg)
+        for label, impl, setup, call in LOCKS:
+            mods = [module] if impl.startswith("RLOCK") else []
+            f = pool.submit(per_call, server, mods, setup, call, n1, n2, workdir,
+                            f"lock{len(futs)}")
+            futs[f] = ("lock", label, impl)
+        for label, impl, setup, call in CYCLES:
+            mods = [module] if impl.startswith("RLOCK") else []
+            f = pool.submit(per_call, server, mods, setup, call, n1 // 2, n2 // 2, workdir,
+                            f"cyc{len(futs)}", calls_per_op=2)
+            futs[f] = ("lock", label, impl)
+        for f in concurrent.futures.as_completed(futs):
+            jobs_out[futs[f]] = f.result()
+            log(f"  {futs[f]}: {jobs_out[futs[f]]:.0f}")
+    return jobs_out, [c[0] for c in configs]
+
+
+def tax_table(results, configs):
+    plain, floor, none, held = configs
+    lines = [f"| instructions per call | {plain} | {floor} | {none} | {held} | tax, no lock | "
+             f"tax, {held.split(', ')[1]} | floor's tax |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, _ in TAX:
+        p, f, n, h = (results[("tax", label, c)] for c in configs)
+        lines.append(f"| {label} | {p:.0f} | {f:.0f} | {n:.0f} | {h:.0f} | "
+                     f"{(n / p - 1) * 100:+.1f} % | {(h / p - 1) * 100:+.1f} % | "
+                     f"{(f / p - 1) * 100:+.1f} % |")
+    return lines
+
+
+def lock_table(results):
+    groups = {}
+    for (kind, label, impl), v in results.items():
+        if kind == "lock":
+            groups.setdefault(label, {})[impl] = v
+    order = ["acquire, new lock", "acquire, re-entry", "acquire, contended",
+             "release, count > 1", "renew", "acquire + full release"]
+    lines = ["| operation | rlock | Redisson script | SET NX PX | Redisson / rlock | "
+             "rlock / SET NX PX |", "|---|---:|---:|---:|---:|---:|"]
+    for label in order:
+        g = groups.get(label, {})
+        rl = [(k, v) for k, v in g.items() if k.startswith("RLOCK")]
+        red = next((v for k, v in g.items() if k.startswith("Redisson")), None)
+        setnx = g.get("SET NX PX")
+        for name, v in sorted(rl):
+            lines.append(
+                f"| {label} ({name}) | {v:.0f} | {red:.0f} | "
+                f"{f'{setnx:.0f}' if setnx else ''} | {red / v:.2f}x | "
+                f"{f'{v / setnx:.2f}x' if setnx else ''} |")
+    return lines
+
+
+def write_report(path, sections):
+    begin, end = "<!-- instr:begin -->", "<!-- instr:end -->"
+    body = "\n".join(sections)
+    text = open(path).read() if os.path.exists(path) else ""
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--module", required=True, help="librlock.so (a --release build)")
+    ap.add_argument("--server", action="append", required=True,
+                    help="server binary; repeat for several (redis-server, valkey-server)")
+    ap.add_argument("--report", help="write the tables into this file (BENCHMARK.md)")
+    ap.add_argument("--n1", type=int, default=2_000)
+    ap.add_argument("--n2", type=int, default=12_000)
+    ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
+    a = ap.parse_args()
+    started = time.time()
+    sections = [
+        "## Instructions per call (`make bench-instr`)",
+        "",
+        "Deterministic, unlike the wall-clock figures above: instructions the server executes, "
+        "counted by valgrind's callgrind (`bench/instr.py`). Each workload runs on a fresh "
+        "server twice, with N1 and N2 calls, sent pipelined by `redis-cli --pipe`; per call "
+        f"= (I(N2) - I(N1)) / (N2 - N1), N1 = {a.n1}, N2 = {a.n2}, which cancels start-up "
+        "and set-up. String keys `key:0..99999` exist (DEBUG POPULATE), so SET overwrites "
+        "and DEL, EXPIRE and GET find their key; counters, lists and hashes are new keys; "
+        "keys follow a fixed permutation of 100 000 names. The module is a --release build. "
+        "*floor* is a do-nothing module subscribed to what rlock subscribes to on that "
+        "server (bench/instr/floor.c): the server's own cost of telling any module, "
+        "which no module goes below.",
+        "",
+    ]
+    with tempfile.TemporaryDirectory(prefix="rlock-instr-") as workdir:
+        floor = build_floor(workdir)
+        for server in a.server:
+            version = server_version(server)
+            print(f"{version} ({server})", file=sys.stderr)
+            results, configs = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
+                                       a.jobs, workdir, lambda s: print(s, file=sys.stderr))
+            sections += [f"### {version}", "", "Commands that are not locks:", ""]
+            sections += tax_table(results, configs)
+            sections += ["", "Lock commands (Redisson's scripts by EVALSHA, as Redisson "
+                         "sends them, with its unlock latch key):", ""]
+            sections += lock_table(results)
+            sections.append("")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
+    out = "\n".join(sections)
+    print(out)
+    if a.report:
+        write_report(a.report, sections)
+
+
+if __name__ == "__main__":
+    main()
