@@ -11,7 +11,7 @@ REDIS_SERVER ?= $(shell command -v redis-server 2>/dev/null || echo /usr/bin/red
 export RLOCK_MODULE ?= $(MODULE)
 export REDIS_SERVER
 
-.PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-quick clean
+.PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -64,6 +64,11 @@ bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes 
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
+
+bench-instr: ## Instructions per call under callgrind (tax on other commands; RLOCK vs Redisson vs SET NX PX); writes BENCHMARK.md
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	python3 bench/instr.py --module $(MODULE_RELEASE) --server $(REDIS_SERVER) $(if $(VALKEY_SERVER),--server $(VALKEY_SERVER)) --report BENCHMARK.md
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock

@@ -3,8 +3,9 @@
 
 Deterministic where `make bench` (wall clock, shared machine) is not: every figure is the
 number of instructions the server executes, counted by valgrind's callgrind. Each
-workload runs twice on a fresh server under callgrind, once with N1 calls and once with
-N2; per call = (I(N2) - I(N1)) / (N2 - N1), which cancels start-up, set-up and shut-down.
+workload runs a segment of N1 calls, then one of N2, on a server under callgrind that
+dumps its counters at every PING put between segments; per call = (I(N2) - I(N1)) /
+(N2 - N1), which cancels what a segment costs beyond its calls.
 Commands are sent pipelined by `redis-cli --pipe` from a generated stream (keys spread
 over 100 000 names by a fixed permutation, so reruns are identical).
 
@@ -81,8 +82,8 @@ def slot(i):
     return (i * 7919 + 13) % SPACE
 
 
-def lock_name(i):
-    return f"lock:{slot(i)}"
+def key(prefix, i):
+    return f"{prefix}:{slot(i)}"
 
 
 def channel(name):
@@ -98,68 +99,73 @@ def load_scripts():
     return [["SCRIPT", "LOAD", src] for src in (ACQUIRE, UNLOCK, RENEW)]
 
 
-def held_with_count(name, count=10_000_000):
-    """A lock held by OWNER with a count no run brings to zero (release measures HINCRBY -1)."""
-    return [["HSET", name, OWNER, count], ["PEXPIRE", name, LEASE]]
+def held_with_count(name, count=1, owner=OWNER):
+    """A lock held by `owner`; a huge count no run brings to zero makes every release
+    a count-down (HINCRBY -1 and a new lease)."""
+    return [["HSET", name, owner, count], ["PEXPIRE", name, LEASE]]
 
+
+# A workload: (label, set-up, call(i) -> one command or a list of commands per operation).
 
 # --- Table 1: commands that are not locks ----------------------------------------------
-# Existing string keys (DEBUG POPULATE: key:0..key:99999), so SET overwrites, DEL and
-# EXPIRE find their key, GET hits; counters, lists and hashes are new keys.
+# Existing string keys (DEBUG POPULATE: key:0..key:199999, the dict presized), so SET
+# overwrites, DEL and EXPIRE find their key, GET hits; counters, lists and hashes are new
+# keys. DEL runs last: it removes what the others use.
 TAX = [
-    ("SET k v", lambda i: ["SET", f"key:{slot(i)}", "v"]),
-    ("SET k v PX", lambda i: ["SET", f"key:{slot(i)}", "v", "PX", LEASE]),
-    ("INCR c", lambda i: ["INCR", f"ctr:{slot(i)}"]),
-    ("LPUSH l v", lambda i: ["LPUSH", f"list:{slot(i)}", "v"]),
-    ("HSET h f v", lambda i: ["HSET", f"hash:{slot(i)}", "f", "v"]),
-    ("DEL k", lambda i: ["DEL", f"key:{slot(i)}"]),
-    ("EXPIRE k s", lambda i: ["EXPIRE", f"key:{slot(i)}", 600]),
-    ("GET k", lambda i: ["GET", f"key:{slot(i)}"]),
+    ("SET k v", [], lambda i: ["SET", key("key", i), "v"]),
+    ("SET k v PX", [], lambda i: ["SET", key("key", i), "v", "PX", LEASE]),
+    ("INCR c", [], lambda i: ["INCR", key("ctr", i)]),
+    ("LPUSH l v", [], lambda i: ["LPUSH", key("list", i), "v"]),
+    ("HSET h f v", [], lambda i: ["HSET", key("hash", i), "f", "v"]),
+    ("GET k", [], lambda i: ["GET", key("key", i)]),
+    ("EXPIRE k s", [], lambda i: ["EXPIRE", key("key", i), 600]),
+    ("DEL k", [], lambda i: ["DEL", key("key", i)]),
 ]
-POPULATE = [["DEBUG", "POPULATE", SPACE, "key", 1]]
+POPULATE = [["DEBUG", "POPULATE", 2 * SPACE, "key", 1]]
 
-# --- Table 2: lock commands --------------------------------------------------------------
-# (label, set-up, call i, calls per operation)
-LOCKS = [
-    ("acquire, new lock", "RLOCK.ACQUIRE", [],
-     lambda i: ["RLOCK.ACQUIRE", lock_name(i), OWNER, LEASE]),
-    ("acquire, new lock", "Redisson script", load_scripts(),
-     lambda i: ["EVALSHA", SHA["acquire"], 1, lock_name(i), LEASE, OWNER]),
-    ("acquire, new lock", "SET NX PX", [],
-     lambda i: ["SET", lock_name(i), OWNER, "NX", "PX", LEASE]),
-    ("acquire, re-entry", "RLOCK.ACQUIRE", held_with_count("lock:r", 1),
-     lambda i: ["RLOCK.ACQUIRE", "lock:r", OWNER, LEASE]),
-    ("acquire, re-entry", "Redisson script", load_scripts() + held_with_count("lock:r", 1),
-     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:r", LEASE, OWNER]),
-    ("acquire, contended", "RLOCK.ACQUIRE", held_with_count("lock:c", 1),
-     lambda i: ["RLOCK.ACQUIRE", "lock:c", OTHER, LEASE]),
-    ("acquire, contended", "Redisson script", load_scripts() + held_with_count("lock:c", 1),
-     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:c", LEASE, OTHER]),
-    ("acquire, contended", "SET NX PX", [["SET", "lock:c", OTHER]],
-     lambda i: ["SET", "lock:c", OWNER, "NX", "PX", LEASE]),
-    ("release, count > 1", "RLOCK.RELEASE", held_with_count("lock:r"),
-     lambda i: ["RLOCK.RELEASE", "lock:r", OWNER, LEASE]),
-    ("release, count > 1", "RLOCK.RELEASE ... ID", held_with_count("lock:r"),
-     lambda i: ["RLOCK.RELEASE", "lock:r", OWNER, LEASE, "ID", f"{OWNER}:{i}"]),
-    ("release, count > 1", "Redisson script", load_scripts() + held_with_count("lock:r"),
-     lambda i: ["EVALSHA", SHA["unlock"], 3, "lock:r", channel("lock:r"),
-                f"redisson_unlock_latch:{{lock:r}}:{OWNER}:{i}", 0, LEASE, OWNER, "publish",
-                1000]),
-    ("renew", "RLOCK.RENEW", held_with_count("lock:r", 1),
-     lambda i: ["RLOCK.RENEW", "lock:r", OWNER, LEASE]),
-    ("renew", "Redisson script", load_scripts() + held_with_count("lock:r", 1),
-     lambda i: ["EVALSHA", SHA["renew"], 1, "lock:r", LEASE, OWNER]),
+# --- Table 2: lock commands, (operation, implementation) -> workload -------------------
+RLOCK_WORKLOADS = [
+    (("acquire, new lock", "RLOCK.ACQUIRE"), [],
+     lambda i: ["RLOCK.ACQUIRE", key("lock", i), OWNER, LEASE]),
+    (("acquire, re-entry", "RLOCK.ACQUIRE"), held_with_count("lock:re"),
+     lambda i: ["RLOCK.ACQUIRE", "lock:re", OWNER, LEASE]),
+    (("acquire, contended", "RLOCK.ACQUIRE"), held_with_count("lock:c", owner=OTHER),
+     lambda i: ["RLOCK.ACQUIRE", "lock:c", OWNER, LEASE]),
+    (("release, count > 1", "RLOCK.RELEASE"), held_with_count("lock:rel", 10_000_000),
+     lambda i: ["RLOCK.RELEASE", "lock:rel", OWNER, LEASE]),
+    (("release, count > 1", "RLOCK.RELEASE ... ID"), held_with_count("lock:reli", 10_000_000),
+     lambda i: ["RLOCK.RELEASE", "lock:reli", OWNER, LEASE, "ID", f"{OWNER}:{i}"]),
+    (("renew", "RLOCK.RENEW"), held_with_count("lock:rn"),
+     lambda i: ["RLOCK.RENEW", "lock:rn", OWNER, LEASE]),
+    (("acquire + full release", "RLOCK"), [],
+     lambda i: [["RLOCK.ACQUIRE", key("cyc", i), OWNER, LEASE],
+                ["RLOCK.RELEASE", key("cyc", i), OWNER]]),
 ]
-# Acquire + full release of a new lock, two calls per operation.
-CYCLES = [
-    ("acquire + full release", "RLOCK", [],
-     lambda i: [["RLOCK.ACQUIRE", lock_name(i), OWNER, LEASE],
-                ["RLOCK.RELEASE", lock_name(i), OWNER]]),
-    ("acquire + full release", "Redisson scripts", load_scripts(),
-     lambda i: [["EVALSHA", SHA["acquire"], 1, lock_name(i), LEASE, OWNER],
-                ["EVALSHA", SHA["unlock"], 3, lock_name(i), channel(lock_name(i)),
-                 f"redisson_unlock_latch:{{{lock_name(i)}}}:{OWNER}:{i}", 0, LEASE, OWNER,
-                 "publish", 1000]]),
+
+
+def redisson_unlock(name, i):
+    return ["EVALSHA", SHA["unlock"], 3, name, channel(name),
+            f"redisson_unlock_latch:{{{name}}}:{OWNER}:{i}", 0, LEASE, OWNER, "publish", 1000]
+
+
+PLAIN_WORKLOADS = [
+    (("acquire, new lock", "Redisson script"), load_scripts(),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, key("lock", i), LEASE, OWNER]),
+    (("acquire, new lock", "SET NX PX"), [],
+     lambda i: ["SET", key("snx", i), OWNER, "NX", "PX", LEASE]),
+    (("acquire, re-entry", "Redisson script"), held_with_count("lock:re"),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:re", LEASE, OWNER]),
+    (("acquire, contended", "Redisson script"), held_with_count("lock:c", owner=OTHER),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:c", LEASE, OWNER]),
+    (("acquire, contended", "SET NX PX"), [["SET", "snx:c", OTHER]],
+     lambda i: ["SET", "snx:c", OWNER, "NX", "PX", LEASE]),
+    (("release, count > 1", "Redisson script"), held_with_count("lock:rel", 10_000_000),
+     lambda i: redisson_unlock("lock:rel", i)),
+    (("renew", "Redisson script"), held_with_count("lock:rn"),
+     lambda i: ["EVALSHA", SHA["renew"], 1, "lock:rn", LEASE, OWNER]),
+    (("acquire + full release", "Redisson scripts"), [],
+     lambda i: [["EVALSHA", SHA["acquire"], 1, key("cyc", i), LEASE, OWNER],
+                redisson_unlock(key("cyc", i), i)]),
 ]
 
 
@@ -177,57 +183,74 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_once(server, modules, setup, calls, workdir, tag):
-    """Instructions the server executed over start-up, set-up, `calls`, shut-down."""
+def commands(call, indices):
+    out = []
+    for i in indices:
+        c = call(i)
+        out.extend(c if isinstance(c[0], list) else [c])
+    return out
+
+
+def run_server(server, modules, setup, workloads, n1, n2, workdir, tag):
+    """Runs every workload on one server under callgrind; instructions per operation.
+
+    callgrind dumps its counters before every PING (`--dump-before=pingCommand`), so a
+    PING between two segments of calls splits them: each workload runs a segment of N1
+    operations, then one of N2, and per operation = (I(N2 part) - I(N1 part)) / (N2 - N1).
+    """
     port = free_port()
-    out = os.path.join(workdir, f"cg.{tag}.{port}")
+    out = os.path.join(workdir, f"cg.{tag}")
     args = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-            server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--enable-debug-command", "yes", "--dir", workdir]
+            "--dump-before=pingCommand", "--toggle-collect=processCommand", server, "--port", str(port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--enable-debug-command", "yes",
+            "--hz", "1", "--dir", workdir]
     for m in modules:
         args += ["--loadmodule", m]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ping = ["PING"]
+    stream = list(setup)
+    for _, wsetup, _ in workloads:
+        stream += wsetup
+    stream.append(ping)
+    for _, _, call in workloads:
+        stream += commands(call, range(n1)) + [ping]
+        stream += commands(call, range(n1, n1 + n2)) + [ping]
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 120
         while True:
-            ping = subprocess.run(["redis-cli", "-p", str(port), "ping"],
-                                  capture_output=True, text=True)
-            if ping.stdout.strip() == "PONG":
+            alive = subprocess.run(["redis-cli", "-p", str(port), "ping"],
+                                   capture_output=True, text=True)
+            if alive.stdout.strip() == "PONG":
                 break
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"{server} did not start (modules {modules})")
             time.sleep(0.2)
-        stream = b"".join(resp(c) for c in setup) + b"".join(resp(c) for c in calls)
-        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=stream,
-                             capture_output=True, timeout=1800)
+        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe"],
+                             input=b"".join(resp(c) for c in stream),
+                             capture_output=True, timeout=3600)
         text = fed.stdout.decode(errors="replace")
         m = re.search(r"errors: (\d+), replies: (\d+)", text)
-        if not m or int(m.group(2)) != len(setup) + len(calls):
+        if not m or int(m.group(2)) != len(stream):
             raise RuntimeError(f"redis-cli --pipe: {text} {fed.stderr!r}")
         subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"],
                        capture_output=True)
-        proc.wait(120)
+        proc.wait(300)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    with open(out) as f:
-        data = f.read()
-    os.unlink(out)
-    m = re.search(r"^(?:summary|totals): (\d+)", data, re.M)
-    return int(m.group(1))
-
-
-def per_call(server, modules, setup, call, n1, n2, workdir, tag, calls_per_op=1):
-    def stream(n):
-        out = []
-        for i in range(n):
-            c = call(i)
-            out.extend(c if calls_per_op > 1 else [c])
-        return out
-    i1 = run_once(server, modules, setup, stream(n1), workdir, tag + "a")
-    i2 = run_once(server, modules, setup, stream(n2), workdir, tag + "b")
-    return (i2 - i1) / (n2 - n1)
+    parts = {}
+    for f in glob.glob(out + "*"):
+        with open(f) as fh:
+            data = fh.read()
+        part = re.search(r"^part: (\d+)", data, re.M)
+        total = re.search(r"^(?:summary|totals): (\d+)", data, re.M)
+        parts[int(part.group(1)) if part else 0] = int(total.group(1))
+        os.unlink(f)
+    totals = [parts[k] for k in sorted(parts)]
+    segments = totals[-(2 * len(workloads) + 1):-1]
+    return {label: (segments[2 * k + 1] - segments[2 * k]) / (n2 - n1)
+            for k, (label, _, _) in enumerate(workloads)}
 
 
 def server_version(server):
@@ -250,35 +273,25 @@ def build_floor(workdir):
 
 
 def measure(server, module, floor, n1, n2, jobs, workdir, log):
-    jobs_out = {}
+    held = "rlock, " + f"{LOCKS_HELD:,}".replace(",", " ") + " locks"
+    configs = [("plain", [], POPULATE), ("floor", [floor], POPULATE),
+               ("rlock, no lock", [module], POPULATE),
+               (held, [module], POPULATE + hold_locks(LOCKS_HELD))]
+    runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs]
+    runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS),
+             (("lock", "plain"), [], [], PLAIN_WORKLOADS)]
+    results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futs = {}
-        configs = [
-            ("plain", [], POPULATE),
-            ("floor", [floor], POPULATE),
-            ("rlock, no lock", [module], POPULATE),
-            ("rlock, " + f"{LOCKS_HELD:,}".replace(",", " ") + " locks", [module],
-             POPULATE + hold_locks(LOCKS_HELD)),
-        ]
-        for label, call in TAX:
-            for cfg, mods, setup in configs:
-                f = pool.submit(per_call, server, mods, setup, call, n1, n2, workdir,
-                                f"tax{len(futs)}")
-                futs[f] = ("tax", label, cfg)
-        for label, impl, setup, call in LOCKS:
-            mods = [module] if impl.startswith("RLOCK") else []
-            f = pool.submit(per_call, server, mods, setup, call, n1, n2, workdir,
-                            f"lock{len(futs)}")
-            futs[f] = ("lock", label, impl)
-        for label, impl, setup, call in CYCLES:
-            mods = [module] if impl.startswith("RLOCK") else []
-            f = pool.submit(per_call, server, mods, setup, call, n1 // 2, n2 // 2, workdir,
-                            f"cyc{len(futs)}", calls_per_op=2)
-            futs[f] = ("lock", label, impl)
+        futs = {pool.submit(run_server, server, mods, setup, workloads, n1, n2, workdir,
+                            f"{n}"): name
+                for n, (name, mods, setup, workloads) in enumerate(runs)}
         for f in concurrent.futures.as_completed(futs):
-            jobs_out[futs[f]] = f.result()
-            log(f"  {futs[f]}: {jobs_out[futs[f]]:.0f}")
-    return jobs_out, [c[0] for c in configs]
+            kind, cfg = futs[f]
+            for label, v in f.result().items():
+                k = ("tax", label, cfg) if kind == "tax" else ("lock",) + label
+                results[k] = v
+                log(f"  {k}: {v:.0f}")
+    return results, [c[0] for c in configs]
 
 
 def tax_table(results, configs):
@@ -286,7 +299,7 @@ def tax_table(results, configs):
     lines = [f"| instructions per call | {plain} | {floor} | {none} | {held} | tax, no lock | "
              f"tax, {held.split(', ')[1]} | floor's tax |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for label, _ in TAX:
+    for label, _, _ in TAX:
         p, f, n, h = (results[("tax", label, c)] for c in configs)
         lines.append(f"| {label} | {p:.0f} | {f:.0f} | {n:.0f} | {h:.0f} | "
                      f"{(n / p - 1) * 100:+.1f} % | {(h / p - 1) * 100:+.1f} % | "
@@ -344,10 +357,16 @@ def main():
         "## Instructions per call (`make bench-instr`)",
         "",
         "Deterministic, unlike the wall-clock figures above: instructions the server executes, "
-        "counted by valgrind's callgrind (`bench/instr.py`). Each workload runs on a fresh "
-        "server twice, with N1 and N2 calls, sent pipelined by `redis-cli --pipe`; per call "
-        f"= (I(N2) - I(N1)) / (N2 - N1), N1 = {a.n1}, N2 = {a.n2}, which cancels start-up "
-        "and set-up. String keys `key:0..99999` exist (DEBUG POPULATE), so SET overwrites "
+        "counted by valgrind's callgrind (`bench/instr.py`). Each workload runs a segment "
+        "of N1 calls, then one of N2, sent pipelined by `redis-cli --pipe` to a server "
+        "under callgrind that dumps its counters at a PING between segments; per call "
+        f"= (I(N2) - I(N1)) / (N2 - N1), N1 = {a.n1}, N2 = {a.n2}, which cancels what a "
+        "segment costs beyond its calls. Only instructions inside `processCommand` are "
+        "counted (`--toggle-collect`): the command, its keyspace events and module "
+        "callbacks, propagation, post-notification jobs; not reading, parsing, writing "
+        "replies or the server's timer, which cost the same with or without the module and "
+        "whose amounts depend on how the kernel happened to split the stream (they made "
+        "reruns differ by a few per cent). String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites "
         "and DEL, EXPIRE and GET find their key; counters, lists and hashes are new keys; "
         "keys follow a fixed permutation of 100 000 names. The module is a --release build. "
         "*floor* is a do-nothing module subscribed to what rlock subscribes to on that "

@@ -78,6 +78,38 @@ impl LockKey {
         }
     }
 
+    /// The number of fields of a hash (elements of any other type).
+    pub fn value_length(&self) -> usize {
+        if self.key.is_null() {
+            return 0;
+        }
+        unsafe { raw::RedisModule_ValueLength.unwrap()(self.key) }
+    }
+
+    /// Calls `f` with the value of one hash field (binary-safe), if the field exists. One
+    /// lookup, where reading the whole hash needs a scan cursor and a string per field.
+    pub fn hash_get_with<R>(&self, field: &RedisString, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        if self.key.is_null() {
+            return None;
+        }
+        let mut value: *mut raw::RedisModuleString = ptr::null_mut();
+        unsafe {
+            raw::RedisModule_HashGet.unwrap()(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.inner,
+                ptr::addr_of_mut!(value),
+                ptr::null::<c_char>(),
+            );
+        }
+        if value.is_null() {
+            return None;
+        }
+        let out = f(string_bytes(value));
+        unsafe { raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), value) };
+        Some(out)
+    }
+
     /// All (field, value) pairs of a hash key.
     pub fn hash_fields(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         extern "C" fn collect(

@@ -26,6 +26,25 @@ pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
     }
 }
 
+/// [`read`] for a command by `owner`. The common lock, one owner's field alone, is read
+/// with one field lookup; anything else (another holder, several, a bad value) falls back
+/// to reading every field, which also validates them.
+pub fn read_for(key: &LockKey, owner: &RedisString) -> Result<LockState, &'static str> {
+    if key.kind() != KeyKind::Hash || key.value_length() != 1 {
+        return read(key);
+    }
+    match key.hash_get_with(owner, core::parse_i64) {
+        Some(Some(count)) if count >= 1 => Ok(LockState::Held {
+            holders: vec![core::Holder {
+                owner: owner.as_slice().to_vec(),
+                count,
+            }],
+            pttl: key.pttl(),
+        }),
+        _ => read(key),
+    }
+}
+
 fn number(n: i64) -> RedisString {
     ffi::long_string(n)
 }
