@@ -37,8 +37,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
 use redis_module::{
-    server_events::FlushSubevent, server_events::ServerRole, Context, ContextFlags,
-    RedisString,
+    server_events::FlushSubevent, server_events::ServerRole, Context, ContextFlags, RedisString,
 };
 use redis_module_macros::{flush_event_handler, role_changed_event_handler};
 

@@ -533,6 +533,8 @@ pub fn stop_timer(ctx: &Context, id: TimerId) {
 pub enum Arg<'a> {
     Str(&'a RedisString),
     Int(i64),
+    /// A constant word (an option name such as PXAT).
+    Word(&'static std::ffi::CStr),
 }
 
 pub fn replicate(ctx: &Context, cmd: &std::ffi::CStr, args: &[Arg]) {
@@ -550,6 +552,15 @@ pub fn replicate(ctx: &Context, cmd: &std::ffi::CStr, args: &[Arg]) {
             [Arg::Str(a), Arg::Str(b), Arg::Int(n)] => {
                 f(c, name, c"ssl".as_ptr(), a.inner, b.inner, *n as c_longlong)
             }
+            [Arg::Str(a), Arg::Str(b), Arg::Word(w), Arg::Int(n)] => f(
+                c,
+                name,
+                c"sscl".as_ptr(),
+                a.inner,
+                b.inner,
+                w.as_ptr(),
+                *n as c_longlong,
+            ),
             _ => unreachable!("no other argument shape is replicated"),
         };
     }
@@ -608,11 +619,7 @@ pub fn subscribe_keyspace(ctx: &Context, f: KeyHandler) {
         | raw::REDISMODULE_NOTIFY_EXPIRED
         | raw::REDISMODULE_NOTIFY_EVICTED;
     unsafe {
-        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(
-            ctx.ctx,
-            classes,
-            Some(keyspace_cb),
-        );
+        raw::RedisModule_SubscribeToKeyspaceEvents.unwrap()(ctx.ctx, classes, Some(keyspace_cb));
     }
 }
 
@@ -694,5 +701,7 @@ pub fn add_post_job(ctx: &Context) -> bool {
     let Some(add) = (unsafe { raw::RedisModule_AddPostNotificationJob }) else {
         return false;
     };
-    unsafe { add(ctx.ctx, Some(post_job_cb), ptr::null_mut(), None) == raw::REDISMODULE_OK as c_int }
+    unsafe {
+        add(ctx.ctx, Some(post_job_cb), ptr::null_mut(), None) == raw::REDISMODULE_OK as c_int
+    }
 }
