@@ -12,11 +12,13 @@
 //!   modules directly (the key server event), and only those: a SET of a new key, an
 //!   INCR, an LPUSH never reach the module. A key that is not a hash is turned away in
 //!   ffi.rs before its name is read.
+//!   Not reported there: a lock spoiled in place (HSET of a field that is no hold count).
+//!   It is noticed lazily: by the next RLOCK command on the key, or, with waiters, by the
+//!   expiry timer they already arm for the old lease's end.
 //! - Redis 7.0 has only keyspace events. The module subscribes to the classes that can
-//!   remove or replace a hash (generic, string, set, zset, expired, evicted), not list,
-//!   hash or stream. The one command left out that can replace a hash, SORT ... STORE, is
-//!   noticed lazily: by the next RLOCK command on the key, or, with waiters, by the expiry
-//!   timer they already arm for the old lease's end.
+//!   remove, replace or spoil a hash (generic, string, set, zset, hash, expired, evicted),
+//!   not list or stream. The one command left out that can replace a hash, SORT ... STORE,
+//!   is noticed lazily, as above.
 //!
 //! In both, the callback rejects a key that is no lock in a handful of instructions: a
 //! counting filter over a cheap hash of the tracked keys sits in front of the set.

@@ -605,17 +605,18 @@ extern "C" fn keyspace_cb(
     raw::REDISMODULE_OK as c_int
 }
 
-/// Subscribes `f` to the keyspace event classes that can remove or replace a hash:
-/// generic (DEL, UNLINK, RENAME, MOVE, COPY, RESTORE), string (SET, BITOP), set and
-/// zset (the *STORE commands), expired, evicted. Not list, hash or stream: no command of
-/// theirs replaces a hash (SORT ... STORE does, and is noticed lazily, see events.rs),
-/// and HDEL of a hash's last field fires a generic "del".
+/// Subscribes `f` to the keyspace event classes that can remove, replace or spoil a lock
+/// hash: generic (DEL, UNLINK, RENAME, MOVE, COPY, RESTORE), string (SET, BITOP), set
+/// and zset (the *STORE commands), hash (a field written that is no hold count), expired,
+/// evicted. Not list or stream: no command of theirs touches a hash (SORT ... STORE
+/// replaces one, and is noticed lazily, see events.rs).
 pub fn subscribe_keyspace(ctx: &Context, f: KeyHandler) {
     let _ = KEYSPACE_HANDLER.set(f);
     let classes = raw::REDISMODULE_NOTIFY_GENERIC
         | raw::REDISMODULE_NOTIFY_STRING
         | raw::REDISMODULE_NOTIFY_SET
         | raw::REDISMODULE_NOTIFY_ZSET
+        | raw::REDISMODULE_NOTIFY_HASH
         | raw::REDISMODULE_NOTIFY_EXPIRED
         | raw::REDISMODULE_NOTIFY_EVICTED;
     unsafe {

@@ -4,7 +4,7 @@
  * can go below. Mirrors the choice in src/events.rs: where the server reports key
  * removal and overwrite (post-notification jobs exist, Redis 7.2+ / Valkey), the key
  * server event and no keyspace classes; otherwise (7.0) the keyspace classes that can
- * remove or replace a hash. */
+ * remove, replace or spoil a hash. */
 #define REDISMODULE_MAIN
 #include "redismodule.h"
 
@@ -26,6 +26,6 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         return RedisModule_SubscribeToServerEvent(ctx, key, on_key);
     }
     int classes = REDISMODULE_NOTIFY_GENERIC | REDISMODULE_NOTIFY_STRING | REDISMODULE_NOTIFY_SET
-        | REDISMODULE_NOTIFY_ZSET | REDISMODULE_NOTIFY_EXPIRED | REDISMODULE_NOTIFY_EVICTED;
+        | REDISMODULE_NOTIFY_ZSET | REDISMODULE_NOTIFY_HASH | REDISMODULE_NOTIFY_EXPIRED | REDISMODULE_NOTIFY_EVICTED;
     return RedisModule_SubscribeToKeyspaceEvents(ctx, classes, on_keyspace);
 }
