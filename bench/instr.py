@@ -204,7 +204,7 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag):
             "--dump-before=pingCommand", "--toggle-collect=processCommand", server, "--port", str(port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--enable-debug-command", "yes",
             "--hz", "1", "--slowlog-log-slower-than", "-1", "--latency-tracking", "no",
-            "--dir", workdir]
+            "--activerehashing", "no", "--dir", workdir]
     for m in modules:
         args += ["--loadmodule", m]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -371,8 +371,9 @@ def main():
         "callbacks, propagation, post-notification jobs; not reading, parsing, writing "
         "replies or the server's timer, which cost the same with or without the module and "
         "whose amounts depend on how the kernel happened to split the stream (they made "
-        "reruns differ by a few per cent). The slow log and latency tracking are off: "
-        "under valgrind on a loaded machine, whether a call took 10 ms is luck. String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites "
+        "reruns differ by a few per cent). The slow log, latency tracking and the timer's "
+        "rehashing are off: under valgrind on a loaded machine, whether a call took 10 ms, "
+        "or how far a table was rehashed in 1 ms slices between calls, is luck. String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites "
         "and DEL, EXPIRE and GET find their key; counters, lists and hashes are new keys; "
         "keys follow a fixed permutation of 100 000 names. The module is a --release build. "
         "*floor* is a do-nothing module subscribed to what rlock subscribes to on that "
