@@ -53,19 +53,17 @@ use crate::waiters::{self, Granted, Path, Served};
 /// The tag of the pending-list timer; expiry timers use tags from 1 up.
 const SWEEP_TAG: u64 = 0;
 
-/// The lock keys the module wrote, per db, behind a filter that answers "surely not" for
-/// almost every other key at the cost of a cheap hash. The set hashes with foldhash, seeded
-/// at random per set: key names come from clients, so a fixed hash would let them pile
-/// keys into one bucket; SipHash (std's default) cost 6 % of a new lock's ACQUIRE.
+/// The lock keys the module wrote, per db, behind [`FILTER`], which answers "surely not"
+/// for almost every other key at the cost of a cheap hash. The set hashes with foldhash,
+/// seeded at random per set: key names come from clients, so a fixed hash would let them
+/// pile keys into one bucket; SipHash (std's default) cost 6 % of a new lock's ACQUIRE.
 #[derive(Default)]
 struct Tracked {
     dbs: HashMap<i32, HashSet<Box<[u8]>, foldhash::fast::RandomState>>,
-    /// Saturating counters indexed by [`quick_hash`] (a key's db is not hashed). A zero
-    /// counter means no tracked key has that hash; a saturated one never goes down.
-    filter: Vec<u8>,
 }
 
-const FILTER_BITS: u32 = 16;
+/// 2^17 counters: with 10 000 locks tracked, 7 % of other keys pass the filter.
+const FILTER_BITS: u32 = 17;
 
 /// A fast hash of a key name for the filter: 8 bytes at a time, a multiply per word.
 fn quick_hash(key: &[u8]) -> usize {
@@ -84,11 +82,14 @@ fn quick_hash(key: &[u8]) -> usize {
 impl Tracked {
     fn insert(&mut self, db: i32, key: &[u8]) {
         if self.dbs.entry(db).or_default().insert(key.into()) {
-            if self.filter.is_empty() {
-                self.filter = vec![0; 1 << FILTER_BITS];
-            }
-            let c = &mut self.filter[quick_hash(key)];
-            *c = c.saturating_add(1);
+            FILTER.with(|f| {
+                let mut f = f.borrow_mut();
+                if f.is_empty() {
+                    *f = vec![0; 1 << FILTER_BITS];
+                }
+                let c = &mut f[quick_hash(key)];
+                *c = c.saturating_add(1);
+            });
         }
     }
 
@@ -101,17 +102,15 @@ impl Tracked {
             self.dbs.remove(&db);
         }
         if removed {
-            let c = &mut self.filter[quick_hash(key)];
-            if *c != u8::MAX {
-                *c -= 1;
-            }
+            FILTER.with(|f| {
+                if let Some(c) = f.borrow_mut().get_mut(quick_hash(key)) {
+                    if *c != u8::MAX {
+                        *c -= 1;
+                    }
+                }
+            });
         }
         removed
-    }
-
-    /// False for a key surely not tracked in any db; true means "look in the set".
-    fn might_hold(&self, key: &[u8]) -> bool {
-        !self.dbs.is_empty() && self.filter[quick_hash(key)] != 0
     }
 
     fn contains(&self, db: i32, key: &[u8]) -> bool {
@@ -120,11 +119,24 @@ impl Tracked {
 
     fn clear(&mut self) {
         self.dbs.clear();
-        self.filter = Vec::new();
+        FILTER.with(|f| *f.borrow_mut() = Vec::new());
     }
 }
 
+/// False for a key surely not tracked in any db; true means "look in the set".
+fn might_be_tracked(key: &[u8]) -> bool {
+    FILTER.with(|f| {
+        let f = f.borrow();
+        !f.is_empty() && f[quick_hash(key)] != 0
+    })
+}
+
 thread_local! {
+    /// Saturating counters indexed by [`quick_hash`] of the tracked keys (their db is not
+    /// hashed). Zero means no tracked key has that hash; a saturated one never goes down.
+    /// Empty while nothing was ever tracked. Apart from `TRACKED` so that the keyspace
+    /// callback reads it without the set's lazy initialisation.
+    static FILTER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static OWN_WRITES: Cell<u32> = const { Cell::new(0) };
     static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
@@ -184,8 +196,7 @@ fn on_removed(ctx: &Context, db: i32, removal: Removal, key: &[u8]) {
     if OWN_WRITES.with(Cell::get) != 0 {
         return; // the module's own write: it knows what it did
     }
-    let anyone_waits = waiters::with(|q| q.total()) != 0;
-    if !anyone_waits && !TRACKED.with(|t| t.borrow().might_hold(key)) {
+    if !waiters::anyone_waits() && !might_be_tracked(key) {
         return;
     }
     crate::guard::quietly(|| noticed(ctx, db, removal, key));

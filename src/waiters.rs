@@ -8,7 +8,7 @@
 //! [`Queues`] is the bookkeeping, pure and unit-tested; the functions below it are the
 //! glue that blocks clients, arms expiry timers and performs handoffs.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
@@ -292,10 +292,23 @@ thread_local! {
     // All module callbacks run on Redis's main thread. Borrows are kept short and never
     // held across a key write or a notification: those re-enter the event handler.
     static QUEUES: RefCell<Queues> = RefCell::new(Queues::default());
+    /// `total() > 0`, kept beside the queues so that the keyspace callback, which runs on
+    /// every event of the server, reads one flag instead of borrowing them.
+    static ANYONE_WAITS: Cell<bool> = const { Cell::new(false) };
 }
 
 pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
-    QUEUES.with(|q| f(&mut q.borrow_mut()))
+    QUEUES.with(|q| {
+        let mut q = q.borrow_mut();
+        let out = f(&mut q);
+        ANYONE_WAITS.with(|a| a.set(q.total > 0));
+        out
+    })
+}
+
+/// True when any client waits for any lock.
+pub fn anyone_waits() -> bool {
+    ANYONE_WAITS.with(Cell::get)
 }
 
 /// True when somebody waits for this key. Cheap when nobody waits anywhere.
