@@ -37,6 +37,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize};
 
 use redis_module::{
     server_events::FlushSubevent, server_events::ServerRole, Context, ContextFlags, RedisString,
@@ -65,6 +67,15 @@ struct Tracked {
 /// 2^17 counters: with 10 000 locks tracked, 7 % of other keys pass the filter.
 const FILTER_BITS: u32 = 17;
 
+/// Saturating counters indexed by [`quick_hash`] of the tracked keys (their db is not
+/// hashed). Zero means no tracked key has that hash; a saturated one never goes down.
+/// Plain statics rather than thread-locals: the keyspace callback reads them on every
+/// event of the server, and a thread-local in a shared library costs a call to find.
+/// Only Redis's main thread touches them (Relaxed loads and stores are plain moves).
+static FILTER: [AtomicU8; 1 << FILTER_BITS] = [const { AtomicU8::new(0) }; 1 << FILTER_BITS];
+/// How many keys are tracked: zero turns every event away before the key is hashed.
+static TRACKED_KEYS: AtomicUsize = AtomicUsize::new(0);
+
 /// A fast hash of a key name for the filter: 8 bytes at a time, a multiply per word.
 fn quick_hash(key: &[u8]) -> usize {
     const K: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -82,14 +93,9 @@ fn quick_hash(key: &[u8]) -> usize {
 impl Tracked {
     fn insert(&mut self, db: i32, key: &[u8]) {
         if self.dbs.entry(db).or_default().insert(key.into()) {
-            FILTER.with(|f| {
-                let mut f = f.borrow_mut();
-                if f.is_empty() {
-                    *f = vec![0; 1 << FILTER_BITS];
-                }
-                let c = &mut f[quick_hash(key)];
-                *c = c.saturating_add(1);
-            });
+            let c = &FILTER[quick_hash(key)];
+            c.store(c.load(Relaxed).saturating_add(1), Relaxed);
+            TRACKED_KEYS.fetch_add(1, Relaxed);
         }
     }
 
@@ -102,13 +108,12 @@ impl Tracked {
             self.dbs.remove(&db);
         }
         if removed {
-            FILTER.with(|f| {
-                if let Some(c) = f.borrow_mut().get_mut(quick_hash(key)) {
-                    if *c != u8::MAX {
-                        *c -= 1;
-                    }
-                }
-            });
+            let c = &FILTER[quick_hash(key)];
+            let n = c.load(Relaxed);
+            if n != u8::MAX {
+                c.store(n - 1, Relaxed);
+            }
+            TRACKED_KEYS.fetch_sub(1, Relaxed);
         }
         removed
     }
@@ -119,25 +124,28 @@ impl Tracked {
 
     fn clear(&mut self) {
         self.dbs.clear();
-        FILTER.with(|f| *f.borrow_mut() = Vec::new());
+        for c in &FILTER {
+            c.store(0, Relaxed);
+        }
+        TRACKED_KEYS.store(0, Relaxed);
     }
 }
 
 /// False for a key surely not tracked in any db; true means "look in the set".
 fn might_be_tracked(key: &[u8]) -> bool {
-    FILTER.with(|f| {
-        let f = f.borrow();
-        !f.is_empty() && f[quick_hash(key)] != 0
-    })
+    FILTER[quick_hash(key)].load(Relaxed) != 0
 }
 
+/// False when no event can concern the module: no lock tracked, nobody waiting. Asked
+/// before the key's name is even read.
+fn watching() -> bool {
+    TRACKED_KEYS.load(Relaxed) != 0 || waiters::anyone_waits()
+}
+
+/// Nesting depth of the module's own writes (see [`OwnWrite`]); main thread only.
+static OWN_WRITES: AtomicU32 = AtomicU32::new(0);
+
 thread_local! {
-    /// Saturating counters indexed by [`quick_hash`] of the tracked keys (their db is not
-    /// hashed). Zero means no tracked key has that hash; a saturated one never goes down.
-    /// Empty while nothing was ever tracked. Apart from `TRACKED` so that the keyspace
-    /// callback reads it without the set's lazy initialisation.
-    static FILTER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    static OWN_WRITES: Cell<u32> = const { Cell::new(0) };
     static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
     static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
@@ -149,7 +157,7 @@ thread_local! {
 pub fn subscribe(ctx: &Context) {
     ffi::set_post_job_handler(sweep);
     if !ffi::subscribe_key_removals(ctx, on_removed) {
-        ffi::subscribe_keyspace(ctx, on_removed);
+        ffi::subscribe_keyspace(ctx, watching, on_removed);
     }
 }
 
@@ -178,14 +186,14 @@ pub struct OwnWrite(());
 
 impl OwnWrite {
     pub fn begin() -> OwnWrite {
-        OWN_WRITES.with(|c| c.set(c.get() + 1));
+        OWN_WRITES.fetch_add(1, Relaxed);
         OwnWrite(())
     }
 }
 
 impl Drop for OwnWrite {
     fn drop(&mut self) {
-        OWN_WRITES.with(|c| c.set(c.get() - 1));
+        OWN_WRITES.fetch_sub(1, Relaxed);
     }
 }
 
@@ -193,7 +201,7 @@ impl Drop for OwnWrite {
 /// of a class that can do that). Runs on every such event of the server: the common case,
 /// a key that is no lock with nobody waiting anywhere, returns after the filter.
 fn on_removed(ctx: &Context, db: i32, removal: Removal, key: &[u8]) {
-    if OWN_WRITES.with(Cell::get) != 0 {
+    if OWN_WRITES.load(Relaxed) != 0 {
         return; // the module's own write: it knows what it did
     }
     if !waiters::anyone_waits() && !might_be_tracked(key) {

@@ -581,7 +581,7 @@ pub enum Removal {
 /// Called with the db, whether the key expired, and the key's name.
 pub type KeyHandler = fn(&Context, i32, Removal, &[u8]);
 
-static KEYSPACE_HANDLER: OnceLock<KeyHandler> = OnceLock::new();
+static KEYSPACE_HANDLER: OnceLock<(fn() -> bool, KeyHandler)> = OnceLock::new();
 static KEY_EVENT_HANDLER: OnceLock<KeyHandler> = OnceLock::new();
 
 extern "C" fn keyspace_cb(
@@ -590,7 +590,10 @@ extern "C" fn keyspace_cb(
     _event: *const c_char,
     key: *mut raw::RedisModuleString,
 ) -> c_int {
-    if let Some(f) = KEYSPACE_HANDLER.get() {
+    if let Some((watching, f)) = KEYSPACE_HANDLER.get() {
+        if !watching() {
+            return raw::REDISMODULE_OK as c_int;
+        }
         let context = Context::new(ctx);
         let removal = if class & raw::REDISMODULE_NOTIFY_EXPIRED != 0 {
             Removal::Expired
@@ -610,8 +613,10 @@ extern "C" fn keyspace_cb(
 /// and zset (the *STORE commands), hash (a field written that is no hold count), expired,
 /// evicted. Not list or stream: no command of theirs touches a hash (SORT ... STORE
 /// replaces one, and is noticed lazily, see events.rs).
-pub fn subscribe_keyspace(ctx: &Context, f: KeyHandler) {
-    let _ = KEYSPACE_HANDLER.set(f);
+///
+/// `watching` is asked first, before the key's name is read: false turns the event away.
+pub fn subscribe_keyspace(ctx: &Context, watching: fn() -> bool, f: KeyHandler) {
+    let _ = KEYSPACE_HANDLER.set((watching, f));
     let classes = raw::REDISMODULE_NOTIFY_GENERIC
         | raw::REDISMODULE_NOTIFY_STRING
         | raw::REDISMODULE_NOTIFY_SET

@@ -8,9 +8,11 @@
 //! [`Queues`] is the bookkeeping, pure and unit-tested; the functions below it are the
 //! glue that blocks clients, arms expiry timers and performs handoffs.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::{Context, RedisString};
 
@@ -292,23 +294,25 @@ thread_local! {
     // All module callbacks run on Redis's main thread. Borrows are kept short and never
     // held across a key write or a notification: those re-enter the event handler.
     static QUEUES: RefCell<Queues> = RefCell::new(Queues::default());
-    /// `total() > 0`, kept beside the queues so that the keyspace callback, which runs on
-    /// every event of the server, reads one flag instead of borrowing them.
-    static ANYONE_WAITS: Cell<bool> = const { Cell::new(false) };
 }
+
+/// `total() > 0`, kept beside the queues so that the keyspace callback, which runs on
+/// every event of the server, reads one flag instead of borrowing them. A plain static:
+/// only Redis's main thread touches it.
+static ANYONE_WAITS: AtomicBool = AtomicBool::new(false);
 
 pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
     QUEUES.with(|q| {
         let mut q = q.borrow_mut();
         let out = f(&mut q);
-        ANYONE_WAITS.with(|a| a.set(q.total > 0));
+        ANYONE_WAITS.store(q.total > 0, Relaxed);
         out
     })
 }
 
 /// True when any client waits for any lock.
 pub fn anyone_waits() -> bool {
-    ANYONE_WAITS.with(Cell::get)
+    ANYONE_WAITS.load(Relaxed)
 }
 
 /// True when somebody waits for this key. Cheap when nobody waits anywhere.
