@@ -26,7 +26,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	bin=$$(./scripts/server-path.sh "$$s"); echo "== on $$("$$bin" --version)"; \
 	REDIS_SERVER="$$bin"
 
-.PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-quick clean
+.PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python
 
 help: ## List the targets
@@ -86,6 +86,11 @@ bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes 
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 	$(MAKE) bench-python
+
+bench-instr: venv ## Instructions per call under callgrind (tax on other commands; RLOCK vs Redisson vs SET NX PX), each server in SERVERS; writes BENCHMARK.md
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	$(PY) bench/instr.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock

@@ -51,14 +51,29 @@ fn open_for_write(
     ctx: &Context,
     db: i32,
     name: &RedisString,
+    owner: Option<&RedisString>,
 ) -> (LockKey, Result<LockState, &'static str>) {
+    let read = |key: &LockKey| match owner {
+        Some(owner) => store::read_for(key, owner),
+        None => store::read(key),
+    };
     let key = LockKey::open(ctx, name, true);
-    let state = store::read(&key);
+    let state = read(&key);
     if !matches!(state, Ok(LockState::Held { .. })) && waiters::has_waiters(db, name.as_slice()) {
         drop(key);
         waiters::serve(ctx, db, name, waiters::Path::Command);
         let key = LockKey::open(ctx, name, true);
-        let state = store::read(&key);
+        let state = read(&key);
+        return (key, state);
+    }
+    if state.is_err() && events::is_tracked(db, name.as_slice()) {
+        // A lock of ours replaced by something that is no lock, by a command whose
+        // events the module does not watch on this server (SORT ... STORE on 7.0): its
+        // unlock message goes out now, lazily (README, "Freeing and handoff").
+        drop(key);
+        events::settle(ctx, db, name);
+        let key = LockKey::open(ctx, name, true);
+        let state = read(&key);
         return (key, state);
     }
     (key, state)
@@ -89,7 +104,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         let db = ffi::selected_db(ctx);
         let now = ffi::now_ms();
-        let (key, state) = open_for_write(ctx, db, name);
+        let (key, state) = open_for_write(ctx, db, name, Some(owner));
         let plan = core::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
         store::apply(ctx, &key, name, owner, &plan);
         drop(key);
@@ -125,7 +140,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         let db = ffi::selected_db(ctx);
         let now = ffi::now_ms();
-        let (key, state) = open_for_write(ctx, db, name);
+        let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
         let plan = core::release(&state.map_err(err)?, a.owner, lease, now);
         store::apply(ctx, &key, name, &args[2], &plan);
         drop(key);
@@ -151,7 +166,7 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let (owner, lease) = core::parse_renew(&args_after_key(&args)).map_err(err)?;
         let name = &args[1];
         let db = ffi::selected_db(ctx);
-        let (key, state) = open_for_write(ctx, db, name);
+        let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
         let plan = core::renew(&state.map_err(err)?, owner, lease, ffi::now_ms());
         store::apply(ctx, &key, name, &args[2], &plan);
         drop(key);
@@ -171,7 +186,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         let name = &args[1];
         let db = ffi::selected_db(ctx);
-        let (key, state) = open_for_write(ctx, db, name);
+        let (key, state) = open_for_write(ctx, db, name, None);
         let plan = core::force_release(&state.map_err(err)?);
         store::apply(ctx, &key, name, name, &plan);
         drop(key);

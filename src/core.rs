@@ -250,7 +250,19 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
     {
         return None;
     }
-    std::str::from_utf8(bytes).ok()?.parse().ok()
+    // One pass, checked: this runs on every lock read (the hold count) and every lease.
+    let negative = digits.len() != bytes.len();
+    let mut n: i64 = 0;
+    for &d in digits {
+        let d = i64::from(d - b'0');
+        n = n.checked_mul(10)?;
+        n = if negative {
+            n.checked_sub(d)?
+        } else {
+            n.checked_add(d)?
+        };
+    }
+    Some(n)
 }
 
 fn parse_ms(bytes: &[u8], min: i64, err: &'static str) -> Result<i64, &'static str> {

@@ -6,26 +6,48 @@
 //! The module knows which keys are locks it wrote (`TRACKED`): a key is tracked when an
 //! RLOCK command or a handoff creates a lock there, and forgotten when the lock is freed.
 //!
-//! The handoff is not written from inside the notification. Redis propagates the command
+//! How removals are noticed costs every other command of the server, so it depends on
+//! what the server offers (checked at run time, never required at load):
+//! - Redis 7.2+ and Valkey report every key removed, expired, evicted or overwritten to
+//!   modules directly (the key server event), and only those: a SET of a new key, an
+//!   INCR, an LPUSH never reach the module. A key that is not a hash is turned away in
+//!   ffi.rs before its name is read.
+//!   Not reported there: a lock spoiled in place (HSET of a field that is no hold count).
+//!   It is noticed lazily: by the next RLOCK command on the key, or, with waiters, by the
+//!   expiry timer they already arm for the old lease's end.
+//! - Redis 7.0 has only keyspace events. The module subscribes to the classes that can
+//!   remove, replace or spoil a hash (generic, string, set, zset, hash, expired, evicted),
+//!   not list or stream. The one command left out that can replace a hash, SORT ... STORE,
+//!   is noticed lazily, as above.
+//!
+//! In both, the callback rejects a key that is no lock in a handful of instructions: a
+//! counting filter over a cheap hash of the tracked keys sits in front of the set.
+//!
+//! The handoff is not written from inside the notification: Redis propagates the command
 //! that caused the event (DEL, FLUSHALL, the expiry's DEL) *after* the notification
 //! returns, so a lock written from there would reach replicas and the AOF before the
-//! delete and be wiped by it. Instead the key goes on a pending list served by a zero-delay
-//! timer, whose writes propagate after the cause. Until then the key has waiters and no
-//! lock: every RLOCK command that finds it so serves the queue first (see commands.rs), so
-//! no RLOCK client can barge in between.
+//! delete and be wiped by it. The key goes on a pending list, served
+//! - where the server has post-notification jobs (7.2+, Valkey), by a job that runs when
+//!   the cause is done and propagated, still inside the same command: no other client,
+//!   not even a Lua script in the same pipeline, sees the lock free;
+//! - on 7.0, by a zero-delay timer, whose writes also propagate after the cause. Until it
+//!   fires the key has waiters and no lock: every RLOCK command that finds it so serves
+//!   the queue first (see commands.rs), so no RLOCK client can barge in; a Lua script can
+//!   (README, "Freeing and handoff").
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize};
 
 use redis_module::{
-    server_events::FlushSubevent, server_events::ServerRole, Context, ContextFlags, NotifyEvent,
-    RedisString,
+    server_events::FlushSubevent, server_events::ServerRole, Context, ContextFlags, RedisString,
 };
 use redis_module_macros::{flush_event_handler, role_changed_event_handler};
 
 use crate::core::LockState;
 use crate::errors::ERR_ROLE_CHANGED;
-use crate::ffi::{self, LockKey};
+use crate::ffi::{self, LockKey, Removal};
 use crate::stats;
 use crate::store;
 use crate::waiters::{self, Granted, Path, Served};
@@ -33,50 +55,130 @@ use crate::waiters::{self, Granted, Path, Served};
 /// The tag of the pending-list timer; expiry timers use tags from 1 up.
 const SWEEP_TAG: u64 = 0;
 
-thread_local! {
-    static OWN_WRITES: Cell<u32> = const { Cell::new(0) };
-    static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
-    static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
-    static REVOKES: RefCell<Vec<Granted>> = const { RefCell::new(Vec::new()) };
-    static TRACKED: RefCell<HashMap<i32, HashSet<Box<[u8]>>>> = RefCell::new(HashMap::new());
+/// The lock keys the module wrote, per db, behind [`FILTER`], which answers "surely not"
+/// for almost every other key at the cost of a cheap hash. The set hashes with foldhash,
+/// seeded at random per set: key names come from clients, so a fixed hash would let them
+/// pile keys into one bucket; SipHash (std's default) cost 6 % of a new lock's ACQUIRE.
+#[derive(Default)]
+struct Tracked {
+    dbs: HashMap<i32, HashSet<Box<[u8]>, foldhash::fast::RandomState>>,
 }
 
-/// Remembers that `key` in `db` holds a lock the module wrote.
-pub fn track(db: i32, key: &[u8]) {
-    TRACKED.with(|t| {
-        let mut t = t.borrow_mut();
-        // Insert directly: a lock being written is almost never tracked yet, so this
-        // hashes the key once instead of twice (contains, then insert).
-        t.entry(db).or_default().insert(key.into());
-    });
+/// 2^17 counters: with 10 000 locks tracked, 7 % of other keys pass the filter.
+const FILTER_BITS: u32 = 17;
+
+/// Saturating counters indexed by [`quick_hash`] of the tracked keys (their db is not
+/// hashed). Zero means no tracked key has that hash; a saturated one never goes down.
+/// Plain statics rather than thread-locals: the keyspace callback reads them on every
+/// event of the server, and a thread-local in a shared library costs a call to find.
+/// Only Redis's main thread touches them (Relaxed loads and stores are plain moves).
+static FILTER: [AtomicU8; 1 << FILTER_BITS] = [const { AtomicU8::new(0) }; 1 << FILTER_BITS];
+/// How many keys are tracked: zero turns every event away before the key is hashed.
+static TRACKED_KEYS: AtomicUsize = AtomicUsize::new(0);
+
+/// A fast hash of a key name for the filter: 8 bytes at a time, a multiply per word.
+fn quick_hash(key: &[u8]) -> usize {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = key.len() as u64;
+    let mut words = key.chunks_exact(8);
+    for w in &mut words {
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).wrapping_mul(K);
+    }
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    h = (h.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    (h >> (64 - FILTER_BITS)) as usize
 }
 
-/// Forgets a lock key; true if it was tracked.
-pub fn untrack(db: i32, key: &[u8]) -> bool {
-    TRACKED.with(|t| {
-        let mut t = t.borrow_mut();
-        let Some(keys) = t.get_mut(&db) else {
+impl Tracked {
+    fn insert(&mut self, db: i32, key: &[u8]) {
+        if self.dbs.entry(db).or_default().insert(key.into()) {
+            let c = &FILTER[quick_hash(key)];
+            c.store(c.load(Relaxed).saturating_add(1), Relaxed);
+            TRACKED_KEYS.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn remove(&mut self, db: i32, key: &[u8]) -> bool {
+        let Some(keys) = self.dbs.get_mut(&db) else {
             return false;
         };
         let removed = keys.remove(key);
         if keys.is_empty() {
-            t.remove(&db);
+            self.dbs.remove(&db);
+        }
+        if removed {
+            let c = &FILTER[quick_hash(key)];
+            let n = c.load(Relaxed);
+            if n != u8::MAX {
+                c.store(n - 1, Relaxed);
+            }
+            TRACKED_KEYS.fetch_sub(1, Relaxed);
         }
         removed
-    })
+    }
+
+    fn contains(&self, db: i32, key: &[u8]) -> bool {
+        self.dbs.get(&db).is_some_and(|keys| keys.contains(key))
+    }
+
+    fn clear(&mut self) {
+        self.dbs.clear();
+        for c in &FILTER {
+            c.store(0, Relaxed);
+        }
+        TRACKED_KEYS.store(0, Relaxed);
+    }
 }
 
-fn is_tracked(db: i32, key: &[u8]) -> bool {
-    TRACKED.with(|t| t.borrow().get(&db).is_some_and(|keys| keys.contains(key)))
+/// False for a key surely not tracked in any db; true means "look in the set".
+fn might_be_tracked(key: &[u8]) -> bool {
+    FILTER[quick_hash(key)].load(Relaxed) != 0
 }
 
-fn nothing_tracked() -> bool {
-    TRACKED.with(|t| t.borrow().is_empty())
+/// False when no event can concern the module: no lock tracked, nobody waiting. Asked
+/// before the key's name is even read.
+fn watching() -> bool {
+    TRACKED_KEYS.load(Relaxed) != 0 || waiters::anyone_waits()
+}
+
+/// Nesting depth of the module's own writes (see [`OwnWrite`]); main thread only.
+static OWN_WRITES: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+    static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
+    static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
+    static REVOKES: RefCell<Vec<Granted>> = const { RefCell::new(Vec::new()) };
+    static TRACKED: RefCell<Tracked> = RefCell::new(Tracked::default());
+}
+
+/// Subscribes to key removals the cheapest way the server offers (see the top of file).
+pub fn subscribe(ctx: &Context) {
+    ffi::set_post_job_handler(sweep);
+    if !ffi::subscribe_key_removals(ctx, on_removed) {
+        ffi::subscribe_keyspace(ctx, watching, on_removed);
+    }
+}
+
+/// Remembers that `key` in `db` holds a lock the module wrote.
+pub fn track(db: i32, key: &[u8]) {
+    TRACKED.with(|t| t.borrow_mut().insert(db, key));
+}
+
+/// Forgets a lock key; true if it was tracked.
+pub fn untrack(db: i32, key: &[u8]) -> bool {
+    TRACKED.with(|t| t.borrow_mut().remove(db, key))
+}
+
+/// True if the module wrote a lock at this key that it has not seen freed.
+pub fn is_tracked(db: i32, key: &[u8]) -> bool {
+    TRACKED.with(|t| t.borrow().contains(db, key))
 }
 
 /// How many lock keys the module tracks (for INFO).
 pub fn tracked_count() -> usize {
-    TRACKED.with(|t| t.borrow().values().map(HashSet::len).sum())
+    TRACKED.with(|t| t.borrow().dbs.values().map(HashSet::len).sum())
 }
 
 /// Marks the module's own writes, whose notifications need no handoff check.
@@ -84,44 +186,62 @@ pub struct OwnWrite(());
 
 impl OwnWrite {
     pub fn begin() -> OwnWrite {
-        OWN_WRITES.with(|c| c.set(c.get() + 1));
+        OWN_WRITES.fetch_add(1, Relaxed);
         OwnWrite(())
     }
 }
 
 impl Drop for OwnWrite {
     fn drop(&mut self) {
-        OWN_WRITES.with(|c| c.set(c.get() - 1));
+        OWN_WRITES.fetch_sub(1, Relaxed);
     }
 }
 
-/// Subscribed to every keyspace event class: any write can delete or replace a lock key.
-/// A server with no locks of ours and no waiters returns after two emptiness checks; else
-/// it costs a set lookup per event.
-pub fn on_keyspace_event(ctx: &Context, _class: NotifyEvent, event: &str, key: &[u8]) {
-    crate::guard::quietly(|| noticed(ctx, event, key));
-}
-
-fn noticed(ctx: &Context, event: &str, key: &[u8]) {
-    if waiters::with(|q| q.total()) == 0 && nothing_tracked() {
+/// A key was removed, expired, evicted or overwritten (or, on 7.0, touched by a command
+/// of a class that can do that). Runs on every such event of the server: the common case,
+/// a key that is no lock with nobody waiting anywhere, returns after the filter.
+fn on_removed(ctx: &Context, db: i32, removal: Removal, key: &[u8]) {
+    if OWN_WRITES.load(Relaxed) != 0 {
+        return; // the module's own write: it knows what it did
+    }
+    if !waiters::anyone_waits() && !might_be_tracked(key) {
         return;
     }
-    let db = ffi::selected_db(ctx);
+    crate::guard::quietly(|| noticed(ctx, db, removal, key));
+}
+
+fn noticed(ctx: &Context, db: i32, removal: Removal, key: &[u8]) {
     let waiting = waiters::has_waiters(db, key);
     if !waiting && !is_tracked(db, key) {
         return;
     }
-    if waiting && event == "expired" {
+    if waiting && removal == Removal::Expired {
         stats::bump(|s| &s.expired_with_waiters);
     }
-    if OWN_WRITES.with(Cell::get) == 0 {
+    if removal == Removal::Evicted {
+        // Evictions run in a loop until memory is under the limit, and a job would run
+        // inside it, after each key: a lock handed over there is likely evicted again at
+        // once. The timer serves the queue after the loop (RLOCK commands in between
+        // serve it first, as on 7.0).
+        PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+        arm_sweep(ctx, 0);
+    } else {
         schedule(ctx, db, key);
     }
 }
 
+/// Puts a key on the pending list, served by a post-notification job where the server
+/// has them, else by a zero-delay timer.
 fn schedule(ctx: &Context, db: i32, key: &[u8]) {
     PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
-    arm_sweep(ctx, 0);
+    if JOB_ARMED.with(Cell::get) {
+        return;
+    }
+    if ffi::add_post_job(ctx) {
+        JOB_ARMED.with(|a| a.set(true));
+    } else {
+        arm_sweep(ctx, 0);
+    }
 }
 
 fn arm_sweep(ctx: &Context, delay_ms: i64) {
@@ -155,8 +275,10 @@ pub fn on_timer(ctx: &Context, tag: u64) {
     }
 }
 
+/// The pending list's server: a timer's callback, or a post-notification job's.
 fn sweep(ctx: &Context) {
     SWEEP_ARMED.with(|a| a.set(false));
+    JOB_ARMED.with(|a| a.set(false));
     if ctx.get_flags().contains(ContextFlags::SLAVE) {
         // A replica's keys are its master's to change.
         PENDING.with(|p| p.borrow_mut().clear());
@@ -253,7 +375,7 @@ fn watched_keys() -> Vec<(i32, Vec<u8>)> {
         .map(|(db, k)| (db, k.to_vec()))
         .collect();
     TRACKED.with(|t| {
-        for (db, tracked) in t.borrow().iter() {
+        for (db, tracked) in t.borrow().dbs.iter() {
             keys.extend(tracked.iter().map(|k| (*db, k.to_vec())));
         }
     });
@@ -280,11 +402,18 @@ fn on_flush(ctx: &Context, subevent: FlushSubevent) {
 pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
     TRACKED.with(|t| {
         let mut t = t.borrow_mut();
-        let mut union = t.remove(&a).unwrap_or_default();
-        union.extend(t.remove(&b).unwrap_or_default());
-        if !union.is_empty() {
-            t.insert(a, union.clone());
-            t.insert(b, union);
+        let mut union: Vec<Box<[u8]>> = [a, b]
+            .iter()
+            .filter_map(|db| t.dbs.get(db))
+            .flat_map(|keys| keys.iter().cloned())
+            .collect();
+        union.sort_unstable();
+        union.dedup();
+        for key in &union {
+            for db in [a, b] {
+                t.remove(db, key);
+                t.insert(db, key);
+            }
         }
     });
     for (db, key) in watched_keys()

@@ -52,6 +52,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     });
     ffi::set_timer_handler(events::on_timer);
     ffi::on_swapdb(ctx, events::on_swapdb);
+    events::subscribe(ctx);
     Status::Ok
 }
 
@@ -74,9 +75,6 @@ redis_module! {
         ["rlock.renew", commands::renew, "write", 1, 1, 1, ""],
         ["rlock.forcerelease", commands::force_release, "write", 1, 1, 1, ""],
         ["rlock.info", commands::info, "readonly", 1, 1, 1, ""],
-    ],
-    event_handlers: [
-        [@GENERIC @STRING @LIST @SET @HASH @ZSET @STREAM @EXPIRED @EVICTED: events::on_keyspace_event],
     ],
     configurations: [
         i64: [

