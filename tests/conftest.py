@@ -7,6 +7,7 @@ suite on both); tests whose expected text differs between them ask `server.kind(
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,17 @@ def wait_until(pred, timeout=5.0, interval=0.002, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def server_has_post_notification_jobs():
+    """Redis 7.2+ and Valkey run a module's post-notification jobs inside the command that
+    freed a lock, and report key removals to modules with the Key server event; 7.0 has
+    neither (the module falls back to a zero-delay timer and keyspace notifications)."""
+    out = subprocess.run([REDIS_SERVER, "--version"], capture_output=True, text=True).stdout
+    if "valkey" in out.lower():
+        return True
+    m = re.search(r"v=(\d+)\.(\d+)", out)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (7, 2)
 
 
 def free_port():

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import errors
-from conftest import RedisServer, wait_until
+from conftest import RedisServer, server_has_post_notification_jobs, wait_until
 
 HOLDER_LEASE = 30_000
 WAITER_LEASE = 7_000
@@ -639,18 +639,6 @@ if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV
 end
 return redis.call('pttl', KEYS[1])
 """
-
-
-def server_has_post_notification_jobs():
-    """Redis 7.2+ and Valkey run a module's post-notification jobs inside the command that
-    freed a lock; 7.0 has no such jobs (the module falls back to a zero-delay timer)."""
-    import re
-    from conftest import REDIS_SERVER
-    out = subprocess.run([REDIS_SERVER, "--version"], capture_output=True, text=True).stdout
-    if "valkey" in out.lower():
-        return True
-    m = re.search(r"v=(\d+)\.(\d+)", out)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (7, 2)
 
 
 @pytest.mark.xfail(not server_has_post_notification_jobs(), strict=True,
