@@ -38,41 +38,10 @@ LEASE = 600_000  # ms: nothing expires during a run, even under valgrind
 OWNER = "6f1c2a4e-8b1d-4f7a-9c3e-2d5b7e9a1c40:1"  # Redisson's shape, 38 bytes
 OTHER = "0b9e8d7c-6a5f-4e3d-8c2b-1a0f9e8d7c6b:7"
 
-ACQUIRE = """
-if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then
-    redis.call('hincrby', KEYS[1], ARGV[2], 1);
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return nil;
-end;
-return redis.call('pttl', KEYS[1]);
-"""
-UNLOCK = """
-local val = redis.call('get', KEYS[3]);
-if val ~= false then
-    return tonumber(val);
-end;
-if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then
-    return nil;
-end;
-local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
-if (counter > 0) then
-    redis.call('pexpire', KEYS[1], ARGV[2]);
-    redis.call('set', KEYS[3], 0, 'px', ARGV[5]);
-    return 0;
-else
-    redis.call('del', KEYS[1]);
-    redis.call(ARGV[4], KEYS[2], ARGV[1]);
-    redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
-    return 1;
-end;
-"""
-RENEW = """
-if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+# Redisson's own scripts, the very text the interop tests run (tests/redisson.py).
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+from redisson import ACQUIRE, RENEW, UNLOCK  # noqa: E402
+
 SHA = {name: hashlib.sha1(src.encode()).hexdigest()
        for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
 

@@ -34,6 +34,15 @@ else
 end;
 """
 
+# renewExpirationAsync (the watchdog): KEYS[1] = lock; ARGV[1] = lease ms, ARGV[2] = owner.
+RENEW = """
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return 1;
+end;
+return 0;
+"""
+
 # forceUnlockAsync: KEYS = lock, channel; ARGV = message.
 FORCE_UNLOCK = """
 if (redis.call('del', KEYS[1]) == 1) then

@@ -7,6 +7,8 @@ the same names. docs/redisson-layouts.md describes the layout they implement; th
 the executable half of it. Like tests/redisson.py for the plain lock, it knows no module.
 """
 
+from redisson import UNLOCK
+
 
 def prefix_name(prefix, name):
     """RedissonObject.prefixName: `prefix:{name}`, or `prefix:name` when name has a `{`."""
@@ -263,28 +265,10 @@ end;
 return redis.call('pttl', KEYS[1]);
 """
 
-# RedissonLock.unlockInnerAsync: the fenced lock does not override unlock. KEYS = name,
-# lock channel, unlock latch; ARGV = UNLOCK_MESSAGE, lease ms, owner, publish, latch ms.
-LOCK_UNLOCK = """
-local val = redis.call('get', KEYS[3]);
-if val ~= false then
-    return tonumber(val);
-end;
-if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then
-    return nil;
-end;
-local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
-if (counter > 0) then
-    redis.call('pexpire', KEYS[1], ARGV[2]);
-    redis.call('set', KEYS[3], 0, 'px', ARGV[5]);
-    return 0;
-else
-    redis.call('del', KEYS[1]);
-    redis.call(ARGV[4], KEYS[2], ARGV[1]);
-    redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
-    return 1;
-end;
-"""
+# RedissonLock.unlockInnerAsync: the fenced lock does not override unlock, so its release
+# is the plain lock's script (KEYS = name, lock channel, unlock latch; ARGV = message,
+# lease ms, owner, publish command, latch ms).
+LOCK_UNLOCK = UNLOCK
 
 
 class _Requests:
