@@ -335,7 +335,7 @@ pub fn reply_integer(ctx: &Context, n: i64) {
 // Blocked clients
 
 /// An opaque blocked-client handle. Every handle must be given back to Redis exactly once
-/// with [`unblock`]; `waiters.rs` owns them and guarantees that.
+/// with [`unblock`]; `engine.rs` owns them and guarantees that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Blocked(pub usize);
 
