@@ -490,7 +490,7 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
     // An RLOCK command on this key was routed here by Redis Cluster: the key is ours.
     let mut routed = path == Path::Command;
     let mut handed = false;
-    // Which answer a look that grants nobody more gives.
+    // The answer when the loop stops: Handed if it granted anyone, else `otherwise`.
     let done = |handed: bool, otherwise: Served| if handed { Served::Handed } else { otherwise };
     loop {
         let key = LockKey::open(ctx, name, true);
