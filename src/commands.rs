@@ -1,11 +1,15 @@
 //! Command handlers: parse -> read -> core -> write/replicate/notify -> reply.
+//!
+//! Layer: the top, with `events` beside it. Calls down into `engine` (waiting, handoff,
+//! freeing), `store` (reads and writes) and the pure `core`; nothing calls up into it.
 
 use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core::{self, LockState, Outcome, Reply};
+use crate::engine::{self, Path, Request, Waiter};
 use crate::ffi::{self, LockKey};
-use crate::{events, guard, stats, store, waiters};
+use crate::{guard, stats, store, tracking};
 
 fn err(msg: &'static str) -> RedisError {
     RedisError::Str(msg)
@@ -59,19 +63,19 @@ fn open_for_write(
     };
     let key = LockKey::open(ctx, name, true);
     let state = read(&key);
-    if !matches!(state, Ok(LockState::Held { .. })) && waiters::has_waiters(db, name.as_slice()) {
+    if !matches!(state, Ok(LockState::Held { .. })) && engine::has_waiters(db, name.as_slice()) {
         drop(key);
-        waiters::serve(ctx, db, name, waiters::Path::Command);
+        engine::serve(ctx, db, name, Path::Command);
         let key = LockKey::open(ctx, name, true);
         let state = read(&key);
         return (key, state);
     }
-    if state.is_err() && events::is_tracked(db, name.as_slice()) {
+    if state.is_err() && tracking::is_tracked(db, name.as_slice()) {
         // A lock of ours replaced by something that is no lock, by a command whose
         // events the module does not watch on this server (SORT ... STORE on 7.0): its
         // unlock message goes out now, lazily (README, "Freeing and handoff").
         drop(key);
-        events::settle(ctx, db, name);
+        engine::settle(ctx, db, name);
         let key = LockKey::open(ctx, name, true);
         let state = read(&key);
         return (key, state);
@@ -114,12 +118,12 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         match (plan.outcome, plan.reply, a.wait) {
             (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
-                let waiter = waiters::Waiter::new(a.owner, a.lease, a.id);
-                waiters::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
+                let waiter = Waiter::new(Request::lock(a.owner, a.lease, a.id));
+                engine::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
                 Ok(RedisValue::NoReply)
             }
             _ => {
-                waiters::note_expiry(ctx, db, name.as_slice(), a.lease);
+                engine::note_expiry(ctx, db, name.as_slice(), a.lease);
                 Ok(value(plan.reply))
             }
         }
@@ -149,9 +153,9 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             store::remember(ctx, req, plan.reply, now);
         }
         if plan.freed {
-            events::freed(ctx, db, name, waiters::Path::Command);
+            engine::freed(ctx, db, name, Path::Command);
         } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
-            waiters::note_expiry(ctx, db, name.as_slice(), lease);
+            engine::note_expiry(ctx, db, name.as_slice(), lease);
         }
         Ok(value(plan.reply))
     })
@@ -172,7 +176,7 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         drop(key);
         count(plan.outcome);
         if plan.expire_at.is_some() {
-            waiters::note_expiry(ctx, db, name.as_slice(), lease);
+            engine::note_expiry(ctx, db, name.as_slice(), lease);
         }
         Ok(value(plan.reply))
     })
@@ -192,7 +196,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         drop(key);
         count(plan.outcome);
         if plan.freed {
-            events::freed(ctx, db, name, waiters::Path::Command);
+            engine::freed(ctx, db, name, Path::Command);
         }
         Ok(value(plan.reply))
     })
@@ -210,7 +214,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             LockState::Free => return Ok(RedisValue::Null),
             LockState::Held { holders, pttl } => (holders, pttl),
         };
-        let waiting = waiters::with(|q| q.len(ffi::selected_db(ctx), name.as_slice()));
+        let waiting = engine::with(|q| q.len(ffi::selected_db(ctx), name.as_slice()));
         let owners = holders
             .into_iter()
             .map(|h| {

@@ -154,6 +154,22 @@ pub fn grant(replace: bool, lease: i64, now: i64) -> Plan {
     }
 }
 
+/// The engine's rule for a queued ACQUIRE at the head of its key's queue (the shape the
+/// other primitives' `grant` functions share): `Ok(plan)` when the head can have the lock
+/// now, `Err(pttl)` while another holds it (the engine looks again at the lease's end).
+///
+/// A key that holds something other than a lock (`Err` state: overwritten by SET, RENAME,
+/// RESTORE...) counts as free: the waiters were promised the lock at this key, so the head
+/// gets it, replacing the value. One holder at a time: after one grant, nobody behind
+/// the head can be granted, so the engine grants at most one per look.
+pub fn grant_head(state: &Result<LockState, &str>, lease: i64, now: i64) -> Result<Plan, i64> {
+    match state {
+        Ok(LockState::Held { pttl, .. }) => Err(*pttl),
+        Ok(LockState::Free) => Ok(grant(false, lease, now)),
+        Err(_) => Ok(grant(true, lease, now)),
+    }
+}
+
 /// `RLOCK.RELEASE`: count down; the last release frees the lock.
 pub fn release(state: &LockState, owner: &[u8], lease: Option<i64>, now: i64) -> Plan {
     let (holders, count) = match (state, state.count_of(owner)) {
@@ -628,6 +644,19 @@ mod tests {
     #[test]
     fn it_grants_with_or_without_replacing() {
         assert!(grant(true, 10, NOW).delete);
+        assert_eq!(
+            grant_head(&Ok(LockState::Free), 10, NOW),
+            Ok(grant(false, 10, NOW))
+        );
+        assert_eq!(
+            grant_head(&Err("WRONGTYPE"), 10, NOW),
+            Ok(grant(true, 10, NOW))
+        );
+        let held = LockState::Held {
+            holders: vec![],
+            pttl: 42,
+        };
+        assert_eq!(grant_head(&Ok(held), 10, NOW), Err(42));
         assert_eq!(grant(false, 10, NOW).expire_at, Some(NOW + 10));
     }
 

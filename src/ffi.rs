@@ -335,7 +335,7 @@ pub fn reply_integer(ctx: &Context, n: i64) {
 // Blocked clients
 
 /// An opaque blocked-client handle. Every handle must be given back to Redis exactly once
-/// with [`unblock`]; `waiters.rs` owns them and guarantees that.
+/// with [`unblock`]; `engine.rs` owns them and guarantees that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Blocked(pub usize);
 
@@ -420,7 +420,7 @@ extern "C" fn disconnect_cb(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisMo
 
 /// Blocks the client running the current command, with no Redis-side timeout.
 ///
-/// The module times waits out itself (see `waiters::wait`): when Redis times out a client
+/// The module times waits out itself (see `engine::wait`): when Redis times out a client
 /// that the module unblocked in the same event-loop turn, it sends no reply at all and the
 /// client hangs. The timeout callback stays registered for `CLIENT UNBLOCK`.
 pub fn block_client(ctx: &Context) -> Blocked {

@@ -4,21 +4,34 @@
 //! count, the key's TTL as the lease, the same unlock channel and message) but run the
 //! lock logic in the server, and let contended clients wait there, first come first served.
 //!
-//! Layout: `core` is the pure algorithm; `commands` the handlers; `store` reads and writes
-//! keys; `waiters` queues and hands off; `events` watches the keyspace; `ffi` holds the only
-//! unsafe code; `config`, `stats` and `errors` are what their names say.
+//! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
+//! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
+//! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
+//!   into engine calls); neither imports the other.
+//! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
+//!   the handoff loop, grants taken back, cluster redirection, the pending list and the
+//!   sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB.
+//! - `store`: reads keys into pure states and writes plans back (replication, keyspace
+//!   notifications, WATCH signal), publishes unlock messages, remembers request ids.
+//! - `tracking`: the lock keys the module wrote, and the marker for its own writes.
+//! - `cluster` (where a key lives), `stats` (counters), `config`, `guard` (panics become
+//!   error replies), `errors`, and `ffi`, the only unsafe code.
+//! - Beside them, pure (no Redis): `core`, the lock's rules, state in, plan out; and the
+//!   cores of the primitives not wired yet (`rwlock`, `fenced`, `semaphore`, `expirable`,
+//!   `latch`, with `effects`).
 
 pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod core;
+pub mod engine;
 pub mod errors;
 pub mod events;
 pub mod ffi;
 pub mod guard;
 pub mod stats;
 pub mod store;
-pub mod waiters;
+pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
 // Not wired to commands yet: the shared waiting engine comes first (issue 12).
@@ -46,18 +59,24 @@ const ALLOCATOR: Allocator = std::alloc::System;
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ffi::disable_implicit_signal(ctx);
     ffi::set_block_callbacks(ffi::BlockCallbacks {
-        on_timeout: waiters::on_timeout,
-        on_disconnect: waiters::on_disconnect,
-        on_replied: waiters::on_replied,
+        on_timeout: engine::on_timeout,
+        on_disconnect: engine::on_disconnect,
+        on_replied: engine::on_replied,
     });
-    ffi::set_timer_handler(events::on_timer);
+    ffi::set_timer_handler(engine::on_timer);
     ffi::on_swapdb(ctx, events::on_swapdb);
     events::subscribe(ctx);
     Status::Ok
 }
 
-fn info(ctx: &InfoContext, for_crash_report: bool) {
-    let _ = stats::info(ctx, for_crash_report);
+fn info(ctx: &InfoContext, _for_crash_report: bool) {
+    let (waiters, keys_with_waiters) = engine::with(|q| (q.total(), q.keys_with_waiters()));
+    let gauges = stats::Gauges {
+        waiters,
+        keys_with_waiters,
+        tracked_locks: tracking::tracked_count(),
+    };
+    let _ = stats::info(ctx, gauges);
 }
 
 redis_module! {

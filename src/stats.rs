@@ -1,4 +1,8 @@
 //! Counters for `INFO rlock`. Main-thread only, like every module callback.
+//!
+//! Layer: a leaf every layer may bump; it imports nothing of the crate. The gauges it
+//! reports (waiters, tracked locks) are handed to [`info`] by lib.rs, never read from
+//! above.
 
 use std::cell::Cell;
 
@@ -18,6 +22,14 @@ pub struct Stats {
     pub revoked_handoffs: Cell<u64>,
 }
 
+/// What INFO reports that lives elsewhere (the engine's queues, the tracked set).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauges {
+    pub waiters: usize,
+    pub keys_with_waiters: usize,
+    pub tracked_locks: usize,
+}
+
 thread_local! {
     static STATS: Stats = Stats::default();
 }
@@ -33,8 +45,12 @@ pub fn bump(pick: impl FnOnce(&Stats) -> &Cell<u64>) {
 /// The `rlock` section of INFO. The older field API is the one that names the section
 /// after the module alone (`INFO rlock`); the builder would make it `rlock_<name>`.
 #[allow(deprecated)]
-pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
-    let (waiters, keys) = crate::waiters::with(|q| (q.total(), q.keys_with_waiters()));
+pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
+    let Gauges {
+        waiters,
+        keys_with_waiters: keys,
+        tracked_locks,
+    } = gauges;
     STATS.with(|s| {
         let fields: [(&str, u64); 13] = [
             ("acquisitions", s.acquisitions.get()),
@@ -49,7 +65,7 @@ pub fn info(ctx: &InfoContext, _for_crash_report: bool) -> RedisResult<()> {
             ("revoked_handoffs", s.revoked_handoffs.get()),
             ("waiters", waiters as u64),
             ("keys_with_waiters", keys as u64),
-            ("tracked_locks", crate::events::tracked_count() as u64),
+            ("tracked_locks", tracked_locks as u64),
         ];
         ctx.add_info_section(None);
         for (name, value) in fields {

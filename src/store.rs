@@ -2,6 +2,9 @@
 //! plain command would do around a write: replication as effects, keyspace notifications
 //! and the WATCH signal.
 //!
+//! Layer: below `commands` and `engine`, above `tracking` (a new lock is tracked here) and
+//! `ffi`; it never calls up.
+//!
 //! Writes use the direct key API (measurably faster than `ctx.call`), so the module does
 //! by hand what the call path would have done for it.
 
@@ -9,8 +12,8 @@ use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 
 use crate::core::{self, LockState, Plan, Reply, Write};
 use crate::errors::ERR_WRONGTYPE;
-use crate::events;
 use crate::ffi::{self, Arg, KeyKind, LockKey};
+use crate::tracking::{self, OwnWrite};
 
 /// The lock a key holds, or the error a command must answer when it is not a lock.
 pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
@@ -63,7 +66,7 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
         return;
     }
     // Our own notifications must not look like somebody else's write to the waiter glue.
-    let _own = events::OwnWrite::begin();
+    let _own = OwnWrite::begin();
     if plan.delete {
         key.delete();
         ffi::replicate(ctx, c"DEL", &[Arg::Str(name)]);
@@ -73,7 +76,7 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
         Some(Write::Set(n)) => {
             // A new lock (or a handoff): remember the key, so that if it goes away by
             // expiry, DEL or overwrite, the module still publishes its unlock message.
-            events::track(ffi::selected_db(ctx), name.as_slice());
+            tracking::track(ffi::selected_db(ctx), name.as_slice());
             let value = number(n);
             key.hash_set(owner, &value);
             ffi::replicate(
@@ -143,7 +146,7 @@ pub fn remember(ctx: &Context, request: &RedisString, reply: Reply, now: i64) {
     if !matches!(key.kind(), KeyKind::Empty) && !key.is_string() {
         return; // somebody else's data: never overwrite it
     }
-    let _own = events::OwnWrite::begin();
+    let _own = OwnWrite::begin();
     let value = RedisString::create_from_slice(std::ptr::null_mut(), &core::encode_reply(reply));
     let at = now + crate::config::request_id_window_ms();
     key.string_set(&value);
@@ -169,7 +172,7 @@ pub fn forget_request(ctx: &Context, request: &[u8]) {
     if !key.is_string() {
         return;
     }
-    let _own = events::OwnWrite::begin();
+    let _own = OwnWrite::begin();
     key.delete();
     ffi::replicate(ctx, c"DEL", &[Arg::Str(&name)]);
     ffi::notify(ctx, NotifyEvent::GENERIC, c"del", &name);

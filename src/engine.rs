@@ -1,37 +1,71 @@
-//! Clients waiting in the server for a lock, and the handoff that serves them.
+//! The waiting engine: clients waiting in the server, and the handoff that serves them.
 //!
-//! Each lock key with waiters has a FIFO queue. When the lock is freed the first waiter is
-//! handed the lock in the same event-loop turn: the module writes `{owner: 1}` with that
-//! waiter's lease and replies nil to it, so nobody else ever sees the lock free (strict
-//! first come, first served, no thundering herd of pub/sub wake-ups).
+//! Layer: below `commands` and `events` (which only translate keyspace and server events
+//! into calls here), above `store`, `tracking`, `cluster`, `stats` and `ffi`. The pure
+//! rules of each primitive (`core` for the lock) sit beside it: state in, plan out.
+//!
+//! Each key with waiters has one FIFO queue, whatever primitive its waiters ask for (a
+//! [`Request`]). When the key may have changed, [`serve`] asks the head's primitive
+//! "can the head be granted in this state, and with what plan?" and keeps granting heads
+//! until the answer is no (the lock grants at most one). A granted waiter is answered in
+//! the same event-loop turn, so nobody else ever sees the lock free (strict first come,
+//! first served, no thundering herd of pub/sub wake-ups).
+//!
+//! Written once here for every primitive: blocking, deadline timers, expiry timers,
+//! disconnects, grants taken back from clients that vanished untold, cluster redirection,
+//! and the pending list that serves keys freed by DEL, expiry, overwrite, FLUSH or SWAPDB
+//! once the cause has propagated (a post-notification job, or a zero-delay timer on 7.0;
+//! see events.rs for why the handoff is not written from inside the notification).
 //!
 //! [`Queues`] is the bookkeeping, pure and unit-tested; the functions below it are the
-//! glue that blocks clients, arms expiry timers and performs handoffs.
+//! glue that blocks clients, arms timers and performs handoffs.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::{Context, RedisString};
+use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::cluster;
-use crate::core::{self, LockState};
+use crate::core::{self, LockState, Plan};
+use crate::errors::{ERR_INTERNAL, ERR_TOO_MANY_WAITERS};
 use crate::ffi::{self, Blocked, LockKey, TimerId, Wake};
 use crate::stats;
 use crate::store;
+use crate::tracking;
 
 /// A lock key: its db and name. Shared (`Rc`) between the queue map and the handle index.
 pub type KeyName = Rc<[u8]>;
 
-/// One blocked client waiting for a lock.
+/// What a waiter asks for, tagged by primitive. Only the lock waits today; the other
+/// primitives (rwlock.rs, semaphore.rs, ...) add their variant and a rule in [`rule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// RLOCK.ACQUIRE ... WAIT: `owner` takes the lock for `lease` ms.
+    Lock {
+        owner: Box<[u8]>,
+        lease: i64,
+        /// The call's request id: a handoff remembers its reply like an immediate acquire.
+        request_id: Option<Box<[u8]>>,
+    },
+}
+
+impl Request {
+    pub fn lock(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> Request {
+        Request::Lock {
+            owner: owner.into(),
+            lease,
+            request_id: request_id.map(Into::into),
+        }
+    }
+}
+
+/// One blocked client waiting for a key.
 #[derive(Debug)]
 pub struct Waiter {
-    pub owner: Box<[u8]>,
-    pub lease: i64,
-    /// The call's request id: a handoff remembers its reply like an immediate acquire.
-    pub request_id: Option<Box<[u8]>>,
+    pub request: Request,
     pub handle: Blocked,
     /// The timer that ends the wait (0: waits without limit), see [`wait`].
     pub deadline_timer: TimerId,
@@ -41,11 +75,9 @@ pub struct Waiter {
 
 impl Waiter {
     /// A waiter not yet blocked (its handle is set by [`wait`]).
-    pub fn new(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> Waiter {
+    pub fn new(request: Request) -> Waiter {
         Waiter {
-            owner: owner.into(),
-            lease,
-            request_id: request_id.map(Into::into),
+            request,
             handle: Blocked(0),
             deadline_timer: 0,
             deadline_at: 0,
@@ -53,14 +85,13 @@ impl Waiter {
     }
 }
 
-/// A lock handed to a waiter that has not been told yet.
+/// A grant handed to a waiter that has not been told yet: what it asked for, to take back
+/// (and its request id's remembered reply to forget) if it vanishes untold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Granted {
     pub db: i32,
     pub key: KeyName,
-    pub owner: Box<[u8]>,
-    /// The waiter's request id: its remembered reply must go if the grant is taken back.
-    pub request_id: Option<Box<[u8]>>,
+    pub request: Request,
 }
 
 /// The expiry timer armed for a key with waiters.
@@ -151,16 +182,9 @@ impl Queues {
     pub fn pop(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
         let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
         if let Some((db, key, _)) = self.by_handle.remove(&waiter.handle) {
-            let (owner, request_id) = (waiter.owner.clone(), waiter.request_id.clone());
-            self.granted.insert(
-                waiter.handle,
-                Granted {
-                    db,
-                    key,
-                    owner,
-                    request_id,
-                },
-            );
+            let request = waiter.request.clone();
+            self.granted
+                .insert(waiter.handle, Granted { db, key, request });
         }
         self.total -= 1;
         Some(waiter)
@@ -333,7 +357,7 @@ pub fn wait(
     let key = name.as_slice();
     let limit = crate::config::max_waiters_per_key();
     if with(|q| q.len(db, key)) >= limit {
-        return Err(crate::errors::ERR_TOO_MANY_WAITERS);
+        return Err(ERR_TOO_MANY_WAITERS);
     }
     let handle = ffi::block_client(ctx);
     waiter.handle = handle;
@@ -349,10 +373,7 @@ pub fn wait(
     if let Err(refused) = with(|q| q.push(db, key, waiter, limit)) {
         // Cannot happen (checked above, single-threaded), but a handle must never leak.
         stop_deadline(ctx, &refused);
-        ffi::unblock(
-            handle,
-            Some(Wake::Error(crate::errors::ERR_TOO_MANY_WAITERS.into())),
-        );
+        ffi::unblock(handle, Some(Wake::Error(ERR_TOO_MANY_WAITERS.into())));
     }
     note_expiry(ctx, db, key, pttl);
     Ok(())
@@ -392,20 +413,70 @@ pub enum Path {
 pub enum Served {
     /// The key's slot is migrating or lives on another node: the waiters were redirected.
     Redirected,
-    /// The lock was free and the first waiter now holds it.
+    /// At least the head of the queue was granted (for the lock: the first waiter holds it).
     Handed,
-    /// The lock is held; waiters keep waiting (the expiry timer is armed).
+    /// The head cannot be granted (the lock is held); waiters keep waiting, the expiry
+    /// timer is armed.
     StillHeld,
     /// Nobody waits for this key.
     NoWaiters,
 }
 
-/// Hands a free lock to the first waiter of `name` in `db`. Must run where writes are
-/// allowed and propagated: a command or a timer. `ctx` must have `db` selected.
-///
-/// A key that holds something other than a lock counts as freed (the lock was overwritten
-/// by SET, RENAME, RESTORE...): the waiters were promised the lock at this key, so the
-/// first one gets it, replacing the value.
+/// What the head's primitive answered in [`serve`].
+enum Verdict {
+    /// Grant the head with this plan.
+    Grant(Plan),
+    /// The head waits; the key's current TTL, to look again when it runs out (negative:
+    /// no TTL, only a write or a keyspace event can change the answer).
+    Wait { pttl: i64 },
+}
+
+/// Reads what the head's primitive needs from the open key and asks its pure rule.
+/// Reads only: it runs with the queues borrowed.
+fn rule(key: &LockKey, request: &Request, now: i64) -> Verdict {
+    match request {
+        Request::Lock { lease, .. } => match core::grant_head(&store::read(key), *lease, now) {
+            Ok(plan) => Verdict::Grant(plan),
+            Err(pttl) => Verdict::Wait { pttl },
+        },
+    }
+}
+
+/// Writes a grant for `request` on the open key and remembers its reply under the
+/// request's id. Returns the TTL to look again after when nobody behind the head can be
+/// granted until then (the lock: its lease), or `None` to keep granting heads.
+fn write_grant(
+    ctx: &Context,
+    key: LockKey,
+    name: &RedisString,
+    request: &Request,
+    plan: &Plan,
+    now: i64,
+) -> Option<i64> {
+    match request {
+        Request::Lock {
+            owner,
+            lease,
+            request_id,
+        } => {
+            let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), owner);
+            store::apply(ctx, &key, name, &owner_rs, plan);
+            drop(key);
+            if let Some(id) = request_id {
+                let request = RedisString::create_from_slice(
+                    std::ptr::null_mut(),
+                    &core::request_key(name.as_slice(), id),
+                );
+                store::remember(ctx, &request, plan.reply, now);
+            }
+            Some(*lease)
+        }
+    }
+}
+
+/// Grants the waiters of `name` in `db` from the head of the queue while the head's
+/// primitive says it can be granted. Must run where writes are allowed and propagated: a
+/// command or a timer. `ctx` must have `db` selected.
 pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
     let key_bytes = name.as_slice();
     if with(|q| q.head(db, key_bytes).is_none()) {
@@ -413,42 +484,53 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
         return Served::NoWaiters;
     }
     if ffi::writes_paused() {
-        crate::events::retry_later(ctx, db, key_bytes);
+        retry_later(ctx, db, key_bytes);
         return Served::StillHeld;
     }
-    let key = LockKey::open(ctx, name, true);
-    let state = store::read(&key);
-    if let Ok(LockState::Held { pttl, .. }) = state {
-        drop(key);
-        note_expiry(ctx, db, key_bytes, pttl);
-        return Served::StillHeld;
-    }
-    if path == Path::Event {
-        if let cluster::Route::Redirect(error) = cluster::route_of(ctx, key_bytes) {
-            drop(key);
-            redirect(ctx, db, key_bytes, error);
-            return Served::Redirected;
+    // An RLOCK command on this key was routed here by Redis Cluster: the key is ours.
+    let mut routed = path == Path::Command;
+    let mut handed = false;
+    // The answer when the loop stops: Handed if it granted anyone, else `otherwise`.
+    let done = |handed: bool, otherwise: Served| if handed { Served::Handed } else { otherwise };
+    loop {
+        let key = LockKey::open(ctx, name, true);
+        let now = ffi::now_ms();
+        let verdict = with(|q| q.head(db, key_bytes).map(|w| rule(&key, &w.request, now)));
+        let plan = match verdict {
+            Some(Verdict::Grant(plan)) => plan,
+            Some(Verdict::Wait { pttl }) => {
+                drop(key);
+                note_expiry(ctx, db, key_bytes, pttl);
+                return done(handed, Served::StillHeld);
+            }
+            None => {
+                drop(key);
+                forget_if_empty(ctx, db, key_bytes);
+                return done(handed, Served::NoWaiters);
+            }
+        };
+        if !routed {
+            routed = true;
+            if let cluster::Route::Redirect(error) = cluster::route_of(ctx, key_bytes) {
+                drop(key);
+                redirect(ctx, db, key_bytes, error);
+                return Served::Redirected;
+            }
+        }
+        let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
+            return done(handed, Served::NoWaiters);
+        };
+        let look_again = write_grant(ctx, key, name, &waiter.request, &plan, now);
+        stop_deadline(ctx, &waiter);
+        ffi::unblock(waiter.handle, Some(Wake::Granted));
+        stats::bump(|s| &s.handoffs);
+        handed = true;
+        if let Some(pttl) = look_again {
+            forget_if_empty(ctx, db, key_bytes);
+            note_expiry(ctx, db, key_bytes, pttl);
+            return Served::Handed;
         }
     }
-    let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
-        return Served::NoWaiters;
-    };
-    let now = ffi::now_ms();
-    let plan = core::grant(state.is_err(), waiter.lease, now);
-    let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), &waiter.owner);
-    store::apply(ctx, &key, name, &owner_rs, &plan);
-    drop(key);
-    if let Some(id) = &waiter.request_id {
-        let request =
-            RedisString::create_from_slice(std::ptr::null_mut(), &core::request_key(key_bytes, id));
-        store::remember(ctx, &request, plan.reply, now);
-    }
-    stop_deadline(ctx, &waiter);
-    ffi::unblock(waiter.handle, Some(Wake::Granted));
-    stats::bump(|s| &s.handoffs);
-    forget_if_empty(ctx, db, key_bytes);
-    note_expiry(ctx, db, key_bytes, waiter.lease);
-    Served::Handed
 }
 
 /// Answers every waiter of a key with a cluster redirection (the key left this node).
@@ -504,7 +586,7 @@ pub fn on_timeout(ctx: &Context, handle: Blocked) {
     let Some((db, name, waiter)) = with(|q| q.remove(handle)) else {
         // Already handed the lock: Redis does not time out an unblocked client, so this
         // is unreachable; answer something rather than leave the client hanging.
-        ffi::reply_error(ctx, crate::errors::ERR_INTERNAL);
+        ffi::reply_error(ctx, ERR_INTERNAL);
         return;
     };
     stats::bump(|s| &s.wait_timeouts);
@@ -529,7 +611,7 @@ pub fn on_disconnect(ctx: &Context, handle: Blocked) {
         forget_if_empty(ctx, db, &name);
         ffi::unblock(handle, None);
     } else if let Some(granted) = with(|q| q.ungrant(handle)) {
-        crate::events::revoke_later(ctx, granted);
+        revoke_later(ctx, granted);
     }
 }
 
@@ -539,7 +621,7 @@ pub fn on_replied(handle: Blocked) {
 }
 
 /// An expiry timer fired: serve the key if its lock is gone.
-pub fn on_timer(ctx: &Context, tag: u64) {
+fn on_expiry_timer(ctx: &Context, tag: u64) {
     if let Some((db, name)) = with(|q| q.fired(tag)) {
         if ffi::select_db(ctx, db) {
             let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
@@ -549,14 +631,184 @@ pub fn on_timer(ctx: &Context, tag: u64) {
 }
 
 /// The server stopped being a master: a replica cannot grant locks, so every waiter is
-/// answered with an error now rather than left waiting for a handoff that cannot come.
+/// answered with an error now rather than left waiting for a handoff that cannot come,
+/// and the pending list is dropped (a replica's keys are its master's to change).
 pub fn fail_all(ctx: &Context, error: &'static str) {
+    PENDING.with(|p| p.borrow_mut().clear());
     let (handles, timers) = with(Queues::drain);
     for id in timers {
         ffi::stop_timer(ctx, id);
     }
     for handle in handles {
         ffi::unblock(handle, Some(Wake::Error(error.into())));
+    }
+}
+
+// ---- The pending list: keys to look at once the current command has propagated ----
+
+/// The tag of the pending-list timer; expiry timers use tags from 1 up.
+const SWEEP_TAG: u64 = 0;
+
+thread_local! {
+    static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+    static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
+    static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
+    static REVOKES: RefCell<Vec<Granted>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Puts a key on the pending list, served by a post-notification job where the server
+/// has them, else by a zero-delay timer.
+pub fn schedule(ctx: &Context, db: i32, key: &[u8]) {
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    if JOB_ARMED.with(Cell::get) {
+        return;
+    }
+    if ffi::add_post_job(ctx) {
+        JOB_ARMED.with(|a| a.set(true));
+    } else {
+        arm_sweep(ctx, 0);
+    }
+}
+
+/// Puts a key on the pending list served by the zero-delay timer alone, after the
+/// current loop of the server (evictions: see events.rs).
+pub fn schedule_after_loop(ctx: &Context, db: i32, key: &[u8]) {
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    arm_sweep(ctx, 0);
+}
+
+fn arm_sweep(ctx: &Context, delay_ms: i64) {
+    if !SWEEP_ARMED.with(|a| a.replace(true)) {
+        ffi::create_timer(ctx, delay_ms, SWEEP_TAG);
+    }
+}
+
+/// While writes are paused, look at the key again a little later (not at once: that
+/// would spin the event loop for the whole pause).
+fn retry_later(ctx: &Context, db: i32, key: &[u8]) {
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    arm_sweep(ctx, PAUSED_RETRY_MS);
+}
+
+const PAUSED_RETRY_MS: i64 = 10;
+
+/// Takes back, on the next sweep, a grant handed to a client that vanished untold.
+fn revoke_later(ctx: &Context, granted: Granted) {
+    REVOKES.with(|r| r.borrow_mut().push(granted));
+    arm_sweep(ctx, 0);
+}
+
+/// Every module timer lands here: the sweep, a wait's deadline, or a key's expiry timer.
+pub fn on_timer(ctx: &Context, tag: u64) {
+    if tag == SWEEP_TAG {
+        sweep(ctx);
+    } else if tag & DEADLINE_BIT != 0 {
+        on_deadline(ctx, Blocked((tag & !DEADLINE_BIT) as usize));
+    } else {
+        on_expiry_timer(ctx, tag);
+    }
+}
+
+/// The pending list's server: a timer's callback, or a post-notification job's.
+pub fn sweep(ctx: &Context) {
+    SWEEP_ARMED.with(|a| a.set(false));
+    JOB_ARMED.with(|a| a.set(false));
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        // A replica's keys are its master's to change.
+        PENDING.with(|p| p.borrow_mut().clear());
+        REVOKES.with(|r| r.borrow_mut().clear());
+        return;
+    }
+    for granted in REVOKES.with(|r| std::mem::take(&mut *r.borrow_mut())) {
+        if ffi::select_db(ctx, granted.db) {
+            revoke(ctx, &granted);
+        }
+    }
+    let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    pending.sort_unstable();
+    pending.dedup();
+    for (db, key) in pending {
+        if ffi::select_db(ctx, db) {
+            let name = RedisString::create_from_slice(std::ptr::null_mut(), &key);
+            settle(ctx, db, &name);
+        }
+    }
+}
+
+/// Takes back a grant handed to a waiter that vanished before being told, if the key is
+/// still exactly what the grant wrote, then serves the next waiter.
+fn revoke(ctx: &Context, granted: &Granted) {
+    if ffi::writes_paused() {
+        REVOKES.with(|r| r.borrow_mut().push(granted.clone()));
+        arm_sweep(ctx, PAUSED_RETRY_MS);
+        return;
+    }
+    match &granted.request {
+        Request::Lock {
+            owner, request_id, ..
+        } => revoke_lock(ctx, granted, owner, request_id.as_deref()),
+    }
+}
+
+/// [`revoke`] for the lock: released as its owner would, if still that owner alone with
+/// count 1.
+fn revoke_lock(ctx: &Context, granted: &Granted, owner: &[u8], request_id: Option<&[u8]>) {
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), &granted.key);
+    let key = LockKey::open(ctx, &name, true);
+    let Ok(state) = store::read(&key) else { return };
+    let count = state.count_of(owner);
+    // Still exactly what the handoff wrote: that owner alone, count 1.
+    let untold =
+        count == Some(1) && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
+    if untold || count.is_none() {
+        // The client was never told: a retry with its request id must not be answered
+        // "acquired" from the record the handoff wrote.
+        if let Some(id) = request_id {
+            store::forget_request(ctx, &core::request_key(&granted.key, id));
+        }
+    }
+    if !untold {
+        return; // re-entered since by the same owner elsewhere, or already gone
+    }
+    let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), owner);
+    let plan = core::release(&state, owner, None, ffi::now_ms());
+    store::apply(ctx, &key, &name, &owner_rs, &plan);
+    drop(key);
+    stats::bump(|s| &s.revoked_handoffs);
+    freed(ctx, granted.db, &name, Path::Event);
+}
+
+/// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
+/// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
+pub fn freed(ctx: &Context, db: i32, name: &RedisString, path: Path) {
+    match serve(ctx, db, name, path) {
+        Served::Handed | Served::Redirected => {}
+        // Writes paused: the sweep serves the key once they resume.
+        Served::StillHeld if ffi::writes_paused() => {}
+        _ => {
+            tracking::untrack(db, name.as_slice());
+            store::publish_unlock(ctx, name);
+        }
+    }
+}
+
+/// Looks at a lock key after something touched it: a freed lock goes to the first waiter,
+/// or, with nobody waiting, its unlock message is published (once: the key is forgotten).
+/// Runs where writes propagate (a command or a timer), with `db` selected.
+pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
+    if serve(ctx, db, name, Path::Event) != Served::NoWaiters {
+        return;
+    }
+    if ffi::writes_paused() {
+        retry_later(ctx, db, name.as_slice());
+        return;
+    }
+    let held = matches!(
+        store::read(&LockKey::open(ctx, name, false)),
+        Ok(LockState::Held { .. })
+    );
+    if !held && tracking::untrack(db, name.as_slice()) {
+        store::publish_unlock(ctx, name);
     }
 }
 
@@ -567,7 +819,7 @@ mod tests {
     fn waiter(n: usize) -> Waiter {
         Waiter {
             handle: Blocked(n),
-            ..Waiter::new(format!("o{n}").as_bytes(), 100, None)
+            ..Waiter::new(Request::lock(format!("o{n}").as_bytes(), 100, None))
         }
     }
 
@@ -684,7 +936,8 @@ mod tests {
             "told: nothing to take back"
         );
         let g = q.ungrant(Blocked(2)).unwrap();
-        assert_eq!((g.db, &g.key[..], &g.owner[..]), (0, &b"k"[..], &b"o2"[..]));
+        assert_eq!((g.db, &g.key[..]), (0, &b"k"[..]));
+        assert_eq!(g.request, Request::lock(b"o2", 100, None));
         assert!(q.ungrant(Blocked(2)).is_none());
     }
 

@@ -1,0 +1,183 @@
+//! The lock keys the module wrote, and the marker for its own writes.
+//!
+//! Layer: below `store` (which tracks a key when it writes a new lock) and read by
+//! `engine` and `events` above it; it imports nothing of the crate. A key is tracked when
+//! an RLOCK command or a handoff creates a lock there, and forgotten when the lock is
+//! freed, so that a lock that goes away by expiry, DEL or overwrite still gets its unlock
+//! message.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize};
+
+/// The lock keys the module wrote, per db, behind [`FILTER`], which answers "surely not"
+/// for almost every other key at the cost of a cheap hash. The set hashes with foldhash,
+/// seeded at random per set: key names come from clients, so a fixed hash would let them
+/// pile keys into one bucket; SipHash (std's default) cost 6 % of a new lock's ACQUIRE.
+#[derive(Default)]
+struct Tracked {
+    dbs: HashMap<i32, HashSet<Box<[u8]>, foldhash::fast::RandomState>>,
+}
+
+/// 2^17 counters: with 10 000 locks tracked, 7 % of other keys pass the filter.
+const FILTER_BITS: u32 = 17;
+
+/// Saturating counters indexed by [`quick_hash`] of the tracked keys (their db is not
+/// hashed). Zero means no tracked key has that hash; a saturated one never goes down.
+/// Plain statics rather than thread-locals: the keyspace callback reads them on every
+/// event of the server, and a thread-local in a shared library costs a call to find.
+/// Only Redis's main thread touches them (Relaxed loads and stores are plain moves).
+static FILTER: [AtomicU8; 1 << FILTER_BITS] = [const { AtomicU8::new(0) }; 1 << FILTER_BITS];
+/// How many keys are tracked: zero turns every event away before the key is hashed.
+static TRACKED_KEYS: AtomicUsize = AtomicUsize::new(0);
+
+/// A fast hash of a key name for the filter: 8 bytes at a time, a multiply per word.
+fn quick_hash(key: &[u8]) -> usize {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = key.len() as u64;
+    let mut words = key.chunks_exact(8);
+    for w in &mut words {
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).wrapping_mul(K);
+    }
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    h = (h.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    (h >> (64 - FILTER_BITS)) as usize
+}
+
+impl Tracked {
+    fn insert(&mut self, db: i32, key: &[u8]) {
+        if self.dbs.entry(db).or_default().insert(key.into()) {
+            let c = &FILTER[quick_hash(key)];
+            c.store(c.load(Relaxed).saturating_add(1), Relaxed);
+            TRACKED_KEYS.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn remove(&mut self, db: i32, key: &[u8]) -> bool {
+        let Some(keys) = self.dbs.get_mut(&db) else {
+            return false;
+        };
+        let removed = keys.remove(key);
+        if keys.is_empty() {
+            self.dbs.remove(&db);
+        }
+        if removed {
+            let c = &FILTER[quick_hash(key)];
+            let n = c.load(Relaxed);
+            if n != u8::MAX {
+                c.store(n - 1, Relaxed);
+            }
+            TRACKED_KEYS.fetch_sub(1, Relaxed);
+        }
+        removed
+    }
+
+    fn contains(&self, db: i32, key: &[u8]) -> bool {
+        self.dbs.get(&db).is_some_and(|keys| keys.contains(key))
+    }
+
+    fn clear(&mut self) {
+        self.dbs.clear();
+        for c in &FILTER {
+            c.store(0, Relaxed);
+        }
+        TRACKED_KEYS.store(0, Relaxed);
+    }
+}
+
+thread_local! {
+    static TRACKED: RefCell<Tracked> = RefCell::new(Tracked::default());
+}
+
+/// Nesting depth of the module's own writes (see [`OwnWrite`]); main thread only.
+static OWN_WRITES: AtomicU32 = AtomicU32::new(0);
+
+/// False for a key surely not tracked in any db; true means "look in the set".
+pub fn might_be_tracked(key: &[u8]) -> bool {
+    FILTER[quick_hash(key)].load(Relaxed) != 0
+}
+
+/// True when at least one lock key is tracked (one load, for the keyspace callback).
+pub fn any_tracked() -> bool {
+    TRACKED_KEYS.load(Relaxed) != 0
+}
+
+/// Remembers that `key` in `db` holds a lock the module wrote.
+pub fn track(db: i32, key: &[u8]) {
+    TRACKED.with(|t| t.borrow_mut().insert(db, key));
+}
+
+/// Forgets a lock key; true if it was tracked.
+pub fn untrack(db: i32, key: &[u8]) -> bool {
+    TRACKED.with(|t| t.borrow_mut().remove(db, key))
+}
+
+/// True if the module wrote a lock at this key that it has not seen freed.
+pub fn is_tracked(db: i32, key: &[u8]) -> bool {
+    TRACKED.with(|t| t.borrow().contains(db, key))
+}
+
+/// How many lock keys the module tracks (for INFO).
+pub fn tracked_count() -> usize {
+    TRACKED_KEYS.load(Relaxed)
+}
+
+/// Every tracked lock key.
+pub fn all_keys() -> Vec<(i32, Vec<u8>)> {
+    TRACKED.with(|t| {
+        t.borrow()
+            .dbs
+            .iter()
+            .flat_map(|(db, keys)| keys.iter().map(move |k| (*db, k.to_vec())))
+            .collect()
+    })
+}
+
+/// SWAPDB: every lock key of either db becomes tracked in both (each is looked at again
+/// afterwards, and forgotten where no lock is).
+pub fn swap(a: i32, b: i32) {
+    TRACKED.with(|t| {
+        let mut t = t.borrow_mut();
+        let mut union: Vec<Box<[u8]>> = [a, b]
+            .iter()
+            .filter_map(|db| t.dbs.get(db))
+            .flat_map(|keys| keys.iter().cloned())
+            .collect();
+        union.sort_unstable();
+        union.dedup();
+        for key in &union {
+            for db in [a, b] {
+                t.remove(db, key);
+                t.insert(db, key);
+            }
+        }
+    });
+}
+
+/// Forgets every lock key (the server became a replica).
+pub fn clear() {
+    TRACKED.with(|t| t.borrow_mut().clear());
+}
+
+/// True while the module is writing (its own notifications need no handoff check).
+pub fn own_write_in_progress() -> bool {
+    OWN_WRITES.load(Relaxed) != 0
+}
+
+/// Marks the module's own writes, whose notifications need no handoff check.
+pub struct OwnWrite(());
+
+impl OwnWrite {
+    pub fn begin() -> OwnWrite {
+        OWN_WRITES.fetch_add(1, Relaxed);
+        OwnWrite(())
+    }
+}
+
+impl Drop for OwnWrite {
+    fn drop(&mut self) {
+        OWN_WRITES.fetch_sub(1, Relaxed);
+    }
+}
