@@ -11,7 +11,8 @@ Runs on whatever server REDIS_SERVER names (Redis 7.0, Valkey).
 import pytest
 
 from cluster_helpers import aof_commands, snapshot, wait_link_up, wait_online, wait_replicated
-from test_waiting import (HOLDER_LEASE, WAITER_LEASE, acquire, channel, lock_info,  # noqa: F401
+from test_waiting import (HOLDER_LEASE, WAITER_LEASE, acquire, channel,  # noqa: F401
+                          check_the_waiter_is_handed_the_freed_lock, lock_info,
                           rlock_stats, spawn, unlock_messages)
 
 
@@ -62,20 +63,7 @@ CAUSE_IN_AOF = {
 
 @pytest.mark.parametrize("how", FREEING)
 def test_an_overwritten_or_moved_lock_goes_to_the_waiter(server, r, spawn, how):
-    assert acquire(r, "k", "holder") is None
-    sub = server.client().pubsub()
-    sub.subscribe(channel("k"))
-    w = spawn(server, "k", "waiter", queue_as=1)
-    FREEING[how](r)
-    w.granted()
-    assert r.hgetall("k") == {b"waiter": b"1"}
-    assert WAITER_LEASE - 2_000 < r.pttl("k") <= WAITER_LEASE
-    barged = acquire(r, "k", "barger", 1_000)
-    assert isinstance(barged, int) and barged > WAITER_LEASE - 2_000
-    assert lock_info(r, "k")[b"waiters"] == 0
-    assert rlock_stats(r)["handoffs"] == 1
-    assert unlock_messages(sub, 0.2) == [], "the lock never was free"
-    sub.close()
+    check_the_waiter_is_handed_the_freed_lock(server, r, spawn, FREEING[how])
 
 
 @pytest.mark.parametrize("how", FREEING)

@@ -225,14 +225,15 @@ FREEING = {
 }
 
 
-@pytest.mark.parametrize("how", FREEING)
-def test_a_freed_lock_goes_to_the_waiter(server, r, spawn, how):
-    holder_lease = 300 if how == "expiry" else HOLDER_LEASE
+def check_the_waiter_is_handed_the_freed_lock(server, r, spawn, free, holder_lease=HOLDER_LEASE):
+    """A holder, one waiter, then `free(r)`: the waiter is handed `{waiter: 1}` with its own
+    lease, nobody barges in after, and no unlock message goes out (the lock never was
+    free). Shared by every way of freeing a lock (here and in test_freeing.py)."""
     assert acquire(r, "k", "holder", holder_lease) is None
     sub = server.client().pubsub()
     sub.subscribe(channel("k"))
     w = spawn(server, "k", "waiter", queue_as=1)
-    FREEING[how](r)
+    free(r)
     w.granted()
     assert r.hgetall("k") == {b"waiter": b"1"}
     assert WAITER_LEASE - 2_000 < r.pttl("k") <= WAITER_LEASE
@@ -242,9 +243,14 @@ def test_a_freed_lock_goes_to_the_waiter(server, r, spawn, how):
     assert r.hgetall("k") == {b"waiter": b"1"}
     assert lock_info(r, "k")[b"waiters"] == 0
     assert rlock_stats(r)["handoffs"] == 1
-    # The lock never was free: no unlock message.
     assert unlock_messages(sub, 0.2) == []
     sub.close()
+
+
+@pytest.mark.parametrize("how", FREEING)
+def test_a_freed_lock_goes_to_the_waiter(server, r, spawn, how):
+    holder_lease = 300 if how == "expiry" else HOLDER_LEASE
+    check_the_waiter_is_handed_the_freed_lock(server, r, spawn, FREEING[how], holder_lease)
 
 
 # --- Timeouts, WAIT 0, leaving the queue ---------------------------------------------------
