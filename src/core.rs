@@ -59,11 +59,21 @@ pub enum Write {
     Remove,
 }
 
-/// The reply a command sends when it answers at once.
+/// The reply a command sends when it answers at once: the lock only ever answers nil or
+/// an integer, so its plans stay `Copy`; [`crate::reply::Reply`] is every primitive's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
     Nil,
     Int(i64),
+}
+
+impl From<Reply> for crate::reply::Reply {
+    fn from(reply: Reply) -> crate::reply::Reply {
+        match reply {
+            Reply::Nil => crate::reply::Reply::Nil,
+            Reply::Int(n) => crate::reply::Reply::Int(n),
+        }
+    }
 }
 
 /// What happened, for the `INFO rlock` counters and for the glue's next step.
@@ -381,22 +391,6 @@ pub fn request_key(key: &[u8], id: &[u8]) -> Vec<u8> {
     name.push(b':');
     name.extend_from_slice(id);
     name
-}
-
-/// How a remembered reply is stored: `nil` or a decimal integer.
-pub fn encode_reply(reply: Reply) -> Vec<u8> {
-    match reply {
-        Reply::Nil => b"nil".to_vec(),
-        Reply::Int(n) => n.to_string().into_bytes(),
-    }
-}
-
-pub fn decode_reply(stored: &[u8]) -> Option<Reply> {
-    if stored == b"nil" {
-        Some(Reply::Nil)
-    } else {
-        parse_i64(stored).map(Reply::Int)
-    }
 }
 
 /// Only calls that changed the lock are remembered: re-running a call that changed
@@ -778,9 +772,9 @@ mod tests {
             b"rlock_request:{a}:l:r1".to_vec()
         );
         for reply in [Reply::Nil, Reply::Int(0), Reply::Int(1), Reply::Int(-1)] {
-            assert_eq!(decode_reply(&encode_reply(reply)), Some(reply));
+            let any = crate::reply::Reply::from(reply);
+            assert_eq!(crate::reply::decode(&crate::reply::encode(&any)), Some(any));
         }
-        assert_eq!(decode_reply(b"junk"), None);
         assert!(
             remembers(Outcome::Reentered)
                 && !remembers(Outcome::Contended)

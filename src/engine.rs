@@ -29,9 +29,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::cluster;
-use crate::core::{self, LockState, Plan};
+use crate::core::LockState;
 use crate::errors::{ERR_INTERNAL, ERR_TOO_MANY_WAITERS};
 use crate::ffi::{self, Blocked, LockKey, TimerId, Wake};
+use crate::reply::Reply;
 use crate::stats;
 use crate::store;
 use crate::tracking;
@@ -39,27 +40,47 @@ use crate::tracking;
 /// A lock key: its db and name. Shared (`Rc`) between the queue map and the handle index.
 pub type KeyName = Rc<[u8]>;
 
-/// What a waiter asks for, tagged by primitive. Only the lock waits today; the other
-/// primitives (rwlock.rs, semaphore.rs, ...) add their variant and a rule in [`rule`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
-    /// RLOCK.ACQUIRE ... WAIT: `owner` takes the lock for `lease` ms.
-    Lock {
-        owner: Box<[u8]>,
-        lease: i64,
-        /// The call's request id: a handoff remembers its reply like an immediate acquire.
-        request_id: Option<Box<[u8]>>,
-    },
+/// What a waiter asks for: one primitive's request, behind the few questions the engine
+/// asks of it. Each primitive implements it beside its commands (`cmd_lock`, ...), above
+/// this layer, so the engine never names a primitive and imports none of them.
+pub trait Ask: std::fmt::Debug {
+    /// Can this request, at the head of its key's queue, be granted in the key's current
+    /// state (`name` in the selected db)? Reads only: the grant is written by the
+    /// returned [`Check::Grant`], which the engine runs after its own checks.
+    fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check;
+    /// The reply of a waiter whose wait ran out (the lock: the holder's PTTL).
+    fn timed_out(&self, ctx: &Context, name: &RedisString) -> Reply;
+    /// Takes back a grant handed to a client that vanished before being told, if the key
+    /// still holds exactly what the grant wrote, and passes it on (or publishes what a
+    /// release would). Runs from a timer, `db` selected.
+    fn take_back(&self, ctx: &Context, db: i32, name: &RedisString);
 }
 
-impl Request {
-    pub fn lock(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> Request {
-        Request::Lock {
-            owner: owner.into(),
-            lease,
-            request_id: request_id.map(Into::into),
-        }
-    }
+/// A queued request (shared: the granted list keeps it until the reply goes out).
+pub type Request = Rc<dyn Ask>;
+
+/// Writes a grant on the key named by the second argument and says what to tell the
+/// waiter.
+pub type GrantWrite = Box<dyn FnOnce(&Context, &RedisString) -> Grant>;
+
+/// What [`Ask::check`] answers.
+pub enum Check {
+    /// Grantable: the engine runs this to write the grant.
+    Grant(GrantWrite),
+    /// The head waits; the time in ms until the state may change by itself (a lease or a
+    /// permit running out), to look again then (negative: only a write or a keyspace
+    /// event can change the answer).
+    Wait { pttl: i64 },
+}
+
+/// A grant written by a [`GrantWrite`].
+#[derive(Debug)]
+pub struct Grant {
+    /// What the woken waiter is answered.
+    pub reply: Reply,
+    /// `Some(pttl)` when nobody behind the head can be granted before that many ms (the
+    /// lock: its lease); `None` to keep asking the next head (readers, permits, a latch).
+    pub look_again: Option<i64>,
 }
 
 /// One blocked client waiting for a key.
@@ -87,8 +108,8 @@ impl Waiter {
 
 /// A grant handed to a waiter that has not been told yet: what it asked for, to take back
 /// (and its request id's remembered reply to forget) if it vanishes untold.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Granted {
+#[derive(Debug, Clone)]
+pub struct Untold {
     pub db: i32,
     pub key: KeyName,
     pub request: Request,
@@ -121,7 +142,7 @@ pub struct Queues {
     /// Waiters handed the lock whose reply is not sent yet (it goes out before Redis
     /// sleeps). If such a client disconnects or is unblocked in between, it never learns
     /// it holds the lock, so the lock is taken back (see [`on_disconnect`]).
-    granted: HashMap<Blocked, Granted>,
+    granted: HashMap<Blocked, Untold>,
     next_seq: u64,
     next_tag: u64,
     total: usize,
@@ -184,7 +205,7 @@ impl Queues {
         if let Some((db, key, _)) = self.by_handle.remove(&waiter.handle) {
             let request = waiter.request.clone();
             self.granted
-                .insert(waiter.handle, Granted { db, key, request });
+                .insert(waiter.handle, Untold { db, key, request });
         }
         self.total -= 1;
         Some(waiter)
@@ -210,7 +231,7 @@ impl Queues {
     }
 
     /// A granted waiter vanished before its reply: the lock it was handed, to take back.
-    pub fn ungrant(&mut self, handle: Blocked) -> Option<Granted> {
+    pub fn ungrant(&mut self, handle: Blocked) -> Option<Untold> {
         self.granted.remove(&handle)
     }
 
@@ -422,58 +443,6 @@ pub enum Served {
     NoWaiters,
 }
 
-/// What the head's primitive answered in [`serve`].
-enum Verdict {
-    /// Grant the head with this plan.
-    Grant(Plan),
-    /// The head waits; the key's current TTL, to look again when it runs out (negative:
-    /// no TTL, only a write or a keyspace event can change the answer).
-    Wait { pttl: i64 },
-}
-
-/// Reads what the head's primitive needs from the open key and asks its pure rule.
-/// Reads only: it runs with the queues borrowed.
-fn rule(key: &LockKey, request: &Request, now: i64) -> Verdict {
-    match request {
-        Request::Lock { lease, .. } => match core::grant_head(&store::read(key), *lease, now) {
-            Ok(plan) => Verdict::Grant(plan),
-            Err(pttl) => Verdict::Wait { pttl },
-        },
-    }
-}
-
-/// Writes a grant for `request` on the open key and remembers its reply under the
-/// request's id. Returns the TTL to look again after when nobody behind the head can be
-/// granted until then (the lock: its lease), or `None` to keep granting heads.
-fn write_grant(
-    ctx: &Context,
-    key: LockKey,
-    name: &RedisString,
-    request: &Request,
-    plan: &Plan,
-    now: i64,
-) -> Option<i64> {
-    match request {
-        Request::Lock {
-            owner,
-            lease,
-            request_id,
-        } => {
-            let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), owner);
-            store::apply(ctx, &key, name, &owner_rs, plan);
-            drop(key);
-            if let Some(id) = request_id {
-                let request = RedisString::create_from_slice(
-                    std::ptr::null_mut(),
-                    &core::request_key(name.as_slice(), id),
-                );
-                store::remember(ctx, &request, plan.reply, now);
-            }
-            Some(*lease)
-        }
-    }
-}
-
 /// Grants the waiters of `name` in `db` from the head of the queue while the head's
 /// primitive says it can be granted. Must run where writes are allowed and propagated: a
 /// command or a timer. `ctx` must have `db` selected.
@@ -493,26 +462,20 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
     // The answer when the loop stops: Handed if it granted anyone, else `otherwise`.
     let done = |handed: bool, otherwise: Served| if handed { Served::Handed } else { otherwise };
     loop {
-        let key = LockKey::open(ctx, name, true);
-        let now = ffi::now_ms();
-        let verdict = with(|q| q.head(db, key_bytes).map(|w| rule(&key, &w.request, now)));
-        let plan = match verdict {
-            Some(Verdict::Grant(plan)) => plan,
-            Some(Verdict::Wait { pttl }) => {
-                drop(key);
+        let Some(head) = with(|q| q.head(db, key_bytes).map(|w| w.request.clone())) else {
+            forget_if_empty(ctx, db, key_bytes);
+            return done(handed, Served::NoWaiters);
+        };
+        let write = match head.check(ctx, name, ffi::now_ms()) {
+            Check::Grant(write) => write,
+            Check::Wait { pttl } => {
                 note_expiry(ctx, db, key_bytes, pttl);
                 return done(handed, Served::StillHeld);
-            }
-            None => {
-                drop(key);
-                forget_if_empty(ctx, db, key_bytes);
-                return done(handed, Served::NoWaiters);
             }
         };
         if !routed {
             routed = true;
             if let cluster::Route::Redirect(error) = cluster::route_of(ctx, key_bytes) {
-                drop(key);
                 redirect(ctx, db, key_bytes, error);
                 return Served::Redirected;
             }
@@ -520,12 +483,12 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
         let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
             return done(handed, Served::NoWaiters);
         };
-        let look_again = write_grant(ctx, key, name, &waiter.request, &plan, now);
+        let grant = write(ctx, name);
         stop_deadline(ctx, &waiter);
-        ffi::unblock(waiter.handle, Some(Wake::Granted));
+        ffi::unblock(waiter.handle, Some(Wake::Reply(grant.reply)));
         stats::bump(|s| &s.handoffs);
         handed = true;
-        if let Some(pttl) = look_again {
+        if let Some(pttl) = grant.look_again {
             forget_if_empty(ctx, db, key_bytes);
             note_expiry(ctx, db, key_bytes, pttl);
             return Served::Handed;
@@ -566,18 +529,18 @@ pub fn on_deadline(ctx: &Context, handle: Blocked) {
     // Every way out of the queue stops this timer, so the waiter is the one it was armed
     // for; the deadline check guards against a handle reused by a later waiter anyway.
     let due = with(|q| q.deadline_of(handle)).is_some_and(|at| at <= ffi::now_ms());
-    let Some((db, name, _)) = due.then(|| with(|q| q.remove(handle))).flatten() else {
+    let Some((db, name, waiter)) = due.then(|| with(|q| q.remove(handle))).flatten() else {
         return;
     };
     stats::bump(|s| &s.wait_timeouts);
-    let pttl = if ffi::select_db(ctx, db) {
+    let reply = if ffi::select_db(ctx, db) {
         let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
-        LockKey::open(ctx, &name_rs, false).pttl()
+        waiter.request.timed_out(ctx, &name_rs)
     } else {
-        -2
+        Reply::Int(-2)
     };
     forget_if_empty(ctx, db, &name);
-    ffi::unblock(handle, Some(Wake::TimedOut(pttl)));
+    ffi::unblock(handle, Some(Wake::Reply(reply)));
 }
 
 /// Timeout callback, reached only through `CLIENT UNBLOCK <id> TIMEOUT` (the module gives
@@ -593,8 +556,7 @@ pub fn on_timeout(ctx: &Context, handle: Blocked) {
     stop_deadline(ctx, &waiter); // fired already, unless this is CLIENT UNBLOCK
                                  // The timeout context belongs to the blocked client, whose db is the waiter's db.
     let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
-    let pttl = LockKey::open(ctx, &name_rs, false).pttl();
-    ffi::reply_integer(ctx, pttl);
+    ffi::reply_with(ctx, &waiter.request.timed_out(ctx, &name_rs));
     forget_if_empty(ctx, db, &name);
     ffi::unblock(handle, None);
 }
@@ -653,7 +615,7 @@ thread_local! {
     static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
     static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
-    static REVOKES: RefCell<Vec<Granted>> = const { RefCell::new(Vec::new()) };
+    static REVOKES: RefCell<Vec<Untold>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Puts a key on the pending list, served by a post-notification job where the server
@@ -693,7 +655,7 @@ fn retry_later(ctx: &Context, db: i32, key: &[u8]) {
 const PAUSED_RETRY_MS: i64 = 10;
 
 /// Takes back, on the next sweep, a grant handed to a client that vanished untold.
-fn revoke_later(ctx: &Context, granted: Granted) {
+fn revoke_later(ctx: &Context, granted: Untold) {
     REVOKES.with(|r| r.borrow_mut().push(granted));
     arm_sweep(ctx, 0);
 }
@@ -735,47 +697,16 @@ pub fn sweep(ctx: &Context) {
     }
 }
 
-/// Takes back a grant handed to a waiter that vanished before being told, if the key is
-/// still exactly what the grant wrote, then serves the next waiter.
-fn revoke(ctx: &Context, granted: &Granted) {
+/// Takes back a grant handed to a waiter that vanished before being told (its primitive
+/// checks the key still holds what the grant wrote), then serves the next waiter.
+fn revoke(ctx: &Context, untold: &Untold) {
     if ffi::writes_paused() {
-        REVOKES.with(|r| r.borrow_mut().push(granted.clone()));
+        REVOKES.with(|r| r.borrow_mut().push(untold.clone()));
         arm_sweep(ctx, PAUSED_RETRY_MS);
         return;
     }
-    match &granted.request {
-        Request::Lock {
-            owner, request_id, ..
-        } => revoke_lock(ctx, granted, owner, request_id.as_deref()),
-    }
-}
-
-/// [`revoke`] for the lock: released as its owner would, if still that owner alone with
-/// count 1.
-fn revoke_lock(ctx: &Context, granted: &Granted, owner: &[u8], request_id: Option<&[u8]>) {
-    let name = RedisString::create_from_slice(std::ptr::null_mut(), &granted.key);
-    let key = LockKey::open(ctx, &name, true);
-    let Ok(state) = store::read(&key) else { return };
-    let count = state.count_of(owner);
-    // Still exactly what the handoff wrote: that owner alone, count 1.
-    let untold =
-        count == Some(1) && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
-    if untold || count.is_none() {
-        // The client was never told: a retry with its request id must not be answered
-        // "acquired" from the record the handoff wrote.
-        if let Some(id) = request_id {
-            store::forget_request(ctx, &core::request_key(&granted.key, id));
-        }
-    }
-    if !untold {
-        return; // re-entered since by the same owner elsewhere, or already gone
-    }
-    let owner_rs = RedisString::create_from_slice(std::ptr::null_mut(), owner);
-    let plan = core::release(&state, owner, None, ffi::now_ms());
-    store::apply(ctx, &key, &name, &owner_rs, &plan);
-    drop(key);
-    stats::bump(|s| &s.revoked_handoffs);
-    freed(ctx, granted.db, &name, Path::Event);
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), &untold.key);
+    untold.request.take_back(ctx, untold.db, &name);
 }
 
 /// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
@@ -816,10 +747,27 @@ pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
 mod tests {
     use super::*;
 
+    /// A request that is never asked anything: these tests are about the bookkeeping.
+    #[derive(Debug)]
+    #[allow(dead_code)] // read through Debug only
+    struct Probe(usize);
+
+    impl Ask for Probe {
+        fn check(&self, _: &Context, _: &RedisString, _: i64) -> Check {
+            unreachable!()
+        }
+        fn timed_out(&self, _: &Context, _: &RedisString) -> Reply {
+            unreachable!()
+        }
+        fn take_back(&self, _: &Context, _: i32, _: &RedisString) {
+            unreachable!()
+        }
+    }
+
     fn waiter(n: usize) -> Waiter {
         Waiter {
             handle: Blocked(n),
-            ..Waiter::new(Request::lock(format!("o{n}").as_bytes(), 100, None))
+            ..Waiter::new(Rc::new(Probe(n)))
         }
     }
 
@@ -937,7 +885,7 @@ mod tests {
         );
         let g = q.ungrant(Blocked(2)).unwrap();
         assert_eq!((g.db, &g.key[..]), (0, &b"k"[..]));
-        assert_eq!(g.request, Request::lock(b"o2", 100, None));
+        assert_eq!(format!("{:?}", g.request), "Probe(2)");
         assert!(q.ungrant(Blocked(2)).is_none());
     }
 

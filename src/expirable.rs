@@ -262,7 +262,7 @@ pub fn acquire(
     }
     let hex: Vec<Vec<u8>> = ids.iter().map(|id| id_to_hex(id)).collect();
     let reply = if many {
-        Reply::Array(hex)
+        Reply::Array(hex.into_iter().map(Reply::Bulk).collect())
     } else {
         Reply::Bulk(hex.into_iter().next().unwrap_or_default())
     };
@@ -595,7 +595,10 @@ mod tests {
         );
         assert_eq!(
             p.reply,
-            Reply::Array(vec![id_to_hex(&id(1)), id_to_hex(&id(2))])
+            Reply::Array(vec![
+                Reply::Bulk(id_to_hex(&id(1))),
+                Reply::Bulk(id_to_hex(&id(2)))
+            ])
         );
         assert_eq!(p.state.next_expiry(), None);
         // The count key's TTL goes to the zset.

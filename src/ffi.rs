@@ -12,12 +12,14 @@
 //! Every function here checks that the server exports the API it calls and degrades
 //! instead of unwrapping a missing pointer, which would abort the server.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_long, c_void};
 use std::os::raw::c_char;
 use std::ptr;
 use std::sync::OnceLock;
 
 use redis_module::{raw, Context, RedisString};
+
+use crate::reply::Reply;
 
 /// Milliseconds since the epoch by the server's clock (the clock key expiry uses).
 pub fn now_ms() -> i64 {
@@ -29,6 +31,8 @@ pub fn now_ms() -> i64 {
 pub enum KeyKind {
     Empty,
     Hash,
+    String,
+    Zset,
     Other,
 }
 
@@ -61,6 +65,8 @@ impl LockKey {
         match unsafe { raw::RedisModule_KeyType.unwrap()(self.key) } as isize {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
+            raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
+            raw::REDISMODULE_KEYTYPE_ZSET => KeyKind::Zset,
             _ => KeyKind::Other,
         }
     }
@@ -75,6 +81,27 @@ impl LockKey {
             -1
         } else {
             ttl
+        }
+    }
+
+    /// The absolute expiry in ms since the epoch, or -1 without one (-2: no key).
+    pub fn abs_expire(&self) -> i64 {
+        if self.key.is_null() {
+            return -2;
+        }
+        match unsafe { raw::RedisModule_GetAbsExpire } {
+            Some(get) => {
+                let at = unsafe { get(self.key) };
+                if at == raw::REDISMODULE_NO_EXPIRE as i64 {
+                    -1
+                } else {
+                    at
+                }
+            }
+            None => match self.pttl() {
+                ttl if ttl < 0 => ttl,
+                ttl => now_ms() + ttl,
+            },
         }
     }
 
@@ -183,6 +210,68 @@ impl LockKey {
     pub fn string_set(&self, value: &RedisString) {
         unsafe {
             raw::RedisModule_StringSet.unwrap()(self.key, value.inner);
+        }
+    }
+
+    /// `ZADD key score member` on a key opened for writing (scores are integer ms, exact
+    /// as doubles below 2^53).
+    pub fn zset_add(&self, score: i64, member: &RedisString) {
+        unsafe {
+            raw::RedisModule_ZsetAdd.unwrap()(
+                self.key,
+                score as f64,
+                member.inner,
+                ptr::null_mut(),
+            );
+        }
+    }
+
+    /// `ZREM key member` on a key opened for writing.
+    pub fn zset_rem(&self, member: &RedisString) {
+        let mut deleted: c_int = 0;
+        unsafe {
+            raw::RedisModule_ZsetRem.unwrap()(self.key, member.inner, &mut deleted);
+        }
+    }
+
+    /// Every (member, score) of a sorted set, lowest score first.
+    pub fn zset_items(&self) -> Vec<(Vec<u8>, i64)> {
+        let mut out = Vec::new();
+        if self.kind() != KeyKind::Zset {
+            return out;
+        }
+        unsafe {
+            let first = raw::RedisModule_ZsetFirstInScoreRange.unwrap()(
+                self.key,
+                f64::NEG_INFINITY,
+                f64::INFINITY,
+                0,
+                0,
+            );
+            if first == raw::REDISMODULE_OK as c_int {
+                while raw::RedisModule_ZsetRangeEndReached.unwrap()(self.key) == 0 {
+                    let mut score: f64 = 0.0;
+                    let member =
+                        raw::RedisModule_ZsetRangeCurrentElement.unwrap()(self.key, &mut score);
+                    if member.is_null() {
+                        break;
+                    }
+                    out.push((string_bytes(member).to_vec(), score as i64));
+                    raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), member);
+                    if raw::RedisModule_ZsetRangeNext.unwrap()(self.key) == 0 {
+                        break;
+                    }
+                }
+            }
+            raw::RedisModule_ZsetRangeStop.unwrap()(self.key);
+        }
+        out
+    }
+
+    /// `PERSIST key`: drops the key's TTL.
+    pub fn persist(&self) {
+        unsafe {
+            raw::RedisModule_SetExpire.unwrap()(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
         }
     }
 
@@ -331,6 +420,38 @@ pub fn reply_integer(ctx: &Context, n: i64) {
     }
 }
 
+/// Replies with any primitive's [`Reply`] (a woken waiter's, from a callback).
+pub fn reply_with(ctx: &Context, reply: &Reply) {
+    match reply {
+        Reply::Nil => reply_null(ctx),
+        Reply::Int(n) => reply_integer(ctx, *n),
+        Reply::Bulk(bytes) => unsafe {
+            raw::RedisModule_ReplyWithStringBuffer.unwrap()(
+                ctx.ctx,
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+            );
+        },
+        Reply::Array(items) => {
+            unsafe { raw::RedisModule_ReplyWithArray.unwrap()(ctx.ctx, items.len() as c_long) };
+            for item in items {
+                reply_with(ctx, item);
+            }
+        }
+    }
+}
+
+/// A [`Reply`] as the value a command handler returns.
+pub fn value(reply: Reply) -> redis_module::RedisValue {
+    use redis_module::RedisValue;
+    match reply {
+        Reply::Nil => RedisValue::Null,
+        Reply::Int(n) => RedisValue::Integer(n),
+        Reply::Bulk(bytes) => RedisValue::StringBuffer(bytes),
+        Reply::Array(items) => RedisValue::Array(items.into_iter().map(value).collect()),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Blocked clients
 
@@ -342,10 +463,8 @@ pub struct Blocked(pub usize);
 /// What a woken waiter is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wake {
-    /// The lock was handed to it: reply nil.
-    Granted,
-    /// Its wait ran out: reply the holder's PTTL, as a non-waiting ACQUIRE would.
-    TimedOut(i64),
+    /// Granted, or its wait ran out: reply this (the primitive decides what).
+    Reply(Reply),
     /// Reply with this error.
     Error(std::borrow::Cow<'static, str>),
 }
@@ -380,8 +499,7 @@ extern "C" fn reply_cb(
     let context = Context::new(ctx);
     let wake = unsafe { raw::RedisModule_GetBlockedClientPrivateData.unwrap()(ctx) }.cast::<Wake>();
     match unsafe { wake.as_ref() } {
-        Some(Wake::Granted) => reply_null(&context),
-        Some(Wake::TimedOut(pttl)) => reply_integer(&context, *pttl),
+        Some(Wake::Reply(reply)) => reply_with(&context, reply),
         Some(Wake::Error(msg)) => reply_error(&context, msg),
         None => reply_error(&context, crate::errors::ERR_INTERNAL),
     }
@@ -563,6 +681,25 @@ pub fn replicate(ctx: &Context, cmd: &std::ffi::CStr, args: &[Arg]) {
             ),
             _ => unreachable!("no other argument shape is replicated"),
         };
+    }
+}
+
+/// Replicates `cmd` with any number of string arguments (the effects of the other
+/// primitives: ZADD with many members, ...). The fixed shapes of [`replicate`] stay for
+/// the lock's hot path, which they keep free of a vector.
+pub fn replicate_argv(ctx: &Context, cmd: &std::ffi::CStr, args: &[&RedisString]) {
+    let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    let mut argv: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| a.inner).collect();
+    unsafe {
+        f(
+            ctx.ctx,
+            cmd.as_ptr(),
+            c"v".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
+        );
     }
 }
 

@@ -21,7 +21,8 @@
 //!   `latch`, with `effects`).
 
 pub mod cluster;
-pub mod commands;
+pub mod cmd;
+pub mod cmd_lock;
 pub mod config;
 pub mod core;
 pub mod engine;
@@ -29,6 +30,7 @@ pub mod errors;
 pub mod events;
 pub mod ffi;
 pub mod guard;
+pub mod reply;
 pub mod stats;
 pub mod store;
 pub mod tracking;
@@ -89,11 +91,11 @@ redis_module! {
     commands: [
         // Key at position 1 and nowhere else, so Redis Cluster routes every command.
         // On 7.0 module commands get no ACL category (see the README's ACL note).
-        ["rlock.acquire", commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rlock.release", commands::release, "write", 1, 1, 1, ""],
-        ["rlock.renew", commands::renew, "write", 1, 1, 1, ""],
-        ["rlock.forcerelease", commands::force_release, "write", 1, 1, 1, ""],
-        ["rlock.info", commands::info, "readonly", 1, 1, 1, ""],
+        ["rlock.acquire", cmd_lock::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rlock.release", cmd_lock::release, "write", 1, 1, 1, ""],
+        ["rlock.renew", cmd_lock::renew, "write", 1, 1, 1, ""],
+        ["rlock.forcerelease", cmd_lock::force_release, "write", 1, 1, 1, ""],
+        ["rlock.info", cmd_lock::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [

@@ -35,16 +35,8 @@ pub fn channel(key: &[u8]) -> Vec<u8> {
     prefix_name(b"redisson_sc", key)
 }
 
-/// The reply a command sends when it answers at once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    Nil,
-    Int(i64),
-    /// One permit id (hex).
-    Bulk(Vec<u8>),
-    /// Several permit ids (hex).
-    Array(Vec<Vec<u8>>),
-}
+/// The reply a command sends when it answers at once (permit ids are bulk strings of hex).
+pub use crate::reply::Reply;
 
 /// What happened, for the `INFO rlock` counters and the glue's next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

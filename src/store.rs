@@ -10,9 +10,11 @@
 
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 
-use crate::core::{self, LockState, Plan, Reply, Write};
+use crate::core::{self, LockState, Plan, Write};
+use crate::effects::{Effect, KeyRef};
 use crate::errors::ERR_WRONGTYPE;
 use crate::ffi::{self, Arg, KeyKind, LockKey};
+use crate::reply::{self, Reply};
 use crate::tracking::{self, OwnWrite};
 
 /// The lock a key holds, or the error a command must answer when it is not a lock.
@@ -23,7 +25,7 @@ pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
             holders: core::parse_holders(key.hash_fields())?,
             pttl: key.pttl(),
         }),
-        KeyKind::Other => Err(ERR_WRONGTYPE),
+        _ => Err(ERR_WRONGTYPE),
     }
 }
 
@@ -116,11 +118,19 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
 /// SPUBLISH to the lock's shard (the cluster bus reaches the shard's replicas); otherwise
 /// with PUBLISH, replicated so that subscribers connected to replicas hear it too.
 pub fn publish_unlock(ctx: &Context, name: &RedisString) {
-    let channel = RedisString::create_from_slice(
-        std::ptr::null_mut(),
+    publish(
+        ctx,
         &core::unlock_channel(name.as_slice()),
+        core::UNLOCK_MESSAGE,
     );
-    let message = RedisString::create_from_slice(std::ptr::null_mut(), core::UNLOCK_MESSAGE);
+}
+
+/// Publishes a Redisson message on one of its channels (every primitive's messages go
+/// out this way): SPUBLISH in cluster mode, else PUBLISH, replicated, as
+/// [`publish_unlock`] explains.
+pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
+    let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
+    let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
     let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
     ffi::publish(ctx, &channel, &message, cluster);
     if !cluster {
@@ -134,20 +144,20 @@ pub fn remembered(ctx: &Context, request: &RedisString) -> Option<Reply> {
     if !key.is_string() {
         return None;
     }
-    core::decode_reply(&key.string_get())
+    reply::decode(&key.string_get())
 }
 
 /// Remembers the reply of a call that changed the lock, under its request id, for
 /// `rlock.request-id-window-ms`. It is a plain string key with an absolute expiry in the
 /// lock's slot (Redisson's unlock latch does the same): it replicates and persists like
 /// the lock, so a client retrying after a failover still gets the first reply.
-pub fn remember(ctx: &Context, request: &RedisString, reply: Reply, now: i64) {
+pub fn remember(ctx: &Context, request: &RedisString, reply: &Reply, now: i64) {
     let key = LockKey::open(ctx, request, true);
     if !matches!(key.kind(), KeyKind::Empty) && !key.is_string() {
         return; // somebody else's data: never overwrite it
     }
     let _own = OwnWrite::begin();
-    let value = RedisString::create_from_slice(std::ptr::null_mut(), &core::encode_reply(reply));
+    let value = RedisString::create_from_slice(std::ptr::null_mut(), &reply::encode(reply));
     let at = now + crate::config::request_id_window_ms();
     key.string_set(&value);
     key.set_abs_expire(at);
@@ -177,4 +187,165 @@ pub fn forget_request(ctx: &Context, request: &[u8]) {
     ffi::replicate(ctx, c"DEL", &[Arg::Str(&name)]);
     ffi::notify(ctx, NotifyEvent::GENERIC, c"del", &name);
     ffi::signal_modified(ctx, &name);
+}
+
+// ---- The other primitives: any key read, and a plan's effects applied ----
+
+/// What a key holds, for the cores of the other primitives: its value read by type, and
+/// its absolute expiry. The error for a key of another type than the primitive reads is
+/// the caller's to pick (its cores name it).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Value {
+    #[default]
+    Missing,
+    String(Vec<u8>),
+    Hash(Vec<(Vec<u8>, Vec<u8>)>),
+    /// (member, score) pairs, lowest score first.
+    Zset(Vec<(Vec<u8>, i64)>),
+    /// A list, set, stream or module type: no primitive's.
+    Other,
+}
+
+/// A key's [`Value`] and its absolute expiry (-1: none; -2: missing), in the selected db.
+pub fn read_any(ctx: &Context, name: &[u8]) -> (Value, i64) {
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), name);
+    let key = LockKey::open(ctx, &name, false);
+    let value = match key.kind() {
+        KeyKind::Empty => return (Value::Missing, -2),
+        KeyKind::String => Value::String(key.string_get()),
+        KeyKind::Hash => Value::Hash(key.hash_fields()),
+        KeyKind::Zset => Value::Zset(key.zset_items()),
+        KeyKind::Other => Value::Other,
+    };
+    (value, key.abs_expire())
+}
+
+/// Applies a core's effects in order on the key `name` (the command's key, for
+/// [`KeyRef::Main`]) and the auxiliary keys it names (always in `name`'s slot). Each is
+/// done as its plain command would: written with the key API, replicated as that command
+/// (absolute expiries, SPEC 1.4), its keyspace notification fired, WATCH signalled.
+pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
+    if effects.is_empty() {
+        return;
+    }
+    let _own = OwnWrite::begin();
+    let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
+    let mut touched: Vec<RedisString> = Vec::new();
+    for effect in effects {
+        let key_ref = match effect {
+            Effect::Del(k)
+            | Effect::HSet(k, ..)
+            | Effect::HIncrBy(k, ..)
+            | Effect::HDel(k, ..)
+            | Effect::Set(k, ..)
+            | Effect::PExpireAt(k, ..)
+            | Effect::Persist(k)
+            | Effect::IncrBy(k, ..)
+            | Effect::ZAdd(k, ..)
+            | Effect::ZRem(k, ..) => k,
+        };
+        let aux;
+        let target: &RedisString = match key_ref {
+            KeyRef::Main => name,
+            KeyRef::Aux(n) => {
+                aux = bytes(n);
+                &aux
+            }
+        };
+        let key = LockKey::open(ctx, target, true);
+        match effect {
+            Effect::Del(_) => {
+                if key.kind() == KeyKind::Empty {
+                    continue; // DEL of a missing key changes nothing and replicates nothing
+                }
+                key.delete();
+                ffi::replicate(ctx, c"DEL", &[Arg::Str(target)]);
+                ffi::notify(ctx, NotifyEvent::GENERIC, c"del", target);
+            }
+            Effect::HSet(_, field, value) => {
+                let (field, value) = (bytes(field), bytes(value));
+                key.hash_set(&field, &value);
+                ffi::replicate_argv(ctx, c"HSET", &[target, &field, &value]);
+                ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
+            }
+            Effect::HIncrBy(_, field, delta, result) => {
+                let field = bytes(field);
+                key.hash_set(&field, &number(*result));
+                ffi::replicate(
+                    ctx,
+                    c"HINCRBY",
+                    &[Arg::Str(target), Arg::Str(&field), Arg::Int(*delta)],
+                );
+                ffi::notify(ctx, NotifyEvent::HASH, c"hincrby", target);
+            }
+            Effect::HDel(_, field) => {
+                let field = bytes(field);
+                key.hash_del(&field);
+                ffi::replicate(ctx, c"HDEL", &[Arg::Str(target), Arg::Str(&field)]);
+                ffi::notify(ctx, NotifyEvent::HASH, c"hdel", target);
+            }
+            Effect::Set(_, value) => {
+                let value = bytes(value);
+                key.string_set(&value);
+                ffi::replicate(ctx, c"SET", &[Arg::Str(target), Arg::Str(&value)]);
+                ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
+            }
+            Effect::PExpireAt(_, at) => {
+                key.set_abs_expire(*at);
+                ffi::replicate(ctx, c"PEXPIREAT", &[Arg::Str(target), Arg::Int(*at)]);
+                ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
+            }
+            Effect::Persist(_) => {
+                key.persist();
+                ffi::replicate(ctx, c"PERSIST", &[Arg::Str(target)]);
+                ffi::notify(ctx, NotifyEvent::GENERIC, c"persist", target);
+            }
+            Effect::IncrBy(_, delta, result) => {
+                // INCRBY keeps the key's TTL; the key API's StringSet drops it, so it is
+                // put back (a replica runs the INCRBY/DECRBY itself and keeps its own).
+                let at = key.abs_expire();
+                key.string_set(&number(*result));
+                if at >= 0 {
+                    key.set_abs_expire(at);
+                }
+                let (cmd, event, by) = if *delta < 0 {
+                    (c"DECRBY", c"decrby", -*delta)
+                } else {
+                    (c"INCRBY", c"incrby", *delta)
+                };
+                ffi::replicate(ctx, cmd, &[Arg::Str(target), Arg::Int(by)]);
+                ffi::notify(ctx, NotifyEvent::STRING, event, target);
+            }
+            Effect::ZAdd(_, items) => {
+                let mut argv = Vec::with_capacity(items.len() * 2);
+                for (score, member) in items {
+                    let member = bytes(member);
+                    key.zset_add(*score, &member);
+                    argv.push(number(*score));
+                    argv.push(member);
+                }
+                let mut args: Vec<&RedisString> = vec![target];
+                args.extend(argv.iter());
+                ffi::replicate_argv(ctx, c"ZADD", &args);
+                ffi::notify(ctx, NotifyEvent::ZSET, c"zadd", target);
+            }
+            Effect::ZRem(_, members) => {
+                let members: Vec<RedisString> = members.iter().map(|m| bytes(m)).collect();
+                for member in &members {
+                    key.zset_rem(member);
+                }
+                let mut args: Vec<&RedisString> = vec![target];
+                args.extend(members.iter());
+                ffi::replicate_argv(ctx, c"ZREM", &args);
+                ffi::notify(ctx, NotifyEvent::ZSET, c"zrem", target);
+            }
+        }
+        drop(key);
+        if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
+            touched.push(bytes(target.as_slice()));
+        }
+    }
+    for key in &touched {
+        ffi::signal_modified(ctx, key);
+    }
 }

@@ -1,19 +1,20 @@
-//! Command handlers: parse -> read -> core -> write/replicate/notify -> reply.
+//! The re-entrant lock's commands (RLOCK.*): parse -> read -> core -> write/replicate/
+//! notify -> reply; and [`LockAsk`], what a queued RLOCK.ACQUIRE asks of the engine.
 //!
-//! Layer: the top, with `events` beside it. Calls down into `engine` (waiting, handoff,
-//! freeing), `store` (reads and writes) and the pure `core`; nothing calls up into it.
+//! Layer: the top, one file per primitive beside `cmd` (what they share) and `events`.
+//! Calls down into `engine` (waiting, handoff, freeing), `store` (reads and writes) and
+//! the pure `core`; nothing calls up into it.
+
+use std::rc::Rc;
 
 use redis_module::redisvalue::RedisValueKey;
-use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::core::{self, LockState, Outcome, Reply};
-use crate::engine::{self, Path, Request, Waiter};
+use crate::cmd::{args_after_key, err, may_block, request_key};
+use crate::core::{self, LockState, Outcome, Plan, Reply};
+use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
 use crate::ffi::{self, LockKey};
-use crate::{guard, stats, store, tracking};
-
-fn err(msg: &'static str) -> RedisError {
-    RedisError::Str(msg)
-}
+use crate::{guard, reply, stats, store, tracking};
 
 fn count(outcome: Outcome) {
     match outcome {
@@ -32,20 +33,6 @@ fn value(reply: Reply) -> RedisValue {
         Reply::Nil => RedisValue::Null,
         Reply::Int(n) => RedisValue::Integer(n),
     }
-}
-
-/// The key remembering a request id's reply, if the call has an id.
-fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString> {
-    id.map(|id| {
-        RedisString::create_from_slice(
-            std::ptr::null_mut(),
-            &core::request_key(name.as_slice(), id),
-        )
-    })
-}
-
-fn args_after_key(args: &[RedisString]) -> Vec<&[u8]> {
-    args[2..].iter().map(RedisString::as_slice).collect()
 }
 
 /// Opens the lock key for writing and reads it. If it holds no lock but clients wait for
@@ -83,17 +70,6 @@ fn open_for_write(
     (key, state)
 }
 
-/// Where a client may not block (MULTI/EXEC, scripts, replicated or loading streams,
-/// deny-blocking contexts), WAIT is ignored and the command answers at once.
-fn may_block(ctx: &Context) -> bool {
-    let no = ContextFlags::MULTI
-        | ContextFlags::LUA
-        | ContextFlags::DENY_BLOCKING
-        | ContextFlags::REPLICATED
-        | ContextFlags::LOADING;
-    !ctx.get_flags().intersects(no)
-}
-
 /// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
@@ -104,7 +80,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let (name, owner) = (&args[1], &args[2]);
         let request = request_key(name, a.id);
         if let Some(first) = request.as_ref().and_then(|req| store::remembered(ctx, req)) {
-            return Ok(value(first));
+            return Ok(ffi::value(first));
         }
         let db = ffi::selected_db(ctx);
         let now = ffi::now_ms();
@@ -114,11 +90,15 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         drop(key);
         count(plan.outcome);
         if let Some(req) = request.as_ref().filter(|_| core::remembers(plan.outcome)) {
-            store::remember(ctx, req, plan.reply, now);
+            store::remember(ctx, req, &plan.reply.into(), now);
         }
         match (plan.outcome, plan.reply, a.wait) {
             (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
-                let waiter = Waiter::new(Request::lock(a.owner, a.lease, a.id));
+                let waiter = Waiter::new(Rc::new(LockAsk {
+                    owner: a.owner.into(),
+                    lease: a.lease,
+                    request_id: a.id.map(Into::into),
+                }));
                 engine::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
                 Ok(RedisValue::NoReply)
             }
@@ -140,7 +120,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let (name, lease) = (&args[1], a.lease);
         let request = request_key(name, a.id);
         if let Some(first) = request.as_ref().and_then(|req| store::remembered(ctx, req)) {
-            return Ok(value(first));
+            return Ok(ffi::value(first));
         }
         let db = ffi::selected_db(ctx);
         let now = ffi::now_ms();
@@ -150,7 +130,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         drop(key);
         count(plan.outcome);
         if let Some(req) = request.as_ref().filter(|_| core::remembers(plan.outcome)) {
-            store::remember(ctx, req, plan.reply, now);
+            store::remember(ctx, req, &plan.reply.into(), now);
         }
         if plan.freed {
             engine::freed(ctx, db, name, Path::Command);
@@ -244,4 +224,80 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             .collect(),
         ))
     })
+}
+
+/// A queued `RLOCK.ACQUIRE ... WAIT`: `owner` takes the lock for `lease` ms.
+#[derive(Debug, Clone)]
+pub struct LockAsk {
+    pub owner: Box<[u8]>,
+    pub lease: i64,
+    /// The call's request id: a handoff remembers its reply like an immediate acquire.
+    pub request_id: Option<Box<[u8]>>,
+}
+
+impl Ask for LockAsk {
+    fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
+        let state = store::read(&LockKey::open(ctx, name, false));
+        match core::grant_head(&state, self.lease, now) {
+            Ok(plan) => {
+                let ask = self.clone();
+                Check::Grant(Box::new(move |ctx, name| {
+                    ask.write_grant(ctx, name, &plan, now)
+                }))
+            }
+            Err(pttl) => Check::Wait { pttl },
+        }
+    }
+
+    fn timed_out(&self, ctx: &Context, name: &RedisString) -> reply::Reply {
+        reply::Reply::Int(LockKey::open(ctx, name, false).pttl())
+    }
+
+    /// Released as its owner would, if still that owner alone with count 1.
+    fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
+        let key = LockKey::open(ctx, name, true);
+        let Ok(state) = store::read(&key) else { return };
+        let count = state.count_of(&self.owner);
+        // Still exactly what the handoff wrote: that owner alone, count 1.
+        let untold = count == Some(1)
+            && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
+        if untold || count.is_none() {
+            // The client was never told: a retry with its request id must not be answered
+            // "acquired" from the record the handoff wrote.
+            if let Some(id) = &self.request_id {
+                store::forget_request(ctx, &core::request_key(name.as_slice(), id));
+            }
+        }
+        if !untold {
+            return; // re-entered since by the same owner elsewhere, or already gone
+        }
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), &self.owner);
+        let plan = core::release(&state, &self.owner, None, ffi::now_ms());
+        store::apply(ctx, &key, name, &owner, &plan);
+        drop(key);
+        stats::bump(|s| &s.revoked_handoffs);
+        engine::freed(ctx, db, name, Path::Event);
+    }
+}
+
+impl LockAsk {
+    /// Writes the handoff and remembers its reply under the request's id. Nobody behind
+    /// the new holder can be granted before its lease runs out.
+    fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &Plan, now: i64) -> Grant {
+        let key = LockKey::open(ctx, name, true);
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), &self.owner);
+        store::apply(ctx, &key, name, &owner, plan);
+        drop(key);
+        if let Some(id) = &self.request_id {
+            let request = RedisString::create_from_slice(
+                std::ptr::null_mut(),
+                &core::request_key(name.as_slice(), id),
+            );
+            store::remember(ctx, &request, &plan.reply.into(), now);
+        }
+        Grant {
+            reply: plan.reply.into(),
+            look_again: Some(self.lease),
+        }
+    }
 }
