@@ -355,6 +355,32 @@ pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
     })
 }
 
+/// Whether the server tells the module of every write to a key with waiters (Redis 7.0's
+/// keyspace events, to which the module subscribes for strings, hashes and sorted sets),
+/// or only of removals (7.2+/Valkey's key server event: no tax on other writes). Set once
+/// by `events::subscribe`.
+static WRITES_REPORTED: AtomicBool = AtomicBool::new(true);
+
+pub fn set_writes_reported(reported: bool) {
+    WRITES_REPORTED.store(reported, Relaxed);
+}
+
+/// How often a queue looks again at a key where a write it is not told of could let its
+/// head in (a semaphore raised by a Java client's INCRBY, where only removals are
+/// reported): the bound on how late such a waiter is served.
+pub const UNREPORTED_WRITE_POLL_MS: i64 = 10;
+
+/// The [`Check`] of a head that only a write can let in: wait for the write's keyspace
+/// event where the server reports it, else look again every [`UNREPORTED_WRITE_POLL_MS`].
+pub fn wait_for_write() -> Check {
+    let pttl = if WRITES_REPORTED.load(Relaxed) {
+        -1
+    } else {
+        UNREPORTED_WRITE_POLL_MS
+    };
+    Check::Wait { pttl }
+}
+
 /// True when any client waits for any lock.
 pub fn anyone_waits() -> bool {
     ANYONE_WAITS.load(Relaxed)
