@@ -55,7 +55,7 @@ fn watching() -> bool {
 /// Subscribes to key removals the cheapest way the server offers (see the top of file).
 pub fn subscribe(ctx: &Context) {
     ffi::set_post_job_handler(engine::sweep);
-    if ffi::subscribe_key_removals(ctx, on_removed) {
+    if ffi::subscribe_key_removals(ctx, engine::anyone_waits, on_removed) {
         // Writes in place (a Java client's INCRBY on a semaphore) are not reported: the
         // queues that can be let in by one look again now and then (engine::wait_for_write).
         engine::set_writes_reported(false);

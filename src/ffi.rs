@@ -719,7 +719,7 @@ pub enum Removal {
 pub type KeyHandler = fn(&Context, i32, Removal, &[u8]);
 
 static KEYSPACE_HANDLER: OnceLock<(fn() -> bool, KeyHandler)> = OnceLock::new();
-static KEY_EVENT_HANDLER: OnceLock<KeyHandler> = OnceLock::new();
+static KEY_EVENT_HANDLER: OnceLock<(fn() -> bool, KeyHandler)> = OnceLock::new();
 
 extern "C" fn keyspace_cb(
     ctx: *mut raw::RedisModuleCtx,
@@ -772,16 +772,17 @@ extern "C" fn key_event_cb(
     subevent: u64,
     data: *mut c_void,
 ) {
-    let Some(f) = KEY_EVENT_HANDLER.get() else {
+    let Some((anyone_waits, f)) = KEY_EVENT_HANDLER.get() else {
         return;
     };
     let info = unsafe { &*data.cast::<raw::RedisModuleKeyInfo>() };
-    // Only a hash can be a lock: everything else is turned away here, before the key's
-    // name is even looked at. (For an overwrite this is the old value's type.)
-    if unsafe { raw::RedisModule_KeyType.unwrap()(info.key) } as isize
-        != raw::REDISMODULE_KEYTYPE_HASH
-    {
-        return;
+    // Only a hash can be a lock, and only a string a semaphore or latch (which matter only
+    // with waiters): everything else is turned away here, before the key's name is even
+    // looked at. (For an overwrite this is the old value's type.)
+    match unsafe { raw::RedisModule_KeyType.unwrap()(info.key) } as isize {
+        raw::REDISMODULE_KEYTYPE_HASH => {}
+        raw::REDISMODULE_KEYTYPE_STRING if anyone_waits() => {}
+        _ => return,
     }
     let removal = match subevent {
         raw::REDISMODULE_SUBEVENT_KEY_EXPIRED => Removal::Expired,
@@ -798,7 +799,8 @@ extern "C" fn key_event_cb(
 /// Where the server has post-notification jobs (Redis 7.2+, Valkey), it also reports every
 /// key removed, expired, evicted or overwritten to modules directly (the key server
 /// event): subscribes `f` to it and returns true. False on 7.0, which has neither.
-pub fn subscribe_key_removals(ctx: &Context, f: KeyHandler) -> bool {
+/// Strings pass only while `anyone_waits()`.
+pub fn subscribe_key_removals(ctx: &Context, anyone_waits: fn() -> bool, f: KeyHandler) -> bool {
     if !has_post_jobs() {
         return false;
     }
@@ -809,7 +811,7 @@ pub fn subscribe_key_removals(ctx: &Context, f: KeyHandler) -> bool {
         id: raw::REDISMODULE_EVENT_KEY,
         dataver: raw::REDISMODULE_KEYINFO_VERSION as u64,
     };
-    let _ = KEY_EVENT_HANDLER.set(f);
+    let _ = KEY_EVENT_HANDLER.set((anyone_waits, f));
     unsafe { subscribe(ctx.ctx, event, Some(key_event_cb)) == raw::REDISMODULE_OK as c_int }
 }
 
