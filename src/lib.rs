@@ -22,6 +22,7 @@
 
 pub mod cluster;
 pub mod cmd;
+pub mod cmd_latch; // countdown latch (RLATCH.*)
 pub mod cmd_lock;
 pub mod config;
 pub mod core;
@@ -96,6 +97,14 @@ redis_module! {
         ["rlock.renew", cmd_lock::renew, "write", 1, 1, 1, ""],
         ["rlock.forcerelease", cmd_lock::force_release, "write", 1, 1, 1, ""],
         ["rlock.info", cmd_lock::info, "readonly", 1, 1, 1, ""],
+        // Countdown latch (SPEC 4.5). AWAIT changes nothing: readonly (a replica answers
+        // it at once, never queues it).
+        ["rlatch.trysetcount", cmd_latch::try_set_count, "write deny-oom", 1, 1, 1, ""],
+        ["rlatch.countdown", cmd_latch::count_down, "write", 1, 1, 1, ""],
+        ["rlatch.getcount", cmd_latch::get_count, "readonly", 1, 1, 1, ""],
+        ["rlatch.await", cmd_latch::await_open, "readonly", 1, 1, 1, ""],
+        ["rlatch.delete", cmd_latch::delete, "write", 1, 1, 1, ""],
+        ["rlatch.info", cmd_latch::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [

@@ -20,6 +20,15 @@ pub struct Stats {
     pub renewals: Cell<u64>,
     pub expired_with_waiters: Cell<u64>,
     pub revoked_handoffs: Cell<u64>,
+    // Countdown latch (cmd_latch.rs).
+    pub latch_sets: Cell<u64>,
+    pub latch_count_downs: Cell<u64>,
+    pub latch_openings: Cell<u64>,
+    pub latch_deletes: Cell<u64>,
+    pub latch_awaits_open: Cell<u64>,
+    pub latch_awaits_queued: Cell<u64>,
+    pub latch_awaits_released: Cell<u64>,
+    pub latch_await_timeouts: Cell<u64>,
 }
 
 /// What INFO reports that lives elsewhere (the engine's queues, the tracked set).
@@ -69,6 +78,21 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         ];
         ctx.add_info_section(None);
         for (name, value) in fields {
+            ctx.add_info_field_long_long(name, value as i64);
+        }
+        // Countdown latch (cmd_latch.rs): counts set, count-downs, openings (by count-down
+        // to zero or delete), awaits answered open at once, queued, released, timed out.
+        let latch: [(&str, u64); 8] = [
+            ("latch_sets", s.latch_sets.get()),
+            ("latch_count_downs", s.latch_count_downs.get()),
+            ("latch_openings", s.latch_openings.get()),
+            ("latch_deletes", s.latch_deletes.get()),
+            ("latch_awaits_open", s.latch_awaits_open.get()),
+            ("latch_awaits_queued", s.latch_awaits_queued.get()),
+            ("latch_awaits_released", s.latch_awaits_released.get()),
+            ("latch_await_timeouts", s.latch_await_timeouts.get()),
+        ];
+        for (name, value) in latch {
             ctx.add_info_field_long_long(name, value as i64);
         }
     });
