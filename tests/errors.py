@@ -19,3 +19,8 @@ def text(error):
         if error.startswith(code):
             return error[len(code):]
     return error
+
+# Countdown latch (RLATCH.*)
+NOT_A_LATCH = "ERR key holds a string that is not a latch count (it must be a decimal integer)"
+LATCH_COUNT = "ERR count must be an integer from 1 to 9223372036854775807"
+LATCH_OVERFLOW = "ERR latch count would overflow"
