@@ -56,6 +56,7 @@ mod blocking;
 mod cmd;
 mod conn;
 mod error;
+mod latch; // countdown latch: Client::latch
 mod logic;
 mod multi;
 mod options;
@@ -65,6 +66,7 @@ mod watchdog;
 pub use blocking::{Client, Lock, LockGuard};
 pub use cmd::LockInfo;
 pub use error::{Error, Result};
+pub use latch::CountDownLatch;
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
 pub use state::{Lost, LostReason};
