@@ -344,6 +344,25 @@ def test_a_module_less_replica_gets_plain_effects_and_the_messages(make_server):
     assert heard == [b"1", b"0", b"1", b"1"], "set, zero, set, delete"
 
 
+def test_a_module_loaded_replica_answers_await_at_once_and_refuses_writes(make_server):
+    master = make_server("master", args=MASTER_ARGS)
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(master.port)])
+    m, rc = master.client(), replica.client()
+    wait_link_up(rc)
+    wait_online(m)
+    latch(m, "RLATCH.TRYSETCOUNT", "l", 2)
+    wait_replicated(m, rc)
+    assert latch(rc, "RLATCH.GETCOUNT", "l") == 2
+    assert latch(rc, "RLATCH.AWAIT", "l", "WAIT", 0) == 0, "a replica never queues an await"
+    assert latch(rc, "RLATCH.INFO", "l") == [b"count", 2, b"pttl", -1, b"waiters", 0]
+    with pytest.raises(redis.ReadOnlyError):
+        latch(rc, "RLATCH.COUNTDOWN", "l")
+    latch(m, "RLATCH.COUNTDOWN", "l")
+    latch(m, "RLATCH.COUNTDOWN", "l")
+    wait_replicated(m, rc)
+    assert latch(rc, "RLATCH.AWAIT", "l", "WAIT", 0) == 1
+
+
 def test_the_aof_holds_plain_effects_and_a_restart_keeps_the_count(make_server):
     s = make_server(args=["--appendonly", "yes", "--appendfsync", "always"])
     c = s.client()
