@@ -45,6 +45,12 @@ from redisson import ACQUIRE, RENEW, UNLOCK  # noqa: E402
 SHA = {name: hashlib.sha1(src.encode()).hexdigest()
        for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
 
+# Countdown latch (--latch): Redisson's RCountDownLatch scripts (tests/redisson_sync.py).
+from redisson_sync import LATCH_COUNT_DOWN, LATCH_TRY_SET, latch_channel  # noqa: E402
+
+LATCH_SHA = {name: hashlib.sha1(src.encode()).hexdigest()
+             for name, src in (("count_down", LATCH_COUNT_DOWN), ("try_set", LATCH_TRY_SET))}
+
 
 def slot(i):
     """The i-th key index: a fixed permutation of 0..SPACE-1 (7919 is prime to SPACE)."""
@@ -136,6 +142,64 @@ PLAIN_WORKLOADS = [
      lambda i: [["EVALSHA", SHA["acquire"], 1, key("cyc", i), LEASE, OWNER],
                 redisson_unlock(key("cyc", i), i)]),
 ]
+
+
+# --- Countdown latch (--latch): RLATCH.* against Redisson's scripts -----------------------
+# A count no run brings to zero makes every count-down a DECR that keeps the key; the
+# cycle sets a count of 1 and counts it down: DEL and the zero message. Redisson's await
+# on an open latch is one GET (getCount() == 0 returns at once).
+BIG_COUNT = 10**15
+
+
+def redisson_count_down(name):
+    return ["EVALSHA", LATCH_SHA["count_down"], 2, name, latch_channel(name), 0, "publish"]
+
+
+def redisson_try_set(name, count):
+    return ["EVALSHA", LATCH_SHA["try_set"], 2, name, latch_channel(name), 1, count, "publish"]
+
+
+LATCH_RLOCK_WORKLOADS = [
+    (("count-down, count > 1", "RLATCH.COUNTDOWN"), [["SET", "latch:cd", BIG_COUNT]],
+     lambda i: ["RLATCH.COUNTDOWN", "latch:cd"]),
+    (("count-down, count > 1", "RLATCH.COUNTDOWN ... ID"), [["SET", "latch:cdi", BIG_COUNT]],
+     lambda i: ["RLATCH.COUNTDOWN", "latch:cdi", "ID", f"{OWNER}:{i}"]),
+    (("await, open", "RLATCH.AWAIT"), [],
+     lambda i: ["RLATCH.AWAIT", key("latch", i)]),
+    (("get count", "RLATCH.GETCOUNT"), [["SET", "latch:gc", BIG_COUNT]],
+     lambda i: ["RLATCH.GETCOUNT", "latch:gc"]),
+    (("set 1 + count-down to zero", "RLATCH"), [],
+     lambda i: [["RLATCH.TRYSETCOUNT", key("lcyc", i), 1], ["RLATCH.COUNTDOWN", key("lcyc", i)]]),
+]
+
+LATCH_PLAIN_WORKLOADS = [
+    (("count-down, count > 1", "Redisson script"),
+     [["SCRIPT", "LOAD", LATCH_COUNT_DOWN], ["SCRIPT", "LOAD", LATCH_TRY_SET],
+      ["SET", "latch:cd", BIG_COUNT]],
+     lambda i: redisson_count_down("latch:cd")),
+    (("await, open", "Redisson (GET)"), [], lambda i: ["GET", key("latch", i)]),
+    (("get count", "Redisson (GET)"), [["SET", "latch:gc", BIG_COUNT]],
+     lambda i: ["GET", "latch:gc"]),
+    (("set 1 + count-down to zero", "Redisson scripts"), [],
+     lambda i: [redisson_try_set(key("lcyc", i), 1), redisson_count_down(key("lcyc", i))]),
+]
+
+
+def latch_table(results):
+    groups = {}
+    for (kind, label, impl), v in results.items():
+        if kind == "latch":
+            groups.setdefault(label, {})[impl] = v
+    lines = ["| operation | rlock | Redisson | Redisson / rlock |", "|---|---:|---:|---:|"]
+    for label, _, _ in LATCH_PLAIN_WORKLOADS:
+        label = label[0]
+        g = groups.get(label, {})
+        red = next((v for k, v in g.items() if k.startswith("Redisson")), None)
+        red_name = next((k for k in g if k.startswith("Redisson")), "")
+        for name, v in sorted((k, v) for k, v in g.items() if k.startswith("RLATCH")):
+            lines.append(f"| {label} ({name} vs {red_name}) | {v:.0f} | {red:.0f} | "
+                         f"{red / v:.2f}x |")
+    return lines
 
 
 def resp(cmd):
@@ -255,7 +319,7 @@ def lock_hashes(n):
     return out
 
 
-def measure(server, module, floor, n1, n2, jobs, workdir, log):
+def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only_latch=False):
     n = f"{LOCKS_HELD:,}".replace(",", " ")
     # The servers with locks hold the same data: 10 000 lock hashes with a TTL, written by
     # the module (rlock) or as plain commands (plain), so that only the module differs.
@@ -266,6 +330,11 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log):
     runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs]
     runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS),
              (("lock", "plain"), [], [], PLAIN_WORKLOADS)]
+    if only_latch:
+        runs = []
+    if latch or only_latch:
+        runs += [(("latch", "rlock"), [module], [], LATCH_RLOCK_WORKLOADS),
+                 (("latch", "plain"), [], [], LATCH_PLAIN_WORKLOADS)]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {pool.submit(run_server, server, mods, setup, workloads, n1, n2, workdir,
@@ -274,7 +343,7 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log):
         for f in concurrent.futures.as_completed(futs):
             kind, cfg = futs[f]
             for label, v in f.result().items():
-                k = ("tax", label, cfg) if kind == "tax" else ("lock",) + label
+                k = ("tax", label, cfg) if kind == "tax" else (kind,) + label
                 results[k] = v
                 log(f"  {k}: {v:.0f}")
     return results, [c[0] for c in configs]
@@ -343,6 +412,10 @@ def main():
     ap.add_argument("--n1", type=int, default=2_000)
     ap.add_argument("--n2", type=int, default=12_000)
     ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
+    ap.add_argument("--latch", action="store_true",
+                    help="also measure RLATCH.* against Redisson's countdown latch scripts")
+    ap.add_argument("--only-latch", action="store_true",
+                    help="measure the countdown latch table only (no --report)")
     a = ap.parse_args()
     started = time.time()
     sections = [
@@ -374,18 +447,28 @@ def main():
             version = server_version(server)
             print(f"{version} ({server})", file=sys.stderr)
             results, configs = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
-                                       a.jobs, workdir, lambda s: print(s, file=sys.stderr))
+                                       a.jobs, workdir, lambda s: print(s, file=sys.stderr),
+                                       latch=a.latch, only_latch=a.only_latch)
+            if a.latch or a.only_latch:
+                latch_lines = [f"### {version}: countdown latch", "",
+                               "RLATCH.* against Redisson's RCountDownLatch scripts (EVALSHA) "
+                               "and its getCount (GET):", ""] + latch_table(results) + [""]
+            if a.only_latch:
+                sections += latch_lines
+                continue
             sections += [f"### {version}", "", "Commands that are not locks:", ""]
             sections += tax_table(results, configs)
             sections += ["", "Lock commands (Redisson's scripts by EVALSHA, as Redisson "
                          "sends them, with its unlock latch key):", ""]
             sections += lock_table(results)
             sections.append("")
+            if a.latch:
+                sections += latch_lines
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
     out = "\n".join(sections)
     print(out)
-    if a.report:
+    if a.report and not a.only_latch:
         write_report(a.report, sections)
 
 
