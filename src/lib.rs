@@ -23,6 +23,8 @@
 pub mod cluster;
 pub mod cmd;
 pub mod cmd_lock;
+// Fenced lock (SPEC 4.2): above cmd_lock, whose lock half it reuses.
+pub mod cmd_fenced;
 pub mod config;
 pub mod core;
 pub mod engine;
@@ -96,6 +98,9 @@ redis_module! {
         ["rlock.renew", cmd_lock::renew, "write", 1, 1, 1, ""],
         ["rlock.forcerelease", cmd_lock::force_release, "write", 1, 1, 1, ""],
         ["rlock.info", cmd_lock::info, "readonly", 1, 1, 1, ""],
+        // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
+        ["rfenced.acquire", cmd_fenced::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rfenced.gettoken", cmd_fenced::get_token, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [
