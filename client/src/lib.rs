@@ -56,6 +56,8 @@ mod blocking;
 mod cmd;
 mod conn;
 mod error;
+// Fenced lock (SPEC 4.2): `Client::fenced_lock`, guards with `token()`.
+mod fenced;
 mod logic;
 mod multi;
 mod options;
@@ -65,6 +67,7 @@ mod watchdog;
 pub use blocking::{Client, Lock, LockGuard};
 pub use cmd::LockInfo;
 pub use error::{Error, Result};
+pub use fenced::{FencedGuard, FencedLock};
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
 pub use state::{Lost, LostReason};
