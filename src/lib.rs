@@ -7,7 +7,8 @@
 //! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
 //! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
 //! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
-//!   into engine calls); neither imports the other.
+//!   into engine calls); neither imports the other. `cmd_fenced` (RFENCED.*, the fenced
+//!   lock) sits above `cmd_lock`, whose lock half it reuses.
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, the pending list and the
 //!   sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB.
@@ -38,7 +39,7 @@ pub mod store;
 pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
-// Not wired to commands yet: the shared waiting engine comes first (issue 12).
+// `fenced` is wired (cmd_fenced); the others not yet.
 pub mod effects;
 pub mod expirable;
 pub mod fenced;

@@ -222,6 +222,38 @@ def test_a_request_id_retry_returns_the_same_token(server, r, fenced_waiters):
     assert r.hgetall("q") == {b"b": b"1"}
 
 
+def test_a_handoff_taken_back_forgets_its_id_and_its_token_stays_spent(server):
+    """A fenced waiter killed between the handoff and its reply: the lock is taken back
+    (as the plain lock's), its remembered reply forgotten, and the token it was issued is
+    never issued again (tokens may skip numbers, never repeat them)."""
+    r = server.client()
+    first = token_of(r, "k", "holder")
+    w = server.client()
+    w_id = w.client_id()
+
+    def wait():
+        try:
+            w.execute_command("RFENCED.ACQUIRE", "k", "a", 30_000, "WAIT", 10_000, "ID", "r7")
+        except redis.ConnectionError:
+            pass
+    t = threading.Thread(target=wait)
+    t.start()
+    wait_until(lambda: r.info("rlock")["rlock_waiters"] == 1, what="waiter queued")
+    with r.pipeline(transaction=False) as p:
+        p.execute_command("RLOCK.RELEASE", "k", "holder")
+        p.execute_command("CLIENT", "KILL", "ID", w_id)
+        p.execute()
+    t.join(10)
+    wait_until(lambda: r.info("rlock")["rlock_revoked_handoffs"] == 1, what="handoff taken back")
+    assert r.exists("k") == 0
+    assert r.exists("rlock_request:{k}:r7") == 0
+    spent = r.execute_command("RFENCED.GETTOKEN", "k")
+    assert spent > first
+    retried = token_of(r, "k", "a", LEASE, "ID", "r7")
+    assert retried > spent, "the retry really acquired, with a new token"
+    assert r.hgetall("k") == {b"a": b"1"}
+
+
 def test_wait_is_ignored_in_multi(r):
     token_of(r, "m", "a")
     p = r.pipeline(transaction=True)
