@@ -412,6 +412,10 @@ def test_tokens_increase_across_a_failover_that_lost_the_last_tokens(make_server
         issued.append(token_of(m, "fo", owner))
         assert m.execute_command("RLOCK.RELEASE", "fo", owner) == 1
     wait_replicated(m, rc)
+    # A replica answers the read command and refuses the write one.
+    assert rc.execute_command("RFENCED.GETTOKEN", "fo") == issued[-1]
+    with pytest.raises(redis.ReadOnlyError):
+        rc.execute_command("RFENCED.ACQUIRE", "fo", "x", LEASE)
     # The replica is cut off (as by a partition); the master goes on issuing tokens that
     # never reach it, in a burst, then dies without a word.
     assert rc.execute_command("REPLICAOF", "NO", "ONE")
