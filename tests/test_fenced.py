@@ -144,6 +144,14 @@ def test_gettoken_is_nil_before_the_first_token_and_reads_a_java_counter(r):
     assert token >> SHIFT >= now_ms() - 60000, "the clock term takes over from a small counter"
 
 
+def test_resp3_replies_have_the_same_shape(server):
+    c3 = server.client(protocol=3)
+    pttl, token = c3.execute_command("RFENCED.ACQUIRE", "r3", "a", LEASE)
+    assert pttl is None and token > 0
+    assert c3.execute_command("RFENCED.ACQUIRE", "r3", "b", LEASE)[1] is None
+    assert c3.execute_command("RFENCED.GETTOKEN", "r3") == token
+
+
 def test_a_lock_without_ttl_is_still_contended_not_acquired(r):
     # Redisson answers {-1, -1} here, which its client reads as acquired.
     r.hset("nottl", "java", 1)
