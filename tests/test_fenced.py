@@ -193,6 +193,22 @@ def test_a_handoff_by_expiry_carries_a_token(server, r, fenced_waiters):
     assert r.hgetall("e") == {b"b": b"1"}
 
 
+@pytest.mark.parametrize("free", ["DEL", "FLUSHALL"])
+def test_a_lock_freed_by_a_plain_command_goes_to_the_fenced_waiter_with_a_token(
+        server, r, fenced_waiters, free):
+    first = token_of(r, "z", "a")
+    w = fenced_waiters(server, r, "z", "b")
+    # FLUSHALL loses the token key: the next token is the clock's, larger once the clock
+    # has passed the first token's millisecond (the bound of a lost token key).
+    wait_until(lambda: now_ms() > first >> SHIFT, 1, what="the clock passes the first token")
+    r.execute_command(*(["DEL", "z"] if free == "DEL" else ["FLUSHALL"]))
+    pttl, token = w.wait()
+    # After FLUSHALL the token key is gone too: the clock term alone still exceeds it.
+    assert pttl is None and token > first
+    assert r.hgetall("z") == {b"b": b"1"}
+    assert r.execute_command("RFENCED.GETTOKEN", "z") == token
+
+
 def test_a_wait_that_runs_out_answers_the_pttl_and_no_token(server, r, fenced_waiters):
     token_of(r, "t", "a")
     w = fenced_waiters(server, r, "t", "b", 50)
