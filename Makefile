@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python
+.PHONY: test-pyclient bench-python bench-instr-fenced
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -66,9 +66,9 @@ test-unit: ## Rust unit tests of the pure lock core
 test-py: build venv ## Python integration tests against real module-loaded servers (each in SERVERS)
 	@$(PER_SERVER) $(PYTEST) -q -p no:valkey tests; done
 
-test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls
+test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls (lock and fenced lock)
 	@$(PER_SERVER) RLOCK_LEAK_CYCLES=1000000 RLOCK_MODEL_EXAMPLES=500 RLOCK_FUZZ_CALLS=30000 \
-		$(PYTEST) -q -p no:valkey tests/test_leak.py tests/test_model.py tests/test_fuzz.py; done
+		$(PYTEST) -q -p no:valkey tests/test_leak*.py tests/test_model.py tests/test_fuzz*.py; done
 
 test-client: build venv ## Rust client crate tests (blocking and async) against real module-loaded servers (each in SERVERS)
 	cargo test -q -p rlock-client --all-features --lib
@@ -91,6 +91,12 @@ bench-instr: venv ## Instructions per call under callgrind (tax on other command
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
 	$(PY) bench/instr.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
+
+# Fenced lock (SPEC 4.2).
+bench-instr-fenced: venv ## Instructions per call: RFENCED.ACQUIRE vs Redisson's lockAndGetToken (each server in SERVERS); writes BENCHMARK.md
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock

@@ -44,6 +44,9 @@ from redisson import ACQUIRE, RENEW, UNLOCK  # noqa: E402
 
 SHA = {name: hashlib.sha1(src.encode()).hexdigest()
        for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
+# Fenced lock (SPEC 4.2): Redisson's lockAndGetToken script (tests/redisson_rw.py).
+from redisson_rw import FENCED_ACQUIRE_TOKEN, token_key  # noqa: E402
+SHA["fenced"] = hashlib.sha1(FENCED_ACQUIRE_TOKEN.encode()).hexdigest()
 
 # Countdown latch (--latch): Redisson's RCountDownLatch scripts (tests/redisson_sync.py).
 from redisson_sync import LATCH_COUNT_DOWN, LATCH_TRY_SET, latch_channel  # noqa: E402
@@ -199,6 +202,51 @@ def latch_table(results):
         for name, v in sorted((k, v) for k, v in g.items() if k.startswith("RLATCH")):
             lines.append(f"| {label} ({name} vs {red_name}) | {v:.0f} | {red:.0f} | "
                          f"{red / v:.2f}x |")
+# --- Fenced lock (`--only fenced`): RFENCED.ACQUIRE against Redisson's lockAndGetToken --
+def redisson_fenced(name):
+    return ["EVALSHA", SHA["fenced"], 2, name, token_key(name), LEASE, OWNER]
+
+
+FENCED_RLOCK_WORKLOADS = [
+    (("fenced acquire, new lock", "RFENCED.ACQUIRE"), [],
+     lambda i: ["RFENCED.ACQUIRE", key("fl", i), OWNER, LEASE]),
+    (("fenced acquire, re-entry", "RFENCED.ACQUIRE"), held_with_count("fl:re"),
+     lambda i: ["RFENCED.ACQUIRE", "fl:re", OWNER, LEASE]),
+    (("fenced acquire, contended", "RFENCED.ACQUIRE"), held_with_count("fl:c", owner=OTHER),
+     lambda i: ["RFENCED.ACQUIRE", "fl:c", OWNER, LEASE]),
+    (("fenced acquire + full release", "RFENCED.ACQUIRE + RLOCK.RELEASE"), [],
+     lambda i: [["RFENCED.ACQUIRE", key("fcyc", i), OWNER, LEASE],
+                ["RLOCK.RELEASE", key("fcyc", i), OWNER]]),
+]
+FENCED_PLAIN_WORKLOADS = [
+    (("fenced acquire, new lock", "Redisson script"),
+     [["SCRIPT", "LOAD", FENCED_ACQUIRE_TOKEN]] + load_scripts(),
+     lambda i: redisson_fenced(key("fl", i))),
+    (("fenced acquire, re-entry", "Redisson script"), held_with_count("fl:re"),
+     lambda i: redisson_fenced("fl:re")),
+    (("fenced acquire, contended", "Redisson script"), held_with_count("fl:c", owner=OTHER),
+     lambda i: redisson_fenced("fl:c")),
+    (("fenced acquire + full release", "Redisson scripts"), [],
+     lambda i: [redisson_fenced(key("fcyc", i)), redisson_unlock(key("fcyc", i), i)]),
+]
+
+
+def fenced_table(server, module, n1, n2, jobs, workdir, log):
+    """RFENCED.ACQUIRE against Redisson's lockAndGetToken, instructions per operation."""
+    runs = [([module], FENCED_RLOCK_WORKLOADS), ([], FENCED_PLAIN_WORKLOADS)]
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = [pool.submit(run_server, server, mods, [], w, n1, n2, workdir, f"f{n}")
+                for n, (mods, w) in enumerate(runs)]
+        for f in futs:
+            for (label, impl), v in f.result().items():
+                results.setdefault(label, {})[impl] = v
+                log(f"  {label} / {impl}: {v:.0f}")
+    lines = ["| operation | rlock | Redisson script | Redisson / rlock |", "|---|---:|---:|---:|"]
+    for (label, impl), _, _ in FENCED_RLOCK_WORKLOADS:
+        g = results[label]
+        red = next(v for k, v in g.items() if k.startswith("Redisson"))
+        lines.append(f"| {label} ({impl}) | {g[impl]:.0f} | {red:.0f} | {red / g[impl]:.2f}x |")
     return lines
 
 
@@ -390,8 +438,8 @@ def lock_table(results):
     return lines
 
 
-def write_report(path, sections):
-    begin, end = "<!-- instr:begin -->", "<!-- instr:end -->"
+def write_report(path, sections, marker="instr"):
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     body = "\n".join(sections)
     text = open(path).read() if os.path.exists(path) else ""
     block = f"{begin}\n{body}\n{end}"
@@ -416,8 +464,31 @@ def main():
                     help="also measure RLATCH.* against Redisson's countdown latch scripts")
     ap.add_argument("--only-latch", action="store_true",
                     help="measure the countdown latch table only (no --report)")
+    ap.add_argument("--only", choices=["fenced"],
+                    help="fenced: only RFENCED.ACQUIRE against Redisson's lockAndGetToken")
     a = ap.parse_args()
     started = time.time()
+    if a.only == "fenced":
+        sections = [
+            "## Fenced lock: instructions per call (`make bench-instr-fenced`)", "",
+            "As the tables above (callgrind, `processCommand` only, N1 = "
+            f"{a.n1}, N2 = {a.n2}): `RFENCED.ACQUIRE` (a token written with SET) against "
+            "Redisson's `lockAndGetToken` script by EVALSHA (an INCR of the token key), "
+            "and a full cycle with `RLOCK.RELEASE` against Redisson's unlock script.", ""]
+        with tempfile.TemporaryDirectory(prefix="rlock-instr-") as workdir:
+            for server in a.server:
+                version = server_version(server)
+                print(f"{version} ({server})", file=sys.stderr)
+                sections += [f"### {version}", ""]
+                sections += fenced_table(server, os.path.abspath(a.module), a.n1, a.n2,
+                                         a.jobs, workdir, lambda s: print(s, file=sys.stderr))
+                sections.append("")
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
+        print("\n".join(sections))
+        if a.report:
+            write_report(a.report, sections, "instr-fenced")
+        return
     sections = [
         "## Instructions per call (`make bench-instr`)",
         "",

@@ -16,7 +16,8 @@ use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
 use crate::ffi::{self, LockKey};
 use crate::{guard, reply, stats, store, tracking};
 
-fn count(outcome: Outcome) {
+/// Bumps the `INFO rlock` counter of a lock outcome (also the fenced lock's, `cmd_fenced`).
+pub fn count(outcome: Outcome) {
     match outcome {
         Outcome::Acquired => stats::bump(|s| &s.acquisitions),
         Outcome::Reentered => stats::bump(|s| &s.reentries),
@@ -38,7 +39,7 @@ fn value(reply: Reply) -> RedisValue {
 /// Opens the lock key for writing and reads it. If it holds no lock but clients wait for
 /// it (freed by DEL, expiry, overwrite... a moment ago, with the handoff still pending),
 /// the first waiter is served before the caller looks: nobody barges past the queue.
-fn open_for_write(
+pub fn open_for_write(
     ctx: &Context,
     db: i32,
     name: &RedisString,

@@ -71,6 +71,10 @@ pub enum Check {
     /// permit running out), to look again then (negative: only a write or a keyspace
     /// event can change the answer).
     Wait { pttl: i64 },
+    /// The head can never be granted as asked (the fenced lock: its token key holds
+    /// somebody else's data): it leaves the queue with this error, nothing written, and
+    /// the next head is asked.
+    Refuse(&'static str),
 }
 
 /// A grant written by a [`GrantWrite`].
@@ -497,6 +501,13 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
             Check::Wait { pttl } => {
                 note_expiry(ctx, db, key_bytes, pttl);
                 return done(handed, Served::StillHeld);
+            }
+            Check::Refuse(error) => {
+                if let Some(waiter) = with(|q| q.take(db, key_bytes)) {
+                    stop_deadline(ctx, &waiter);
+                    ffi::unblock(waiter.handle, Some(Wake::Error(error.into())));
+                }
+                continue;
             }
         };
         if !routed {

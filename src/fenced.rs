@@ -126,27 +126,81 @@ impl FencedPlan {
         if let Some(at) = self.lock.expire_at {
             out.push(Effect::PExpireAt(KeyRef::Main, at));
         }
-        if let Some(token) = self.token {
-            out.push(Effect::Set(
-                KeyRef::Aux(token_key(key)),
-                token.to_string().into_bytes(),
-            ));
-        }
+        out.extend(self.token_effect(key));
         out
+    }
+
+    /// `SET redisson_lock_token:{key} <token>`, when the plan issues a token: the write
+    /// after the lock's own (which the glue writes as the plain lock's, `store::apply`).
+    pub fn token_effect(&self, key: &[u8]) -> Option<Effect> {
+        self.token
+            .map(|token| Effect::Set(KeyRef::Aux(token_key(key)), token.to_string().into_bytes()))
+    }
+}
+
+impl From<FencedReply> for crate::reply::Reply {
+    /// `[nil, token]` when acquired, `[pttl, nil]` when held by another: position 1 keeps
+    /// `RLOCK.ACQUIRE`'s nil/PTTL contract, so no value of one can be read as the other
+    /// (Redisson's `{-1, token}` / `{pttl, -1}` is ambiguous for a lock without TTL).
+    fn from(reply: FencedReply) -> crate::reply::Reply {
+        use crate::reply::Reply as R;
+        match reply {
+            FencedReply::Acquired(token) => R::Array(vec![R::Nil, R::Int(token)]),
+            FencedReply::Contended(pttl) => R::Array(vec![R::Int(pttl), R::Nil]),
+        }
+    }
+}
+
+/// What the engine does with a queued `RFENCED.ACQUIRE` at the head of its key's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// The lock is free (or overwritten: replaced, as `core::grant_head`): hand it over
+    /// with a new token.
+    Grant(FencedPlan),
+    /// Held: look again after this PTTL.
+    Wait(i64),
+    /// The token key cannot give a token (not an integer, or at `i64::MAX`): the waiter
+    /// gets this error and nothing is written, rather than a lock without a token.
+    Refuse(&'static str),
+}
+
+/// The engine's rule for a queued fenced acquire: the lock's (`core::grant_head`), then
+/// the token. `last` is the token key as read ([`parse_token`]); it is only looked at
+/// when the lock can be granted.
+pub fn grant_head(
+    state: &Result<LockState, &str>,
+    last: impl FnOnce() -> Result<i64, &'static str>,
+    lease: i64,
+    now: i64,
+) -> Head {
+    let replace = match state {
+        Ok(LockState::Held { pttl, .. }) => return Head::Wait(*pttl),
+        Ok(LockState::Free) => false,
+        Err(_) => true,
+    };
+    match last().and_then(|last| grant(replace, last, lease, now)) {
+        Ok(plan) => Head::Grant(plan),
+        Err(e) => Head::Refuse(e),
     }
 }
 
 /// `RFENCED.ACQUIRE key owner lease-ms`: the lock's rule (`core::acquire`), and a new
-/// token for every acquire and re-entry, as Redisson's lockAndGetToken. `last` is the
-/// token key's value ([`parse_token`]).
+/// token for every acquire and re-entry, as Redisson's lockAndGetToken. `last` reads the
+/// token key's value ([`parse_token`]); it is called only when a token is due, so a
+/// contended call reads one key.
 pub fn acquire(
     state: &LockState,
-    last: i64,
+    last: impl FnOnce() -> Result<i64, &'static str>,
     owner: &[u8],
     lease: i64,
     now: i64,
 ) -> Result<FencedPlan, &'static str> {
-    FencedPlan::new(core::acquire(state, owner, lease, now)?, last, now)
+    let lock = core::acquire(state, owner, lease, now)?;
+    let last = match lock.reply {
+        Reply::Nil => last()?,
+        Reply::Int(_) => 0, // no token: not read
+    };
+    FencedPlan::new(lock, last, now)
 }
 
 /// The handoff to a queued `RFENCED.ACQUIRE` waiter: the lock's grant plus its token.
@@ -239,7 +293,7 @@ mod tests {
     #[test]
     fn acquire_issues_a_token_on_every_acquire_and_reentry_only() {
         // A free lock: created, token from the clock, written after the lock.
-        let plan = acquire(&LockState::Free, 3, b"a", 100, NOW).unwrap();
+        let plan = acquire(&LockState::Free, || Ok(3), b"a", 100, NOW).unwrap();
         assert_eq!(plan.reply, FencedReply::Acquired(NOW << CLOCK_SHIFT));
         assert_eq!(
             plan.effects(b"f", b"a"),
@@ -254,14 +308,14 @@ mod tests {
         );
         // A re-entry gets a new token, as with Redisson's lockAndGetToken.
         let last = NOW << CLOCK_SHIFT;
-        let plan = acquire(&held("a", 1, 50), last, b"a", 100, NOW).unwrap();
+        let plan = acquire(&held("a", 1, 50), || Ok(last), b"a", 100, NOW).unwrap();
         assert_eq!(plan.reply, FencedReply::Acquired(last + 1));
         assert_eq!(
             plan.effects(b"f", b"a")[0],
             Effect::HIncrBy(KeyRef::Main, b"a".to_vec(), 1, 2)
         );
         // Another owner: the PTTL, no token, nothing written.
-        let plan = acquire(&held("a", 1, 50), last, b"b", 100, NOW).unwrap();
+        let plan = acquire(&held("a", 1, 50), || unreachable!(), b"b", 100, NOW).unwrap();
         assert_eq!(plan.reply, FencedReply::Contended(50));
         assert!(plan.effects(b"f", b"b").is_empty());
         assert!(!issues_token(plan.lock.outcome));
@@ -269,8 +323,51 @@ mod tests {
         let plan = grant(false, last, 100, NOW + 1).unwrap();
         assert_eq!(plan.reply, FencedReply::Acquired((NOW + 1) << CLOCK_SHIFT));
         assert_eq!(
-            acquire(&held("a", 1, 50), i64::MAX, b"a", 100, NOW),
+            acquire(&held("a", 1, 50), || Ok(i64::MAX), b"a", 100, NOW),
             Err(ERR_TOKEN_OVERFLOW)
+        );
+    }
+
+    #[test]
+    fn a_queued_acquire_waits_while_held_and_is_refused_on_a_bad_token_key() {
+        let free: Result<LockState, &str> = Ok(LockState::Free);
+        let held: Result<LockState, &str> = Ok(held("a", 1, 70));
+        let overwritten: Result<LockState, &str> = Err(crate::errors::ERR_WRONGTYPE);
+        // Held: the token key is not even read.
+        assert_eq!(
+            grant_head(&held, || unreachable!(), 100, NOW),
+            Head::Wait(70)
+        );
+        let Head::Grant(plan) = grant_head(&free, || Ok(5), 100, NOW) else {
+            panic!("a free lock is granted")
+        };
+        assert_eq!(plan.reply, FencedReply::Acquired(NOW << CLOCK_SHIFT));
+        assert!(!plan.lock.delete);
+        let Head::Grant(plan) = grant_head(&overwritten, || Ok(5), 100, NOW) else {
+            panic!("an overwritten key is replaced")
+        };
+        assert!(plan.lock.delete);
+        assert_eq!(
+            grant_head(&free, || Err(ERR_NOT_A_TOKEN), 100, NOW),
+            Head::Refuse(ERR_NOT_A_TOKEN)
+        );
+        assert_eq!(
+            grant_head(&free, || Ok(i64::MAX), 100, NOW),
+            Head::Refuse(ERR_TOKEN_OVERFLOW)
+        );
+    }
+
+    #[test]
+    fn replies_are_unambiguous_arrays() {
+        use crate::reply::Reply as R;
+        assert_eq!(
+            R::from(FencedReply::Acquired(7)),
+            R::Array(vec![R::Nil, R::Int(7)])
+        );
+        // A lock without TTL: -1 in position 1 still means "held by another".
+        assert_eq!(
+            R::from(FencedReply::Contended(-1)),
+            R::Array(vec![R::Int(-1), R::Nil])
         );
     }
 

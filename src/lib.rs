@@ -7,7 +7,8 @@
 //! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
 //! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
 //! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
-//!   into engine calls); neither imports the other.
+//!   into engine calls); neither imports the other. `cmd_fenced` (RFENCED.*, the fenced
+//!   lock) sits above `cmd_lock`, whose lock half it reuses.
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, the pending list and the
 //!   sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB.
@@ -24,6 +25,8 @@ pub mod cluster;
 pub mod cmd;
 pub mod cmd_latch; // countdown latch (RLATCH.*)
 pub mod cmd_lock;
+// Fenced lock (SPEC 4.2): above cmd_lock, whose lock half it reuses.
+pub mod cmd_fenced;
 pub mod config;
 pub mod core;
 pub mod engine;
@@ -37,7 +40,7 @@ pub mod store;
 pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
-// Not wired to commands yet: the shared waiting engine comes first (issue 12).
+// `fenced` is wired (cmd_fenced); the others not yet.
 pub mod effects;
 pub mod expirable;
 pub mod fenced;
@@ -105,6 +108,9 @@ redis_module! {
         ["rlatch.await", cmd_latch::await_open, "readonly", 1, 1, 1, ""],
         ["rlatch.delete", cmd_latch::delete, "write", 1, 1, 1, ""],
         ["rlatch.info", cmd_latch::info, "readonly", 1, 1, 1, ""],
+        // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
+        ["rfenced.acquire", cmd_fenced::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rfenced.gettoken", cmd_fenced::get_token, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [

@@ -29,6 +29,8 @@ pub struct Stats {
     pub latch_awaits_queued: Cell<u64>,
     pub latch_awaits_released: Cell<u64>,
     pub latch_await_timeouts: Cell<u64>,
+    // Fenced lock (SPEC 4.2): tokens issued by RFENCED.ACQUIRE and its handoffs.
+    pub fenced_tokens_issued: Cell<u64>,
 }
 
 /// What INFO reports that lives elsewhere (the engine's queues, the tracked set).
@@ -95,6 +97,8 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         for (name, value) in latch {
             ctx.add_info_field_long_long(name, value as i64);
         }
+        // Fenced lock (SPEC 4.2).
+        ctx.add_info_field_long_long("fenced_tokens_issued", s.fenced_tokens_issued.get() as i64);
     });
     Ok(())
 }

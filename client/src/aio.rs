@@ -29,6 +29,8 @@ use crate::ReleaseOutcome;
 
 // Countdown latch (client/src/latch.rs): `client.latch(name)`.
 pub use crate::latch::aio::CountDownLatch;
+// Fenced lock (SPEC 4.2): its async handle and guard.
+pub use crate::fenced::aio::{FencedGuard, FencedLock};
 
 /// An async rlock client: one server or a cluster, one renewal task.
 ///
@@ -440,9 +442,22 @@ impl Lock {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_with(&self, opts: AcquireOptions) -> Result<Option<LockGuard>> {
+        self.acquire_as(opts, cmd::ACQUIRE, cmd::parse_acquire)
+            .await
+    }
+
+    /// [`Self::acquire_with`] sending `command` (the fenced lock's `RFENCED.ACQUIRE`,
+    /// same arguments) and reading each reply with `parse` (which may keep what else
+    /// the reply carries: the fencing token).
+    pub(crate) async fn acquire_as(
+        &self,
+        opts: AcquireOptions,
+        command: &'static str,
+        mut parse: impl FnMut(Value) -> Result<cmd::Acquired>,
+    ) -> Result<Option<LockGuard>> {
         let c = &self.client;
         let shared = &self.shared;
-        let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?;
+        let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?.with_command(command);
         loop {
             let sent = Instant::now();
             let (command, route) = run.attempt(shared, sent);
@@ -456,8 +471,7 @@ impl Lock {
                     .await
                     .map_err(Error::from),
             };
-            let mut next =
-                run.after_attempt(&**c, shared, sent, reply.and_then(cmd::parse_acquire));
+            let mut next = run.after_attempt(&**c, shared, sent, reply.and_then(&mut parse));
             if let Next::Renew = next {
                 let sent = Instant::now();
                 let renew = run.renew_command(shared);
@@ -645,5 +659,13 @@ impl Drop for LockGuard {
         drop(rt.spawn(async move {
             let _ = release_inner(&client, &shared, epoch, lease, false).await;
         }));
+    }
+}
+
+// Fenced lock (SPEC 4.2): one quick command with the client's retries, for fenced.rs.
+impl Client {
+    pub(crate) async fn query_retried(&self, command: &redis::Cmd) -> Result<Value> {
+        let c = &self.inner;
+        c.with_retries(c.retries(), || c.run(command)).await
     }
 }

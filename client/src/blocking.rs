@@ -471,9 +471,21 @@ impl Lock {
     /// # Ok::<_, rlock_client::Error>(())
     /// ```
     pub fn acquire_with(&self, opts: AcquireOptions) -> Result<Option<LockGuard>> {
+        self.acquire_as(opts, cmd::ACQUIRE, cmd::parse_acquire)
+    }
+
+    /// [`Self::acquire_with`] sending `command` (the fenced lock's `RFENCED.ACQUIRE`,
+    /// same arguments) and reading each reply with `parse` (which may keep what else
+    /// the reply carries: the fencing token).
+    pub(crate) fn acquire_as(
+        &self,
+        opts: AcquireOptions,
+        command: &'static str,
+        mut parse: impl FnMut(Value) -> Result<cmd::Acquired>,
+    ) -> Result<Option<LockGuard>> {
         let c = &self.client;
         let shared = &self.shared;
-        let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?;
+        let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?.with_command(command);
         loop {
             let sent = Instant::now();
             let (command, route) = run.attempt(shared, sent);
@@ -483,8 +495,7 @@ impl Lock {
                     .on_wait_conn(limit, |conn| conn.query(&command))
                     .map_err(Error::from),
             };
-            let mut next =
-                run.after_attempt(&**c, shared, sent, reply.and_then(cmd::parse_acquire));
+            let mut next = run.after_attempt(&**c, shared, sent, reply.and_then(&mut parse));
             if let Next::Renew = next {
                 let sent = Instant::now();
                 let renew = run.renew_command(shared);
@@ -703,5 +714,13 @@ impl Drop for LockGuard {
             return;
         }
         job();
+    }
+}
+
+// Fenced lock (SPEC 4.2): one quick command with the client's retries, for fenced.rs.
+impl Client {
+    pub(crate) fn query_retried(&self, command: &redis::Cmd) -> Result<Value> {
+        let c = &self.inner;
+        c.with_retries(c.retries(), || c.run(command))
     }
 }

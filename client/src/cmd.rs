@@ -19,6 +19,7 @@ pub(crate) fn request_id() -> String {
 
 /// `RLOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms] ID request-id`;
 /// `wait_ms = Some(0)` waits without a limit.
+#[cfg(test)] // the plain lock's form; the APIs send `acquire_named` via `logic::Acquiring`
 pub(crate) fn acquire(
     key: &str,
     owner: &str,
@@ -26,7 +27,23 @@ pub(crate) fn acquire(
     wait_ms: Option<u64>,
     request_id: &str,
 ) -> Cmd {
-    let mut c = redis::cmd("RLOCK.ACQUIRE");
+    acquire_named(ACQUIRE, key, owner, lease_ms, wait_ms, request_id)
+}
+
+/// The plain lock's acquire command.
+pub(crate) const ACQUIRE: &str = "RLOCK.ACQUIRE";
+
+/// [`acquire`] under another command name with the same arguments (the fenced lock's
+/// `RFENCED.ACQUIRE`).
+pub(crate) fn acquire_named(
+    name: &str,
+    key: &str,
+    owner: &str,
+    lease_ms: u64,
+    wait_ms: Option<u64>,
+    request_id: &str,
+) -> Cmd {
+    let mut c = redis::cmd(name);
     c.arg(key).arg(owner).arg(lease_ms);
     if let Some(w) = wait_ms {
         c.arg("WAIT").arg(w);

@@ -57,6 +57,8 @@ mod cmd;
 mod conn;
 mod error;
 mod latch; // countdown latch: Client::latch
+// Fenced lock (SPEC 4.2): `Client::fenced_lock`, guards with `token()`.
+mod fenced;
 mod logic;
 mod multi;
 mod options;
@@ -67,6 +69,7 @@ pub use blocking::{Client, Lock, LockGuard};
 pub use cmd::LockInfo;
 pub use error::{Error, Result};
 pub use latch::CountDownLatch;
+pub use fenced::{FencedGuard, FencedLock};
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
 pub use state::{Lost, LostReason};

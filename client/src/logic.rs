@@ -151,6 +151,8 @@ pub(crate) struct Acquiring<'a> {
     /// The send time of the earliest attempt that may have taken the lock: the
     /// lease cannot have started before it.
     lease_from: Option<Instant>,
+    /// The acquire command: `RLOCK.ACQUIRE`, or `RFENCED.ACQUIRE` ([`Self::with_command`]).
+    command: &'static str,
 }
 
 impl<'a> Acquiring<'a> {
@@ -175,7 +177,14 @@ impl<'a> Acquiring<'a> {
             retries: Retries::new(&client.retry, jitter),
             request: cmd::request_id(),
             lease_from: None,
+            command: cmd::ACQUIRE,
         })
+    }
+
+    /// Sends `command` (same arguments as `RLOCK.ACQUIRE`) instead: the fenced lock.
+    pub(crate) fn with_command(mut self, command: &'static str) -> Self {
+        self.command = command;
+        self
     }
 
     /// The command of an attempt sent at `sent`, and where to send it.
@@ -193,7 +202,8 @@ impl<'a> Acquiring<'a> {
                 (!left.is_zero()).then(|| millis(left))
             }
         };
-        let command = cmd::acquire(
+        let command = cmd::acquire_named(
+            self.command,
             &shared.key,
             &shared.owner,
             self.lease_ms,
