@@ -22,7 +22,9 @@
 
 pub mod cluster;
 pub mod cmd;
+pub mod cmd_expirable;
 pub mod cmd_lock;
+pub mod cmd_semaphore;
 pub mod config;
 pub mod core;
 pub mod engine;
@@ -66,6 +68,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         on_replied: engine::on_replied,
     });
     ffi::set_timer_handler(engine::on_timer);
+    // The permit-expirable semaphore's lease timer (engine key timers name no primitive).
+    cmd_expirable::init();
     ffi::on_swapdb(ctx, events::on_swapdb);
     events::subscribe(ctx);
     Status::Ok
@@ -96,6 +100,25 @@ redis_module! {
         ["rlock.renew", cmd_lock::renew, "write", 1, 1, 1, ""],
         ["rlock.forcerelease", cmd_lock::force_release, "write", 1, 1, 1, ""],
         ["rlock.info", cmd_lock::info, "readonly", 1, 1, 1, ""],
+        // Semaphore (SPEC 4.3, docs/sync-commands.md).
+        ["rsemaphore.trysetpermits", cmd_semaphore::try_set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.addpermits", cmd_semaphore::add_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.acquire", cmd_semaphore::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.release", cmd_semaphore::release, "write", 1, 1, 1, ""],
+        ["rsemaphore.drainpermits", cmd_semaphore::drain_permits, "write", 1, 1, 1, ""],
+        ["rsemaphore.availablepermits", cmd_semaphore::available_permits, "readonly", 1, 1, 1, ""],
+        ["rsemaphore.info", cmd_semaphore::info, "readonly", 1, 1, 1, ""],
+        // Permit-expirable semaphore (SPEC 4.4, docs/sync-commands.md).
+        ["rpsemaphore.trysetpermits", cmd_expirable::try_set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.setpermits", cmd_expirable::set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.addpermits", cmd_expirable::add_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.acquire", cmd_expirable::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.release", cmd_expirable::release, "write", 1, 1, 1, ""],
+        ["rpsemaphore.updateleasetime", cmd_expirable::update_lease_time, "write", 1, 1, 1, ""],
+        ["rpsemaphore.leasetime", cmd_expirable::lease_time, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.availablepermits", cmd_expirable::available_permits, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.acquiredpermits", cmd_expirable::acquired_permits, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.info", cmd_expirable::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [
