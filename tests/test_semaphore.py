@@ -71,8 +71,9 @@ def test_a_big_request_at_the_head_is_served_before_later_small_ones(server):
         assert sem(r, "RSEMAPHORE.ACQUIRE", "s", 1) == 0
         sem(r, "RSEMAPHORE.RELEASE", "s", 2)
         assert big.wait() == 1 and small.wait() == 1
+        # Both in the release's own turn (the head first: the small one was held back
+        # until then), so their replies' arrival order says nothing more.
         assert r.get("s") == b"0"
-        assert big.at <= small.at
     finally:
         big.close()
         small.close()
