@@ -83,6 +83,9 @@ fn info(ctx: &InfoContext, _for_crash_report: bool) {
         tracked_locks: tracking::tracked_count(),
     };
     let _ = stats::info(ctx, gauges);
+    // Semaphores: lease timers armed (engine key timers), after the counters.
+    #[allow(deprecated)]
+    ctx.add_info_field_long_long("key_timers", engine::key_timers_armed() as i64);
 }
 
 redis_module! {
