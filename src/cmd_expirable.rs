@@ -117,10 +117,15 @@ fn count(outcome: Outcome) {
     }
 }
 
-/// Arms the lease timer at the earliest lease end of `state`, if any.
+/// Arms the lease timer at the earliest lease end of `state`, or stops it when no permit
+/// has a lease left.
 fn arm(ctx: &Context, db: i32, name: &[u8], state: &ExpState) {
-    if let (Some(at), Some(kind)) = (state.next_expiry(), LEASE_TIMER.with(Cell::get)) {
-        engine::arm_key_timer(ctx, kind, db, name, at);
+    let Some(kind) = LEASE_TIMER.with(Cell::get) else {
+        return;
+    };
+    match state.next_expiry() {
+        Some(at) => engine::arm_key_timer(ctx, kind, db, name, at),
+        None => engine::disarm_key_timer(ctx, kind, db, name),
     }
 }
 
@@ -135,6 +140,8 @@ fn finish(
     path: Path,
 ) {
     store::apply_effects(ctx, name, &plan.effects);
+    // Before serving: each grant arms for the state it leaves.
+    arm(ctx, db, name.as_slice(), &plan.state);
     count(plan.outcome);
     remember(
         ctx,
@@ -150,7 +157,6 @@ fn finish(
     if let Some(m) = semaphore::message_after_grants(plan.message.as_deref(), available) {
         store::publish(ctx, &expirable::channel(name.as_slice()), &m);
     }
-    arm(ctx, db, name.as_slice(), &plan.state);
 }
 
 /// The shape every write command shares (see cmd_semaphore's `write_command`).

@@ -793,6 +793,20 @@ pub fn arm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8], fir
     });
 }
 
+/// Stops `kind`'s timer for `key` in `db`, if one is armed (the state has no time of its
+/// own left, say every leased permit was released): no timer outlives its reason.
+pub fn disarm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8]) {
+    let old = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let old = t.armed.remove(&(kind, db, key.to_vec()))?;
+        t.tags.remove(&old.tag);
+        Some(old)
+    });
+    if let Some(old) = old {
+        ffi::stop_timer(ctx, old.id);
+    }
+}
+
 /// How many key timers are armed (INFO, leak tests).
 pub fn key_timers_armed() -> usize {
     KEY_TIMERS.with(|t| t.borrow().armed.len())

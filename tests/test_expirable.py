@@ -297,3 +297,16 @@ def test_keys_that_are_no_permit_semaphore_are_refused_and_untouched(r, setup, e
             r.execute_command(*call)
         assert str(e.value) in (error, errors.text(error))
     assert {k: r.dump(k) for k in before} == before
+
+
+def test_no_lease_timer_outlives_its_permits(r):
+    ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 2)
+    a = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 600_000)
+    b = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300_000)
+    assert rlock_info(r, "key_timers") == 1, "one timer per key, at the earliest lease end"
+    ps(r, "RPSEMAPHORE.RELEASE", "p", b)
+    assert rlock_info(r, "key_timers") == 1
+    ps(r, "RPSEMAPHORE.UPDATELEASETIME", "p", a, -1)
+    assert rlock_info(r, "key_timers") == 0, "no lease left: the timer is stopped"
+    ps(r, "RPSEMAPHORE.RELEASE", "p", a)
+    assert rlock_info(r, "key_timers") == 0
