@@ -38,7 +38,7 @@ const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    inner: Arc<ClientInner>,
+    pub(crate) inner: Arc<ClientInner>,
 }
 
 impl std::fmt::Debug for Client {
@@ -52,7 +52,7 @@ impl std::fmt::Debug for Client {
 
 pub(crate) struct ClientInner {
     target: Target,
-    opts: ClientOptions,
+    pub(crate) opts: ClientOptions,
     ids: OwnerIds,
     jitter: Jitter,
     cmd_conn: Mutex<Option<Conn>>,
@@ -219,7 +219,7 @@ impl Client {
 
 impl ClientInner {
     /// Runs one quick command on the shared connection, reconnecting if needed.
-    fn run(&self, c: &redis::Cmd) -> Result<Value> {
+    pub(crate) fn run(&self, c: &redis::Cmd) -> Result<Value> {
         self.run_raw(c).map_err(Error::from)
     }
 
@@ -240,7 +240,7 @@ impl ClientInner {
 
     /// Runs `f` on a connection of its own (for a command that blocks in the server),
     /// then returns the connection to the pool if it is still sound.
-    fn on_wait_conn<T>(
+    pub(crate) fn on_wait_conn<T>(
         &self,
         read_timeout: Option<Duration>,
         f: impl FnOnce(&mut Conn) -> RedisResult<T>,
@@ -257,12 +257,12 @@ impl ClientInner {
     }
 
     /// As many attempts as the client's retry policy allows.
-    fn retries(&self) -> Retries<'_> {
+    pub(crate) fn retries(&self) -> Retries<'_> {
         Retries::new(&self.opts.retry, &self.jitter)
     }
 
     /// Runs `attempt` until it succeeds or `retries` says to give up, sleeping between.
-    fn with_retries<T>(
+    pub(crate) fn with_retries<T>(
         &self,
         mut retries: Retries<'_>,
         mut attempt: impl FnMut() -> Result<T>,

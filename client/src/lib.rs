@@ -59,6 +59,8 @@ mod error;
 mod logic;
 mod multi;
 mod options;
+// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
+mod semaphore;
 mod state;
 mod watchdog;
 
@@ -67,6 +69,7 @@ pub use cmd::LockInfo;
 pub use error::{Error, Result};
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
+pub use semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use state::{Lost, LostReason};
 
 /// What a successful release did.
