@@ -27,6 +27,9 @@ use crate::state::{LockShared, Lost, LostReason, OwnerIds};
 use crate::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
 
+// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
+pub use crate::aio_semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
+
 /// An async rlock client: one server or a cluster, one renewal task.
 ///
 /// Must be created inside a tokio runtime; its renewal task and the best-effort
@@ -46,7 +49,7 @@ use crate::ReleaseOutcome;
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    inner: Arc<ClientInner>,
+    pub(crate) inner: Arc<ClientInner>,
 }
 
 impl std::fmt::Debug for Client {
@@ -58,12 +61,12 @@ impl std::fmt::Debug for Client {
     }
 }
 
-struct ClientInner {
+pub(crate) struct ClientInner {
     target: Target,
-    opts: ClientOptions,
+    pub(crate) opts: ClientOptions,
     ids: OwnerIds,
     jitter: Jitter,
-    runtime: Handle,
+    pub(crate) runtime: Handle,
     cmd_conn: tokio::sync::Mutex<Option<AConn>>,
     wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,
@@ -213,7 +216,7 @@ impl ClientInner {
     }
 
     /// One quick command on the shared multiplexed connection.
-    async fn run(&self, c: &redis::Cmd) -> Result<Value> {
+    pub(crate) async fn run(&self, c: &redis::Cmd) -> Result<Value> {
         let mut conn = self.conn().await?;
         let r = c.query_async::<Value>(&mut conn).await;
         if let Err(e) = &r {
@@ -225,12 +228,16 @@ impl ClientInner {
     }
 
     /// As many attempts as the client's retry policy allows.
-    fn retries(&self) -> Retries<'_> {
+    pub(crate) fn retries(&self) -> Retries<'_> {
         Retries::new(&self.opts.retry, &self.jitter)
     }
 
     /// Runs `attempt` until it succeeds or `retries` says to give up, sleeping between.
-    async fn with_retries<T, F, Fut>(&self, mut retries: Retries<'_>, mut attempt: F) -> Result<T>
+    pub(crate) async fn with_retries<T, F, Fut>(
+        &self,
+        mut retries: Retries<'_>,
+        mut attempt: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -247,7 +254,11 @@ impl ClientInner {
     }
 
     /// Runs a blocking command on a connection of its own, bounded by `limit`.
-    async fn on_wait_conn<T, F, Fut>(&self, limit: Option<Duration>, f: F) -> RedisResult<T>
+    pub(crate) async fn on_wait_conn<T, F, Fut>(
+        &self,
+        limit: Option<Duration>,
+        f: F,
+    ) -> RedisResult<T>
     where
         F: FnOnce(AConn) -> Fut,
         Fut: std::future::Future<Output = (AConn, RedisResult<T>)>,

@@ -51,6 +51,9 @@
 
 #[cfg(feature = "tokio")]
 pub mod aio;
+// Semaphores, async (RSEMAPHORE.*, RPSEMAPHORE.*).
+#[cfg(feature = "tokio")]
+mod aio_semaphore;
 mod backoff;
 mod blocking;
 mod cmd;

@@ -61,14 +61,14 @@ impl Client {
     }
 }
 
-fn int(v: Value) -> Result<i64> {
+pub(crate) fn int(v: Value) -> Result<i64> {
     match v {
         Value::Int(n) => Ok(n),
         other => Err(Error::UnexpectedReply(format!("{other:?}"))),
     }
 }
 
-fn hex_ids(v: Value) -> Result<Option<Vec<String>>> {
+pub(crate) fn hex_ids(v: Value) -> Result<Option<Vec<String>>> {
     let one = |v: Value| match v {
         Value::BulkString(b) => {
             String::from_utf8(b).map_err(|e| Error::UnexpectedReply(e.to_string()))
@@ -82,7 +82,7 @@ fn hex_ids(v: Value) -> Result<Option<Vec<String>>> {
     }
 }
 
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     d.as_millis().clamp(1, u64::MAX as u128) as u64
 }
 

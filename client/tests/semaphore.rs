@@ -211,3 +211,68 @@ fn dropping_an_expirable_permit_releases_it_and_a_waiter_gets_it() {
         "the waiter's guard was dropped too"
     );
 }
+
+#[cfg(feature = "tokio")]
+mod aio {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_permits_wait_release_and_drop() {
+        let s = Server::start();
+        let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+        let sem = c.semaphore("a");
+        assert!(sem.try_set_permits(1).await.unwrap());
+        let p = sem.acquire(1).await.unwrap();
+        assert!(sem.try_acquire(1).await.unwrap().is_none());
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire_timeout(1, Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(p.release().await.unwrap(), 1);
+        let q = waiter.await.unwrap().unwrap().expect("served");
+        drop(q);
+        // The drop's release runs on a spawned task.
+        let mut back = false;
+        for _ in 0..500 {
+            if sem.available().await.unwrap() == 1 {
+                back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(back, "the dropped guard's permit came back");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_expirable_permits_renew_and_report_loss() {
+        let s = Server::start();
+        let opts = ClientOptions::new().with_watchdog_timeout(Duration::from_millis(300));
+        let c = rlock_client::aio::Client::open_with(s.url(), opts)
+            .await
+            .unwrap();
+        let sem = c.expirable_semaphore("p");
+        sem.try_set_permits(1).await.unwrap();
+        let p = sem.acquire(None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(p.is_held(), "renewed by its task");
+        let mut r = s.conn();
+        let _: i64 = redis::cmd("RPSEMAPHORE.RELEASE")
+            .arg("p")
+            .arg(p.id())
+            .query(&mut r)
+            .unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(5), p.lost())
+            .await
+            .unwrap();
+        assert_eq!(why, LostReason::NotHeld);
+        assert!(matches!(p.release().await, Err(Error::NotHeld { .. })));
+        let q = sem.acquire(Some(Duration::from_millis(100))).await.unwrap();
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(5), q.lost())
+                .await
+                .unwrap(),
+            LostReason::LeaseExpired
+        );
+    }
+}
