@@ -776,7 +776,13 @@ pub fn arm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8], fir
     if let Some(old) = old {
         ffi::stop_timer(ctx, old.id);
     }
-    let delay = fire_at - ffi::now_ms();
+    // Rounded up from the wall clock's microseconds: Redis fires a timer once its delay
+    // has passed, and the callback must then read `now_ms() >= fire_at` (a permit expires
+    // when its score <= now), not a millisecond short of it, which would cost a re-arm.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    let delay = (fire_at.saturating_mul(1000) - now_us + 999).div_euclid(1000);
     let tag = KEY_TIMERS.with(|t| {
         let mut t = t.borrow_mut();
         if let Some(old) = old {
