@@ -6,7 +6,8 @@
 //!
 //! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
 //! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
-//! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
+//! - `cmd_lock` (RLOCK.* handlers), `cmd_semaphore` (RSEMAPHORE.*), `cmd_expirable`
+//!   (RPSEMAPHORE.*), beside `cmd` (what they share), and `events` (keyspace and server events, translated
 //!   into engine calls); neither imports the other.
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, the pending list and the
@@ -38,7 +39,7 @@ pub mod store;
 pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
-// Not wired to commands yet: the shared waiting engine comes first (issue 12).
+// `semaphore` and `expirable` are wired (cmd_semaphore, cmd_expirable).
 pub mod effects;
 pub mod expirable;
 pub mod fenced;
