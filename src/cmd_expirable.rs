@@ -19,8 +19,9 @@ use std::rc::Rc;
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{args_after_key, err, may_block, remember, replay, request_key, serve_first};
-use crate::cmd_semaphore::map;
+use crate::cmd::{
+    args_after_key, err, int_map as map, may_block, remember, replay, request_key, serve_first,
+};
 use crate::engine::{self, Ask, Check, Grant, KeyTimerKind, Path, Waiter};
 use crate::errors::ERR_WRONGTYPE;
 use crate::expirable::{self, ExpState, ID_BYTES, NO_LEASE};

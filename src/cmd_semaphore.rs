@@ -14,10 +14,11 @@
 
 use std::rc::Rc;
 
-use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{args_after_key, err, may_block, remember, replay, request_key, serve_first};
+use crate::cmd::{
+    args_after_key, err, int_map as map, may_block, remember, replay, request_key, serve_first,
+};
 use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
 use crate::errors::ERR_WRONGTYPE;
 use crate::reply::Reply;
@@ -227,16 +228,6 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             ("waiting_permits", engine::queued_units(db, name.as_slice())),
         ]))
     })
-}
-
-/// An ordered map of integers: a map under RESP3, flat pairs under RESP2.
-pub(crate) fn map(fields: &[(&str, i64)]) -> RedisValue {
-    RedisValue::OrderedMap(
-        fields
-            .iter()
-            .map(|&(k, v)| (RedisValueKey::String(k.into()), RedisValue::Integer(v)))
-            .collect(),
-    )
 }
 
 /// A queued `RSEMAPHORE.ACQUIRE ... WAIT`: `permits` permits.

@@ -7,8 +7,8 @@
 //! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
 //! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
 //! - `cmd_lock` (RLOCK.* handlers), `cmd_semaphore` (RSEMAPHORE.*), `cmd_expirable`
-//!   (RPSEMAPHORE.*), beside `cmd` (what they share), and `events` (keyspace and server events, translated
-//!   into engine calls); neither imports the other.
+//!   (RPSEMAPHORE.*), beside `cmd` (what they share), and `events` (keyspace and server
+//!   events, translated into engine calls); none imports another.
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, the pending list and the
 //!   sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB.
@@ -18,8 +18,8 @@
 //! - `cluster` (where a key lives), `stats` (counters), `config`, `guard` (panics become
 //!   error replies), `errors`, and `ffi`, the only unsafe code.
 //! - Beside them, pure (no Redis): `core`, the lock's rules, state in, plan out; and the
-//!   cores of the primitives not wired yet (`rwlock`, `fenced`, `semaphore`, `expirable`,
-//!   `latch`, with `effects`).
+//!   cores of the other primitives (`semaphore`, `expirable`, wired; `rwlock`, `fenced`,
+//!   `latch`, not wired yet), with `effects`.
 
 pub mod cluster;
 pub mod cmd;
