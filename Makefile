@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python bench-instr-fenced
+.PHONY: test-pyclient bench-python bench-instr-fenced bench-semaphore
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -97,6 +97,11 @@ bench-instr-fenced: venv ## Instructions per call: RFENCED.ACQUIRE vs Redisson's
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
 	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
+# Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
+bench-semaphore: venv ## Semaphore: 64 clients x 4 permits vs Redisson's algorithm, reclaim delay, instructions per call; writes bench/semaphore.md
+	cargo build --release -p rlock
+	{ $(PY) bench/semaphore.py --module $(MODULE_RELEASE) && echo && \
+	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock

@@ -68,3 +68,19 @@ pub fn serve_first(ctx: &Context, db: i32, name: &RedisString) {
         engine::serve(ctx, db, name, engine::Path::Command);
     }
 }
+
+/// An `…INFO` reply of integers (semaphores): an ordered map, a map under RESP3 and flat
+/// pairs under RESP2, keys in a stable order.
+pub fn int_map(fields: &[(&str, i64)]) -> RedisValue {
+    RedisValue::OrderedMap(
+        fields
+            .iter()
+            .map(|&(k, v)| {
+                (
+                    redis_module::redisvalue::RedisValueKey::String(k.into()),
+                    RedisValue::Integer(v),
+                )
+            })
+            .collect(),
+    )
+}

@@ -54,6 +54,11 @@ pub trait Ask: std::fmt::Debug {
     /// still holds exactly what the grant wrote, and passes it on (or publishes what a
     /// release would). Runs from a timer, `db` selected.
     fn take_back(&self, ctx: &Context, db: i32, name: &RedisString);
+    /// How many units the request asks for (a semaphore's permits), which `…INFO`
+    /// commands sum over a queue ([`queued_units`]); 1 where there is no such notion.
+    fn units(&self) -> i64 {
+        1
+    }
 }
 
 /// A queued request (shared: the granted list keeps it until the reply goes out).
@@ -395,6 +400,15 @@ pub fn has_waiters(db: i32, key: &[u8]) -> bool {
     with(|q| q.total > 0 && q.len(db, key) > 0)
 }
 
+/// The sum of [`Ask::units`] over a key's queue (0 without waiters).
+pub fn queued_units(db: i32, key: &[u8]) -> i64 {
+    with(|q| {
+        q.queue(db, key).map_or(0, |queue| {
+            queue.waiters.values().map(|w| w.request.units()).sum()
+        })
+    })
+}
+
 /// Blocks the current client until it is handed the lock or `timeout_ms` passes.
 /// `pttl` is the holder's remaining lease, to arm the expiry timer.
 pub fn wait(
@@ -697,14 +711,146 @@ fn revoke_later(ctx: &Context, granted: Untold) {
     arm_sweep(ctx, 0);
 }
 
-/// Every module timer lands here: the sweep, a wait's deadline, or a key's expiry timer.
+/// Every module timer lands here: the sweep, a wait's deadline, a key timer, or a key's
+/// expiry timer.
 pub fn on_timer(ctx: &Context, tag: u64) {
     if tag == SWEEP_TAG {
         sweep(ctx);
     } else if tag & DEADLINE_BIT != 0 {
         on_deadline(ctx, Blocked((tag & !DEADLINE_BIT) as usize));
+    } else if tag & KEY_TIMER_BIT != 0 {
+        on_key_timer(ctx, tag);
     } else {
         on_expiry_timer(ctx, tag);
+    }
+}
+
+// ---- Key timers: a primitive's state that changes by itself, waiters or not ----
+//
+// The expiry timer above serves waiters. Some state changes at a time of its own even when
+// nobody waits, and must be written then for clients that only read the keys or listen on
+// pub/sub (a permit-expirable semaphore's permit returns to the pool at its lease end, with
+// Redisson's message). A primitive registers one callback at init (lib.rs) and arms a key
+// timer with it; the engine keeps at most one timer per (callback, db, key), the earliest,
+// and calls the callback with `db` selected where writes are allowed: not on a replica
+// (its keys are its master's), and not while writes are paused (it retries shortly).
+// The callback does its write and arms again for its next time, if any. Timers live in
+// memory only: after a restart or a failover the state is brought up to date by the next
+// command on the key (every primitive that uses them reads its state that way).
+
+/// Timer tags with this bit (and not [`DEADLINE_BIT`]) are key timers; the other bits
+/// count up. Expiry timers' counters stay far below it.
+pub const KEY_TIMER_BIT: u64 = 1 << 62;
+
+/// A key timer's callback: `db` is selected, `name` is the key it was armed for.
+pub type KeyTimerFn = fn(&Context, i32, &RedisString);
+
+/// Which registered callback a key timer runs (an index handed out by
+/// [`register_key_timer`]).
+pub type KeyTimerKind = usize;
+
+type KeyTimerKey = (KeyTimerKind, i32, Vec<u8>);
+
+#[derive(Default)]
+struct KeyTimers {
+    kinds: Vec<KeyTimerFn>,
+    armed: HashMap<KeyTimerKey, ArmedTimer>,
+    tags: HashMap<u64, KeyTimerKey>,
+    next_tag: u64,
+}
+
+thread_local! {
+    static KEY_TIMERS: RefCell<KeyTimers> = RefCell::new(KeyTimers::default());
+}
+
+/// Registers a primitive's key timer callback (once, at init); returns its kind.
+pub fn register_key_timer(f: KeyTimerFn) -> KeyTimerKind {
+    KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.kinds.push(f);
+        t.kinds.len() - 1
+    })
+}
+
+/// Makes sure `kind`'s callback runs for `key` in `db` at `fire_at` (ms since the epoch)
+/// or earlier. An earlier timer already armed is kept: it fires, finds nothing due yet
+/// and arms again, which costs less than stopping a timer on every renewal.
+pub fn arm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8], fire_at: i64) {
+    let slot = (kind, db, key.to_vec());
+    let old = KEY_TIMERS.with(|t| {
+        let t = t.borrow();
+        t.armed.get(&slot).copied()
+    });
+    if matches!(old, Some(t) if t.fire_at <= fire_at) {
+        return;
+    }
+    if let Some(old) = old {
+        ffi::stop_timer(ctx, old.id);
+    }
+    // Rounded up from the wall clock's microseconds: Redis fires a timer once its delay
+    // has passed, and the callback must then read `now_ms() >= fire_at` (a permit expires
+    // when its score <= now), not a millisecond short of it, which would cost a re-arm.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    let delay = (fire_at.saturating_mul(1000) - now_us + 999).div_euclid(1000);
+    let tag = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        if let Some(old) = old {
+            t.tags.remove(&old.tag);
+        }
+        t.next_tag += 1;
+        KEY_TIMER_BIT | t.next_tag
+    });
+    let id = ffi::create_timer(ctx, delay, tag);
+    KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.tags.insert(tag, slot.clone());
+        t.armed.insert(slot, ArmedTimer { id, tag, fire_at });
+    });
+}
+
+/// Stops `kind`'s timer for `key` in `db`, if one is armed (the state has no time of its
+/// own left, say every leased permit was released): no timer outlives its reason.
+pub fn disarm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8]) {
+    let old = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let old = t.armed.remove(&(kind, db, key.to_vec()))?;
+        t.tags.remove(&old.tag);
+        Some(old)
+    });
+    if let Some(old) = old {
+        ffi::stop_timer(ctx, old.id);
+    }
+}
+
+/// How many key timers are armed (INFO, leak tests).
+pub fn key_timers_armed() -> usize {
+    KEY_TIMERS.with(|t| t.borrow().armed.len())
+}
+
+fn on_key_timer(ctx: &Context, tag: u64) {
+    let Some(((kind, db, key), f)) = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let slot = t.tags.remove(&tag)?;
+        if matches!(t.armed.get(&slot), Some(a) if a.tag == tag) {
+            t.armed.remove(&slot);
+        }
+        let f = *t.kinds.get(slot.0)?;
+        Some((slot, f))
+    }) else {
+        return;
+    };
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        return; // a replica's keys are its master's to change
+    }
+    if ffi::writes_paused() {
+        arm_key_timer(ctx, kind, db, &key, ffi::now_ms() + PAUSED_RETRY_MS);
+        return;
+    }
+    if ffi::select_db(ctx, db) {
+        let name = RedisString::create_from_slice(std::ptr::null_mut(), &key);
+        f(ctx, db, &name);
     }
 }
 

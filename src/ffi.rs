@@ -234,7 +234,8 @@ impl LockKey {
         }
     }
 
-    /// Every (member, score) of a sorted set, lowest score first.
+    /// Every (member, score) of a sorted set, lowest score first (non-integer scores as
+    /// i64::MIN; out-of-range ones saturate).
     pub fn zset_items(&self) -> Vec<(Vec<u8>, i64)> {
         let mut out = Vec::new();
         if self.kind() != KeyKind::Zset {
@@ -256,7 +257,14 @@ impl LockKey {
                     if member.is_null() {
                         break;
                     }
-                    out.push((string_bytes(member).to_vec(), score as i64));
+                    // A score that is no integer reads as i64::MIN, which no primitive
+                    // writes and every reader refuses (a spoiled permit set).
+                    let score = if score.fract() == 0.0 {
+                        score as i64
+                    } else {
+                        i64::MIN
+                    };
+                    out.push((string_bytes(member).to_vec(), score));
                     raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), member);
                     if raw::RedisModule_ZsetRangeNext.unwrap()(self.key) == 0 {
                         break;

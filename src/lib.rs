@@ -9,6 +9,9 @@
 //! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
 //!   into engine calls); neither imports the other. `cmd_fenced` (RFENCED.*, the fenced
 //!   lock) sits above `cmd_lock`, whose lock half it reuses.
+//! - `cmd_lock` (RLOCK.* handlers), `cmd_semaphore` (RSEMAPHORE.*), `cmd_expirable`
+//!   (RPSEMAPHORE.*), beside `cmd` (what they share), and `events` (keyspace and server
+//!   events, translated into engine calls); none imports another.
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, the pending list and the
 //!   sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB.
@@ -18,8 +21,8 @@
 //! - `cluster` (where a key lives), `stats` (counters), `config`, `guard` (panics become
 //!   error replies), `errors`, and `ffi`, the only unsafe code.
 //! - Beside them, pure (no Redis): `core`, the lock's rules, state in, plan out; and the
-//!   cores of the primitives not wired yet (`rwlock`, `fenced`, `semaphore`, `expirable`,
-//!   `latch`, with `effects`).
+//!   cores of the other primitives (`semaphore`, `expirable`, wired; `rwlock`, `fenced`,
+//!   `latch`, not wired yet), with `effects`.
 
 pub mod cluster;
 pub mod cmd;
@@ -27,6 +30,8 @@ pub mod cmd_latch; // countdown latch (RLATCH.*)
 pub mod cmd_lock;
 // Fenced lock (SPEC 4.2): above cmd_lock, whose lock half it reuses.
 pub mod cmd_fenced;
+pub mod cmd_expirable;
+pub mod cmd_semaphore;
 pub mod config;
 pub mod core;
 pub mod engine;
@@ -41,6 +46,7 @@ pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
 // `fenced` is wired (cmd_fenced); the others not yet.
+// `semaphore` and `expirable` are wired (cmd_semaphore, cmd_expirable).
 pub mod effects;
 pub mod expirable;
 pub mod fenced;
@@ -70,6 +76,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         on_replied: engine::on_replied,
     });
     ffi::set_timer_handler(engine::on_timer);
+    // The permit-expirable semaphore's lease timer (engine key timers name no primitive).
+    cmd_expirable::init();
     ffi::on_swapdb(ctx, events::on_swapdb);
     events::subscribe(ctx);
     Status::Ok
@@ -83,6 +91,9 @@ fn info(ctx: &InfoContext, _for_crash_report: bool) {
         tracked_locks: tracking::tracked_count(),
     };
     let _ = stats::info(ctx, gauges);
+    // Semaphores: lease timers armed (engine key timers), after the counters.
+    #[allow(deprecated)]
+    ctx.add_info_field_long_long("key_timers", engine::key_timers_armed() as i64);
 }
 
 redis_module! {
@@ -111,6 +122,25 @@ redis_module! {
         // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
         ["rfenced.acquire", cmd_fenced::acquire, "write deny-oom", 1, 1, 1, ""],
         ["rfenced.gettoken", cmd_fenced::get_token, "readonly", 1, 1, 1, ""],
+        // Semaphore (SPEC 4.3, docs/sync-commands.md).
+        ["rsemaphore.trysetpermits", cmd_semaphore::try_set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.addpermits", cmd_semaphore::add_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.acquire", cmd_semaphore::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.release", cmd_semaphore::release, "write", 1, 1, 1, ""],
+        ["rsemaphore.drainpermits", cmd_semaphore::drain_permits, "write", 1, 1, 1, ""],
+        ["rsemaphore.availablepermits", cmd_semaphore::available_permits, "readonly", 1, 1, 1, ""],
+        ["rsemaphore.info", cmd_semaphore::info, "readonly", 1, 1, 1, ""],
+        // Permit-expirable semaphore (SPEC 4.4, docs/sync-commands.md).
+        ["rpsemaphore.trysetpermits", cmd_expirable::try_set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.setpermits", cmd_expirable::set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.addpermits", cmd_expirable::add_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.acquire", cmd_expirable::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.release", cmd_expirable::release, "write", 1, 1, 1, ""],
+        ["rpsemaphore.updateleasetime", cmd_expirable::update_lease_time, "write", 1, 1, 1, ""],
+        ["rpsemaphore.leasetime", cmd_expirable::lease_time, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.availablepermits", cmd_expirable::available_permits, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.acquiredpermits", cmd_expirable::acquired_permits, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.info", cmd_expirable::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [

@@ -31,6 +31,19 @@ pub struct Stats {
     pub latch_await_timeouts: Cell<u64>,
     // Fenced lock (SPEC 4.2): tokens issued by RFENCED.ACQUIRE and its handoffs.
     pub fenced_tokens_issued: Cell<u64>,
+    // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*): acquires answered at once, refused
+    // (queued or not), granted after waiting, releases; for RPSEMAPHORE also lease updates
+    // and permits that came back at their lease end.
+    pub sem_acquisitions: Cell<u64>,
+    pub sem_contended: Cell<u64>,
+    pub sem_granted_after_wait: Cell<u64>,
+    pub sem_releases: Cell<u64>,
+    pub psem_acquisitions: Cell<u64>,
+    pub psem_contended: Cell<u64>,
+    pub psem_granted_after_wait: Cell<u64>,
+    pub psem_releases: Cell<u64>,
+    pub psem_lease_updates: Cell<u64>,
+    pub psem_permits_expired: Cell<u64>,
 }
 
 /// What INFO reports that lives elsewhere (the engine's queues, the tracked set).
@@ -51,6 +64,30 @@ pub fn bump(pick: impl FnOnce(&Stats) -> &Cell<u64>) {
         let c = pick(s);
         c.set(c.get() + 1);
     });
+}
+
+/// Adds `n` to the counter `pick` selects.
+pub fn add(pick: impl FnOnce(&Stats) -> &Cell<u64>, n: u64) {
+    STATS.with(|s| {
+        let c = pick(s);
+        c.set(c.get() + n);
+    });
+}
+
+/// The semaphores' counters (RSEMAPHORE.*, RPSEMAPHORE.*), after the lock's.
+fn semaphore_fields(s: &Stats) -> [(&'static str, u64); 10] {
+    [
+        ("sem_acquisitions", s.sem_acquisitions.get()),
+        ("sem_contended", s.sem_contended.get()),
+        ("sem_granted_after_wait", s.sem_granted_after_wait.get()),
+        ("sem_releases", s.sem_releases.get()),
+        ("psem_acquisitions", s.psem_acquisitions.get()),
+        ("psem_contended", s.psem_contended.get()),
+        ("psem_granted_after_wait", s.psem_granted_after_wait.get()),
+        ("psem_releases", s.psem_releases.get()),
+        ("psem_lease_updates", s.psem_lease_updates.get()),
+        ("psem_permits_expired", s.psem_permits_expired.get()),
+    ]
 }
 
 /// The `rlock` section of INFO. The older field API is the one that names the section
@@ -99,6 +136,9 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         }
         // Fenced lock (SPEC 4.2).
         ctx.add_info_field_long_long("fenced_tokens_issued", s.fenced_tokens_issued.get() as i64);
+        for (name, value) in semaphore_fields(s) {
+            ctx.add_info_field_long_long(name, value as i64);
+        }
     });
     Ok(())
 }

@@ -24,3 +24,13 @@ def text(error):
 NOT_A_LATCH = "ERR key holds a string that is not a latch count (it must be a decimal integer)"
 LATCH_COUNT = "ERR count must be an integer from 1 to 9223372036854775807"
 LATCH_OVERFLOW = "ERR latch count would overflow"
+# Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*)
+NOT_A_SEMAPHORE = "ERR key holds a string that is not a permit count (it must be a decimal integer)"
+NOT_A_PERMIT_SET = "ERR the permit set is not a semaphore's (every score must be an integer expiry in ms)"
+PERMITS = "ERR permits must be an integer from 0 to 2147483647"
+PERMITS_DELTA = "ERR permits must be an integer from -2147483647 to 2147483647"
+PERMIT_COUNT = "ERR permits must be an integer from 1 to 1024"
+PERMITS_OVERFLOW = "ERR permit count would overflow"
+PERMIT_LEASE = "ERR lease-ms must be -1 (no lease) or an integer from 1 to 3153600000000"
+PERMIT_ID = "ERR permit-id must be 2 to 64 hex digits, an even number of them"
+TTL = "ERR ttl-ms must be an integer from 1 to 3153600000000"

@@ -31,6 +31,8 @@ use crate::ReleaseOutcome;
 pub use crate::latch::aio::CountDownLatch;
 // Fenced lock (SPEC 4.2): its async handle and guard.
 pub use crate::fenced::aio::{FencedGuard, FencedLock};
+// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
+pub use crate::aio_semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 
 /// An async rlock client: one server or a cluster, one renewal task.
 ///
@@ -68,7 +70,7 @@ pub(crate) struct ClientInner {
     pub(crate) opts: ClientOptions,
     ids: OwnerIds,
     jitter: Jitter,
-    runtime: Handle,
+    pub(crate) runtime: Handle,
     cmd_conn: tokio::sync::Mutex<Option<AConn>>,
     wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,

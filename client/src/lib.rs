@@ -51,6 +51,9 @@
 
 #[cfg(feature = "tokio")]
 pub mod aio;
+// Semaphores, async (RSEMAPHORE.*, RPSEMAPHORE.*).
+#[cfg(feature = "tokio")]
+mod aio_semaphore;
 mod backoff;
 mod blocking;
 mod cmd;
@@ -62,6 +65,8 @@ mod fenced;
 mod logic;
 mod multi;
 mod options;
+// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
+mod semaphore;
 mod state;
 mod watchdog;
 
@@ -72,6 +77,7 @@ pub use latch::CountDownLatch;
 pub use fenced::{FencedGuard, FencedLock};
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
+pub use semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use state::{Lost, LostReason};
 
 /// What a successful release did.
