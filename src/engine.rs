@@ -71,6 +71,9 @@ pub enum Check {
     /// permit running out), to look again then (negative: only a write or a keyspace
     /// event can change the answer).
     Wait { pttl: i64 },
+    /// The head can never be granted as asked (the RW lock: a writer-to-be that started
+    /// reading while it waited): it is answered with this error and leaves the queue.
+    Refuse(&'static str),
 }
 
 /// A grant written by a [`GrantWrite`].
@@ -497,6 +500,13 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
             Check::Wait { pttl } => {
                 note_expiry(ctx, db, key_bytes, pttl);
                 return done(handed, Served::StillHeld);
+            }
+            Check::Refuse(error) => {
+                if let Some(waiter) = with(|q| q.take(db, key_bytes)) {
+                    stop_deadline(ctx, &waiter);
+                    ffi::unblock(waiter.handle, Some(Wake::Error(error.into())));
+                }
+                continue;
             }
         };
         if !routed {

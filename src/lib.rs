@@ -6,7 +6,7 @@
 //!
 //! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
 //! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
-//! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
+//! - `commands` (RLOCK.* handlers; `cmd_rwlock`, RRWLOCK.*) and `events` (keyspace and server events, translated
 //!   into engine calls); neither imports the other.
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, the pending list and the
@@ -23,6 +23,7 @@
 pub mod cluster;
 pub mod cmd;
 pub mod cmd_lock;
+pub mod cmd_rwlock;
 pub mod config;
 pub mod core;
 pub mod engine;
@@ -96,6 +97,12 @@ redis_module! {
         ["rlock.renew", cmd_lock::renew, "write", 1, 1, 1, ""],
         ["rlock.forcerelease", cmd_lock::force_release, "write", 1, 1, 1, ""],
         ["rlock.info", cmd_lock::info, "readonly", 1, 1, 1, ""],
+        // Read-write lock (SPEC 4.1)
+        ["rrwlock.acquire", cmd_rwlock::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rrwlock.release", cmd_rwlock::release, "write", 1, 1, 1, ""],
+        ["rrwlock.renew", cmd_rwlock::renew, "write", 1, 1, 1, ""],
+        ["rrwlock.forcerelease", cmd_rwlock::force_release, "write", 1, 1, 1, ""],
+        ["rrwlock.info", cmd_rwlock::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [
