@@ -150,8 +150,15 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         store::apply_effects(ctx, name, &plan.effects);
         count(&plan, Some(side));
         let reply: reply::Reply = plan.reply.into();
-        remember(ctx, request.as_ref(), rwlock::remembers(plan.outcome), &reply);
-        let wait = a.wait.filter(|_| plan.outcome == Outcome::Contended && may_block(ctx));
+        remember(
+            ctx,
+            request.as_ref(),
+            rwlock::remembers(plan.outcome),
+            &reply,
+        );
+        let wait = a
+            .wait
+            .filter(|_| plan.outcome == Outcome::Contended && may_block(ctx));
         if let Some(timeout) = wait {
             // Whatever the plan dropped (dead readers) may concern those already queued.
             settle_after(ctx, db, name, &plan, now);
@@ -198,7 +205,12 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         store::apply_effects(ctx, name, &plan.effects);
         count(&plan, Some(side));
         let reply: reply::Reply = plan.reply.into();
-        remember(ctx, request.as_ref(), rwlock::remembers(plan.outcome), &reply);
+        remember(
+            ctx,
+            request.as_ref(),
+            rwlock::remembers(plan.outcome),
+            &reply,
+        );
         settle_after(ctx, db, name, &plan, now);
         Ok(ffi::value(reply))
     })
@@ -214,7 +226,14 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let name = &args[1];
         let db = ffi::selected_db(ctx);
         let (now, state) = open(ctx, db, name);
-        let plan = rwlock::renew(&state.map_err(err)?, name.as_slice(), side, owner, lease, now);
+        let plan = rwlock::renew(
+            &state.map_err(err)?,
+            name.as_slice(),
+            side,
+            owner,
+            lease,
+            now,
+        );
         store::apply_effects(ctx, name, &plan.effects);
         count(&plan, Some(side));
         settle_after(ctx, db, name, &plan, now);
@@ -334,7 +353,9 @@ impl Ask for RwAsk {
                     plan.effects.insert(0, Effect::Del(KeyRef::Main));
                 }
                 let ask = self.clone();
-                Check::Grant(Box::new(move |ctx, name| ask.write_grant(ctx, name, &plan, now)))
+                Check::Grant(Box::new(move |ctx, name| {
+                    ask.write_grant(ctx, name, &plan, now)
+                }))
             }
             Some(Err(e)) => Check::Refuse(e),
             None => {
