@@ -25,6 +25,8 @@
 //! - Optional replica safety ([`ReplicaSync`]): `WAIT n timeout` after each acquire.
 //! - Several locks at once: [`MultiLock`] (all or none, on one server or several) and
 //!   [`RedLock`] (a majority of independent servers, within a validity time).
+//! - Read-write locks: [`Client::rw_lock`] gives an [`RwLock`] whose `read()` and
+//!   `write()` halves are [`Lock`] handles (module commands `RRWLOCK.*`).
 //! - One server or a Redis Cluster ([`Client::open_cluster`]).
 //!
 //! The blocking API is the default; the async one is [`aio`], behind the `tokio`
@@ -59,6 +61,10 @@ mod error;
 mod logic;
 mod multi;
 mod options;
+// Read-write lock (RRWLOCK.*)
+#[cfg(feature = "tokio")]
+mod aio_rwlock;
+mod rwlock;
 mod state;
 mod watchdog;
 
@@ -67,6 +73,7 @@ pub use cmd::LockInfo;
 pub use error::{Error, Result};
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
+pub use rwlock::{RwLock, RwLockInfo};
 pub use state::{Lost, LostReason};
 
 /// What a successful release did.
