@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python
+.PHONY: test-pyclient bench-python bench-instr-rw
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -91,6 +91,12 @@ bench-instr: venv ## Instructions per call under callgrind (tax on other command
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
 	$(PY) bench/instr.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
+
+# Read-write lock (RRWLOCK.*)
+bench-instr-rw: venv ## RRWLOCK vs Redisson's RW scripts in instructions per call (callgrind), each server in SERVERS; writes BENCHMARK.md
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock
