@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python bench-instr-rw
+.PHONY: test-pyclient bench-python bench-instr-rw bench-rw
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -97,6 +97,10 @@ bench-instr-rw: venv ## RRWLOCK vs Redisson's RW scripts in instructions per cal
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
 	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
+
+bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry (REDIS_SERVER)
+	cargo build --release -p rlock -p rlock-bench
+	./target/release/rw_contention --module $(MODULE_RELEASE) --redis-server $(REDIS_SERVER)
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock
