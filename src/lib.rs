@@ -17,8 +17,8 @@
 //! - `cluster` (where a key lives), `stats` (counters), `config`, `guard` (panics become
 //!   error replies), `errors`, and `ffi`, the only unsafe code.
 //! - Beside them, pure (no Redis): `core`, the lock's rules, state in, plan out; and the
-//!   cores of the primitives not wired yet (`rwlock`, `fenced`, `semaphore`, `expirable`,
-//!   `latch`, with `effects`).
+//!   cores of the other primitives (`rwlock`, wired by `cmd_rwlock`; `fenced`,
+//!   `semaphore`, `expirable`, `latch`), with `effects`.
 
 pub mod cluster;
 pub mod cmd;
@@ -37,7 +37,7 @@ pub mod store;
 pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
-// Not wired to commands yet: the shared waiting engine comes first (issue 12).
+// `rwlock` is wired by `cmd_rwlock` (RRWLOCK.*); the others by their command files.
 pub mod effects;
 pub mod expirable;
 pub mod fenced;
