@@ -523,3 +523,52 @@ def test_a_handoff_remembers_its_reply_under_the_request_id(server, r, rw_spawn)
     # The reply was lost, say: the retry is answered "acquired" and takes no second hold.
     assert acq(r, "rw", "WRITE", "x", LONG, "ID", "h1") is None
     assert r.hget("rw", "x:write") == b"1"
+
+
+def _swallow(call):
+    try:
+        call()
+    except redis.ConnectionError:
+        pass
+
+
+@pytest.mark.parametrize("side", ["READ", "WRITE"])
+def test_a_handoff_taken_back_forgets_its_request_id(server, r, side):
+    """A waiter killed between the handoff and its reply never learns it got the lock: it
+    is taken back (released as its owner would) and its request id forgotten."""
+    acq(r, "rw", "WRITE", "holder")
+    w = server.client()
+    w_id = w.client_id()
+    t = threading.Thread(target=lambda: _swallow(
+        lambda: w.execute_command("RRWLOCK.ACQUIRE", "rw", side, "a", LONG, "WAIT", 10_000,
+                                  "ID", "r7")))
+    t.start()
+    wait_until(lambda: queued(r, "rw") == 1, what="waiter queued")
+    with r.pipeline(transaction=False) as p:
+        p.execute_command("RRWLOCK.RELEASE", "rw", "WRITE", "holder")
+        p.execute_command("CLIENT", "KILL", "ID", w_id)
+        p.execute()
+    t.join(10)
+    wait_until(lambda: stats(r)["revoked_handoffs"] == 1, what="handoff taken back")
+    assert not r.exists("rw") and not r.keys("{rw}*")
+    assert not r.exists("rlock_request:{rw}:r7")
+    assert acq(r, "rw", side, "a", LONG, "ID", "r7") is None
+    assert r.hget("rw", "a" if side == "READ" else "a:write") == b"1", "the retry acquired"
+
+
+def test_a_writer_taken_back_passes_the_lock_to_the_reader_behind(server, r, rw_spawn):
+    acq(r, "rw", "WRITE", "holder")
+    w = server.client()
+    w_id = w.client_id()
+    t = threading.Thread(target=lambda: _swallow(
+        lambda: w.execute_command("RRWLOCK.ACQUIRE", "rw", "WRITE", "gone", LONG, "WAIT", 0)))
+    t.start()
+    wait_until(lambda: queued(r, "rw") == 1, what="writer queued")
+    reader = rw_spawn(server, "rw", "READ", "next", queue_as=2)
+    with r.pipeline(transaction=False) as p:
+        p.execute_command("RRWLOCK.RELEASE", "rw", "WRITE", "holder")
+        p.execute_command("CLIENT", "KILL", "ID", w_id)
+        p.execute()
+    t.join(10)
+    reader.granted()
+    assert r.hgetall("rw") == {b"mode": b"read", b"next": b"1"}
