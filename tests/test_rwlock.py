@@ -283,12 +283,12 @@ def test_a_wait_times_out_with_the_pttl(server, r, rw_spawn):
 
 def test_a_dead_readers_hold_ends_at_its_own_lease_while_another_renews(server, r, rw_spawn):
     acq(r, "rw", "READ", "dead", 300)
-    acq(r, "rw", "READ", "live", 300)
+    acq(r, "rw", "READ", "live", 2_000)
     w = rw_spawn(server, "rw", "WRITE", "w", queue_as=1)
     # "live" renews; with Redisson the hash's TTL would keep "dead" in it too.
     deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:
-        assert renew(r, "rw", "READ", "live", 300) == 1
+        assert renew(r, "rw", "READ", "live", 2_000) == 1
         time.sleep(0.05)
     assert w.is_alive(), "the live reader still holds the lock"
     assert r.hgetall("rw") == {b"mode": b"read", b"live": b"1"}, "dead's hold ended"

@@ -158,11 +158,11 @@ def test_java_scripts_release_module_holds(r):
 def test_a_dead_java_reader_ends_at_its_lease_while_a_module_reader_renews(server, r, rw_spawn):
     java = RedissonReadWriteLock(r, "rw", JAVA, lease=300)
     assert java.read_lock() is None
-    acq(r, "rw", "READ", "live", 300)
+    acq(r, "rw", "READ", "live", 2_000)
     w = rw_spawn(server, "rw", "WRITE", "w", queue_as=1)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        renew(r, "rw", "READ", "live", 300)
+        renew(r, "rw", "READ", "live", 2_000)
         time.sleep(0.05)
     assert r.hgetall("rw") == {b"mode": b"read", b"live": b"1"}
     rel(r, "rw", "READ", "live")
