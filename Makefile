@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python bench-instr-fenced bench-semaphore
+.PHONY: test-pyclient bench-python bench-instr-fenced bench-semaphore bench-instr-rw bench-rw
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -102,6 +102,15 @@ bench-semaphore: venv ## Semaphore: 64 clients x 4 permits vs Redisson's algorit
 	cargo build --release -p rlock
 	{ $(PY) bench/semaphore.py --module $(MODULE_RELEASE) && echo && \
 	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
+# Read-write lock (RRWLOCK.*)
+bench-instr-rw: venv ## RRWLOCK vs Redisson's RW scripts in instructions per call (callgrind), each server in SERVERS; writes BENCHMARK.md
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
+
+bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry (REDIS_SERVER)
+	cargo build --release -p rlock -p rlock-bench
+	./target/release/rw_contention --module $(MODULE_RELEASE) --redis-server $(REDIS_SERVER)
 
 bench-quick: ## A seconds-long smoke run of the benchmark code (used by make test)
 	cargo build -p rlock

@@ -77,8 +77,9 @@ pub enum Check {
     /// event can change the answer).
     Wait { pttl: i64 },
     /// The head can never be granted as asked (the fenced lock: its token key holds
-    /// somebody else's data): it leaves the queue with this error, nothing written, and
-    /// the next head is asked.
+    /// somebody else's data; the RW lock: a writer-to-be that started reading while it
+    /// waited): it leaves the queue with this error, nothing written, and the next head
+    /// is asked.
     Refuse(&'static str),
 }
 

@@ -1,36 +1,38 @@
-//! rlock: distributed locks done natively inside Redis.
+//! rlock: distributed locks and synchronizers done natively inside Redis.
 //!
-//! A Redis module whose commands keep Redisson's lock layout (a hash of owner -> hold
-//! count, the key's TTL as the lease, the same unlock channel and message) but run the
-//! lock logic in the server, and let contended clients wait there, first come first served.
+//! A Redis module whose commands keep Redisson's layouts (the lock: a hash of owner ->
+//! hold count with the key's TTL as the lease; the read-write lock, fenced lock,
+//! semaphores and countdown latch likewise) and publish Redisson's messages, but run the
+//! logic in the server, and let contended clients wait there, first come first served.
 //!
 //! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
 //! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
-//! - `commands` (RLOCK.* handlers) and `events` (keyspace and server events, translated
-//!   into engine calls); neither imports the other. `cmd_fenced` (RFENCED.*, the fenced
-//!   lock) sits above `cmd_lock`, whose lock half it reuses.
-//! - `cmd_lock` (RLOCK.* handlers), `cmd_semaphore` (RSEMAPHORE.*), `cmd_expirable`
-//!   (RPSEMAPHORE.*), beside `cmd` (what they share), and `events` (keyspace and server
-//!   events, translated into engine calls); none imports another.
+//! - One command file per primitive: `cmd_lock` (RLOCK.*), `cmd_fenced` (RFENCED.*, above
+//!   `cmd_lock`, whose lock half it reuses), `cmd_rwlock` (RRWLOCK.*), `cmd_semaphore`
+//!   (RSEMAPHORE.*), `cmd_expirable` (RPSEMAPHORE.*), `cmd_latch` (RLATCH.*); each also
+//!   holds its queued request (an `engine::Ask`). Beside them `cmd` (what they share) and
+//!   `events` (keyspace and server events, translated into engine calls).
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
-//!   the handoff loop, grants taken back, cluster redirection, the pending list and the
-//!   sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB.
-//! - `store`: reads keys into pure states and writes plans back (replication, keyspace
-//!   notifications, WATCH signal), publishes unlock messages, remembers request ids.
+//!   the handoff loop, grants taken back, cluster redirection, key timers, the pending
+//!   list and the sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB. It names
+//!   no primitive: it asks the head's `Ask`.
+//! - `store`: reads keys into pure states and writes plans and effects back (replication
+//!   as effects, keyspace notifications, WATCH signal), publishes messages, remembers
+//!   request ids.
 //! - `tracking`: the lock keys the module wrote, and the marker for its own writes.
 //! - `cluster` (where a key lives), `stats` (counters), `config`, `guard` (panics become
 //!   error replies), `errors`, and `ffi`, the only unsafe code.
-//! - Beside them, pure (no Redis): `core`, the lock's rules, state in, plan out; and the
-//!   cores of the other primitives (`semaphore`, `expirable`, wired; `rwlock`, `fenced`,
-//!   `latch`, not wired yet), with `effects`.
+//! - Beside them, pure (no Redis): one core per primitive, state in, plan out: `core`
+//!   (the lock), `fenced`, `rwlock`, `semaphore` (with the plan vocabulary the sync cores
+//!   share), `expirable`, `latch`; `effects` (their writes as plain commands) and `reply`.
 
 pub mod cluster;
 pub mod cmd;
-pub mod cmd_latch; // countdown latch (RLATCH.*)
-pub mod cmd_lock;
-// Fenced lock (SPEC 4.2): above cmd_lock, whose lock half it reuses.
-pub mod cmd_fenced;
 pub mod cmd_expirable;
+pub mod cmd_fenced;
+pub mod cmd_latch;
+pub mod cmd_lock;
+pub mod cmd_rwlock;
 pub mod cmd_semaphore;
 pub mod config;
 pub mod core;
@@ -45,8 +47,6 @@ pub mod store;
 pub mod tracking;
 
 // Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
-// `fenced` is wired (cmd_fenced); the others not yet.
-// `semaphore` and `expirable` are wired (cmd_semaphore, cmd_expirable).
 pub mod effects;
 pub mod expirable;
 pub mod fenced;
@@ -141,6 +141,12 @@ redis_module! {
         ["rpsemaphore.availablepermits", cmd_expirable::available_permits, "readonly", 1, 1, 1, ""],
         ["rpsemaphore.acquiredpermits", cmd_expirable::acquired_permits, "readonly", 1, 1, 1, ""],
         ["rpsemaphore.info", cmd_expirable::info, "readonly", 1, 1, 1, ""],
+        // Read-write lock (SPEC 4.1)
+        ["rrwlock.acquire", cmd_rwlock::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rrwlock.release", cmd_rwlock::release, "write", 1, 1, 1, ""],
+        ["rrwlock.renew", cmd_rwlock::renew, "write", 1, 1, 1, ""],
+        ["rrwlock.forcerelease", cmd_rwlock::force_release, "write", 1, 1, 1, ""],
+        ["rrwlock.info", cmd_rwlock::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [

@@ -44,6 +44,14 @@ pub struct Stats {
     pub psem_releases: Cell<u64>,
     pub psem_lease_updates: Cell<u64>,
     pub psem_permits_expired: Cell<u64>,
+    // Read-write lock (RRWLOCK.*)
+    pub rw_read_acquisitions: Cell<u64>,
+    pub rw_write_acquisitions: Cell<u64>,
+    pub rw_contended: Cell<u64>,
+    pub rw_releases: Cell<u64>,
+    pub rw_forced_releases: Cell<u64>,
+    pub rw_renewals: Cell<u64>,
+    pub rw_read_leases_ended: Cell<u64>,
 }
 
 /// What INFO reports that lives elsewhere (the engine's queues, the tracked set).
@@ -115,8 +123,18 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
             ("keys_with_waiters", keys as u64),
             ("tracked_locks", tracked_locks as u64),
         ];
+        // Read-write lock (RRWLOCK.*)
+        let rw: [(&str, u64); 7] = [
+            ("rw_read_acquisitions", s.rw_read_acquisitions.get()),
+            ("rw_write_acquisitions", s.rw_write_acquisitions.get()),
+            ("rw_contended", s.rw_contended.get()),
+            ("rw_releases", s.rw_releases.get()),
+            ("rw_forced_releases", s.rw_forced_releases.get()),
+            ("rw_renewals", s.rw_renewals.get()),
+            ("rw_read_leases_ended", s.rw_read_leases_ended.get()),
+        ];
         ctx.add_info_section(None);
-        for (name, value) in fields {
+        for (name, value) in fields.into_iter().chain(rw) {
             ctx.add_info_field_long_long(name, value as i64);
         }
         // Countdown latch (cmd_latch.rs): counts set, count-downs, openings (by count-down

@@ -231,7 +231,25 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
     let _own = OwnWrite::begin();
     let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
     let mut touched: Vec<RedisString> = Vec::new();
-    for effect in effects {
+    let mut touch = |target: &RedisString| {
+        if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
+            touched.push(bytes(target.as_slice()));
+        }
+    };
+    let mut i = 0;
+    while i < effects.len() {
+        let effect = &effects[i];
+        i += 1;
+        // Two runs are written as one command each (the RW lock's new read hold and new
+        // lock): `SET k v` + `PEXPIREAT k at` as `SET k v PXAT at`, and consecutive HSETs
+        // of one key as one HSET of several fields. Same writes, same notifications as
+        // those commands fire; fewer commands replicated (each costs the server a command
+        // lookup and a propagated argv).
+        if let Some(merged) = merged_run(&effects[i - 1..]) {
+            i += merged - 1;
+            apply_merged(ctx, name, &effects[i - merged..i], &mut touch);
+            continue;
+        }
         let key_ref = match effect {
             Effect::Del(k)
             | Effect::HSet(k, ..)
@@ -341,11 +359,87 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
             }
         }
         drop(key);
-        if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
-            touched.push(bytes(target.as_slice()));
-        }
+        touch(target);
     }
     for key in &touched {
         ffi::signal_modified(ctx, key);
     }
+}
+
+/// How many effects from the start of `effects` go out as one merged command (see
+/// [`apply_effects`]), if at least two do.
+fn merged_run(effects: &[Effect]) -> Option<usize> {
+    match effects {
+        [Effect::Set(k, _), Effect::PExpireAt(k2, _), ..] if k == k2 => Some(2),
+        [Effect::HSet(k, ..), ..] => {
+            let run = effects
+                .iter()
+                .take_while(|e| matches!(e, Effect::HSet(k2, ..) if k2 == k))
+                .count();
+            (run > 1).then_some(run)
+        }
+        _ => None,
+    }
+}
+
+/// Applies a run [`merged_run`] found: written with the key API, replicated as one
+/// command, notified as that command notifies.
+fn apply_merged(
+    ctx: &Context,
+    name: &RedisString,
+    run: &[Effect],
+    touch: &mut impl FnMut(&RedisString),
+) {
+    let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
+    let key_ref = match &run[0] {
+        Effect::Set(k, _) | Effect::HSet(k, ..) => k,
+        _ => return,
+    };
+    let aux;
+    let target: &RedisString = match key_ref {
+        KeyRef::Main => name,
+        KeyRef::Aux(n) => {
+            aux = bytes(n);
+            &aux
+        }
+    };
+    let key = LockKey::open(ctx, target, true);
+    match run {
+        [Effect::Set(_, value), Effect::PExpireAt(_, at)] => {
+            let value = bytes(value);
+            key.string_set(&value);
+            key.set_abs_expire(*at);
+            ffi::replicate(
+                ctx,
+                c"SET",
+                &[
+                    Arg::Str(target),
+                    Arg::Str(&value),
+                    Arg::Word(c"PXAT"),
+                    Arg::Int(*at),
+                ],
+            );
+            // SET ... PXAT fires "set", then "expire".
+            ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
+            ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
+        }
+        _ => {
+            let mut argv: Vec<RedisString> = Vec::with_capacity(run.len() * 2);
+            for effect in run {
+                if let Effect::HSet(_, field, value) = effect {
+                    let (field, value) = (bytes(field), bytes(value));
+                    key.hash_set(&field, &value);
+                    argv.push(field);
+                    argv.push(value);
+                }
+            }
+            let mut args: Vec<&RedisString> = vec![target];
+            args.extend(argv.iter());
+            ffi::replicate_argv(ctx, c"HSET", &args);
+            // One HSET of several fields fires one "hset".
+            ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
+        }
+    }
+    drop(key);
+    touch(target);
 }

@@ -17,6 +17,7 @@ use redis::{IntoConnectionInfo, RedisResult, Value};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
+pub use crate::aio_rwlock::RwLock;
 use crate::backoff::Jitter;
 use crate::cmd::{self, LockInfo};
 use crate::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
@@ -202,6 +203,31 @@ impl Client {
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         let (c, force) = (&self.inner, cmd::force_release(name));
         cmd::parse_force_release(c.with_retries(c.retries(), || c.run(&force)).await?)
+    }
+}
+
+// Read-write lock (client/src/rwlock.rs): a handle on one side of it, and a plain
+// command with the client's retries.
+impl Client {
+    pub(crate) fn side_lock(&self, name: String, side: &'static str, owner: String) -> Lock {
+        Lock {
+            client: self.inner.clone(),
+            shared: Arc::new(LockShared::with_side(
+                name,
+                Some(side),
+                owner,
+                self.inner.ids.next_handle(),
+            )),
+        }
+    }
+
+    pub(crate) fn next_owner(&self) -> String {
+        self.inner.ids.next_owner()
+    }
+
+    pub(crate) async fn query_with_retries(&self, command: &redis::Cmd) -> Result<Value> {
+        let c = &self.inner;
+        c.with_retries(c.retries(), || c.run(command)).await
     }
 }
 

@@ -217,6 +217,31 @@ impl Client {
     }
 }
 
+// Read-write lock (client/src/rwlock.rs): a handle on one side of it, and a plain
+// command with the client's retries.
+impl Client {
+    pub(crate) fn side_lock(&self, name: String, side: &'static str, owner: String) -> Lock {
+        Lock {
+            client: self.inner.clone(),
+            shared: Arc::new(LockShared::with_side(
+                name,
+                Some(side),
+                owner,
+                self.inner.ids.next_handle(),
+            )),
+        }
+    }
+
+    pub(crate) fn next_owner(&self) -> String {
+        self.inner.ids.next_owner()
+    }
+
+    pub(crate) fn query_with_retries(&self, command: &redis::Cmd) -> Result<Value> {
+        let c = &self.inner;
+        c.with_retries(c.retries(), || c.run(command))
+    }
+}
+
 impl ClientInner {
     /// Runs one quick command on the shared connection, reconnecting if needed.
     pub(crate) fn run(&self, c: &redis::Cmd) -> Result<Value> {

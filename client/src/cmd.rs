@@ -17,34 +17,58 @@ pub(crate) fn request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// `RLOCK.<verb> key`, or for one side of a read-write lock (`side` = `READ`/`WRITE`)
+/// `RRWLOCK.<verb> key side`: the RW commands take the plain lock's arguments after it.
+fn named(verb: &str, key: &str, side: Option<&str>) -> Cmd {
+    let mut c = match side {
+        None => redis::cmd(&format!("RLOCK.{verb}")),
+        Some(side) => {
+            let mut c = redis::cmd(&format!("RRWLOCK.{verb}"));
+            c.arg(key).arg(side);
+            return c;
+        }
+    };
+    c.arg(key);
+    c
+}
+
 /// `RLOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms] ID request-id`;
 /// `wait_ms = Some(0)` waits without a limit.
 #[cfg(test)] // the plain lock's form; the APIs send `acquire_named` via `logic::Acquiring`
 pub(crate) fn acquire(
     key: &str,
+    side: Option<&str>,
     owner: &str,
     lease_ms: u64,
     wait_ms: Option<u64>,
     request_id: &str,
 ) -> Cmd {
-    acquire_named(ACQUIRE, key, owner, lease_ms, wait_ms, request_id)
+    acquire_named(ACQUIRE, key, side, owner, lease_ms, wait_ms, request_id)
 }
 
 /// The plain lock's acquire command.
 pub(crate) const ACQUIRE: &str = "RLOCK.ACQUIRE";
 
 /// [`acquire`] under another command name with the same arguments (the fenced lock's
-/// `RFENCED.ACQUIRE`).
+/// `RFENCED.ACQUIRE`); with a `side`, the read-write lock's `RRWLOCK.ACQUIRE key side`.
 pub(crate) fn acquire_named(
     name: &str,
     key: &str,
+    side: Option<&str>,
     owner: &str,
     lease_ms: u64,
     wait_ms: Option<u64>,
     request_id: &str,
 ) -> Cmd {
-    let mut c = redis::cmd(name);
-    c.arg(key).arg(owner).arg(lease_ms);
+    let mut c = match side {
+        None => {
+            let mut c = redis::cmd(name);
+            c.arg(key);
+            c
+        }
+        Some(_) => named("ACQUIRE", key, side),
+    };
+    c.arg(owner).arg(lease_ms);
     if let Some(w) = wait_ms {
         c.arg("WAIT").arg(w);
     }
@@ -54,9 +78,15 @@ pub(crate) fn acquire_named(
 
 /// `RLOCK.RELEASE key owner [lease-ms] ID request-id`: the lease re-arms the expiry of
 /// a lock that stays held (a re-entrant release), so a watchdog lock keeps its full lease.
-pub(crate) fn release(key: &str, owner: &str, lease_ms: Option<u64>, request_id: &str) -> Cmd {
-    let mut c = redis::cmd("RLOCK.RELEASE");
-    c.arg(key).arg(owner);
+pub(crate) fn release(
+    key: &str,
+    side: Option<&str>,
+    owner: &str,
+    lease_ms: Option<u64>,
+    request_id: &str,
+) -> Cmd {
+    let mut c = named("RELEASE", key, side);
+    c.arg(owner);
     if let Some(l) = lease_ms {
         c.arg(l);
     }
@@ -65,9 +95,9 @@ pub(crate) fn release(key: &str, owner: &str, lease_ms: Option<u64>, request_id:
 }
 
 /// `RLOCK.RENEW key owner lease-ms`.
-pub(crate) fn renew(key: &str, owner: &str, lease_ms: u64) -> Cmd {
-    let mut c = redis::cmd("RLOCK.RENEW");
-    c.arg(key).arg(owner).arg(lease_ms);
+pub(crate) fn renew(key: &str, side: Option<&str>, owner: &str, lease_ms: u64) -> Cmd {
+    let mut c = named("RENEW", key, side);
+    c.arg(owner).arg(lease_ms);
     c
 }
 
@@ -92,13 +122,14 @@ pub(crate) fn info(key: &str) -> Cmd {
 /// is routed by its first command, which puts WAIT on the lock's node in a cluster.
 pub(crate) fn replica_check(
     key: &str,
+    side: Option<&str>,
     owner: &str,
     lease_ms: u64,
     replicas: u32,
     timeout_ms: u64,
 ) -> redis::Pipeline {
     let mut p = redis::pipe();
-    p.add_command(renew(key, owner, lease_ms));
+    p.add_command(renew(key, side, owner, lease_ms));
     p.cmd("WAIT").arg(replicas).arg(timeout_ms);
     p
 }
@@ -216,7 +247,7 @@ pub(crate) fn parse_info(v: Value) -> Result<Option<LockInfo>> {
     Ok(Some(info))
 }
 
-fn pairs(v: &Value) -> Option<Vec<(&Value, &Value)>> {
+pub(crate) fn pairs(v: &Value) -> Option<Vec<(&Value, &Value)>> {
     match v {
         Value::Map(m) => Some(m.iter().map(|(k, v)| (k, v)).collect()),
         Value::Array(a) if a.len() % 2 == 0 => {
@@ -226,7 +257,7 @@ fn pairs(v: &Value) -> Option<Vec<(&Value, &Value)>> {
     }
 }
 
-fn as_string(v: &Value) -> Option<String> {
+pub(crate) fn as_string(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
@@ -235,18 +266,18 @@ fn as_string(v: &Value) -> Option<String> {
     }
 }
 
-fn as_i64(v: &Value) -> Option<i64> {
+pub(crate) fn as_i64(v: &Value) -> Option<i64> {
     match v {
         Value::Int(n) => Some(*n),
         _ => as_string(v)?.parse().ok(),
     }
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
+pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     as_i64(v).and_then(|n| u64::try_from(n).ok())
 }
 
-fn unexpected(what: &str, v: &Value) -> Error {
+pub(crate) fn unexpected(what: &str, v: &Value) -> Error {
     Error::UnexpectedReply(format!("{what}: {v:?}"))
 }
 
@@ -272,28 +303,51 @@ mod tests {
         // Table: the command built -> its words on the wire.
         let cases: Vec<(Cmd, &[&str])> = vec![
             (
-                acquire("k", "o", 30000, None, "r1"),
+                acquire("k", None, "o", 30000, None, "r1"),
                 &["RLOCK.ACQUIRE", "k", "o", "30000", "ID", "r1"],
             ),
             (
-                acquire("k", "o", 100, Some(0), "r1"),
+                acquire("k", None, "o", 100, Some(0), "r1"),
                 &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "0", "ID", "r1"],
             ),
             (
-                acquire("k", "o", 100, Some(250), "r1"),
+                acquire("k", None, "o", 100, Some(250), "r1"),
                 &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "250", "ID", "r1"],
             ),
             (
-                release("k", "o", None, "r2"),
+                release("k", None, "o", None, "r2"),
                 &["RLOCK.RELEASE", "k", "o", "ID", "r2"],
             ),
             (
-                release("k", "o", Some(9), "r2"),
+                release("k", None, "o", Some(9), "r2"),
                 &["RLOCK.RELEASE", "k", "o", "9", "ID", "r2"],
             ),
-            (renew("k", "o", 9), &["RLOCK.RENEW", "k", "o", "9"]),
+            (renew("k", None, "o", 9), &["RLOCK.RENEW", "k", "o", "9"]),
             (force_release("k"), &["RLOCK.FORCERELEASE", "k"]),
             (info("k"), &["RLOCK.INFO", "k"]),
+            // One side of a read-write lock: the side word after the key.
+            (
+                acquire("k", Some("READ"), "o", 100, Some(0), "r1"),
+                &[
+                    "RRWLOCK.ACQUIRE",
+                    "k",
+                    "READ",
+                    "o",
+                    "100",
+                    "WAIT",
+                    "0",
+                    "ID",
+                    "r1",
+                ],
+            ),
+            (
+                release("k", Some("WRITE"), "o", Some(9), "r2"),
+                &["RRWLOCK.RELEASE", "k", "WRITE", "o", "9", "ID", "r2"],
+            ),
+            (
+                renew("k", Some("READ"), "o", 9),
+                &["RRWLOCK.RENEW", "k", "READ", "o", "9"],
+            ),
         ];
         for (cmd, want) in cases {
             assert_eq!(args(&cmd), want);
@@ -302,7 +356,7 @@ mod tests {
 
     #[test]
     fn it_pipelines_renew_before_wait_for_replica_safety() {
-        let p = replica_check("k", "o", 500, 2, 100);
+        let p = replica_check("k", None, "o", 500, 2, 100);
         let cmds: Vec<Vec<String>> = p.cmd_iter().map(args).collect();
         assert_eq!(
             cmds,

@@ -224,6 +224,7 @@ pub(crate) fn renewal_pipelines(due: &[Due], cluster: bool) -> Vec<(Vec<usize>, 
             for &i in &idx {
                 p.add_command(crate::cmd::renew(
                     &due[i].key,
+                    due[i].side,
                     &due[i].owner,
                     due[i].lease_ms,
                 ));

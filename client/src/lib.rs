@@ -25,6 +25,8 @@
 //! - Optional replica safety ([`ReplicaSync`]): `WAIT n timeout` after each acquire.
 //! - Several locks at once: [`MultiLock`] (all or none, on one server or several) and
 //!   [`RedLock`] (a majority of independent servers, within a validity time).
+//! - Read-write locks: [`Client::rw_lock`] gives an [`RwLock`] whose `read()` and
+//!   `write()` halves are [`Lock`] handles (module commands `RRWLOCK.*`).
 //! - One server or a Redis Cluster ([`Client::open_cluster`]).
 //!
 //! The blocking API is the default; the async one is [`aio`], behind the `tokio`
@@ -60,23 +62,28 @@ mod cmd;
 mod conn;
 mod error;
 mod latch; // countdown latch: Client::latch
-// Fenced lock (SPEC 4.2): `Client::fenced_lock`, guards with `token()`.
+           // Fenced lock (SPEC 4.2): `Client::fenced_lock`, guards with `token()`.
 mod fenced;
 mod logic;
 mod multi;
 mod options;
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
 mod semaphore;
+// Read-write lock (RRWLOCK.*)
+#[cfg(feature = "tokio")]
+mod aio_rwlock;
+mod rwlock;
 mod state;
 mod watchdog;
 
 pub use blocking::{Client, Lock, LockGuard};
 pub use cmd::LockInfo;
 pub use error::{Error, Result};
-pub use latch::CountDownLatch;
 pub use fenced::{FencedGuard, FencedLock};
+pub use latch::CountDownLatch;
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
+pub use rwlock::{RwLock, RwLockInfo};
 pub use semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use state::{Lost, LostReason};
 

@@ -205,6 +205,7 @@ impl<'a> Acquiring<'a> {
         let command = cmd::acquire_named(
             self.command,
             &shared.key,
+            shared.side,
             &shared.owner,
             self.lease_ms,
             wait_ms,
@@ -251,7 +252,7 @@ impl<'a> Acquiring<'a> {
 
     /// The `RLOCK.RENEW` that re-arms the lease of a lock just granted ([`Next::Renew`]).
     pub(crate) fn renew_command(&self, shared: &LockShared) -> Cmd {
-        cmd::renew(&shared.key, &shared.owner, self.lease_ms)
+        cmd::renew(&shared.key, shared.side, &shared.owner, self.lease_ms)
     }
 
     /// What to do after the renewal asked for by [`Next::Renew`], sent at `sent` (with
@@ -321,6 +322,7 @@ pub(crate) fn replica_check(
 ) -> (redis::Pipeline, Duration) {
     let pipe = cmd::replica_check(
         &shared.key,
+        shared.side,
         &shared.owner,
         lease_ms,
         rs.replicas(),
@@ -375,6 +377,7 @@ pub(crate) fn begin_release(
     }
     Ok(cmd::release(
         &shared.key,
+        shared.side,
         &shared.owner,
         lease_ms,
         &cmd::request_id(),

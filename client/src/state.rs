@@ -90,6 +90,9 @@ struct Inner {
 /// One handle's lock state.
 pub(crate) struct LockShared {
     pub(crate) key: String,
+    /// `Some("READ" | "WRITE")`: this handle is one side of a read-write lock, whose
+    /// commands are `RRWLOCK.*` with the side after the key (client/src/rwlock.rs).
+    pub(crate) side: Option<&'static str>,
     pub(crate) owner: String,
     pub(crate) handle: u64,
     inner: Mutex<Inner>,
@@ -115,8 +118,19 @@ pub(crate) struct Start {
 
 impl LockShared {
     pub(crate) fn new(key: String, owner: String, handle: u64) -> Self {
+        Self::with_side(key, None, owner, handle)
+    }
+
+    /// A handle on one side of a read-write lock (`side`: `READ` or `WRITE`).
+    pub(crate) fn with_side(
+        key: String,
+        side: Option<&'static str>,
+        owner: String,
+        handle: u64,
+    ) -> Self {
         LockShared {
             key,
+            side,
             owner,
             handle,
             inner: Mutex::new(Inner::default()),

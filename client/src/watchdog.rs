@@ -30,6 +30,8 @@ pub(crate) struct Due {
     pub(crate) handle: u64,
     pub(crate) epoch: u64,
     pub(crate) key: String,
+    /// `Some(READ|WRITE)`: a side of a read-write lock (`RRWLOCK.RENEW`).
+    pub(crate) side: Option<&'static str>,
     pub(crate) owner: String,
     pub(crate) lease_ms: u64,
 }
@@ -143,6 +145,7 @@ impl Registry {
                 handle: e.shared.handle,
                 epoch: e.epoch,
                 key: e.shared.key.clone(),
+                side: e.shared.side,
                 owner: e.shared.owner.clone(),
                 lease_ms: millis(e.lease),
             })
