@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python bench-instr-fenced bench-semaphore bench-instr-rw bench-rw
+.PHONY: test-pyclient bench-python bench-semaphore bench-rw
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -81,32 +81,27 @@ lint: ## rustfmt check and clippy with warnings as errors
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p rlock-client --all-targets --all-features -- -D warnings
 
-bench: ## Benchmarks side by side (rlock vs Redisson scripts vs SET NX); writes BENCHMARK.md
+bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET NX; lock, RW lock, semaphores, Python client); writes BENCHMARK.md and bench/*.md
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
-	$(MAKE) bench-python
+	$(MAKE) bench-rw bench-semaphore bench-python
 
-bench-instr: venv ## Instructions per call under callgrind (tax on other commands; RLOCK vs Redisson vs SET NX PX), each server in SERVERS; writes BENCHMARK.md
+bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
-	$(PY) bench/instr.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
+	$(PY) bench/instr.py --latch --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE)
 
-# Fenced lock (SPEC 4.2).
-bench-instr-fenced: venv ## Instructions per call: RFENCED.ACQUIRE vs Redisson's lockAndGetToken (each server in SERVERS); writes BENCHMARK.md
-	@./scripts/deps.sh --valgrind
-	cargo build --release -p rlock
-	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
-# Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
-bench-semaphore: venv ## Semaphore: 64 clients x 4 permits vs Redisson's algorithm, reclaim delay, instructions per call; writes bench/semaphore.md
+INSTR_SERVERS = $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s)))
+
+# Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*): contention, reclaim delay, instructions.
+bench-semaphore: venv ## Semaphore: 64 client processes x 4 permits vs Redisson's algorithm, reclaim delay, instructions per call; writes bench/semaphore.md
 	cargo build --release -p rlock
 	{ $(PY) bench/semaphore.py --module $(MODULE_RELEASE) && echo && \
 	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
-# Read-write lock (RRWLOCK.*)
-bench-instr-rw: venv ## RRWLOCK vs Redisson's RW scripts in instructions per call (callgrind), each server in SERVERS; writes BENCHMARK.md
-	@./scripts/deps.sh --valgrind
-	cargo build --release -p rlock
-	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s))) --report BENCHMARK.md
 
 bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry (REDIS_SERVER)
 	cargo build --release -p rlock -p rlock-bench

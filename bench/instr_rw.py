@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench-instr-rw`: the read-write lock's cost in instructions per call, RRWLOCK
+"""`make bench-instr`: the read-write lock's cost in instructions per call, RRWLOCK
 commands against Redisson's own RW scripts (RedissonReadLock/RedissonWriteLock, the text
 tests/redisson_rw.py runs), counted by callgrind exactly as bench/instr.py counts the
 plain lock (its `run_server`: segments of N1 then N2 calls split by PING, per call =
@@ -15,7 +15,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from instr import LEASE, OTHER, OWNER, key, run_server, server_version, slot  # noqa: E402
+from instr import (LEASE, OTHER, OWNER, key, run_server, server_version, slot,  # noqa: E402
+                   write_report)
 from redisson_rw import (READ_ACQUIRE, READ_UNLOCK, READ_UNLOCK_MESSAGE, UNLOCK_MESSAGE,  # noqa: E402
                          WRITE_ACQUIRE, WRITE_UNLOCK, key_prefix, rw_channel, timeout_prefix,
                          unlock_latch)
@@ -98,18 +99,6 @@ def table(results, version):
     return lines + [""]
 
 
-def write_report(path, body):
-    begin, end = "<!-- instr-rw:begin -->", "<!-- instr-rw:end -->"
-    text = open(path).read() if os.path.exists(path) else ""
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text and end in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", required=True)
@@ -118,7 +107,7 @@ def main():
     ap.add_argument("--n1", type=int, default=1_000)
     ap.add_argument("--n2", type=int, default=6_000)
     a = ap.parse_args()
-    sections = ["## Read-write lock: instructions per call (`make bench-instr-rw`)", "",
+    sections = ["## Read-write lock: instructions per call (`make bench-instr`)", "",
                 "RRWLOCK commands against Redisson's RW scripts (EVALSHA), counted by "
                 "callgrind as in `make bench-instr`; keys spread over 100 000 names, "
                 f"N1={a.n1}, N2={a.n2}.", ""]
@@ -132,7 +121,7 @@ def main():
             sections += table(results, server_version(server))
             print("\n".join(sections[-len(RLOCK) - 4:]), flush=True)
     if a.report:
-        write_report(a.report, "\n".join(sections))
+        write_report(a.report, sections, "instr-rw")
 
 
 if __name__ == "__main__":

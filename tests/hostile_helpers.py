@@ -221,8 +221,13 @@ def connected_clients(client):
 
 def settle_memory(client):
     """Empties what Redis keeps around between commands so two `used_memory` readings
-    compare the keyspace and the module's own allocations, not incidental caches."""
-    client.execute_command("FLUSHALL") if not isinstance(client, Raw) else client.call("FLUSHALL")
+    compare the keyspace and the module's own allocations, not incidental caches. The
+    flush is SYNC: Valkey (lazyfree-lazy-user-flush) would otherwise still be freeing the
+    keys in the background while `used_memory` is read."""
+    if isinstance(client, Raw):
+        client.call("FLUSHALL", "SYNC")
+    else:
+        client.execute_command("FLUSHALL", "SYNC")
     for cmd in (("SLOWLOG", "RESET"), ("CONFIG", "RESETSTAT")):
         if isinstance(client, Raw):
             client.call(*cmd)

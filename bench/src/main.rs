@@ -535,6 +535,30 @@ fn run(args: &Args) -> Res<Results> {
     Ok(res)
 }
 
+/// The `<!-- NAME:begin -->` ... `<!-- NAME:end -->` blocks of a report, in order.
+fn kept_blocks(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(begin) = rest.find("<!-- ") {
+        let after = &rest[begin + 5..];
+        let Some(name_end) = after.find(":begin -->") else {
+            rest = after;
+            continue;
+        };
+        let name = &after[..name_end];
+        let end_marker = format!("<!-- {name}:end -->");
+        match rest[begin..].find(&end_marker) {
+            Some(end) if !name.contains(char::is_whitespace) => {
+                let stop = begin + end + end_marker.len();
+                out.push(rest[begin..stop].to_string());
+                rest = &rest[stop..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
+
 fn main() {
     let args = match parse_args() {
         Ok(a) => a,
@@ -562,16 +586,16 @@ fn main() {
     }
     println!("\n{}", report::goals_table(&res));
     if let Some(p) = &args.report {
-        // `make bench-instr` writes its tables into the same file, between markers: keep
-        // them, so either benchmark can be rerun alone.
-        let instr = std::fs::read_to_string(p).ok().and_then(|old| {
-            let begin = old.find("<!-- instr:begin -->")?;
-            let end = old.find("<!-- instr:end -->")? + "<!-- instr:end -->".len();
-            Some(old[begin..end].to_string())
-        });
-        let md = match instr {
-            Some(block) => format!("{}\n\n{block}\n", md.trim_end()),
-            None => md,
+        // `make bench-instr` writes its tables into the same file, between markers
+        // (`<!-- instr:begin -->`, `<!-- instr-rw:begin -->`, ...): keep every such block,
+        // so either benchmark can be rerun alone.
+        let blocks = std::fs::read_to_string(p)
+            .map(|old| kept_blocks(&old))
+            .unwrap_or_default();
+        let md = if blocks.is_empty() {
+            md
+        } else {
+            format!("{}\n\n{}\n", md.trim_end(), blocks.join("\n\n"))
         };
         if let Err(e) = std::fs::write(p, &md) {
             eprintln!("rlock-bench: cannot write {}: {e}", p.display());
@@ -587,4 +611,22 @@ fn main() {
         println!("wrote {}", p.display());
     }
     println!("done in {:.1} s", res.elapsed.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kept_blocks;
+
+    #[test]
+    fn it_keeps_every_marked_block_of_the_old_report() {
+        let old = "# title\n<!-- instr:begin -->\nA\n<!-- instr:end -->\ntext <!-- note -->\n\
+                   <!-- instr-rw:begin -->\nB\n<!-- instr-rw:end -->\n<!-- x:begin -->unclosed";
+        assert_eq!(
+            kept_blocks(old),
+            vec![
+                "<!-- instr:begin -->\nA\n<!-- instr:end -->".to_string(),
+                "<!-- instr-rw:begin -->\nB\n<!-- instr-rw:end -->".to_string(),
+            ]
+        );
+    }
 }
