@@ -60,20 +60,12 @@ pub enum Write {
 }
 
 /// The reply a command sends when it answers at once: the lock only ever answers nil or
-/// an integer, so its plans stay `Copy`; [`crate::reply::Reply`] is every primitive's.
+/// an integer, so its plans stay `Copy`; `reply::Reply` (which converts from it) is every
+/// primitive's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
     Nil,
     Int(i64),
-}
-
-impl From<Reply> for crate::reply::Reply {
-    fn from(reply: Reply) -> crate::reply::Reply {
-        match reply {
-            Reply::Nil => crate::reply::Reply::Nil,
-            Reply::Int(n) => crate::reply::Reply::Int(n),
-        }
-    }
 }
 
 /// What happened, for the `INFO rlock` counters and for the glue's next step.
@@ -771,10 +763,6 @@ mod tests {
             request_key(b"{a}:l", b"r1"),
             b"rlock_request:{a}:l:r1".to_vec()
         );
-        for reply in [Reply::Nil, Reply::Int(0), Reply::Int(1), Reply::Int(-1)] {
-            let any = crate::reply::Reply::from(reply);
-            assert_eq!(crate::reply::decode(&crate::reply::encode(&any)), Some(any));
-        }
         assert!(
             remembers(Outcome::Reentered)
                 && !remembers(Outcome::Contended)

@@ -324,6 +324,24 @@ impl Queues {
             .collect()
     }
 
+    /// Gives back the indexes' memory once nobody waits: hash maps keep the capacity of
+    /// their largest moment, so a burst of 10 000 waiters would otherwise hold their
+    /// index (hundreds of KB) for the server's lifetime. Cheap when already small.
+    fn shrink_when_idle(&mut self) {
+        if self.by_handle.capacity() > 0 && self.by_handle.is_empty() {
+            self.by_handle.shrink_to_fit();
+        }
+        if self.granted.capacity() > 0 && self.granted.is_empty() {
+            self.granted.shrink_to_fit();
+        }
+        if self.timers.capacity() > 0 && self.timers.is_empty() {
+            self.timers.shrink_to_fit();
+        }
+        if self.dbs.capacity() > 0 && self.dbs.is_empty() {
+            self.dbs.shrink_to_fit();
+        }
+    }
+
     /// Empties every queue; returns the handles to answer and the timers to stop.
     pub fn drain(&mut self) -> (Vec<Blocked>, Vec<TimerId>) {
         let mut handles = Vec::with_capacity(self.total);
@@ -361,6 +379,9 @@ pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
         let mut q = q.borrow_mut();
         let out = f(&mut q);
         ANYONE_WAITS.store(q.total > 0, Relaxed);
+        if q.total == 0 {
+            q.shrink_when_idle();
+        }
         out
     })
 }
@@ -1083,5 +1104,23 @@ mod tests {
         assert_eq!(handles, vec![Blocked(1), Blocked(2)]);
         assert_eq!((q.total(), q.keys_with_waiters()), (0, 0));
         assert!(q.remove(Blocked(1)).is_none());
+    }
+
+    #[test]
+    fn it_gives_back_its_indexes_memory_once_nobody_waits() {
+        let mut q = Queues::default();
+        for n in 1..=1000 {
+            q.push(0, format!("k{n}").as_bytes(), waiter(n), 10)
+                .unwrap();
+        }
+        assert!(q.by_handle.capacity() >= 1000);
+        q.shrink_when_idle();
+        assert!(q.by_handle.capacity() >= 1000, "not while anyone waits");
+        for n in 1..=1000 {
+            q.remove(Blocked(n));
+            q.forget_if_empty(0, format!("k{n}").as_bytes());
+        }
+        q.shrink_when_idle();
+        assert_eq!((q.by_handle.capacity(), q.dbs.capacity()), (0, 0));
     }
 }

@@ -14,8 +14,9 @@
 //!   `events` (keyspace and server events, translated into engine calls).
 //! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
 //!   the handoff loop, grants taken back, cluster redirection, key timers, the pending
-//!   list and the sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB. It names
-//!   no primitive: it asks the head's `Ask`.
+//!   list and the sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB. Its queues
+//!   and handoff name no primitive (they ask the head's `Ask`); only the unlock message
+//!   of a freed plain lock (`freed`, `settle`) reads the lock's state.
 //! - `store`: reads keys into pure states and writes plans and effects back (replication
 //!   as effects, keyspace notifications, WATCH signal), publishes messages, remembers
 //!   request ids.

@@ -5,7 +5,7 @@
 //! Layer: pure, beside the cores (`core`, `rwlock`, `fenced`, `semaphore`, `expirable`,
 //! `latch`), which all answer with it; `ffi` turns it into a RESP reply.
 
-use crate::core::parse_i64;
+use crate::core::{self, parse_i64};
 
 /// One RESP reply: nil, an integer, a bulk string (a permit id, a mode), or an array of
 /// replies (permit ids; a fenced acquire's `[pttl, token]`).
@@ -15,6 +15,16 @@ pub enum Reply {
     Int(i64),
     Bulk(Vec<u8>),
     Array(Vec<Reply>),
+}
+
+/// The lock's own `Copy` reply (its plans are `Copy`), as any primitive's.
+impl From<core::Reply> for Reply {
+    fn from(reply: core::Reply) -> Reply {
+        match reply {
+            core::Reply::Nil => Reply::Nil,
+            core::Reply::Int(n) => Reply::Int(n),
+        }
+    }
 }
 
 /// How a remembered reply is stored: `nil`, a decimal integer (the two forms the lock has
@@ -106,6 +116,10 @@ mod tests {
     fn it_keeps_the_lock_records_written_before_arrays() {
         assert_eq!(decode(b"nil"), Some(Reply::Nil));
         assert_eq!(decode(b"42"), Some(Reply::Int(42)));
+        for reply in [core::Reply::Nil, core::Reply::Int(0), core::Reply::Int(-1)] {
+            let any = Reply::from(reply);
+            assert_eq!(decode(&encode(&any)), Some(any));
+        }
     }
 
     #[test]

@@ -219,6 +219,26 @@ def connected_clients(client):
     return int(info_section(client, "clients")["connected_clients"])
 
 
+def memory_back(client, baseline, margin=64 * 1024, timeout=10.0):
+    """Waits until `used_memory`, after `settle_memory`, is within `margin` of `baseline`;
+    fails with both readings if it is not within `timeout`. Not a single reading: blocked
+    clients leave the module-client pool Redis keeps for them (7.0's RM_BlockClient reply
+    clients, Valkey's alike) a few per cron tick after they go (README, Performance), so
+    right after a run with many WAITs the server is still giving that memory back."""
+    last = [None]
+
+    def back():
+        settle_memory(client)
+        last[0] = used_memory(client)
+        return last[0] - baseline <= margin
+
+    deadline = time.monotonic() + timeout
+    while not back():
+        assert time.monotonic() < deadline, (baseline, last[0])
+        time.sleep(0.05)
+    return last[0]
+
+
 def settle_memory(client):
     """Empties what Redis keeps around between commands so two `used_memory` readings
     compare the keyspace and the module's own allocations, not incidental caches. The
