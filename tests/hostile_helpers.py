@@ -219,6 +219,34 @@ def connected_clients(client):
     return int(info_section(client, "clients")["connected_clients"])
 
 
+def fill_module_client_pool(port, n=16):
+    """Blocks `n` clients in RLOCK.ACQUIRE ... WAIT at once, then lets them all go.
+
+    For every client a module blocks, Redis and Valkey take an internal reply client
+    (16 KiB of buffer) from a pool of temporary module clients, and keep up to 8 idle
+    ones in that pool for good (`modulesCron`'s `min_client`): about 120 KB that the first
+    burst of waiters adds once and no later burst adds again. A memory baseline taken
+    after this compares the module's own allocations, not whether that pool was full."""
+    holder = Raw(port)
+    waiters = [Raw(port) for _ in range(n)]
+    try:
+        holder.call("RLOCK.ACQUIRE", "{rlock-test}:pool", "holder", 60_000)
+        for i, w in enumerate(waiters):
+            w.send("RLOCK.ACQUIRE", "{rlock-test}:pool", f"w{i}", 60_000, "WAIT", 0)
+        deadline = time.monotonic() + 10
+        while blocked_clients(holder) < n:
+            assert time.monotonic() < deadline, "waiters did not block"
+            time.sleep(0.005)
+        for _ in range(n + 1):
+            holder.call("RLOCK.FORCERELEASE", "{rlock-test}:pool")
+        for w in waiters:
+            w.read()
+        holder.call("DEL", "{rlock-test}:pool")
+    finally:
+        for c in waiters + [holder]:
+            c.close()
+
+
 def memory_back(client, baseline, margin=64 * 1024, timeout=10.0):
     """Waits until `used_memory`, after `settle_memory`, is within `margin` of `baseline`;
     fails with both readings if it is not within `timeout`. Not a single reading: blocked

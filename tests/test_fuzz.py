@@ -20,7 +20,7 @@ import re
 import pytest
 
 from conftest import wait_until
-from hostile_helpers import (memory_back, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_INTERNAL_PREFIX, ERR_LEASE, ERR_NOT_A_LOCK,
+from hostile_helpers import (fill_module_client_pool, memory_back, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_INTERNAL_PREFIX, ERR_LEASE, ERR_NOT_A_LOCK,
                              ERR_SYNTAX, ERR_TIMEOUT, ERR_WRONGTYPE, MAX_MS, Map, Raw,
                              ReplyError, arity_error, blocked_clients, connected_clients,
                              rlock_stat, settle_memory, used_memory)
@@ -274,6 +274,7 @@ def test_random_calls_get_valid_replies_and_leave_no_trace(make_server):
         # Warm-up with another seed grows Redis's tables and buffers to their working size,
         # so the baseline below compares like with like.
         fuzz(server.port, SEED + 1, 1000)
+        fill_module_client_pool(server.port)
         wait_until(lambda: connected_clients(ctl) == clients, what="fuzz clients gone")
         settle_memory(ctl)
         baseline = used_memory(ctl)

@@ -14,7 +14,7 @@ is back at its baseline. Same knobs as test_fuzz.py: $RLOCK_FUZZ_SEED, $RLOCK_FU
 """
 
 from conftest import wait_until
-from hostile_helpers import (memory_back, ERR_INTERNAL_PREFIX, ERR_NOT_A_LOCK, ERR_WRONGTYPE, MAX_MS, Raw,
+from hostile_helpers import (fill_module_client_pool, memory_back, ERR_INTERNAL_PREFIX, ERR_NOT_A_LOCK, ERR_WRONGTYPE, MAX_MS, Raw,
                              ReplyError, arity_error, blocked_clients, connected_clients,
                              rlock_stat, settle_memory, used_memory)
 from redisson_rw import token_key
@@ -152,6 +152,7 @@ def test_random_fenced_calls_get_valid_replies_and_leave_no_trace(make_server):
     try:
         clients = connected_clients(ctl)
         fuzz(server.port, SEED + 1, 1000)  # warm-up, as test_fuzz.py
+        fill_module_client_pool(server.port)
         wait_until(lambda: connected_clients(ctl) == clients, what="fuzz clients gone")
         settle_memory(ctl)
         baseline = used_memory(ctl)

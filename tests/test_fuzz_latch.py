@@ -12,7 +12,7 @@ import re
 
 from conftest import wait_until
 from errors import LATCH_COUNT, NOT_A_LATCH
-from hostile_helpers import (memory_back, ERR_EMPTY_ID, ERR_INTERNAL_PREFIX, ERR_SYNTAX, ERR_TIMEOUT,
+from hostile_helpers import (fill_module_client_pool, memory_back, ERR_EMPTY_ID, ERR_INTERNAL_PREFIX, ERR_SYNTAX, ERR_TIMEOUT,
                              ERR_WRONGTYPE, MAX_MS, Map, Raw, ReplyError, arity_error,
                              blocked_clients, connected_clients, rlock_stat, settle_memory,
                              used_memory)
@@ -185,6 +185,7 @@ def test_random_latch_calls_get_valid_replies_and_leave_no_trace(make_server):
     try:
         clients = connected_clients(ctl)
         fuzz(server.port, SEED + 1, 500)  # warm-up: tables and buffers at working size
+        fill_module_client_pool(server.port)
         wait_until(lambda: connected_clients(ctl) == clients, what="fuzz clients gone")
         settle_memory(ctl)
         baseline = used_memory(ctl)

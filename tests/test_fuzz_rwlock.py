@@ -11,7 +11,7 @@ so `make test` stays fast); $RLOCK_FUZZ_SEED the seed.
 import os
 
 from conftest import wait_until
-from hostile_helpers import (memory_back, ERR_INTERNAL_PREFIX, ERR_WRONGTYPE, MAX_MS, Map, Raw, ReplyError,
+from hostile_helpers import (fill_module_client_pool, memory_back, ERR_INTERNAL_PREFIX, ERR_WRONGTYPE, MAX_MS, Map, Raw, ReplyError,
                              arity_error, blocked_clients, connected_clients, rlock_stat, settle_memory,
                              used_memory)
 from test_fuzz import CHUNK, NOT_A_LOCK_KEY, WRONG_TYPE_KEYS, Gen, expected_error, show
@@ -161,6 +161,7 @@ def test_random_rw_calls_get_valid_replies_and_leave_no_trace(make_server):
     try:
         clients = connected_clients(ctl)
         fuzz(server.port, SEED + 1, 500)
+        fill_module_client_pool(server.port)
         wait_until(lambda: connected_clients(ctl) == clients, what="fuzz clients gone")
         settle_memory(ctl)
         baseline = used_memory(ctl)

@@ -11,7 +11,7 @@ its baseline (tests/test_fuzz.py explains the margin).
 
 import errors
 from conftest import wait_until
-from hostile_helpers import (memory_back, ERR_INTERNAL_PREFIX, Map, Raw, ReplyError, arity_error,
+from hostile_helpers import (fill_module_client_pool, memory_back, ERR_INTERNAL_PREFIX, Map, Raw, ReplyError, arity_error,
                              blocked_clients, connected_clients, rlock_stat, settle_memory,
                              used_memory)
 from test_fuzz import CALLS, CHUNK, NUMBERS, SEED, Gen, parse_ms
@@ -156,6 +156,7 @@ def test_random_semaphore_calls_get_valid_replies_and_leave_no_trace(make_server
     try:
         clients = connected_clients(ctl)
         fuzz(server.port, SEED + 1, 500)
+        fill_module_client_pool(server.port)
         wait_until(lambda: connected_clients(ctl) == clients, what="fuzz clients gone")
         settle_memory(ctl)
         baseline = used_memory(ctl)
