@@ -846,6 +846,32 @@ pub fn disarm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8]) 
     }
 }
 
+/// SWAPDB exchanged two dbs' contents: the key timers armed for keys of either db now
+/// belong to the other number, where their keys went (else a permit's lease end would be
+/// looked for in the db it left, and only the next command on the key would reclaim it).
+pub fn swap_key_timers(a: i32, b: i32) {
+    let other = |db: i32| {
+        if db == a {
+            b
+        } else if db == b {
+            a
+        } else {
+            db
+        }
+    };
+    KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let armed = std::mem::take(&mut t.armed);
+        t.armed = armed
+            .into_iter()
+            .map(|((kind, db, key), timer)| ((kind, other(db), key), timer))
+            .collect();
+        for slot in t.tags.values_mut() {
+            slot.1 = other(slot.1);
+        }
+    });
+}
+
 /// How many key timers are armed (INFO, leak tests).
 pub fn key_timers_armed() -> usize {
     KEY_TIMERS.with(|t| t.borrow().armed.len())

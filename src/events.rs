@@ -125,6 +125,7 @@ fn on_flush(ctx: &Context, subevent: FlushSubevent) {
 /// number, so what they wait for may now be free: they are looked at too.
 pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
     tracking::swap(a, b);
+    engine::swap_key_timers(a, b);
     for (db, key) in watched_keys()
         .into_iter()
         .filter(|(db, _)| *db == a || *db == b)

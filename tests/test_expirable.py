@@ -85,6 +85,20 @@ def test_an_expired_permit_returns_to_the_pool_at_its_lease_end_without_any_comm
     p.close()
 
 
+def test_a_lease_timer_follows_its_key_through_swapdb(server):
+    r = server.client()
+    ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 1)
+    ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300)
+    assert r.get("p") == b"0"
+    r.swapdb(0, 1)
+    other = redis.Redis(port=server.port, db=1)
+    # Plain reads only: the timer, not a command on the key, brings the permit back, in
+    # the db the key now lives in.
+    wait_until(lambda: other.get("p") == b"1", timeout=5, what="the permit back in db 1")
+    assert other.zcard("{p}:timeout") == 0 and not r.exists("p")
+    assert rlock_info(r, "key_timers") == 0
+
+
 def test_an_expired_permit_goes_to_the_first_waiter_at_its_lease_end(server):
     r = server.client()
     ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 1)
