@@ -662,3 +662,43 @@ def test_redissons_script_cannot_barge_past_the_queue_after_a_delete(server, r, 
     assert isinstance(barged, int), "Redisson's script acquired a lock that had a waiter"
     w.granted()
     assert r.hgetall("k") == {b"waiter": b"1"}
+
+
+def test_replicaof_answers_the_waiters_of_every_primitive(make_server):
+    """The engine answers every queue on a role change, whatever its primitive: a
+    semaphore, a permit-expirable semaphore, an RW writer, a fenced lock and a latch."""
+    server = make_server("was-master")
+    other = make_server("new-master", module=False)
+    r = server.client()
+    r.execute_command("RSEMAPHORE.TRYSETPERMITS", "sem", 0)
+    r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "psem", 1)
+    r.execute_command("RPSEMAPHORE.ACQUIRE", "psem", 60_000)  # a lease timer is armed
+    assert r.execute_command("RRWLOCK.ACQUIRE", "rw", "READ", "reader", 60_000) is None
+    assert acquire(r, "fl", "holder") is None
+    r.execute_command("RLATCH.TRYSETCOUNT", "latch", 1)
+    calls = [("RSEMAPHORE.ACQUIRE", "sem", 1, "WAIT", 0),
+             ("RPSEMAPHORE.ACQUIRE", "psem", 1_000, "WAIT", 0),
+             ("RRWLOCK.ACQUIRE", "rw", "WRITE", "writer", 1_000, "WAIT", 0),
+             ("RFENCED.ACQUIRE", "fl", "f", 1_000, "WAIT", 0),
+             ("RLATCH.AWAIT", "latch", "WAIT", 0)]
+    outcomes = [None] * len(calls)
+
+    def call(i):
+        c = server.client()
+        try:
+            outcomes[i] = c.execute_command(*calls[i])
+        except redis.RedisError as e:
+            outcomes[i] = e
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    wait_until(lambda: rlock_stats(r)["waiters"] == len(calls), what="everyone queued")
+    assert r.replicaof("127.0.0.1", other.port)
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive(), "a waiter was left hanging"
+    for c, out in zip(calls, outcomes):
+        assert isinstance(out, redis.ResponseError), (c, out)
+        assert str(out) in (ERR_READONLY, ERR_ROLE_UNBLOCKED), (c, str(out))
+    stats = rlock_stats(r)
+    assert (stats["waiters"], stats["keys_with_waiters"], stats["handoffs"]) == (0, 0, 0)
