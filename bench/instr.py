@@ -202,6 +202,9 @@ def latch_table(results):
         for name, v in sorted((k, v) for k, v in g.items() if k.startswith("RLATCH")):
             lines.append(f"| {label} ({name} vs {red_name}) | {v:.0f} | {red:.0f} | "
                          f"{red / v:.2f}x |")
+    return lines
+
+
 # --- Fenced lock (`--only fenced`): RFENCED.ACQUIRE against Redisson's lockAndGetToken --
 def redisson_fenced(name):
     return ["EVALSHA", SHA["fenced"], 2, name, token_key(name), LEASE, OWNER]
