@@ -5,7 +5,7 @@
 //! Layer: the top, beside the command files (`cmd_lock`, ...) that use it; calls down into
 //! `engine` and `store` only.
 
-use redis_module::{Context, ContextFlags, RedisError, RedisString, RedisValue};
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::core;
 use crate::engine;
@@ -83,4 +83,30 @@ pub fn int_map(fields: &[(&str, i64)]) -> RedisValue {
             })
             .collect(),
     )
+}
+
+/// The opening every changing command of the synchronizers shares, written once: the
+/// arity, the arguments after the key parsed (with the call's request id), the first
+/// reply of a retried call replayed, and a pending queue served before anything is read.
+/// `body` gets the db, the key, the parsed arguments and the request-id key, and does the
+/// primitive's own part (read, plan, write, reply).
+pub fn write_command<'a, P>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    arity: std::ops::RangeInclusive<usize>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
+    body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
+) -> RedisResult {
+    if !arity.contains(&args.len()) {
+        return Err(RedisError::WrongArity);
+    }
+    let (parsed, id) = parse(&args_after_key(args)).map_err(err)?;
+    let name = &args[1];
+    let request = request_key(name, id);
+    if let Some(first) = replay(ctx, request.as_ref()) {
+        return Ok(first);
+    }
+    let db = ffi::selected_db(ctx);
+    serve_first(ctx, db, name);
+    body(db, name, parsed, request.as_ref())
 }

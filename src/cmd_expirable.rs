@@ -20,7 +20,8 @@ use std::rc::Rc;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::cmd::{
-    args_after_key, err, int_map as map, may_block, remember, replay, request_key, serve_first,
+    self, args_after_key, err, int_map as map, may_block, remember, replay, request_key,
+    serve_first,
 };
 use crate::engine::{self, Ask, Check, Grant, KeyTimerKind, Path, Waiter};
 use crate::errors::ERR_WRONGTYPE;
@@ -160,7 +161,8 @@ fn finish(
     }
 }
 
-/// The shape every write command shares (see cmd_semaphore's `write_command`).
+/// A changing command: [`cmd::write_command`]'s shared opening, then the permit-expirable
+/// semaphore's read, core, [`finish`] and reply.
 fn write_command<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
@@ -168,22 +170,13 @@ fn write_command<'a, P>(
     parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
     run: impl FnOnce(&ExpState, &[u8], P, i64) -> Result<Plan<ExpState>, &'static str>,
 ) -> RedisResult {
-    if !arity.contains(&args.len()) {
-        return Err(RedisError::WrongArity);
-    }
-    let (parsed, id) = parse(&args_after_key(args)).map_err(err)?;
-    let name = &args[1];
-    let request = request_key(name, id);
-    if let Some(first) = replay(ctx, request.as_ref()) {
-        return Ok(first);
-    }
-    let db = ffi::selected_db(ctx);
-    serve_first(ctx, db, name);
-    let now = ffi::now_ms();
-    let state = read(ctx, name.as_slice(), now).map_err(err)?;
-    let plan = run(&state, name.as_slice(), parsed, now).map_err(err)?;
-    finish(ctx, db, name, &plan, request.as_ref(), Path::Command);
-    Ok(ffi::value(plan.reply))
+    cmd::write_command(ctx, args, arity, parse, |db, name, parsed, request| {
+        let now = ffi::now_ms();
+        let state = read(ctx, name.as_slice(), now).map_err(err)?;
+        let plan = run(&state, name.as_slice(), parsed, now).map_err(err)?;
+        finish(ctx, db, name, &plan, request, Path::Command);
+        Ok(ffi::value(plan.reply))
+    })
 }
 
 /// RPSEMAPHORE.TRYSETPERMITS <key> <permits> [ID <request-id>]

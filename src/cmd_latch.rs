@@ -18,7 +18,7 @@ use std::rc::Rc;
 use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{args_after_key, err, may_block, remember, replay, request_key, serve_first};
+use crate::cmd::{self, args_after_key, err, may_block, remember, serve_first};
 use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
 use crate::errors::ERR_WRONGTYPE;
 use crate::latch::{self, LatchState};
@@ -96,62 +96,57 @@ fn parse_id<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static str> {
 /// RLATCH.TRYSETCOUNT <key> <count> [ID <request-id>]
 pub fn try_set_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=5).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let (n, options) = latch::parse_try_set(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, options.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        // Awaiters of a latch that opened a moment ago (a DEL whose handoff is pending)
-        // go before a new count closes it again.
-        serve_first(ctx, db, name);
-        let state = read(ctx, name).0.map_err(err)?;
-        let plan = latch::try_set_count(&state, n);
-        Ok(carry_out(ctx, db, name, request.as_ref(), plan))
+        // The shared opening serves the awaiters of a latch that opened a moment ago (a
+        // DEL whose handoff is pending) before a new count closes it again.
+        cmd::write_command(
+            ctx,
+            &args,
+            3..=5,
+            |a| latch::parse_try_set(a).map(|(n, o)| (n, o.id)),
+            |db, name, n, request| {
+                let state = read(ctx, name).0.map_err(err)?;
+                Ok(carry_out(
+                    ctx,
+                    db,
+                    name,
+                    request,
+                    latch::try_set_count(&state, n),
+                ))
+            },
+        )
     })
 }
 
 /// RLATCH.COUNTDOWN <key> [ID <request-id>]
 pub fn count_down(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(2..=4).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let id = parse_id(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        serve_first(ctx, db, name);
-        let state = read(ctx, name).0.map_err(err)?;
-        let plan = latch::count_down(&state).map_err(err)?;
-        Ok(carry_out(ctx, db, name, request.as_ref(), plan))
+        cmd::write_command(
+            ctx,
+            &args,
+            2..=4,
+            |a| parse_id(a).map(|id| ((), id)),
+            |db, name, (), request| {
+                let state = read(ctx, name).0.map_err(err)?;
+                let plan = latch::count_down(&state).map_err(err)?;
+                Ok(carry_out(ctx, db, name, request, plan))
+            },
+        )
     })
 }
 
 /// RLATCH.DELETE <key> [ID <request-id>]
 pub fn delete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(2..=4).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let id = parse_id(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        serve_first(ctx, db, name);
-        let state = read(ctx, name).0.map_err(err)?;
-        let plan = latch::delete(&state);
-        Ok(carry_out(ctx, db, name, request.as_ref(), plan))
+        cmd::write_command(
+            ctx,
+            &args,
+            2..=4,
+            |a| parse_id(a).map(|id| ((), id)),
+            |db, name, (), request| {
+                let state = read(ctx, name).0.map_err(err)?;
+                Ok(carry_out(ctx, db, name, request, latch::delete(&state)))
+            },
+        )
     })
 }
 

@@ -17,7 +17,8 @@ use std::rc::Rc;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::cmd::{
-    args_after_key, err, int_map as map, may_block, remember, replay, request_key, serve_first,
+    self, args_after_key, err, int_map as map, may_block, remember, replay, request_key,
+    serve_first,
 };
 use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
 use crate::errors::ERR_WRONGTYPE;
@@ -73,8 +74,8 @@ fn finish(
     }
 }
 
-/// The shape every write command shares: arity, arguments, request-id replay, the queue
-/// served before the command looks, the core, [`finish`], the reply.
+/// A changing command: [`cmd::write_command`]'s shared opening, then the semaphore's
+/// read, core, [`finish`] and reply.
 fn write_command<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
@@ -82,21 +83,12 @@ fn write_command<'a, P>(
     parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
     run: impl FnOnce(&SemState, P) -> Result<Plan<SemState>, &'static str>,
 ) -> RedisResult {
-    if !arity.contains(&args.len()) {
-        return Err(RedisError::WrongArity);
-    }
-    let (parsed, id) = parse(&args_after_key(args)).map_err(err)?;
-    let name = &args[1];
-    let request = request_key(name, id);
-    if let Some(first) = replay(ctx, request.as_ref()) {
-        return Ok(first);
-    }
-    let db = ffi::selected_db(ctx);
-    serve_first(ctx, db, name);
-    let (state, _) = read(ctx, name).map_err(err)?;
-    let plan = run(&state, parsed).map_err(err)?;
-    finish(ctx, db, name, &plan, request.as_ref(), Path::Command);
-    Ok(ffi::value(plan.reply))
+    cmd::write_command(ctx, args, arity, parse, |db, name, parsed, request| {
+        let (state, _) = read(ctx, name).map_err(err)?;
+        let plan = run(&state, parsed).map_err(err)?;
+        finish(ctx, db, name, &plan, request, Path::Command);
+        Ok(ffi::value(plan.reply))
+    })
 }
 
 /// RSEMAPHORE.TRYSETPERMITS <key> <permits> [PX <ttl-ms>] [ID <request-id>]
