@@ -76,6 +76,8 @@ pub(crate) struct ClientInner {
     wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,
     worker: tokio::task::AbortHandle,
+    // Queued tickets (SPEC 5): the shared ticket connection (None: cluster, or blocking mode).
+    tickets: Option<crate::tickets::Tickets>,
 }
 
 struct Watchdog {
@@ -150,8 +152,13 @@ impl Client {
                 logic::renewal_timeout(&opts),
             ))
             .abort_handle();
+        let tickets = match &target {
+            Target::Single(c) => crate::tickets::Tickets::new(c, opts.wait_mode),
+            Target::Cluster(_) => None,
+        };
         Client {
             inner: Arc::new(ClientInner {
+                tickets,
                 target,
                 ids: OwnerIds::new(),
                 jitter: Jitter::new(),
@@ -281,6 +288,28 @@ impl ClientInner {
                 ok => return ok,
             }
         }
+    }
+
+    /// Runs a waiting command (one with `WAIT`): with a queued ticket on the shared
+    /// ticket connection where the module supports it (SPEC 5), else blocked on a
+    /// connection of its own. `limit` bounds the wait for the answer. Cancel safe: a
+    /// ticket granted after its future was dropped is collected and given back.
+    pub(crate) async fn wait_query(
+        &self,
+        limit: Option<Duration>,
+        cmd: &redis::Cmd,
+    ) -> RedisResult<Value> {
+        if let Some(t) = self.tickets.as_ref().filter(|t| t.enabled()) {
+            if let Some(r) = t.wait_async(cmd, limit).await {
+                return r;
+            }
+        }
+        let cmd = cmd.clone();
+        self.on_wait_conn(limit, |mut conn| async move {
+            let r = cmd.query_async::<Value>(&mut conn).await;
+            (conn, r)
+        })
+        .await
     }
 
     /// Runs a blocking command on a connection of its own, bounded by `limit`.
@@ -491,13 +520,9 @@ impl Lock {
             let (command, route) = run.attempt(shared, sent);
             let reply = match route {
                 Route::Shared => c.run(&command).await,
-                Route::Waiting { limit } => c
-                    .on_wait_conn(limit, |mut conn| async move {
-                        let r = command.query_async::<Value>(&mut conn).await;
-                        (conn, r)
-                    })
-                    .await
-                    .map_err(Error::from),
+                Route::Waiting { limit } => {
+                    c.wait_query(limit, &command).await.map_err(Error::from)
+                }
             };
             let mut next = run.after_attempt(&**c, shared, sent, reply.and_then(&mut parse));
             if let Next::Renew = next {

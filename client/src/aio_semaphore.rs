@@ -10,7 +10,6 @@ use tokio::sync::Notify;
 
 use crate::aio::{Client, ClientInner};
 use crate::cmd::request_id;
-use crate::conn::AConn;
 use crate::error::{Error, Result};
 use crate::logic::lock_ignoring_poison;
 use crate::semaphore::{hex_ids, int, ms};
@@ -71,10 +70,7 @@ async fn acquire_call(
             match wait {
                 None => c.run(&cmd).await,
                 Some(_) => c
-                    .on_wait_conn(left.map(|l| l + margin), |mut conn: AConn| async move {
-                        let r = cmd.query_async::<Value>(&mut conn).await;
-                        (conn, r)
-                    })
+                    .wait_query(left.map(|l| l + margin), &cmd)
                     .await
                     .map_err(Error::from),
             }

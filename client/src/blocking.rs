@@ -58,6 +58,8 @@ pub(crate) struct ClientInner {
     cmd_conn: Mutex<Option<Conn>>,
     wait_pool: WaitPool<Conn>,
     watchdog: Arc<Watchdog>,
+    // Queued tickets (SPEC 5): the shared ticket connection (None: cluster, or blocking mode).
+    tickets: Option<crate::tickets::Tickets>,
 }
 
 struct Watchdog {
@@ -140,8 +142,13 @@ impl Client {
 
     fn new(target: Target, opts: ClientOptions) -> Self {
         let registry = Registry::new(opts.renew_interval(), opts.retry.clone());
+        let tickets = match &target {
+            Target::Single(c) => crate::tickets::Tickets::new(c, opts.wait_mode),
+            Target::Cluster(_) => None,
+        };
         Client {
             inner: Arc::new(ClientInner {
+                tickets,
                 target,
                 ids: OwnerIds::new(),
                 jitter: Jitter::new(),
@@ -279,6 +286,22 @@ impl ClientInner {
             .and_then(|()| f(&mut conn));
         self.wait_pool.give_back(conn, &r);
         r
+    }
+
+    /// Runs a waiting command (one with `WAIT`): with a queued ticket on the shared
+    /// ticket connection where the module supports it (SPEC 5), else blocked on a
+    /// connection of its own. `limit` bounds the wait for the answer.
+    pub(crate) fn wait_query(
+        &self,
+        limit: Option<Duration>,
+        cmd: &redis::Cmd,
+    ) -> RedisResult<Value> {
+        if let Some(t) = self.tickets.as_ref().filter(|t| t.enabled()) {
+            if let Some(r) = t.wait_blocking(cmd, limit) {
+                return r;
+            }
+        }
+        self.on_wait_conn(limit, |conn| conn.query(cmd))
     }
 
     /// As many attempts as the client's retry policy allows.
@@ -516,9 +539,7 @@ impl Lock {
             let (command, route) = run.attempt(shared, sent);
             let reply = match route {
                 Route::Shared => c.run(&command),
-                Route::Waiting { limit } => c
-                    .on_wait_conn(limit, |conn| conn.query(&command))
-                    .map_err(Error::from),
+                Route::Waiting { limit } => c.wait_query(limit, &command).map_err(Error::from),
             };
             let mut next = run.after_attempt(&**c, shared, sent, reply.and_then(&mut parse));
             if let Next::Renew = next {

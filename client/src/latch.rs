@@ -179,7 +179,7 @@ impl CountDownLatch {
             let c = await_cmd(&self.name, wait);
             let reply = match wait {
                 None => inner.run(&c)?,
-                Some(_) => inner.on_wait_conn(limit, |conn| conn.query(&c))?,
+                Some(_) => inner.wait_query(limit, &c)?,
             };
             flag("RLATCH.AWAIT", reply)
         })
@@ -286,13 +286,7 @@ pub(crate) mod aio {
                     let c = await_cmd(name, wait);
                     let reply = match wait {
                         None => inner.run(&c).await?,
-                        Some(_) => inner
-                            .on_wait_conn(limit, |mut conn| async move {
-                                let r = c.query_async::<Value>(&mut conn).await;
-                                (conn, r)
-                            })
-                            .await
-                            .map_err(Error::from)?,
+                        Some(_) => inner.wait_query(limit, &c).await.map_err(Error::from)?,
                     };
                     flag("RLATCH.AWAIT", reply)
                 })

@@ -74,6 +74,8 @@ mod semaphore;
 mod aio_rwlock;
 mod rwlock;
 mod state;
+// Queued tickets (SPEC 5): waiting calls share one connection.
+mod tickets;
 mod watchdog;
 
 pub use blocking::{Client, Lock, LockGuard};
@@ -82,7 +84,7 @@ pub use error::{Error, Result};
 pub use fenced::{FencedGuard, FencedLock};
 pub use latch::CountDownLatch;
 pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
-pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
+pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait, WaitMode};
 pub use rwlock::{RwLock, RwLockInfo};
 pub use semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use state::{Lost, LostReason};

@@ -172,6 +172,8 @@ pub struct ClientOptions {
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) replica_sync: Option<ReplicaSync>,
     pub(crate) idle_wait_connections: usize,
+    // Queued tickets (SPEC 5): how waiting calls wait.
+    pub(crate) wait_mode: WaitMode,
 }
 
 impl ClientOptions {
@@ -192,6 +194,7 @@ impl ClientOptions {
             response_timeout: Some(Self::DEFAULT_RESPONSE_TIMEOUT),
             replica_sync: None,
             idle_wait_connections: Self::DEFAULT_IDLE_WAIT_CONNECTIONS,
+            wait_mode: WaitMode::Auto,
         }
     }
 
@@ -226,6 +229,18 @@ impl ClientOptions {
         self
     }
 
+    /// How waiting calls wait (queued tickets or a blocked connection each); see
+    /// [`WaitMode`].
+    pub fn with_wait_mode(mut self, mode: WaitMode) -> Self {
+        self.wait_mode = mode;
+        self
+    }
+
+    /// How waiting calls wait.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.wait_mode
+    }
+
     /// The watchdog timeout.
     pub fn watchdog_timeout(&self) -> Duration {
         self.watchdog_timeout
@@ -246,6 +261,30 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// How the waiting calls of a client (acquires that wait, latch awaits) wait in the server.
+///
+/// With queued tickets (`WAIT t ASYNC`, docs/tickets.md) all waiting calls of a client
+/// share one connection, however many there are; with blocking `WAIT` each waiting
+/// call holds a connection of its own while it waits.
+///
+/// ```
+/// use rlock_client::{ClientOptions, WaitMode};
+/// let opts = ClientOptions::new().with_wait_mode(WaitMode::Blocking);
+/// assert_eq!(opts.wait_mode(), WaitMode::Blocking);
+/// assert_eq!(ClientOptions::new().wait_mode(), WaitMode::Auto);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Tickets where the module supports them (the first `ASYNC` it refuses switches
+    /// the client to blocking `WAIT` for good); blocking `WAIT` on a cluster.
+    Auto,
+    /// Always tickets (a module without them answers every wait with an error);
+    /// blocking `WAIT` on a cluster all the same.
+    Tickets,
+    /// Always a blocked `WAIT` on a connection of its own per waiting call.
+    Blocking,
 }
 
 /// How long an acquire may wait for a lock held by someone else.

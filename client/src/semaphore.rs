@@ -111,8 +111,7 @@ fn acquire_call(
             } else {
                 reply_limit(c, left)
             };
-            c.on_wait_conn(read, |conn| conn.query(&cmd))
-                .map_err(Error::from)
+            c.wait_query(read, &cmd).map_err(Error::from)
         }
     })
 }
