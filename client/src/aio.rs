@@ -461,8 +461,12 @@ impl Lock {
     /// Takes the lock, waiting in the server without limit; watchdog lease.
     ///
     /// # Cancel safety
-    /// Dropping the future while it waits closes its private connection, which takes
-    /// it out of the server's queue. If the server handed it the lock at that very
+    /// With queued tickets (the default where the module has them; see
+    /// [`WaitMode`](crate::WaitMode)), dropping the future leaves its ticket queued until
+    /// its wait ends in the server; if it is granted meanwhile, the client collects the
+    /// grant and releases it at once. With blocking `WAIT` (a cluster, or
+    /// `WaitMode::Blocking`), dropping the future closes its private connection, which
+    /// takes it out of the server's queue; if the server handed it the lock at that very
     /// moment, the lock stays held until its lease runs out (it is never renewed).
     pub async fn acquire(&self) -> Result<LockGuard> {
         logic::taken(

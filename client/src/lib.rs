@@ -5,7 +5,8 @@
 //! - [`Client::lock`] gives a [`Lock`] handle, one owner (`<client uuid>:<n>`).
 //!   Acquiring through the same handle re-enters; two handles exclude each other.
 //! - [`Lock::acquire`] waits in the server (`RLOCK.ACQUIRE ... WAIT 0`, first come,
-//!   first served) on a connection of its own, so a waiting acquire never delays the
+//!   first served); waiting calls share one ticket connection (`WAIT t ASYNC`, see
+//!   [`WaitMode`]), so a waiting acquire never delays the
 //!   client's renewals or releases. [`Lock::try_acquire`] never waits;
 //!   [`Lock::acquire_timeout`] waits at most so long.
 //! - Without a lease, a lock is in *watchdog* mode: its lease is the watchdog timeout

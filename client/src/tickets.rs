@@ -651,7 +651,7 @@ impl Tickets {
                         member.m.sent(gen);
                         step = Step::Wait;
                     }
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => return self.send_failed(&member, e),
                 },
                 Step::Wait => {
                     let ev = match until {
@@ -707,7 +707,7 @@ impl Tickets {
                         .await;
                         match r {
                             Ok(Ok(())) => {}
-                            Ok(Err(e)) => return Some(Err(e)),
+                            Ok(Err(e)) => return self.send_failed(&member, e),
                             Err(e) => return Some(Err(io_err("connect", e.to_string()))),
                         }
                     }
@@ -716,7 +716,7 @@ impl Tickets {
                             member.m.sent(gen);
                             step = Step::Wait;
                         }
-                        Err(e) => return Some(Err(e)),
+                        Err(e) => return self.send_failed(&member, e),
                     }
                 }
                 Step::Wait => {
@@ -736,6 +736,17 @@ impl Tickets {
                 }
             }
         }
+    }
+
+    /// A send that could not connect: a transport error is the call's (its retries
+    /// try again); a server refusing the handshake (no `HELLO 3`, no TLS support here)
+    /// turns tickets off for a client not yet known to use them: `None`, wait the old way.
+    fn send_failed(&self, member: &Member<'_>, e: RedisError) -> Option<RedisResult<Value>> {
+        if member.m.known || e.is_io_error() || e.is_timeout() || e.is_connection_refusal() {
+            return Some(Err(e));
+        }
+        self.give_up();
+        None
     }
 
     /// Registered waiters and subscribed channels (tests).

@@ -1,0 +1,412 @@
+//! Waiting with queued tickets (SPEC 5, docs/tickets.md) against a real module-loaded
+//! server: every waiting call of one client shares one ticket connection, whatever the
+//! number of waiters and whatever the primitive; the lost-connection, timeout,
+//! cancellation and forced-blocking paths.
+#![cfg(feature = "tokio")]
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use rlock_client::{AcquireOptions, ClientOptions, WaitMode};
+use support::{eventually, exists, wait_until, write_lock, Server};
+
+/// Bound of every wait in these tests.
+const LONG: Duration = Duration::from_secs(60);
+
+/// `waiters` of `<info-cmd> key` (flat pairs under RESP2; nil: none).
+fn waiters(r: &mut redis::Connection, info: &str, key: &str) -> i64 {
+    let v: Value = redis::cmd(info).arg(key).query(r).unwrap();
+    let Value::Array(items) = v else { return 0 };
+    items
+        .chunks(2)
+        .find_map(|kv| match kv {
+            [Value::BulkString(k), Value::Int(n)] if k == b"waiters" => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// `CLIENT LIST` as (id, name) pairs.
+fn clients(r: &mut redis::Connection) -> Vec<(u64, String)> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(r).unwrap();
+    list.lines()
+        .map(|line| {
+            let field = |f: &str| {
+                line.split(' ')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            (field("id=").parse().unwrap(), field("name="))
+        })
+        .collect()
+}
+
+/// Connections other than `r` itself.
+fn other_connections(r: &mut redis::Connection) -> usize {
+    let me: u64 = redis::cmd("CLIENT").arg("ID").query(r).unwrap();
+    clients(r).into_iter().filter(|(id, _)| *id != me).count()
+}
+
+/// Clients blocked in the server (a blocked `WAIT` is one; a ticket is not).
+fn blocked(r: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("clients").query(r).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// The id of the client's ticket connection.
+fn ticket_conn(r: &mut redis::Connection) -> Option<u64> {
+    clients(r)
+        .into_iter()
+        .find(|(_, name)| name == "rlock-tickets")
+        .map(|(id, _)| id)
+}
+
+fn lease() -> AcquireOptions {
+    AcquireOptions::new().with_lease(Duration::from_secs(30))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_tasks_wait_on_one_lock_over_a_few_connections() {
+    const N: usize = 1000;
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let (lock, order) = (c.lock("k"), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = lock.acquire_with(lease()).await.unwrap().unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+    }
+    let all_queued = eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await;
+    assert!(
+        all_queued,
+        "{} of {N} queued",
+        waiters(&mut r, "RLOCK.INFO", "k")
+    );
+    let conns = other_connections(&mut r);
+    assert!(conns <= 4, "{conns} connections for {N} waiters");
+    assert_eq!(blocked(&mut r), 0, "nobody blocks a connection");
+    assert!(ticket_conn(&mut r).is_some());
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    for t in tasks {
+        tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    }
+    assert_eq!(order.lock().unwrap().len(), N);
+    assert!(!exists(&mut r, "k"));
+    assert!(other_connections(&mut r) <= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_served_in_the_order_they_queued() {
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (lock, order) = (c.lock("k"), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = lock.acquire_with(lease()).await.unwrap().unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        // The next one queues only once this one is in the queue.
+        let queued = eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == i + 1).await;
+        assert!(queued);
+    }
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    for t in tasks {
+        tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+}
+
+#[test]
+fn threads_of_the_blocking_api_share_the_ticket_connection() {
+    const N: usize = 40;
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::Client::open(s.url()).unwrap();
+    let threads: Vec<_> = (0..N)
+        .map(|_| {
+            let lock = c.lock("k");
+            thread::spawn(move || {
+                let g = lock.acquire_with(lease()).unwrap().unwrap();
+                g.release().unwrap();
+            })
+        })
+        .collect();
+    assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64));
+    let conns = other_connections(&mut r);
+    assert!(conns <= 4, "{conns} connections for {N} waiting threads");
+    assert_eq!(blocked(&mut r), 0);
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(!exists(&mut r, "k"));
+}
+
+#[test]
+fn a_timed_out_ticket_is_a_timed_out_wait() {
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::Client::open(s.url()).unwrap();
+    let t = Instant::now();
+    let got = c
+        .lock("k")
+        .acquire_timeout(Duration::from_millis(300))
+        .unwrap();
+    assert!(got.is_none());
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(ticket_conn(&mut r).is_some(), "it waited with a ticket");
+    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0, "nothing left queued");
+    // The channel was unsubscribed after its last waiter.
+    let numsub: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("rlock_ticket:{k}")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(numsub.get(1), Some(&Value::Int(0)));
+    // And the lock is still the other owner's.
+    assert!(exists(&mut r, "k"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_resend_when_the_ticket_connection_is_killed() {
+    const N: usize = 50;
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        let lock = c.lock("k");
+        tasks.push(tokio::spawn(async move {
+            let g = lock.acquire_with(lease()).await.unwrap().unwrap();
+            g.release().await.unwrap();
+        }));
+    }
+    assert!(eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
+    let old = ticket_conn(&mut r).unwrap();
+    // Killing it drops every ticket queued on it (and its subscriptions).
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(old)
+        .query(&mut r)
+        .unwrap();
+    // Every waiter re-sends on a new connection.
+    assert!(
+        eventually(LONG, || {
+            ticket_conn(&mut r).is_some_and(|id| id != old)
+                && waiters(&mut r, "RLOCK.INFO", "k") == N as i64
+        })
+        .await
+    );
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    for t in tasks {
+        tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    }
+    assert!(!exists(&mut r, "k"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_cancelled_waiter_is_given_back() {
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let lock = c.lock("k");
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), lock.acquire()).await;
+    assert!(cancelled.is_err(), "still waiting when dropped");
+    // Its ticket stays queued: it is granted when the lock comes free ...
+    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 1);
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    // ... and the client gives the grant back.
+    assert!(eventually(LONG, || !exists(&mut r, "k")).await);
+    let g = tokio::time::timeout(LONG, c.lock("k").try_acquire())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g.is_some(), "free again");
+}
+
+#[test]
+fn forced_blocking_mode_waits_on_connections_of_their_own() {
+    const N: usize = 5;
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let opts = ClientOptions::new().with_wait_mode(WaitMode::Blocking);
+    let c = rlock_client::Client::open_with(s.url(), opts).unwrap();
+    let threads: Vec<_> = (0..N)
+        .map(|_| {
+            let lock = c.lock("k");
+            thread::spawn(move || {
+                let g = lock.acquire_with(lease()).unwrap().unwrap();
+                g.release().unwrap();
+            })
+        })
+        .collect();
+    assert!(wait_until(LONG, || blocked(&mut r) == N as u64));
+    assert!(ticket_conn(&mut r).is_none());
+    assert!(other_connections(&mut r) >= N);
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(!exists(&mut r, "k"));
+}
+
+#[test]
+fn every_primitive_waits_with_a_ticket() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = rlock_client::Client::open(s.url()).unwrap();
+
+    // Fenced lock: the token comes with the collected grant.
+    let holder = c.fenced_lock("f").acquire().unwrap();
+    let first = holder.token();
+    let waiter = c.fenced_lock("f");
+    let t = thread::spawn(move || waiter.acquire_with(lease()).unwrap().unwrap());
+    assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "f") == 1));
+    assert_eq!(blocked(&mut r), 0);
+    holder.release().unwrap();
+    let g = t.join().unwrap();
+    assert!(g.token() > first, "{} after {first}", g.token());
+    g.release().unwrap();
+
+    // Read-write lock: a writer waits for a reader, then a reader for the writer.
+    let rw = c.rw_lock("rw");
+    let read = rw.read().acquire().unwrap();
+    let writer = c.rw_lock("rw");
+    let t = thread::spawn(move || {
+        let w = writer.write().acquire_with(lease()).unwrap().unwrap();
+        w.release().unwrap();
+    });
+    assert!(wait_until(LONG, || waiters(&mut r, "RRWLOCK.INFO", "rw") == 1));
+    assert_eq!(blocked(&mut r), 0);
+    read.release().unwrap();
+    t.join().unwrap();
+
+    // Semaphore: a waiter for 2 permits.
+    let sem = c.semaphore("s");
+    assert!(sem.try_set_permits(1).unwrap());
+    let one = sem.acquire(1).unwrap();
+    let sem2 = c.semaphore("s");
+    let t = thread::spawn(move || sem2.acquire(1).unwrap().release().unwrap());
+    assert!(wait_until(LONG, || waiters(&mut r, "RSEMAPHORE.INFO", "s") == 1));
+    assert_eq!(blocked(&mut r), 0);
+    one.release().unwrap();
+    t.join().unwrap();
+    assert_eq!(sem.available().unwrap(), 1);
+
+    // Expirable semaphore: the permit id comes with the collected grant.
+    let exp = c.expirable_semaphore("e");
+    assert!(exp.try_set_permits(1).unwrap());
+    let p = exp.acquire(Some(Duration::from_secs(30))).unwrap();
+    let exp2 = c.expirable_semaphore("e");
+    let t = thread::spawn(move || exp2.acquire(Some(Duration::from_secs(30))).unwrap());
+    assert!(wait_until(LONG, || waiters(
+        &mut r,
+        "RPSEMAPHORE.INFO",
+        "e"
+    ) == 1));
+    assert_eq!(blocked(&mut r), 0);
+    let first_id = p.id().to_owned();
+    p.release().unwrap();
+    let p2 = t.join().unwrap();
+    assert!(!p2.id().is_empty() && p2.id() != first_id);
+    assert!(p2.is_held());
+    p2.release().unwrap();
+
+    // Latch: the granted note is the whole answer.
+    let latch = c.latch("l");
+    assert!(latch.try_set_count(1).unwrap());
+    let l2 = c.latch("l");
+    let t = thread::spawn(move || l2.await_timeout(LONG).unwrap());
+    assert!(wait_until(LONG, || waiters(&mut r, "RLATCH.INFO", "l") == 1));
+    assert_eq!(blocked(&mut r), 0);
+    latch.count_down().unwrap();
+    assert!(t.join().unwrap());
+
+    assert!(ticket_conn(&mut r).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_primitive_waits_with_a_ticket_async() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+
+    let holder = c.fenced_lock("f").acquire().await.unwrap();
+    let first = holder.token();
+    let waiter = c.fenced_lock("f");
+    let t = tokio::spawn(async move { waiter.acquire_with(lease()).await.unwrap().unwrap() });
+    assert!(eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "f") == 1).await);
+    holder.release().await.unwrap();
+    let g = tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    assert!(g.token() > first);
+    g.release().await.unwrap();
+
+    let read = c.rw_lock("rw").read().acquire().await.unwrap();
+    let writer = c.rw_lock("rw");
+    let t = tokio::spawn(async move {
+        let w = writer.write().acquire_with(lease()).await.unwrap().unwrap();
+        w.release().await.unwrap();
+    });
+    assert!(eventually(LONG, || waiters(&mut r, "RRWLOCK.INFO", "rw") == 1).await);
+    read.release().await.unwrap();
+    tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+
+    let sem = c.semaphore("s");
+    assert!(sem.try_set_permits(1).await.unwrap());
+    let one = sem.acquire(1).await.unwrap();
+    let sem2 = c.semaphore("s");
+    let t = tokio::spawn(async move { sem2.acquire(1).await.unwrap().release().await.unwrap() });
+    assert!(eventually(LONG, || waiters(&mut r, "RSEMAPHORE.INFO", "s") == 1).await);
+    one.release().await.unwrap();
+    tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+
+    let exp = c.expirable_semaphore("e");
+    assert!(exp.try_set_permits(1).await.unwrap());
+    let p = exp.acquire(Some(Duration::from_secs(30))).await.unwrap();
+    let exp2 = c.expirable_semaphore("e");
+    let t = tokio::spawn(async move { exp2.acquire(Some(Duration::from_secs(30))).await.unwrap() });
+    assert!(eventually(LONG, || waiters(&mut r, "RPSEMAPHORE.INFO", "e") == 1).await);
+    p.release().await.unwrap();
+    let p2 = tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    assert!(p2.is_held());
+    p2.release().await.unwrap();
+
+    let latch = c.latch("l");
+    assert!(latch.try_set_count(1).await.unwrap());
+    let l2 = c.latch("l");
+    let t = tokio::spawn(async move { l2.await_timeout(LONG).await.unwrap() });
+    assert!(eventually(LONG, || waiters(&mut r, "RLATCH.INFO", "l") == 1).await);
+    assert_eq!(blocked(&mut r), 0);
+    latch.count_down().await.unwrap();
+    assert!(tokio::time::timeout(LONG, t).await.unwrap().unwrap());
+    assert!(ticket_conn(&mut r).is_some());
+}
