@@ -34,11 +34,35 @@ pub fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString>
     })
 }
 
-/// The first reply of a call retried with the same request id, if it is remembered.
+/// The first reply of a call retried with the same request id, if it is remembered. A
+/// queued ticket's grant is collected this way (docs/tickets.md): from then on it is its
+/// client's, not taken back when the ticket's connection closes.
 pub fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisValue> {
-    request
-        .and_then(|req| store::remembered(ctx, req))
-        .map(ffi::value)
+    let request = request?;
+    let first = store::remembered(ctx, request)?;
+    engine::collected(request.as_slice());
+    Some(ffi::value(first))
+}
+
+/// How a call that cannot be served now waits: blocked in the server (`WAIT`), or as a
+/// queued ticket (`WAIT … ASYNC`), answered `QUEUED` at once while the connection goes on.
+/// `pttl`: when the state may change by itself (see `engine::wait`).
+pub fn wait_or_queue(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    request: engine::Request,
+    timeout: i64,
+    queued: bool,
+    pttl: i64,
+) -> RedisResult {
+    if queued {
+        engine::queue_ticket(ctx, db, name, request, timeout, pttl).map_err(err)?;
+        Ok(RedisValue::SimpleStringStatic("QUEUED"))
+    } else {
+        engine::wait(ctx, db, name, engine::Waiter::new(request), timeout, pttl).map_err(err)?;
+        Ok(RedisValue::NoReply)
+    }
 }
 
 /// Remembers a call's reply under its request id (when it has one and `changed` says the

@@ -21,9 +21,9 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use crate::cmd::{
     self, args_after_key, err, int_map as map, may_block, remember, replay, request_key,
-    serve_first,
+    serve_first, wait_or_queue,
 };
-use crate::engine::{self, Ask, Check, Grant, KeyTimerKind, Path, Waiter};
+use crate::engine::{self, Ask, Check, Grant, KeyTimerKind, Path};
 use crate::errors::ERR_WRONGTYPE;
 use crate::expirable::{self, ExpState, ID_BYTES, NO_LEASE};
 use crate::reply::Reply;
@@ -249,7 +249,7 @@ pub fn update_lease_time(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms>] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=9).contains(&args.len()) {
+        if !(3..=10).contains(&args.len()) {
             return Err(RedisError::WrongArity);
         }
         let (lease, o) = expirable::parse_acquire(&args_after_key(&args)).map_err(err)?;
@@ -291,9 +291,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                     },
                     request_id: o.id.map(Into::into),
                 };
-                engine::wait(ctx, db, name, Waiter::new(Rc::new(ask)), timeout, pttl)
-                    .map_err(err)?;
-                Ok(RedisValue::NoReply)
+                wait_or_queue(ctx, db, name, Rc::new(ask), timeout, o.queued, pttl)
             }
             _ => Ok(ffi::value(plan.reply)),
         }
@@ -418,6 +416,10 @@ pub struct ExpAsk {
 }
 
 impl Ask for ExpAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (b"", self.request_id.as_deref())
+    }
+
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
         let Ok(state) = read(ctx, name.as_slice(), now) else {
             return engine::wait_for_write();

@@ -16,10 +16,10 @@ use std::rc::Rc;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{args_after_key, err, may_block, remember, replay, request_key};
+use crate::cmd::{args_after_key, err, may_block, remember, replay, request_key, wait_or_queue};
 use crate::cmd_lock::{self, LockAsk};
 use crate::core;
-use crate::engine::{self, Ask, Check, Grant, Waiter};
+use crate::engine::{self, Ask, Check, Grant};
 use crate::errors::ERR_NOT_A_TOKEN;
 use crate::fenced::{self, FencedPlan, FencedReply, Head};
 use crate::ffi::{self, LockKey};
@@ -81,13 +81,8 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         );
         match (plan.reply, a.wait) {
             (FencedReply::Contended(pttl), Some(timeout)) if may_block(ctx) => {
-                let waiter = Waiter::new(Rc::new(FencedAsk(LockAsk {
-                    owner: a.owner.into(),
-                    lease: a.lease,
-                    request_id: a.id.map(Into::into),
-                })));
-                engine::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
-                Ok(RedisValue::NoReply)
+                let ask = Rc::new(FencedAsk(LockAsk::new(a.owner, a.lease, a.id)));
+                wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl)
             }
             _ => {
                 engine::note_expiry(ctx, db, name.as_slice(), a.lease);
@@ -142,6 +137,10 @@ impl Ask for FencedAsk {
     fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
         self.0.take_back(ctx, db, name);
     }
+
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        self.0.names()
+    }
 }
 
 impl FencedAsk {
@@ -149,12 +148,12 @@ impl FencedAsk {
     /// request's id. Nobody behind the new holder can be granted before its lease ends.
     fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &FencedPlan, now: i64) -> Grant {
         let key = LockKey::open(ctx, name, true);
-        let owner = RedisString::create_from_slice(std::ptr::null_mut(), &self.0.owner);
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.0.owner());
         store::apply(ctx, &key, name, &owner, &plan.lock);
         drop(key);
         write_token(ctx, name, plan);
         let reply: Reply = plan.reply.into();
-        if let Some(id) = &self.0.request_id {
+        if let Some(id) = self.0.request_id() {
             let request = RedisString::create_from_slice(
                 std::ptr::null_mut(),
                 &core::request_key(name.as_slice(), id),

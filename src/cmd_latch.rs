@@ -18,8 +18,8 @@ use std::rc::Rc;
 use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{self, args_after_key, err, may_block, remember, serve_first};
-use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
+use crate::cmd::{self, args_after_key, err, may_block, remember, serve_first, wait_or_queue};
+use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::errors::ERR_WRONGTYPE;
 use crate::latch::{self, LatchState};
 use crate::reply::Reply;
@@ -161,13 +161,13 @@ pub fn get_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// RLATCH.AWAIT <key> [WAIT <timeout-ms>]
+/// RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id>]]
 pub fn await_open(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(2..=4).contains(&args.len()) {
+        if !(2..=7).contains(&args.len()) {
             return Err(RedisError::WrongArity);
         }
-        let wait = latch::parse_await(&args_after_key(&args)).map_err(err)?;
+        let o = latch::parse_await(&args_after_key(&args)).map_err(err)?;
         let name = &args[1];
         let db = ffi::selected_db(ctx);
         serve_first(ctx, db, name);
@@ -177,13 +177,15 @@ pub fn await_open(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         // A replica is never told of the master's count-down in a way that could serve a
         // queue (its keys are its master's to change): it answers at once.
         let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
-        match (plan.outcome, wait) {
+        match (plan.outcome, o.wait) {
             (Outcome::Contended, Some(timeout)) if may_block(ctx) && !replica => {
-                let waiter = Waiter::new(Rc::new(LatchAsk));
-                engine::wait(ctx, db, name, waiter, timeout, pttl(at, ffi::now_ms()))
-                    .map_err(err)?;
+                let ask = Rc::new(LatchAsk {
+                    ticket_id: o.id.map(Into::into),
+                });
+                let pttl = pttl(at, ffi::now_ms());
+                let waiting = wait_or_queue(ctx, db, name, ask, timeout, o.queued, pttl)?;
                 stats::bump(|s| &s.latch_awaits_queued);
-                Ok(RedisValue::NoReply)
+                Ok(waiting)
             }
             _ => Ok(ffi::value(plan.reply)),
         }
@@ -223,10 +225,22 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// A queued `RLATCH.AWAIT ... WAIT`: it asks only that the latch be open.
-#[derive(Debug, Clone, Copy)]
-pub struct LatchAsk;
+#[derive(Debug, Clone)]
+pub struct LatchAsk {
+    /// A queued ticket's id, which its message names (docs/tickets.md).
+    ticket_id: Option<Box<[u8]>>,
+}
 
 impl Ask for LatchAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (b"", self.ticket_id.as_deref())
+    }
+
+    /// The latch's opening writes nothing: nothing to collect or take back.
+    fn grant_is_written(&self) -> bool {
+        false
+    }
+
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
         match read(ctx, name) {
             (Ok(state), _) if latch::grant(&state, &latch::Request, now).is_some() => {

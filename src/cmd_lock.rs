@@ -10,9 +10,9 @@ use std::rc::Rc;
 use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{args_after_key, err, may_block, request_key};
+use crate::cmd::{args_after_key, err, may_block, replay, request_key, wait_or_queue};
 use crate::core::{self, LockState, Outcome, Plan, Reply};
-use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
+use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::ffi::{self, LockKey};
 use crate::{guard, reply, stats, store, tracking};
 
@@ -80,8 +80,8 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let a = core::parse_acquire(&args_after_key(&args)).map_err(err)?;
         let (name, owner) = (&args[1], &args[2]);
         let request = request_key(name, a.id);
-        if let Some(first) = request.as_ref().and_then(|req| store::remembered(ctx, req)) {
-            return Ok(ffi::value(first));
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
         }
         let db = ffi::selected_db(ctx);
         let now = ffi::now_ms();
@@ -95,13 +95,8 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         match (plan.outcome, plan.reply, a.wait) {
             (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
-                let waiter = Waiter::new(Rc::new(LockAsk {
-                    owner: a.owner.into(),
-                    lease: a.lease,
-                    request_id: a.id.map(Into::into),
-                }));
-                engine::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
-                Ok(RedisValue::NoReply)
+                let ask = Rc::new(LockAsk::new(a.owner, a.lease, a.id));
+                wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl)
             }
             _ => {
                 engine::note_expiry(ctx, db, name.as_slice(), a.lease);
@@ -120,8 +115,8 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let a = core::parse_release(&args_after_key(&args)).map_err(err)?;
         let (name, lease) = (&args[1], a.lease);
         let request = request_key(name, a.id);
-        if let Some(first) = request.as_ref().and_then(|req| store::remembered(ctx, req)) {
-            return Ok(ffi::value(first));
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
         }
         let db = ffi::selected_db(ctx);
         let now = ffi::now_ms();
@@ -230,13 +225,43 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// A queued `RLOCK.ACQUIRE ... WAIT`: `owner` takes the lock for `lease` ms.
 #[derive(Debug, Clone)]
 pub struct LockAsk {
-    pub owner: Box<[u8]>,
+    /// The owner, then the call's request id (one allocation: a queued ticket holds
+    /// thousands of these, docs/tickets.md).
+    names: Box<[u8]>,
+    owner_len: u32,
+    has_id: bool,
     pub lease: i64,
+}
+
+impl LockAsk {
+    pub fn new(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> LockAsk {
+        let id = request_id.unwrap_or_default();
+        let mut names = Vec::with_capacity(owner.len() + id.len());
+        names.extend_from_slice(owner);
+        names.extend_from_slice(id);
+        LockAsk {
+            names: names.into_boxed_slice(),
+            owner_len: owner.len() as u32,
+            has_id: request_id.is_some(),
+            lease,
+        }
+    }
+
+    pub fn owner(&self) -> &[u8] {
+        &self.names[..self.owner_len as usize]
+    }
+
     /// The call's request id: a handoff remembers its reply like an immediate acquire.
-    pub request_id: Option<Box<[u8]>>,
+    pub fn request_id(&self) -> Option<&[u8]> {
+        self.has_id.then(|| &self.names[self.owner_len as usize..])
+    }
 }
 
 impl Ask for LockAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (self.owner(), self.request_id())
+    }
+
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
         let state = store::read(&LockKey::open(ctx, name, false));
         match core::grant_head(&state, self.lease, now) {
@@ -258,22 +283,22 @@ impl Ask for LockAsk {
     fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
         let key = LockKey::open(ctx, name, true);
         let Ok(state) = store::read(&key) else { return };
-        let count = state.count_of(&self.owner);
+        let count = state.count_of(self.owner());
         // Still exactly what the handoff wrote: that owner alone, count 1.
         let untold = count == Some(1)
             && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
         if untold || count.is_none() {
             // The client was never told: a retry with its request id must not be answered
             // "acquired" from the record the handoff wrote.
-            if let Some(id) = &self.request_id {
+            if let Some(id) = self.request_id() {
                 store::forget_request(ctx, &core::request_key(name.as_slice(), id));
             }
         }
         if !untold {
             return; // re-entered since by the same owner elsewhere, or already gone
         }
-        let owner = RedisString::create_from_slice(std::ptr::null_mut(), &self.owner);
-        let plan = core::release(&state, &self.owner, None, ffi::now_ms());
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.owner());
+        let plan = core::release(&state, self.owner(), None, ffi::now_ms());
         store::apply(ctx, &key, name, &owner, &plan);
         drop(key);
         stats::bump(|s| &s.revoked_handoffs);
@@ -286,10 +311,10 @@ impl LockAsk {
     /// the new holder can be granted before its lease runs out.
     fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &Plan, now: i64) -> Grant {
         let key = LockKey::open(ctx, name, true);
-        let owner = RedisString::create_from_slice(std::ptr::null_mut(), &self.owner);
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.owner());
         store::apply(ctx, &key, name, &owner, plan);
         drop(key);
-        if let Some(id) = &self.request_id {
+        if let Some(id) = self.request_id() {
             let request = RedisString::create_from_slice(
                 std::ptr::null_mut(),
                 &core::request_key(name.as_slice(), id),

@@ -18,9 +18,11 @@ use std::rc::Rc;
 use redis_module::redisvalue::RedisValueKey;
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::cmd::{args_after_key, err, may_block, remember, replay, request_key, serve_first};
+use crate::cmd::{
+    args_after_key, err, may_block, remember, replay, request_key, serve_first, wait_or_queue,
+};
 use crate::effects::{Effect, KeyRef};
-use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
+use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::errors::ERR_WRONGTYPE;
 use crate::ffi::{self, LockKey};
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
@@ -162,7 +164,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if let Some(timeout) = wait {
             // Whatever the plan dropped (dead readers) may concern those already queued.
             settle_after(ctx, db, name, &plan, now);
-            let waiter = Waiter::new(Rc::new(RwAsk {
+            let ask = Rc::new(RwAsk {
                 request: rwlock::Request {
                     side,
                     owner: a.owner.to_vec(),
@@ -170,10 +172,9 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 },
                 request_id: a.id.map(Into::into),
                 granted: Rc::new(Cell::new(0)),
-            }));
+            });
             let pttl = wait_pttl(&plan.state, side, now);
-            engine::wait(ctx, db, name, waiter, timeout, pttl).map_err(err)?;
-            return Ok(RedisValue::NoReply);
+            return wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl);
         }
         settle_after(ctx, db, name, &plan, now);
         Ok(ffi::value(reply))
@@ -339,6 +340,10 @@ impl RwAsk {
 }
 
 impl Ask for RwAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (&self.request.owner, self.request_id.as_deref())
+    }
+
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
         let key = name.as_slice();
         // A key overwritten with something else counts as free, as for the lock: the

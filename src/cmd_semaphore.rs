@@ -18,9 +18,9 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::cmd::{
     self, args_after_key, err, int_map as map, may_block, remember, replay, request_key,
-    serve_first,
+    serve_first, wait_or_queue,
 };
-use crate::engine::{self, Ask, Check, Grant, Path, Waiter};
+use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::errors::ERR_WRONGTYPE;
 use crate::reply::Reply;
 use crate::semaphore::{self, Outcome, Plan, SemState};
@@ -153,7 +153,7 @@ pub fn drain_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms>] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=7).contains(&args.len()) {
+        if !(3..=8).contains(&args.len()) {
             return Err(RedisError::WrongArity);
         }
         let (permits, o) = semaphore::parse_acquire(&args_after_key(&args)).map_err(err)?;
@@ -177,9 +177,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 let Check::Wait { pttl } = engine::wait_for_write() else {
                     unreachable!("wait_for_write only waits")
                 };
-                engine::wait(ctx, db, name, Waiter::new(Rc::new(ask)), timeout, pttl)
-                    .map_err(err)?;
-                Ok(RedisValue::NoReply)
+                wait_or_queue(ctx, db, name, Rc::new(ask), timeout, o.queued, pttl)
             }
             _ => Ok(ffi::value(plan.reply)),
         }
@@ -237,6 +235,10 @@ impl SemAsk {
 }
 
 impl Ask for SemAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (b"", self.request_id.as_deref())
+    }
+
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
         let Ok((state, _)) = read(ctx, name) else {
             // Not a count (somebody else's data for now): only a write can change that.

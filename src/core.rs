@@ -11,8 +11,8 @@
 //! exist as a key.
 
 use crate::errors::{
-    ERR_COUNT_OVERFLOW, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOT_A_LOCK, ERR_SYNTAX,
-    ERR_TIMEOUT,
+    ERR_ASYNC, ERR_COUNT_OVERFLOW, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOT_A_LOCK,
+    ERR_SYNTAX, ERR_TIMEOUT,
 };
 
 /// The longest lease or wait a caller may ask for: 100 years in milliseconds. Bounded so
@@ -307,6 +307,8 @@ pub struct AcquireArgs<'a> {
     pub wait: Option<i64>,
     /// `ID request-id`: a retry with the same id gets the first call's reply.
     pub id: Option<&'a [u8]>,
+    /// `ASYNC`: wait as a queued ticket, not blocked (docs/tickets.md).
+    pub queued: bool,
 }
 
 /// Arguments of `RLOCK.RELEASE key owner [lease-ms] [ID request-id]` after the key.
@@ -329,32 +331,52 @@ fn parse_id<'a>(arg: &'a [u8], seen: &Option<&'a [u8]>) -> Result<&'a [u8], &'st
     }
 }
 
-/// Parses `owner lease-ms [WAIT timeout-ms] [ID request-id]`, options in any order. The
-/// arity was checked by the caller.
+/// Parses `owner lease-ms [WAIT timeout-ms [ASYNC]] [ID request-id]`, options in any
+/// order. The arity was checked by the caller.
 pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static str> {
     let owner = parse_owner(args[0])?;
     let lease = parse_ms(args[1], 1, ERR_LEASE)?;
-    let (mut wait, mut id) = (None, None);
+    let (mut wait, mut id, mut queued) = (None, None, false);
     let mut rest = &args[2..];
-    while let [option, value, tail @ ..] = rest {
-        if is_option(option, b"WAIT") && wait.is_none() {
-            wait = Some(parse_ms(value, 0, ERR_TIMEOUT)?);
-        } else if is_option(option, b"ID") {
-            id = Some(parse_id(value, &id)?);
-        } else {
-            return Err(ERR_SYNTAX);
-        }
-        rest = tail;
+    loop {
+        rest = match rest {
+            [] => break,
+            [flag, tail @ ..] if is_option(flag, b"ASYNC") && !queued => {
+                queued = true;
+                tail
+            }
+            [option, value, tail @ ..] if is_option(option, b"WAIT") && wait.is_none() => {
+                wait = Some(parse_ms(value, 0, ERR_TIMEOUT)?);
+                tail
+            }
+            [option, value, tail @ ..] if is_option(option, b"ID") => {
+                id = Some(parse_id(value, &id)?);
+                tail
+            }
+            _ => return Err(ERR_SYNTAX),
+        };
     }
-    if !rest.is_empty() {
-        return Err(ERR_SYNTAX);
-    }
+    check_queued(queued, wait, id)?;
     Ok(AcquireArgs {
         owner,
         lease,
         wait,
         id,
+        queued,
     })
+}
+
+/// `ASYNC` needs `WAIT` (it is a way of waiting) and `ID` (the grant is collected by it).
+pub fn check_queued(
+    queued: bool,
+    wait: Option<i64>,
+    id: Option<&[u8]>,
+) -> Result<(), &'static str> {
+    if queued && (wait.is_none() || id.is_none()) {
+        Err(ERR_ASYNC)
+    } else {
+        Ok(())
+    }
 }
 
 /// Parses `owner [lease-ms] [ID request-id]` of `RLOCK.RELEASE`.
@@ -696,7 +718,8 @@ mod tests {
                 owner: b"o",
                 lease: 100,
                 wait: None,
-                id: None
+                id: None,
+                queued: false
             }
         );
         assert_eq!(
@@ -705,8 +728,16 @@ mod tests {
                 owner: b"o",
                 lease: 100,
                 wait: Some(5),
-                id: Some(b"r1")
+                id: Some(b"r1"),
+                queued: false
             }
+        );
+        let queued = p(&["o", "100", "WAIT", "5", "async", "ID", "r1"]).unwrap();
+        assert!(queued.queued && queued.wait == Some(5));
+        assert!(
+            p(&["o", "100", "ASYNC", "ID", "r1", "WAIT", "0"])
+                .unwrap()
+                .queued
         );
         assert_eq!(p(&["o", "100", "wait", "0"]).unwrap().wait, Some(0));
         assert_eq!(p(&["o", "100", "WAIT", "250"]).unwrap().wait, Some(250));
@@ -726,6 +757,13 @@ mod tests {
             (&["o", "100", "ID"], ERR_SYNTAX),
             (&["o", "100", "ID", ""], ERR_EMPTY_ID),
             (&["o", "100", "ID", "a", "ID", "b"], ERR_SYNTAX),
+            (&["o", "100", "ASYNC"], ERR_ASYNC),
+            (&["o", "100", "WAIT", "5", "ASYNC"], ERR_ASYNC),
+            (&["o", "100", "ID", "r", "ASYNC"], ERR_ASYNC),
+            (
+                &["o", "100", "WAIT", "5", "ASYNC", "ASYNC", "ID", "r"],
+                ERR_SYNTAX,
+            ),
         ] {
             assert_eq!(p(args), Err(err), "{args:?}");
         }

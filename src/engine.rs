@@ -21,7 +21,8 @@
 //! glue that blocks clients, arms timers and performs handoffs.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -35,6 +36,7 @@ use crate::ffi::{self, Blocked, LockKey, TimerId, Wake};
 use crate::reply::Reply;
 use crate::stats;
 use crate::store;
+use crate::ticket;
 use crate::tracking;
 
 /// A lock key: its db and name. Shared (`Rc`) between the queue map and the handle index.
@@ -58,6 +60,16 @@ pub trait Ask: std::fmt::Debug {
     /// commands sum over a queue ([`queued_units`]); 1 where there is no such notion.
     fn units(&self) -> i64 {
         1
+    }
+    /// The owner and request id a ticket's message names (docs/tickets.md); a queued
+    /// ticket always has an id. The latch has no owner.
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (b"", None)
+    }
+    /// Whether a grant writes something a client must collect (and which is taken back if
+    /// it never does). The latch's opening writes nothing.
+    fn grant_is_written(&self) -> bool {
+        true
     }
 }
 
@@ -93,25 +105,43 @@ pub struct Grant {
     pub look_again: Option<i64>,
 }
 
-/// One blocked client waiting for a key.
+/// Who waits: a client blocked in its call, or a ticket (SPEC 5, docs/tickets.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    Blocked(Blocked),
+    /// A queued ticket: the id of the connection that queued it, which keeps going (the
+    /// ticket lives as long as that connection). Its end is published, not replied.
+    Ticket(u64),
+}
+
+/// One waiter for a key: a blocked client or a ticket.
 #[derive(Debug)]
 pub struct Waiter {
     pub request: Request,
-    pub handle: Blocked,
-    /// The timer that ends the wait (0: waits without limit), see [`wait`].
+    pub who: Who,
+    /// The timer that ends a blocked client's wait (0: waits without limit, or a ticket,
+    /// whose deadlines share one timer per queue), see [`wait`].
     pub deadline_timer: TimerId,
     /// When the wait ends, in ms since the epoch (0: no limit).
     pub deadline_at: i64,
 }
 
 impl Waiter {
-    /// A waiter not yet blocked (its handle is set by [`wait`]).
+    /// A blocked waiter not yet blocked (its handle is set by [`wait`]).
     pub fn new(request: Request) -> Waiter {
         Waiter {
             request,
-            handle: Blocked(0),
+            who: Who::Blocked(Blocked(0)),
             deadline_timer: 0,
             deadline_at: 0,
+        }
+    }
+
+    /// The blocked client's handle (`None` for a ticket).
+    pub fn handle(&self) -> Option<Blocked> {
+        match self.who {
+            Who::Blocked(handle) => Some(handle),
+            Who::Ticket(_) => None,
         }
     }
 }
@@ -125,6 +155,15 @@ pub struct Untold {
     pub request: Request,
 }
 
+/// A ticket's grant not yet collected by its client (docs/tickets.md): taken back if the
+/// connection that queued the ticket closes first.
+#[derive(Debug)]
+struct Uncollected {
+    client: u64,
+    granted_at: i64,
+    untold: Untold,
+}
+
 /// The expiry timer armed for a key with waiters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArmedTimer {
@@ -133,12 +172,107 @@ pub struct ArmedTimer {
     pub fire_at: i64,
 }
 
+/// Which of a queue's timers fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    /// The expiry timer: look at the key's state.
+    Expiry,
+    /// The tickets' deadline timer: time out the tickets that are due.
+    Tickets,
+}
+
 #[derive(Debug, Default)]
 struct Queue {
-    /// Keyed by arrival sequence number: FIFO order, and O(log n) removal of a waiter that
-    /// times out or disconnects from the middle of a long queue.
-    waiters: BTreeMap<u64, Waiter>,
+    /// Arrival order, by sequence number. A waiter that leaves from the middle (timeout,
+    /// disconnect) leaves a `None` found by binary search, O(log n); holes are dropped when
+    /// they reach either end, or all at once when they outnumber the waiters. A deque of
+    /// 56-byte slots keeps a queued ticket small (a B-tree's half-full nodes doubled it).
+    waiters: VecDeque<(u64, Option<Waiter>)>,
+    /// The waiters present (the deque's length counts the holes too).
+    live: usize,
     timer: Option<ArmedTimer>,
+    /// The deadlines of the queue's tickets, earliest first: one timer per queue at the
+    /// earliest (`ticket_timer`), none per ticket. Entries of tickets that left early stay
+    /// until they surface (or a rebuild drops them), each checked against the queue.
+    ticket_deadlines: BinaryHeap<Reverse<(i64, u64)>>,
+    ticket_timer: Option<ArmedTimer>,
+}
+
+impl Queue {
+    fn position(&self, seq: u64) -> Option<usize> {
+        let i = self.waiters.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+        self.waiters[i].1.is_some().then_some(i)
+    }
+
+    fn get(&self, seq: u64) -> Option<&Waiter> {
+        self.waiters[self.position(seq)?].1.as_ref()
+    }
+
+    fn front(&self) -> Option<&Waiter> {
+        self.waiters.iter().find_map(|(_, w)| w.as_ref())
+    }
+
+    fn live_waiters(&self) -> impl Iterator<Item = &Waiter> {
+        self.waiters.iter().filter_map(|(_, w)| w.as_ref())
+    }
+
+    fn push(&mut self, seq: u64, waiter: Waiter) {
+        if let (Who::Ticket(_), at) = (waiter.who, waiter.deadline_at) {
+            if at > 0 {
+                self.ticket_deadlines.push(Reverse((at, seq)));
+            }
+        }
+        self.waiters.push_back((seq, Some(waiter)));
+        self.live += 1;
+    }
+
+    fn pop_front(&mut self) -> Option<Waiter> {
+        while let Some((_, slot)) = self.waiters.pop_front() {
+            if let Some(waiter) = slot {
+                self.live -= 1;
+                self.trim();
+                return Some(waiter);
+            }
+        }
+        None
+    }
+
+    fn take_at(&mut self, i: usize) -> Option<Waiter> {
+        let waiter = self.waiters.get_mut(i)?.1.take()?;
+        self.live -= 1;
+        self.trim();
+        Some(waiter)
+    }
+
+    /// Drops holes at both ends, and all of them once they outnumber the waiters.
+    fn trim(&mut self) {
+        while matches!(self.waiters.front(), Some((_, None))) {
+            self.waiters.pop_front();
+        }
+        while matches!(self.waiters.back(), Some((_, None))) {
+            self.waiters.pop_back();
+        }
+        if self.waiters.len() > 2 * self.live + 32 {
+            self.waiters.retain(|(_, w)| w.is_some());
+        }
+        if self.waiters.capacity() > 4 * self.waiters.len() + 64 {
+            self.waiters.shrink_to_fit();
+        }
+    }
+
+    /// The earliest deadline of a ticket still queued, dropping entries of tickets gone.
+    fn next_ticket_deadline(&mut self) -> Option<i64> {
+        while let Some(&Reverse((at, seq))) = self.ticket_deadlines.peek() {
+            if self.get(seq).is_some_and(|w| w.deadline_at == at) {
+                return Some(at);
+            }
+            self.ticket_deadlines.pop();
+        }
+        if self.ticket_deadlines.capacity() > 64 {
+            self.ticket_deadlines.shrink_to_fit();
+        }
+        None
+    }
 }
 
 /// Every queue of the server, plus the indexes the callbacks need.
@@ -147,15 +281,32 @@ pub struct Queues {
     dbs: HashMap<i32, HashMap<KeyName, Queue>>,
     /// Timeout and disconnect callbacks only get the blocked-client handle.
     by_handle: HashMap<Blocked, (i32, KeyName, u64)>,
-    /// Expiry timers carry a tag; a tag no longer here belongs to a stale timer.
+    /// Expiry and ticket-deadline timers carry a tag; a tag no longer here belongs to a
+    /// stale timer.
     timers: HashMap<u64, (i32, KeyName)>,
     /// Waiters handed the lock whose reply is not sent yet (it goes out before Redis
     /// sleeps). If such a client disconnects or is unblocked in between, it never learns
     /// it holds the lock, so the lock is taken back (see [`on_disconnect`]).
     granted: HashMap<Blocked, Untold>,
+    /// How many tickets each connection has queued (a connection that closes without any
+    /// costs one lookup; one with tickets, a pass over the queues).
+    tickets_of: HashMap<u64, usize>,
+    /// Tickets granted and not yet collected, by their request-id key.
+    uncollected: HashMap<Box<[u8]>, Uncollected>,
+    /// When to next drop uncollected grants older than the request-id window.
+    prune_at: usize,
     next_seq: u64,
     next_tag: u64,
     total: usize,
+    tickets: usize,
+}
+
+/// What [`Queues::drain`] empties out.
+#[derive(Debug, Default)]
+pub struct Drained {
+    pub handles: Vec<Blocked>,
+    pub timers: Vec<TimerId>,
+    pub tickets: Vec<(i32, KeyName, Request)>,
 }
 
 impl Queues {
@@ -163,12 +314,17 @@ impl Queues {
         self.total
     }
 
+    /// Queued tickets (of [`Queues::total`]).
+    pub fn tickets(&self) -> usize {
+        self.tickets
+    }
+
     pub fn keys_with_waiters(&self) -> usize {
         self.dbs.values().map(HashMap::len).sum()
     }
 
     pub fn len(&self, db: i32, key: &[u8]) -> usize {
-        self.queue(db, key).map_or(0, |q| q.waiters.len())
+        self.queue(db, key).map_or(0, |q| q.live)
     }
 
     fn queue(&self, db: i32, key: &[u8]) -> Option<&Queue> {
@@ -189,49 +345,82 @@ impl Queues {
     ) -> Result<(), Waiter> {
         let keys = self.dbs.entry(db).or_default();
         let name: KeyName = match keys.get_key_value(key) {
-            Some((_, q)) if q.waiters.len() >= limit => return Err(waiter),
+            Some((_, q)) if q.live >= limit => return Err(waiter),
             Some((name, _)) => name.clone(),
             None if limit == 0 => return Err(waiter),
             None => Rc::from(key),
         };
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.by_handle
-            .insert(waiter.handle, (db, name.clone(), seq));
-        keys.entry(name).or_default().waiters.insert(seq, waiter);
+        match waiter.who {
+            Who::Blocked(handle) => {
+                self.by_handle.insert(handle, (db, name.clone(), seq));
+            }
+            Who::Ticket(client) => {
+                *self.tickets_of.entry(client).or_default() += 1;
+                self.tickets += 1;
+            }
+        }
+        keys.entry(name).or_default().push(seq, waiter);
         self.total += 1;
         Ok(())
     }
 
-    /// The first waiter of a key, without removing it.
-    pub fn head(&self, db: i32, key: &[u8]) -> Option<&Waiter> {
-        self.queue(db, key)?.waiters.values().next()
+    /// Bookkeeping of a waiter that left its queue (the queue itself is done).
+    fn left(&mut self, waiter: &Waiter) {
+        self.total -= 1;
+        match waiter.who {
+            Who::Blocked(handle) => {
+                self.by_handle.remove(&handle);
+            }
+            Who::Ticket(client) => {
+                self.tickets -= 1;
+                if let Some(n) = self.tickets_of.get_mut(&client) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.tickets_of.remove(&client);
+                    }
+                }
+            }
+        }
     }
 
-    /// Removes and returns the first waiter of a key, remembering it as granted until
-    /// its reply is sent.
+    /// The first waiter of a key, without removing it.
+    pub fn head(&self, db: i32, key: &[u8]) -> Option<&Waiter> {
+        self.queue(db, key)?.front()
+    }
+
+    /// Removes and returns the first waiter of a key, remembering a blocked one as granted
+    /// until its reply is sent.
     pub fn pop(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
-        let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
-        if let Some((db, key, _)) = self.by_handle.remove(&waiter.handle) {
+        let keys = self.dbs.get_mut(&db)?;
+        let name = keys.get_key_value(key)?.0.clone();
+        let waiter = keys.get_mut(key)?.pop_front()?;
+        self.left(&waiter);
+        if let Who::Blocked(handle) = waiter.who {
             let request = waiter.request.clone();
-            self.granted
-                .insert(waiter.handle, Untold { db, key, request });
+            self.granted.insert(
+                handle,
+                Untold {
+                    db,
+                    key: name,
+                    request,
+                },
+            );
         }
-        self.total -= 1;
         Some(waiter)
     }
 
-    /// The deadline of a queued waiter (0 when it waits without limit).
+    /// The deadline of a queued blocked waiter (0 when it waits without limit).
     pub fn deadline_of(&self, handle: Blocked) -> Option<i64> {
         let (db, name, seq) = self.by_handle.get(&handle)?;
-        Some(self.queue(*db, name)?.waiters.get(seq)?.deadline_at)
+        Some(self.queue(*db, name)?.get(*seq)?.deadline_at)
     }
 
     /// Removes and returns the first waiter of a key that is answered without the lock.
     pub fn take(&mut self, db: i32, key: &[u8]) -> Option<Waiter> {
-        let (_, waiter) = self.queue_mut(db, key)?.waiters.pop_first()?;
-        self.by_handle.remove(&waiter.handle);
-        self.total -= 1;
+        let waiter = self.queue_mut(db, key)?.pop_front()?;
+        self.left(&waiter);
         Some(waiter)
     }
 
@@ -245,27 +434,161 @@ impl Queues {
         self.granted.remove(&handle)
     }
 
-    /// Removes the waiter with this handle wherever it queues; returns it with its key.
-    pub fn remove(&mut self, handle: Blocked) -> Option<(i32, KeyName, Waiter)> {
-        let (db, name, seq) = self.by_handle.remove(&handle)?;
-        let waiter = self.queue_mut(db, &name)?.waiters.remove(&seq)?;
-        self.total -= 1;
-        Some((db, name, waiter))
+    /// Removes the blocked waiter with this handle wherever it queues; returns it with its
+    /// key and whether it was the head (then the next head may be grantable now).
+    pub fn remove(&mut self, handle: Blocked) -> Option<(i32, KeyName, Waiter, bool)> {
+        let (db, name, seq) = self.by_handle.get(&handle).cloned()?;
+        let queue = self.queue_mut(db, &name)?;
+        let i = queue.position(seq)?;
+        let was_head = queue.front().is_some_and(|w| w.who == Who::Blocked(handle));
+        let waiter = queue.take_at(i)?;
+        self.left(&waiter);
+        Some((db, name, waiter, was_head))
     }
 
-    /// Drops the queue of a key that has no waiters left; returns its timer to stop.
-    pub fn forget_if_empty(&mut self, db: i32, key: &[u8]) -> Option<ArmedTimer> {
-        let keys = self.dbs.get_mut(&db)?;
-        if !keys.get(key)?.waiters.is_empty() {
-            return None;
+    /// Removes the tickets of a key whose deadline has come (`now`); says whether the head
+    /// was among them.
+    pub fn due_tickets(&mut self, db: i32, key: &[u8], now: i64) -> (Vec<Waiter>, bool) {
+        let Some(queue) = self.queue_mut(db, key) else {
+            return (Vec::new(), false);
+        };
+        let head_seq = queue
+            .waiters
+            .iter()
+            .find(|(_, w)| w.is_some())
+            .map(|(s, _)| *s);
+        let mut due = Vec::new();
+        let mut head_left = false;
+        while let Some(&Reverse((at, seq))) = queue.ticket_deadlines.peek() {
+            if at > now {
+                break;
+            }
+            queue.ticket_deadlines.pop();
+            let Some(i) = queue.position(seq) else {
+                continue;
+            };
+            if queue.waiters[i]
+                .1
+                .as_ref()
+                .is_some_and(|w| w.deadline_at == at)
+            {
+                head_left |= Some(seq) == head_seq;
+                due.extend(queue.take_at(i));
+            }
         }
-        let queue = keys.remove(key)?;
+        for waiter in &due {
+            self.left(waiter);
+        }
+        (due, head_left)
+    }
+
+    /// Removes every ticket queued by a connection that closed; returns them with their
+    /// keys, and the keys whose head left (their next head may be grantable now).
+    #[allow(clippy::type_complexity)]
+    pub fn drop_tickets_of(
+        &mut self,
+        client: u64,
+    ) -> (Vec<(i32, KeyName, Waiter)>, Vec<(i32, KeyName)>) {
+        if self.tickets_of.remove(&client).is_none() {
+            return (Vec::new(), Vec::new());
+        }
+        let mut dropped = Vec::new();
+        let mut heads = Vec::new();
+        for (&db, keys) in &mut self.dbs {
+            for (name, queue) in keys.iter_mut() {
+                let mut head = true;
+                let mut removed = 0;
+                for (_, slot) in queue.waiters.iter_mut() {
+                    let Some(waiter) = slot else { continue };
+                    if waiter.who == Who::Ticket(client) {
+                        if head {
+                            heads.push((db, name.clone()));
+                        }
+                        dropped.push((db, name.clone(), slot.take().expect("checked")));
+                        removed += 1;
+                    }
+                    head = false;
+                }
+                if removed > 0 {
+                    queue.live -= removed;
+                    queue.trim();
+                }
+            }
+        }
+        self.total -= dropped.len();
+        self.tickets -= dropped.len();
+        (dropped, heads)
+    }
+
+    /// Remembers a ticket's grant until its client collects it (`request_key`: its
+    /// request id's record).
+    pub fn granted_ticket(
+        &mut self,
+        client: u64,
+        request_key: &[u8],
+        untold: Untold,
+        now: i64,
+        window: i64,
+    ) {
+        if self.uncollected.len() >= self.prune_at {
+            // Past the request-id window a retry cannot collect the grant any more: it is
+            // the client's to lose then, like a lease nobody renews.
+            self.uncollected.retain(|_, u| now - u.granted_at < window);
+            self.prune_at = (2 * self.uncollected.len()).max(1024);
+        }
+        self.uncollected.insert(
+            request_key.into(),
+            Uncollected {
+                client,
+                granted_at: now,
+                untold,
+            },
+        );
+    }
+
+    /// A ticket's grant was collected (its request id replayed).
+    pub fn collected(&mut self, request_key: &[u8]) {
+        if !self.uncollected.is_empty() {
+            self.uncollected.remove(request_key);
+        }
+    }
+
+    /// The grants a closed connection's tickets were given and never collected.
+    pub fn uncollected_of(&mut self, client: u64) -> Vec<Untold> {
+        if self.uncollected.is_empty() {
+            return Vec::new();
+        }
+        let keys: Vec<Box<[u8]>> = self
+            .uncollected
+            .iter()
+            .filter(|(_, u)| u.client == client)
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.iter()
+            .filter_map(|k| self.uncollected.remove(k))
+            .map(|u| u.untold)
+            .collect()
+    }
+
+    /// Drops the queue of a key that has no waiters left; returns its timers to stop.
+    pub fn forget_if_empty(&mut self, db: i32, key: &[u8]) -> Vec<ArmedTimer> {
+        let Some(keys) = self.dbs.get_mut(&db) else {
+            return Vec::new();
+        };
+        if keys.get(key).is_none_or(|q| q.live > 0) {
+            return Vec::new();
+        }
+        let Some(queue) = keys.remove(key) else {
+            return Vec::new();
+        };
         if keys.is_empty() {
             self.dbs.remove(&db);
         }
-        let timer = queue.timer?;
-        self.timers.remove(&timer.tag);
-        Some(timer)
+        let timers: Vec<ArmedTimer> = queue.timer.into_iter().chain(queue.ticket_timer).collect();
+        for t in &timers {
+            self.timers.remove(&t.tag);
+        }
+        timers
     }
 
     /// Decides whether a key needs its expiry timer (re)armed for a lock expiring at
@@ -279,7 +602,7 @@ impl Queues {
         fire_at: i64,
     ) -> Option<(Option<ArmedTimer>, u64)> {
         let queue = self.queue(db, key)?;
-        if queue.waiters.is_empty() {
+        if queue.live == 0 {
             return None;
         }
         let old = queue.timer;
@@ -295,25 +618,68 @@ impl Queues {
 
     /// Records the timer armed after [`Queues::plan_timer`].
     pub fn set_timer(&mut self, db: i32, key: &[u8], timer: ArmedTimer) {
-        if let Some((name, queue)) = self.dbs.get_mut(&db).and_then(|k| {
-            k.get_key_value(key)
-                .map(|(n, _)| n.clone())
-                .zip(k.get_mut(key))
-        }) {
-            queue.timer = Some(timer);
+        self.set_armed(db, key, timer, Fired::Expiry);
+    }
+
+    fn set_armed(&mut self, db: i32, key: &[u8], timer: ArmedTimer, which: Fired) {
+        let Some(keys) = self.dbs.get_mut(&db) else {
+            return;
+        };
+        let Some(name) = keys.get_key_value(key).map(|(n, _)| n.clone()) else {
+            return;
+        };
+        if let Some(queue) = keys.get_mut(key) {
+            match which {
+                Fired::Expiry => queue.timer = Some(timer),
+                Fired::Tickets => queue.ticket_timer = Some(timer),
+            }
             self.timers.insert(timer.tag, (db, name));
         }
     }
 
-    /// The key of a firing timer, if the timer is still the one armed for it.
-    pub fn fired(&mut self, tag: u64) -> Option<(i32, KeyName)> {
-        let (db, name) = self.timers.remove(&tag)?;
-        if let Some(queue) = self.queue_mut(db, &name) {
-            if matches!(queue.timer, Some(t) if t.tag == tag) {
-                queue.timer = None;
-            }
+    /// Decides whether a key's ticket-deadline timer must be (re)armed for its earliest
+    /// ticket deadline: `(timer to stop, tag, fire_at)`, or `None` when the armed one is
+    /// right (or no ticket has a deadline).
+    pub fn plan_ticket_timer(
+        &mut self,
+        db: i32,
+        key: &[u8],
+    ) -> Option<(Option<ArmedTimer>, u64, i64)> {
+        let queue = self.queue_mut(db, key)?;
+        let next = queue.next_ticket_deadline();
+        let old = queue.ticket_timer;
+        match (old, next) {
+            (Some(t), Some(at)) if t.fire_at <= at => return None,
+            (None, None) => return None,
+            _ => {}
         }
-        Some((db, name))
+        queue.ticket_timer = None;
+        if let Some(t) = old {
+            self.timers.remove(&t.tag);
+        }
+        let at = next?;
+        self.next_tag += 1;
+        Some((old, self.next_tag, at))
+    }
+
+    /// Records the timer armed after [`Queues::plan_ticket_timer`].
+    pub fn set_ticket_timer(&mut self, db: i32, key: &[u8], timer: ArmedTimer) {
+        self.set_armed(db, key, timer, Fired::Tickets);
+    }
+
+    /// The key of a firing timer and which timer it is, if still the one armed for it.
+    pub fn fired(&mut self, tag: u64) -> Option<(i32, KeyName, Fired)> {
+        let (db, name) = self.timers.remove(&tag)?;
+        let queue = self.queue_mut(db, &name)?;
+        if matches!(queue.timer, Some(t) if t.tag == tag) {
+            queue.timer = None;
+            Some((db, name, Fired::Expiry))
+        } else if matches!(queue.ticket_timer, Some(t) if t.tag == tag) {
+            queue.ticket_timer = None;
+            Some((db, name, Fired::Tickets))
+        } else {
+            None
+        }
     }
 
     /// All keys with waiters (for a flush, which deletes keys without per-key events).
@@ -340,26 +706,43 @@ impl Queues {
         if self.dbs.capacity() > 0 && self.dbs.is_empty() {
             self.dbs.shrink_to_fit();
         }
+        if self.tickets_of.capacity() > 0 && self.tickets_of.is_empty() {
+            self.tickets_of.shrink_to_fit();
+        }
+        if self.uncollected.capacity() > 0 && self.uncollected.is_empty() {
+            self.uncollected.shrink_to_fit();
+        }
     }
 
-    /// Empties every queue; returns the handles to answer and the timers to stop.
-    pub fn drain(&mut self) -> (Vec<Blocked>, Vec<TimerId>) {
-        let mut handles = Vec::with_capacity(self.total);
-        let mut timers = Vec::new();
-        for (_, keys) in self.dbs.drain() {
-            for (_, queue) in keys {
-                for w in queue.waiters.into_values() {
-                    handles.push(w.handle);
-                    timers.extend((w.deadline_timer != 0).then_some(w.deadline_timer));
+    /// Empties every queue; returns the handles to answer, the timers to stop and the
+    /// tickets to notify.
+    pub fn drain(&mut self) -> Drained {
+        let mut out = Drained {
+            handles: Vec::with_capacity(self.total - self.tickets),
+            ..Drained::default()
+        };
+        for (db, keys) in self.dbs.drain() {
+            for (name, queue) in keys {
+                for w in queue.waiters.into_iter().filter_map(|(_, w)| w) {
+                    match w.who {
+                        Who::Blocked(handle) => out.handles.push(handle),
+                        Who::Ticket(_) => out.tickets.push((db, name.clone(), w.request)),
+                    }
+                    out.timers
+                        .extend((w.deadline_timer != 0).then_some(w.deadline_timer));
                 }
-                timers.extend(queue.timer.map(|t| t.id));
+                out.timers.extend(queue.timer.map(|t| t.id));
+                out.timers.extend(queue.ticket_timer.map(|t| t.id));
             }
         }
         self.by_handle.clear();
         self.timers.clear();
         self.granted.clear();
+        self.tickets_of.clear();
+        self.uncollected.clear();
         self.total = 0;
-        (handles, timers)
+        self.tickets = 0;
+        out
     }
 }
 
@@ -426,7 +809,7 @@ pub fn has_waiters(db: i32, key: &[u8]) -> bool {
 pub fn queued_units(db: i32, key: &[u8]) -> i64 {
     with(|q| {
         q.queue(db, key).map_or(0, |queue| {
-            queue.waiters.values().map(|w| w.request.units()).sum()
+            queue.live_waiters().map(|w| w.request.units()).sum()
         })
     })
 }
@@ -447,7 +830,7 @@ pub fn wait(
         return Err(ERR_TOO_MANY_WAITERS);
     }
     let handle = ffi::block_client(ctx);
-    waiter.handle = handle;
+    waiter.who = Who::Blocked(handle);
     // The module ends the wait itself, with a timer of its own, rather than giving Redis
     // a timeout: a handoff and a timeout then both go through the queue, and whichever
     // takes the waiter out first answers it, exactly once. (Redis's timeout of a client
@@ -464,6 +847,126 @@ pub fn wait(
     }
     note_expiry(ctx, db, key, pttl);
     Ok(())
+}
+
+/// Queues a ticket for the current connection (`… WAIT timeout-ms ASYNC`, SPEC 5): it
+/// waits in the key's queue like a blocked client, but the connection goes on; its end is
+/// published on the key's ticket channel. `pttl` as for [`wait`].
+pub fn queue_ticket(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    request: Request,
+    timeout_ms: i64,
+    pttl: i64,
+) -> Result<(), &'static str> {
+    let key = name.as_slice();
+    let waiter = Waiter {
+        request,
+        who: Who::Ticket(ffi::client_id(ctx)),
+        deadline_timer: 0,
+        deadline_at: if timeout_ms > 0 {
+            ffi::now_ms() + timeout_ms
+        } else {
+            0
+        },
+    };
+    let limit = crate::config::max_waiters_per_key();
+    with(|q| q.push(db, key, waiter, limit)).map_err(|_| ERR_TOO_MANY_WAITERS)?;
+    stats::bump(|s| &s.tickets_queued);
+    if timeout_ms > 0 {
+        arm_ticket_timer(ctx, db, key);
+    }
+    note_expiry(ctx, db, key, pttl);
+    Ok(())
+}
+
+/// Makes sure the key's ticket-deadline timer fires at its earliest ticket deadline.
+fn arm_ticket_timer(ctx: &Context, db: i32, key: &[u8]) {
+    if let Some((old, tag, fire_at)) = with(|q| q.plan_ticket_timer(db, key)) {
+        if let Some(old) = old {
+            ffi::stop_timer(ctx, old.id);
+        }
+        let id = ffi::create_timer(ctx, (fire_at - ffi::now_ms()).max(0), tag);
+        with(|q| q.set_ticket_timer(db, key, ArmedTimer { id, tag, fire_at }));
+    }
+}
+
+/// Publishes how a ticket left its queue, on the key's ticket channel, to this node's
+/// subscribers only (not replicated: the clients that queued tickets listen where they
+/// queued them).
+fn publish_end(ctx: &Context, key: &[u8], request: &Request, end: ticket::End) {
+    let (owner, id) = request.names();
+    let message = ticket::message(end, id.unwrap_or_default(), owner);
+    store::publish_here(ctx, &ticket::channel(key), &message);
+}
+
+/// A ticket at the head whose request id was granted already (a retried ASYNC call whose
+/// first ticket was granted): dropped, never granted twice. True if it was.
+fn head_is_spent_ticket(ctx: &Context, db: i32, name: &RedisString) -> bool {
+    let key = name.as_slice();
+    let Some(request) = with(|q| {
+        q.head(db, key)
+            .filter(|w| matches!(w.who, Who::Ticket(_)))
+            .map(|w| w.request.clone())
+    }) else {
+        return false;
+    };
+    let Some(id) = request.names().1.filter(|_| request.grant_is_written()) else {
+        return false;
+    };
+    let record =
+        RedisString::create_from_slice(std::ptr::null_mut(), &crate::core::request_key(key, id));
+    if store::remembered(ctx, &record).is_none() {
+        return false;
+    }
+    with(|q| q.take(db, key));
+    true
+}
+
+/// A ticket was granted (written already): publish it, and keep the grant as the ticket's
+/// connection's until its client collects it.
+fn granted_ticket(ctx: &Context, db: i32, name: &RedisString, client: u64, request: Request) {
+    stats::bump(|s| &s.tickets_granted);
+    publish_end(ctx, name.as_slice(), &request, ticket::End::Granted);
+    if !request.grant_is_written() {
+        return;
+    }
+    if let Some(id) = request.names().1 {
+        let record = crate::core::request_key(name.as_slice(), id);
+        let untold = Untold {
+            db,
+            key: Rc::from(name.as_slice()),
+            request: request.clone(),
+        };
+        let window = crate::config::request_id_window_ms();
+        with(|q| q.granted_ticket(client, &record, untold, ffi::now_ms(), window));
+    }
+}
+
+/// A request id's first reply was replayed: if it was a ticket's grant, it is collected.
+pub fn collected(request_key: &[u8]) {
+    with(|q| q.collected(request_key));
+}
+
+/// A connection closed: its queued tickets leave their queues, and the grants its tickets
+/// were given and never collected are taken back and passed on (like a grant whose
+/// blocked client vanished before its reply). Runs while the server frees the client:
+/// writes wait for the sweep.
+pub fn on_client_gone(ctx: &Context, client: u64) {
+    let (dropped, heads) = with(|q| q.drop_tickets_of(client));
+    let untold = with(|q| q.uncollected_of(client));
+    for (db, key, waiter) in &dropped {
+        stats::bump(|s| &s.tickets_dropped);
+        stop_deadline(ctx, waiter);
+        forget_if_empty(ctx, *db, key);
+    }
+    for (db, key) in heads {
+        schedule_after_loop(ctx, db, &key); // the next head may be grantable now
+    }
+    for granted in untold {
+        revoke_later(ctx, granted);
+    }
 }
 
 /// Makes sure a key with waiters is looked at again when its lock expires (`pttl` from
@@ -540,8 +1043,7 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
             }
             Check::Refuse(error) => {
                 if let Some(waiter) = with(|q| q.take(db, key_bytes)) {
-                    stop_deadline(ctx, &waiter);
-                    ffi::unblock(waiter.handle, Some(Wake::Error(error.into())));
+                    answer_error(ctx, name, waiter, error.into());
                 }
                 continue;
             }
@@ -553,12 +1055,18 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
                 return Served::Redirected;
             }
         }
+        if head_is_spent_ticket(ctx, db, name) {
+            continue; // a duplicate of a ticket granted already: dropped, silently
+        }
         let Some(waiter) = with(|q| q.pop(db, key_bytes)) else {
             return done(handed, Served::NoWaiters);
         };
         let grant = write(ctx, name);
         stop_deadline(ctx, &waiter);
-        ffi::unblock(waiter.handle, Some(Wake::Reply(grant.reply)));
+        match waiter.who {
+            Who::Blocked(handle) => ffi::unblock(handle, Some(Wake::Reply(grant.reply))),
+            Who::Ticket(client) => granted_ticket(ctx, db, name, client, waiter.request),
+        }
         stats::bump(|s| &s.handoffs);
         handed = true;
         if let Some(pttl) = grant.look_again {
@@ -571,11 +1079,31 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
 
 /// Answers every waiter of a key with a cluster redirection (the key left this node).
 fn redirect(ctx: &Context, db: i32, key: &[u8], error: String) {
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), key);
     while let Some(waiter) = with(|q| q.take(db, key)) {
-        stop_deadline(ctx, &waiter);
-        ffi::unblock(waiter.handle, Some(Wake::Error(error.clone().into())));
+        answer_error(ctx, &name, waiter, error.clone().into());
     }
     forget_if_empty(ctx, db, key);
+}
+
+/// Answers a waiter that leaves its queue with an error: a blocked client is replied, a
+/// ticket's end is published.
+fn answer_error(
+    ctx: &Context,
+    name: &RedisString,
+    waiter: Waiter,
+    error: std::borrow::Cow<'static, str>,
+) {
+    stop_deadline(ctx, &waiter);
+    match waiter.who {
+        Who::Blocked(handle) => ffi::unblock(handle, Some(Wake::Error(error))),
+        Who::Ticket(_) => publish_end(
+            ctx,
+            name.as_slice(),
+            &waiter.request,
+            ticket::End::Error(&error),
+        ),
+    }
 }
 
 /// Timer tags with this bit end a wait; the other bits are the waiter's blocked-client
@@ -591,7 +1119,7 @@ fn stop_deadline(ctx: &Context, waiter: &Waiter) {
 }
 
 fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
-    if let Some(timer) = with(|q| q.forget_if_empty(db, key)) {
+    for timer in with(|q| q.forget_if_empty(db, key)) {
         ffi::stop_timer(ctx, timer.id);
     }
 }
@@ -602,9 +1130,13 @@ pub fn on_deadline(ctx: &Context, handle: Blocked) {
     // Every way out of the queue stops this timer, so the waiter is the one it was armed
     // for; the deadline check guards against a handle reused by a later waiter anyway.
     let due = with(|q| q.deadline_of(handle)).is_some_and(|at| at <= ffi::now_ms());
-    let Some((db, name, waiter)) = due.then(|| with(|q| q.remove(handle))).flatten() else {
+    let Some((db, name, waiter, was_head)) = due.then(|| with(|q| q.remove(handle))).flatten()
+    else {
         return;
     };
+    if was_head {
+        schedule_after_loop(ctx, db, &name); // the next head may be grantable now
+    }
     stats::bump(|s| &s.wait_timeouts);
     let reply = if ffi::select_db(ctx, db) {
         let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
@@ -619,7 +1151,7 @@ pub fn on_deadline(ctx: &Context, handle: Blocked) {
 /// Timeout callback, reached only through `CLIENT UNBLOCK <id> TIMEOUT` (the module gives
 /// Redis no timeout): the waiter leaves the queue and gets the holder's PTTL.
 pub fn on_timeout(ctx: &Context, handle: Blocked) {
-    let Some((db, name, waiter)) = with(|q| q.remove(handle)) else {
+    let Some((db, name, waiter, _)) = with(|q| q.remove(handle)) else {
         // Already handed the lock: Redis does not time out an unblocked client, so this
         // is unreachable; answer something rather than leave the client hanging.
         ffi::reply_error(ctx, ERR_INTERNAL);
@@ -641,10 +1173,13 @@ pub fn on_timeout(ctx: &Context, handle: Blocked) {
 /// back (released as its owner would) and passes to the next waiter. Its handle was
 /// already given back to Redis at the handoff.
 pub fn on_disconnect(ctx: &Context, handle: Blocked) {
-    if let Some((db, name, waiter)) = with(|q| q.remove(handle)) {
+    if let Some((db, name, waiter, was_head)) = with(|q| q.remove(handle)) {
         stop_deadline(ctx, &waiter);
         forget_if_empty(ctx, db, &name);
         ffi::unblock(handle, None);
+        if was_head {
+            schedule_after_loop(ctx, db, &name); // the next head may be grantable now
+        }
     } else if let Some(granted) = with(|q| q.ungrant(handle)) {
         revoke_later(ctx, granted);
     }
@@ -655,12 +1190,33 @@ pub fn on_replied(handle: Blocked) {
     with(|q| q.replied(handle));
 }
 
-/// An expiry timer fired: serve the key if its lock is gone.
-fn on_expiry_timer(ctx: &Context, tag: u64) {
-    if let Some((db, name)) = with(|q| q.fired(tag)) {
-        if ffi::select_db(ctx, db) {
-            let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
+/// A queue's timer fired: at the lock's expiry, serve the key if its lock is gone; at a
+/// ticket deadline, time out the tickets that are due (and serve the next head if the
+/// head was one of them).
+fn on_queue_timer(ctx: &Context, tag: u64) {
+    let Some((db, name, fired)) = with(|q| q.fired(tag)) else {
+        return;
+    };
+    if !ffi::select_db(ctx, db) {
+        return;
+    }
+    let name_rs = RedisString::create_from_slice(std::ptr::null_mut(), &name);
+    match fired {
+        Fired::Expiry => {
             serve(ctx, db, &name_rs, Path::Event);
+        }
+        Fired::Tickets => {
+            let (due, head_left) = with(|q| q.due_tickets(db, &name, ffi::now_ms()));
+            for waiter in due {
+                stats::bump(|s| &s.wait_timeouts);
+                stats::bump(|s| &s.tickets_timed_out);
+                publish_end(ctx, &name, &waiter.request, ticket::End::TimedOut);
+            }
+            arm_ticket_timer(ctx, db, &name);
+            forget_if_empty(ctx, db, &name);
+            if head_left {
+                serve(ctx, db, &name_rs, Path::Event);
+            }
         }
     }
 }
@@ -670,12 +1226,15 @@ fn on_expiry_timer(ctx: &Context, tag: u64) {
 /// and the pending list is dropped (a replica's keys are its master's to change).
 pub fn fail_all(ctx: &Context, error: &'static str) {
     PENDING.with(|p| p.borrow_mut().clear());
-    let (handles, timers) = with(Queues::drain);
-    for id in timers {
+    let drained = with(Queues::drain);
+    for id in drained.timers {
         ffi::stop_timer(ctx, id);
     }
-    for handle in handles {
+    for handle in drained.handles {
         ffi::unblock(handle, Some(Wake::Error(error.into())));
+    }
+    for (_, name, request) in drained.tickets {
+        publish_end(ctx, &name, &request, ticket::End::Error(error));
     }
 }
 
@@ -743,7 +1302,7 @@ pub fn on_timer(ctx: &Context, tag: u64) {
     } else if tag & KEY_TIMER_BIT != 0 {
         on_key_timer(ctx, tag);
     } else {
-        on_expiry_timer(ctx, tag);
+        on_queue_timer(ctx, tag);
     }
 }
 
@@ -997,7 +1556,7 @@ mod tests {
 
     fn waiter(n: usize) -> Waiter {
         Waiter {
-            handle: Blocked(n),
+            who: Who::Blocked(Blocked(n)),
             ..Waiter::new(Rc::new(Probe(n)))
         }
     }
@@ -1008,7 +1567,8 @@ mod tests {
         for n in 1..=5 {
             q.push(0, b"k", waiter(n), 100).unwrap();
         }
-        let order: Vec<usize> = std::iter::from_fn(|| q.pop(0, b"k").map(|w| w.handle.0)).collect();
+        let order: Vec<usize> =
+            std::iter::from_fn(|| q.pop(0, b"k").map(|w| w.handle().unwrap().0)).collect();
         assert_eq!(order, vec![1, 2, 3, 4, 5]);
         assert_eq!(q.total(), 0);
     }
@@ -1019,11 +1579,14 @@ mod tests {
         for n in 1..=4 {
             q.push(0, b"k", waiter(n), 100).unwrap();
         }
-        let (db, name, w) = q.remove(Blocked(2)).unwrap();
-        assert_eq!((db, &name[..], w.handle), (0, &b"k"[..], Blocked(2)));
+        let (db, name, w, was_head) = q.remove(Blocked(2)).unwrap();
+        assert_eq!(
+            (db, &name[..], w.handle(), was_head),
+            (0, &b"k"[..], Some(Blocked(2)), false)
+        );
         assert!(q.remove(Blocked(2)).is_none(), "a handle is removed once");
-        assert_eq!(q.pop(0, b"k").unwrap().handle, Blocked(1));
-        assert_eq!(q.pop(0, b"k").unwrap().handle, Blocked(3));
+        assert_eq!(q.pop(0, b"k").unwrap().handle().unwrap(), Blocked(1));
+        assert_eq!(q.pop(0, b"k").unwrap().handle().unwrap(), Blocked(3));
         assert_eq!(q.total(), 1);
     }
 
@@ -1035,7 +1598,7 @@ mod tests {
         q.push(0, b"b", waiter(3), 10).unwrap();
         assert_eq!((q.len(0, b"a"), q.len(1, b"a"), q.len(0, b"b")), (1, 1, 1));
         assert_eq!(q.keys_with_waiters(), 3);
-        assert_eq!(q.pop(1, b"a").unwrap().handle, Blocked(2));
+        assert_eq!(q.pop(1, b"a").unwrap().handle().unwrap(), Blocked(2));
     }
 
     #[test]
@@ -1060,9 +1623,9 @@ mod tests {
             fire_at: 1000,
         };
         q.set_timer(0, b"k", t);
-        assert!(q.forget_if_empty(0, b"k").is_none(), "not empty yet");
+        assert!(q.forget_if_empty(0, b"k").is_empty(), "not empty yet");
         q.pop(0, b"k");
-        assert_eq!(q.forget_if_empty(0, b"k"), Some(t));
+        assert_eq!(q.forget_if_empty(0, b"k"), vec![t]);
         assert_eq!(q.keys_with_waiters(), 0);
         assert!(q.fired(tag).is_none(), "the stopped timer's tag is stale");
     }
@@ -1097,8 +1660,8 @@ mod tests {
         );
         assert!(q.fired(tag).is_none(), "the replaced timer is stale");
         assert_eq!(
-            q.fired(tag2).map(|(db, k)| (db, k.to_vec())),
-            Some((0, b"k".to_vec()))
+            q.fired(tag2).map(|(db, k, f)| (db, k.to_vec(), f)),
+            Some((0, b"k".to_vec(), Fired::Expiry))
         );
     }
 
@@ -1125,7 +1688,7 @@ mod tests {
         let mut q = Queues::default();
         q.push(0, b"a", waiter(1), 10).unwrap();
         q.push(3, b"b", waiter(2), 10).unwrap();
-        let (mut handles, _) = q.drain();
+        let mut handles = q.drain().handles;
         handles.sort_by_key(|h| h.0);
         assert_eq!(handles, vec![Blocked(1), Blocked(2)]);
         assert_eq!((q.total(), q.keys_with_waiters()), (0, 0));
@@ -1148,5 +1711,161 @@ mod tests {
         }
         q.shrink_when_idle();
         assert_eq!((q.by_handle.capacity(), q.dbs.capacity()), (0, 0));
+    }
+
+    fn ticket(n: usize, client: u64, deadline_at: i64) -> Waiter {
+        Waiter {
+            who: Who::Ticket(client),
+            deadline_at,
+            ..Waiter::new(Rc::new(Probe(n)))
+        }
+    }
+
+    fn probe_of(w: &Waiter) -> String {
+        format!("{:?}", w.request)
+    }
+
+    #[test]
+    fn tickets_and_blocked_waiters_share_one_fifo() {
+        let mut q = Queues::default();
+        q.push(0, b"k", waiter(1), 100).unwrap();
+        q.push(0, b"k", ticket(2, 7, 0), 100).unwrap();
+        q.push(0, b"k", waiter(3), 100).unwrap();
+        q.push(0, b"k", ticket(4, 8, 0), 100).unwrap();
+        assert_eq!((q.total(), q.tickets(), q.len(0, b"k")), (4, 2, 4));
+        let order: Vec<String> =
+            std::iter::from_fn(|| q.pop(0, b"k").map(|w| probe_of(&w))).collect();
+        assert_eq!(order, ["Probe(1)", "Probe(2)", "Probe(3)", "Probe(4)"]);
+        assert_eq!((q.total(), q.tickets()), (0, 0));
+        assert!(
+            q.tickets_of.is_empty(),
+            "per-connection counts go with their tickets"
+        );
+    }
+
+    #[test]
+    fn a_closed_connection_takes_its_tickets_from_every_queue() {
+        let mut q = Queues::default();
+        q.push(0, b"a", ticket(1, 7, 0), 100).unwrap();
+        q.push(0, b"a", ticket(2, 8, 0), 100).unwrap();
+        q.push(0, b"a", ticket(3, 7, 0), 100).unwrap();
+        q.push(2, b"b", waiter(4), 100).unwrap();
+        q.push(2, b"b", ticket(5, 7, 0), 100).unwrap();
+        let (dropped, heads) = q.drop_tickets_of(7);
+        let mut names: Vec<String> = dropped.iter().map(|(_, _, w)| probe_of(w)).collect();
+        names.sort();
+        assert_eq!(names, ["Probe(1)", "Probe(3)", "Probe(5)"]);
+        assert_eq!(
+            heads
+                .iter()
+                .map(|(db, k)| (*db, k.to_vec()))
+                .collect::<Vec<_>>(),
+            vec![(0, b"a".to_vec())]
+        );
+        assert_eq!(
+            (q.total(), q.tickets(), q.len(0, b"a"), q.len(2, b"b")),
+            (2, 1, 1, 1)
+        );
+        assert_eq!(probe_of(q.head(0, b"a").unwrap()), "Probe(2)");
+        assert!(
+            q.drop_tickets_of(7).0.is_empty(),
+            "a connection without tickets costs a lookup"
+        );
+        assert!(
+            q.forget_if_empty(0, b"a").is_empty(),
+            "ticket 2 still queues"
+        );
+    }
+
+    #[test]
+    fn due_tickets_leave_in_deadline_order_and_the_timer_follows_the_earliest() {
+        let mut q = Queues::default();
+        q.push(0, b"k", ticket(1, 7, 300), 100).unwrap();
+        q.push(0, b"k", ticket(2, 7, 100), 100).unwrap();
+        q.push(0, b"k", ticket(3, 7, 0), 100).unwrap(); // no deadline
+        q.push(0, b"k", ticket(4, 7, 200), 100).unwrap();
+        let (old, tag, at) = q.plan_ticket_timer(0, b"k").unwrap();
+        assert_eq!((old, at), (None, 100));
+        q.set_ticket_timer(
+            0,
+            b"k",
+            ArmedTimer {
+                id: 1,
+                tag,
+                fire_at: at,
+            },
+        );
+        assert!(
+            q.plan_ticket_timer(0, b"k").is_none(),
+            "the armed timer is the earliest"
+        );
+        assert_eq!(q.fired(tag).map(|(_, _, f)| f), Some(Fired::Tickets));
+        let (due, head_left) = q.due_tickets(0, b"k", 200);
+        assert_eq!(
+            due.iter().map(probe_of).collect::<Vec<_>>(),
+            ["Probe(2)", "Probe(4)"]
+        );
+        assert!(!head_left);
+        // Ticket 1 leaves early (granted): its deadline entry is stale and skipped.
+        assert_eq!(probe_of(&q.pop(0, b"k").unwrap()), "Probe(1)");
+        assert!(
+            q.plan_ticket_timer(0, b"k").is_none(),
+            "ticket 3 has no deadline"
+        );
+        assert_eq!(q.due_tickets(0, b"k", 10_000).0.len(), 0);
+        assert_eq!((q.len(0, b"k"), q.tickets()), (1, 1));
+        let (due, head_left) = {
+            q.push(0, b"k", ticket(5, 7, 50), 100).unwrap();
+            q.pop(0, b"k"); // ticket 3 granted: ticket 5 is the head
+            q.due_tickets(0, b"k", 60)
+        };
+        assert_eq!((due.len(), head_left), (1, true));
+        assert_eq!(q.total(), 0);
+    }
+
+    #[test]
+    fn holes_left_by_removals_are_dropped_and_order_is_kept() {
+        let mut q = Queues::default();
+        for n in 1..=200 {
+            q.push(0, b"k", waiter(n), 1000).unwrap();
+        }
+        for n in (2..=200).step_by(2) {
+            assert!(q.remove(Blocked(n)).is_some());
+        }
+        for n in (3..=199).step_by(4) {
+            assert!(q.remove(Blocked(n)).is_some());
+        }
+        let queue = q.queue(0, b"k").unwrap();
+        assert_eq!(queue.live, 50);
+        assert!(
+            queue.waiters.len() <= 2 * queue.live + 32,
+            "holes compacted"
+        );
+        let order: Vec<usize> =
+            std::iter::from_fn(|| q.pop(0, b"k").map(|w| w.handle().unwrap().0)).collect();
+        assert_eq!(order, (1..=200).step_by(4).collect::<Vec<_>>());
+        assert!(q.remove(Blocked(1)).is_none());
+    }
+
+    #[test]
+    fn grants_are_uncollected_until_collected_or_their_connection_closes() {
+        let mut q = Queues::default();
+        let untold = |n| Untold {
+            db: 0,
+            key: Rc::from(&b"k"[..]),
+            request: Rc::new(Probe(n)) as Request,
+        };
+        q.granted_ticket(7, b"r1", untold(1), 1000, 60_000);
+        q.granted_ticket(7, b"r2", untold(2), 1000, 60_000);
+        q.granted_ticket(8, b"r3", untold(3), 1000, 60_000);
+        q.collected(b"r1");
+        let back: Vec<String> = q
+            .uncollected_of(7)
+            .iter()
+            .map(|u| format!("{:?}", u.request))
+            .collect();
+        assert_eq!(back, ["Probe(2)"]);
+        assert!(q.uncollected_of(7).is_empty());
+        assert_eq!(q.uncollected.len(), 1);
     }
 }

@@ -12,6 +12,9 @@ pub const ERR_WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the w
 pub const ERR_COUNT_OVERFLOW: &str = "ERR hold count would overflow";
 pub const ERR_TOO_MANY_WAITERS: &str =
     "ERR too many clients waiting for this lock (see rlock.max-waiters-per-key)";
+/// `ASYNC` queues a ticket (docs/tickets.md): it waits (`WAIT`) and is collected by its
+/// request id (`ID`).
+pub const ERR_ASYNC: &str = "ERR ASYNC needs WAIT and ID";
 pub const ERR_INTERNAL: &str = "ERR rlock internal error (details in the server log)";
 /// Sent to waiters still queued when the server stops being a master (Redis 7.0 normally
 /// unblocks them itself first): a replica cannot grant locks.

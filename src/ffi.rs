@@ -611,6 +611,45 @@ pub fn on_swapdb(ctx: &Context, f: fn(&Context, i32, i32)) {
     }
 }
 
+static CLIENT_GONE_HANDLER: OnceLock<fn(&Context, u64)> = OnceLock::new();
+
+extern "C" fn client_change_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || data.is_null() {
+        return;
+    }
+    let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
+    let context = Context::new(ctx);
+    if let Some(f) = CLIENT_GONE_HANDLER.get() {
+        crate::guard::quietly(|| f(&context, info.id));
+    }
+}
+
+/// Calls `f(ctx, client_id)` whenever a client connection closes (queued tickets live as
+/// long as the connection that queued them). Called once from init. The callback runs
+/// while the server frees the client: it may only note what to do, not write keys.
+pub fn on_client_gone(ctx: &Context, f: fn(&Context, u64)) {
+    let _ = CLIENT_GONE_HANDLER.set(f);
+    unsafe {
+        if let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent {
+            let event = raw::RedisModuleEvent {
+                id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+                dataver: raw::REDISMODULE_CLIENTINFO_VERSION as u64,
+            };
+            subscribe(ctx.ctx, event, Some(client_change_cb));
+        }
+    }
+}
+
+/// The id of the connection running the current command (`CLIENT ID`).
+pub fn client_id(ctx: &Context) -> u64 {
+    unsafe { raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx)) }
+}
+
 // ---------------------------------------------------------------------------------------
 // Timers
 

@@ -141,15 +141,20 @@ pub fn parse_try_set<'a>(args: &[&'a [u8]]) -> Result<(i64, Options<'a>), &'stat
     Ok((count, parse_options(rest, Allowed::default())?))
 }
 
-/// `[WAIT timeout-ms]` of `AWAIT`: it changes nothing, so it takes no request id.
-pub fn parse_await(args: &[&[u8]]) -> Result<Option<i64>, &'static str> {
+/// `[WAIT timeout-ms [ASYNC ID ticket-id]]` of `AWAIT`: it changes nothing, so it takes
+/// a request id only to name its queued ticket (docs/tickets.md).
+pub fn parse_await<'a>(args: &[&'a [u8]]) -> Result<Options<'a>, &'static str> {
     let allowed = Allowed {
         wait: true,
         ..Allowed::default()
     };
     match parse_options(args, allowed)? {
-        Options { id: Some(_), .. } => Err(ERR_SYNTAX),
-        o => Ok(o.wait),
+        Options {
+            id: Some(_),
+            queued: false,
+            ..
+        } => Err(ERR_SYNTAX),
+        o => Ok(o),
     }
 }
 
@@ -267,8 +272,10 @@ mod tests {
             parse_try_set(&[b"1", b"ID", b"r"]).unwrap().1.id,
             Some(&b"r"[..])
         );
-        assert_eq!(parse_await(&[]), Ok(None));
-        assert_eq!(parse_await(&[b"WAIT", b"0"]), Ok(Some(0)));
+        assert_eq!(parse_await(&[]).map(|o| o.wait), Ok(None));
+        assert_eq!(parse_await(&[b"WAIT", b"0"]).map(|o| o.wait), Ok(Some(0)));
+        let o = parse_await(&[b"WAIT", b"0", b"ASYNC", b"ID", b"t"]).unwrap();
+        assert!(o.queued && o.id == Some(&b"t"[..]));
         assert_eq!(parse_await(&[b"ID", b"x"]), Err(ERR_SYNTAX));
     }
 

@@ -25,7 +25,8 @@
 //!   error replies), `errors`, and `ffi`, the only unsafe code.
 //! - Beside them, pure (no Redis): one core per primitive, state in, plan out: `core`
 //!   (the lock), `fenced`, `rwlock`, `semaphore` (with the plan vocabulary the sync cores
-//!   share), `expirable`, `latch`; `effects` (their writes as plain commands) and `reply`.
+//!   share), `expirable`, `latch`; `effects` (their writes as plain commands) and `reply`;
+//!   `ticket` (a queued ticket's channel and message, SPEC 5).
 
 pub mod cluster;
 pub mod cmd;
@@ -54,6 +55,7 @@ pub mod fenced;
 pub mod latch;
 pub mod rwlock;
 pub mod semaphore;
+pub mod ticket;
 
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
@@ -80,14 +82,18 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // The permit-expirable semaphore's lease timer (engine key timers name no primitive).
     cmd_expirable::init();
     ffi::on_swapdb(ctx, events::on_swapdb);
+    // Queued tickets live as long as the connection that queued them.
+    ffi::on_client_gone(ctx, engine::on_client_gone);
     events::subscribe(ctx);
     Status::Ok
 }
 
 fn info(ctx: &InfoContext, _for_crash_report: bool) {
-    let (waiters, keys_with_waiters) = engine::with(|q| (q.total(), q.keys_with_waiters()));
+    let (waiters, tickets, keys_with_waiters) =
+        engine::with(|q| (q.total(), q.tickets(), q.keys_with_waiters()));
     let gauges = stats::Gauges {
         waiters,
+        tickets,
         keys_with_waiters,
         tracked_locks: tracking::tracked_count(),
     };

@@ -310,13 +310,25 @@ pub struct Options<'a> {
     pub px: Option<i64>,
     /// `PERMITS n` (`RPSEMAPHORE.ACQUIRE`): several permits, ids replied as an array.
     pub permits: Option<i64>,
+    /// `ASYNC` (with `WAIT` and `ID`): wait as a queued ticket (docs/tickets.md).
+    pub queued: bool,
 }
 
 /// Parses `[WAIT timeout-ms] [ID request-id] [PX ttl-ms] [PERMITS n]` as `allowed` says.
 pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<'a>, &'static str> {
     let mut o = Options::default();
     let mut rest = args;
-    while let [option, value, tail @ ..] = rest {
+    loop {
+        if let [flag, tail @ ..] = rest {
+            if flag.eq_ignore_ascii_case(b"ASYNC") && allowed.wait && !o.queued {
+                o.queued = true;
+                rest = tail;
+                continue;
+            }
+        }
+        let [option, value, tail @ ..] = rest else {
+            break;
+        };
         let is = |name: &[u8]| option.eq_ignore_ascii_case(name);
         if is(b"WAIT") && allowed.wait && o.wait.is_none() {
             o.wait = Some(parse_int(value, 0, MAX_MS, ERR_TIMEOUT)?);
@@ -334,11 +346,11 @@ pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<
         }
         rest = tail;
     }
-    if rest.is_empty() {
-        Ok(o)
-    } else {
-        Err(ERR_SYNTAX)
+    if !rest.is_empty() {
+        return Err(ERR_SYNTAX);
     }
+    crate::core::check_queued(o.queued, o.wait, o.id)?;
+    Ok(o)
 }
 
 /// `permits [PX ttl-ms] [ID request-id]` of `TRYSETPERMITS` (after the key).

@@ -52,12 +52,20 @@ pub struct Stats {
     pub rw_forced_releases: Cell<u64>,
     pub rw_renewals: Cell<u64>,
     pub rw_read_leases_ended: Cell<u64>,
+    // Queued tickets (SPEC 5, docs/tickets.md): queued, granted, timed out, dropped with
+    // their connection.
+    pub tickets_queued: Cell<u64>,
+    pub tickets_granted: Cell<u64>,
+    pub tickets_timed_out: Cell<u64>,
+    pub tickets_dropped: Cell<u64>,
 }
 
 /// What INFO reports that lives elsewhere (the engine's queues, the tracked set).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Gauges {
     pub waiters: usize,
+    /// Of `waiters`, the queued tickets.
+    pub tickets: usize,
     pub keys_with_waiters: usize,
     pub tracked_locks: usize,
 }
@@ -104,6 +112,7 @@ fn semaphore_fields(s: &Stats) -> [(&'static str, u64); 10] {
 pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
     let Gauges {
         waiters,
+        tickets,
         keys_with_waiters: keys,
         tracked_locks,
     } = gauges;
@@ -155,6 +164,17 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         // Fenced lock (SPEC 4.2).
         ctx.add_info_field_long_long("fenced_tokens_issued", s.fenced_tokens_issued.get() as i64);
         for (name, value) in semaphore_fields(s) {
+            ctx.add_info_field_long_long(name, value as i64);
+        }
+        // Queued tickets (SPEC 5): the gauge, then the counters.
+        let tickets: [(&str, u64); 5] = [
+            ("tickets", tickets as u64),
+            ("tickets_queued", s.tickets_queued.get()),
+            ("tickets_granted", s.tickets_granted.get()),
+            ("tickets_timed_out", s.tickets_timed_out.get()),
+            ("tickets_dropped", s.tickets_dropped.get()),
+        ];
+        for (name, value) in tickets {
             ctx.add_info_field_long_long(name, value as i64);
         }
     });

@@ -138,6 +138,16 @@ pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
     }
 }
 
+/// Publishes a message to this node's subscribers only, not replicated (a queued ticket's
+/// end, docs/tickets.md: its client listens where it queued the ticket): SPUBLISH in
+/// cluster mode, else PUBLISH.
+pub fn publish_here(ctx: &Context, channel: &[u8], message: &[u8]) {
+    let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
+    let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    ffi::publish(ctx, &channel, &message, cluster);
+}
+
 /// The reply remembered for a request id (see [`remember`]), if the window is still open.
 pub fn remembered(ctx: &Context, request: &RedisString) -> Option<Reply> {
     let key = LockKey::open(ctx, request, false);

@@ -34,3 +34,5 @@ PERMITS_OVERFLOW = "ERR permit count would overflow"
 PERMIT_LEASE = "ERR lease-ms must be -1 (no lease) or an integer from 1 to 3153600000000"
 PERMIT_ID = "ERR permit-id must be 2 to 64 hex digits, an even number of them"
 TTL = "ERR ttl-ms must be an integer from 1 to 3153600000000"
+# Queued tickets (docs/tickets.md)
+ASYNC = "ERR ASYNC needs WAIT and ID"

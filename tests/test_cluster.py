@@ -318,6 +318,41 @@ def test_a_lock_migrated_away_is_not_handed_to_a_waiter_left_on_the_old_node(clu
             dst.client().delete(key)
 
 
+def test_a_ticket_on_a_key_whose_slot_migrates_is_told_where_the_key_went(cluster):
+    """Queued tickets (docs/tickets.md) are redirected like blocked waiters: the ticket's
+    `error` message, published with SPUBLISH on the old node, carries the ASK."""
+    src, dst = two_masters(cluster)
+    lo, hi = cluster.slot_ranges(src)[-1]
+    slot = hi
+    key = key_on(slot, slot, "mig-ticket")
+    s = src.client()
+    assert s.execute_command("RLOCK.ACQUIRE", key, "holder", LEASE) is None
+    sub = src.client().pubsub()
+    sub.ssubscribe(f"rlock_ticket:{{{key}}}")
+    assert sub.get_message(timeout=5)["type"] == "ssubscribe"
+    t = src.client()
+    assert t.execute_command("RLOCK.ACQUIRE", key, "waiter", LEASE, "WAIT", 0, "ASYNC",
+                             "ID", "t1") == b"QUEUED"
+    begin_migration(cluster, slot, src, dst)
+    try:
+        assert s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", key)
+        m = None
+        for _ in range(50):
+            m = sub.get_message(timeout=0.1)
+            if m is not None and m["type"] == "smessage":
+                break
+        assert m is not None and m["type"] == "smessage", m
+        assert m["data"] == f"error:2:6:t1waiterASK {slot} 127.0.0.1:{dst.port}".encode()
+        assert s.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0, "no lock left behind"
+        assert int(info_field(s, "rlock", "rlock_tickets")) == 0
+    finally:
+        sub.close()
+        if s.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot):
+            s.delete(key)
+        finish_migration(cluster, slot, dst)
+        dst.client().delete(key)
+
+
 # ---------------------------------------------------------------------------------------
 # Failover (last: it swaps a master and its replica, then swaps them back)
 

@@ -20,6 +20,7 @@ import re
 import pytest
 
 from conftest import wait_until
+from errors import ASYNC as ERR_ASYNC
 from hostile_helpers import (fill_module_client_pool, memory_back, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_INTERNAL_PREFIX, ERR_LEASE, ERR_NOT_A_LOCK,
                              ERR_SYNTAX, ERR_TIMEOUT, ERR_WRONGTYPE, MAX_MS, Map, Raw,
                              ReplyError, arity_error, blocked_clients, connected_clients,
@@ -111,6 +112,9 @@ class Gen:
                     args += [self.option(), self.number()]
             if self.rng.random() < 0.05:
                 args.append(self.option())
+            if self.rng.random() < 0.15:
+                # A queued ticket (docs/tickets.md): needs WAIT and ID.
+                args.insert(self.rng.randrange(3, len(args) + 1), b"ASYNC")
         elif name == "RLOCK.RELEASE":
             args = [self.key(), self.owner()] + [self.number()] * self.rng.choice([0, 1, 1, 2])
             if self.rng.random() < 0.3:
@@ -160,9 +164,15 @@ def expected_error(call):
     if parse_ms(rest[0], 1) is None:
         return ERR_LEASE
     if name == "RLOCK.ACQUIRE":
-        # owner lease-ms, then WAIT timeout-ms and ID request-id, each once, in any order.
-        rest, waited, has_id = rest[1:], False, False
-        while len(rest) >= 2:
+        # owner lease-ms, then WAIT timeout-ms and ID request-id, each once, and the flag
+        # ASYNC once, in any order; ASYNC needs WAIT and ID.
+        rest, waited, has_id, queued = rest[1:], False, False, False
+        while rest:
+            if rest[0].upper() == b"ASYNC" and not queued:
+                queued, rest = True, rest[1:]
+                continue
+            if len(rest) < 2:
+                break
             option, value = rest[0].upper(), rest[1]
             if option == b"WAIT" and not waited:
                 if parse_ms(value, 0) is None:
@@ -179,13 +189,15 @@ def expected_error(call):
             rest = rest[2:]
         if rest:
             return ERR_SYNTAX
+        if queued and not (waited and has_id):
+            return ERR_ASYNC
     return None
 
 
 def shape_ok(name, reply):
     """A well-formed call on a lock key (or no key) answers with its command's reply shape."""
     if name == "RLOCK.ACQUIRE":
-        return reply is None or (type(reply) is int and (reply in (-2, -1) or 0 <= reply <= MAX_MS))
+        return reply is None or reply == b"QUEUED" or (type(reply) is int and (reply in (-2, -1) or 0 <= reply <= MAX_MS))
     if name == "RLOCK.RELEASE":
         return reply in (None, 0, 1) and type(reply) in (type(None), int)
     if name in ("RLOCK.RENEW", "RLOCK.FORCERELEASE"):

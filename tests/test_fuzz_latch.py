@@ -11,7 +11,7 @@ import os
 import re
 
 from conftest import wait_until
-from errors import LATCH_COUNT, NOT_A_LATCH
+from errors import ASYNC as ERR_ASYNC, LATCH_COUNT, NOT_A_LATCH
 from hostile_helpers import (fill_module_client_pool, memory_back, ERR_EMPTY_ID, ERR_INTERNAL_PREFIX, ERR_SYNTAX, ERR_TIMEOUT,
                              ERR_WRONGTYPE, MAX_MS, Map, Raw, ReplyError, arity_error,
                              blocked_clients, connected_clients, rlock_stat, settle_memory,
@@ -29,7 +29,7 @@ COMMANDS = ["RLATCH.TRYSETCOUNT", "RLATCH.COUNTDOWN", "RLATCH.GETCOUNT", "RLATCH
             "RLATCH.DELETE", "RLATCH.INFO"]
 # Arguments after the command name: (fewest, most).
 ARITY = {"RLATCH.TRYSETCOUNT": (2, 4), "RLATCH.COUNTDOWN": (1, 3), "RLATCH.GETCOUNT": (1, 1),
-         "RLATCH.AWAIT": (1, 3), "RLATCH.DELETE": (1, 3), "RLATCH.INFO": (1, 1)}
+         "RLATCH.AWAIT": (1, 6), "RLATCH.DELETE": (1, 3), "RLATCH.INFO": (1, 1)}
 INT = re.compile(rb"-?(0|[1-9][0-9]*)\Z")
 
 
@@ -65,6 +65,9 @@ class LatchGen(Gen):
                     args += [self.option(), self.number()]
             if self.rng.random() < 0.05:
                 args.append(self.option())
+            if name == "RLATCH.AWAIT" and self.rng.random() < 0.2:
+                # A queued ticket (docs/tickets.md): needs WAIT and ID.
+                args.insert(self.rng.randrange(1, len(args) + 1), b"ASYNC")
         if name == "RLATCH.AWAIT":
             # A valid WAIT may block: cap it at a few ms (WAIT 0 would wait forever).
             for i in range(1, len(args) - 1):
@@ -74,9 +77,15 @@ class LatchGen(Gen):
 
 
 def options_error(rest, wait_allowed):
-    """parse_options: pairs in any order, WAIT (where allowed) and ID each once."""
-    waited = has_id = False
-    while len(rest) >= 2:
+    """parse_options: pairs in any order, WAIT (where allowed) and ID each once, the flag
+    ASYNC (with WAIT) once; ASYNC needs WAIT and ID."""
+    waited = has_id = queued = False
+    while rest:
+        if wait_allowed and not queued and rest[0].upper() == b"ASYNC":
+            queued, rest = True, rest[1:]
+            continue
+        if len(rest) < 2:
+            break
         option, value = rest[0].upper(), rest[1]
         if option == b"WAIT" and wait_allowed and not waited:
             if parse_int(value, 0, MAX_MS) is None:
@@ -91,8 +100,10 @@ def options_error(rest, wait_allowed):
         rest = rest[2:]
     if rest:
         return ERR_SYNTAX
-    if has_id and wait_allowed:
-        return ERR_SYNTAX  # AWAIT changes nothing: it takes no request id
+    if queued and not (waited and has_id):
+        return ERR_ASYNC
+    if has_id and wait_allowed and not queued:
+        return ERR_SYNTAX  # AWAIT changes nothing: an id only names a queued ticket
     return None
 
 
@@ -113,6 +124,8 @@ def expected_error(call):
 
 
 def shape_ok(name, reply):
+    if name == "RLATCH.AWAIT" and reply == b"QUEUED":
+        return True  # a queued ticket (ASYNC)
     if name in ("RLATCH.TRYSETCOUNT", "RLATCH.AWAIT", "RLATCH.DELETE"):
         return type(reply) is int and reply in (0, 1)
     if name in ("RLATCH.COUNTDOWN", "RLATCH.GETCOUNT"):
@@ -141,6 +154,8 @@ def check(call, reply):
     if any(a.upper() == b"ID" for a in call[2:]):
         # A request id names one call, whatever the command: a reused id is a replay of
         # the first call's reply (a count-down's count may come back to a TRYSETCOUNT).
+        if call[0] == "RLATCH.AWAIT" and reply == b"QUEUED":
+            return None  # an AWAIT's id only names its queued ticket: no replay
         return None if type(reply) is int and reply >= 0 else "malformed replayed reply"
     return None if shape_ok(call[0], reply) else "malformed reply"
 

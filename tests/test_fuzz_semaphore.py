@@ -20,11 +20,11 @@ KEYS = [b"fs:a", b"fs:b", b"{fs}c", b"fs:{x", b"fs:lock", b"fs:str", b"fs:list",
 HEX = [b"00" * 16, b"ab" * 16, b"AB", b"0", b"zz", b"", b"00" * 33]
 SEM = {  # command: (min args after the name, max, kind of reply)
     "RSEMAPHORE.TRYSETPERMITS": (2, 6, "int"), "RSEMAPHORE.ADDPERMITS": (2, 4, "int"),
-    "RSEMAPHORE.ACQUIRE": (2, 6, "int"), "RSEMAPHORE.RELEASE": (2, 4, "int"),
+    "RSEMAPHORE.ACQUIRE": (2, 7, "int"), "RSEMAPHORE.RELEASE": (2, 4, "int"),
     "RSEMAPHORE.DRAINPERMITS": (1, 3, "int"), "RSEMAPHORE.AVAILABLEPERMITS": (1, 1, "int"),
     "RSEMAPHORE.INFO": (1, 1, "map"),
     "RPSEMAPHORE.TRYSETPERMITS": (2, 4, "int"), "RPSEMAPHORE.SETPERMITS": (2, 4, "int"),
-    "RPSEMAPHORE.ADDPERMITS": (2, 4, "int"), "RPSEMAPHORE.ACQUIRE": (2, 8, "ids"),
+    "RPSEMAPHORE.ADDPERMITS": (2, 4, "int"), "RPSEMAPHORE.ACQUIRE": (2, 9, "ids"),
     "RPSEMAPHORE.RELEASE": (2, 4, "int"), "RPSEMAPHORE.UPDATELEASETIME": (3, 3, "int"),
     "RPSEMAPHORE.LEASETIME": (2, 2, "int"), "RPSEMAPHORE.AVAILABLEPERMITS": (1, 1, "int"),
     "RPSEMAPHORE.ACQUIREDPERMITS": (1, 1, "int"), "RPSEMAPHORE.INFO": (1, 1, "map"),
@@ -57,7 +57,9 @@ class SemGen(Gen):
         out = []
         for _ in range(self.rng.choice([0, 0, 1, 1, 2, 3])):
             opt = self.rng.choice(allowed + [b"NOPE", b"id"])
-            if opt.upper() == b"WAIT":
+            if opt == b"ASYNC":  # a queued ticket's flag (docs/tickets.md)
+                out.append(opt)
+            elif opt.upper() == b"WAIT":
                 out += [opt, str(self.rng.randint(1, 5)).encode() if self.rng.random() < 0.8 else self.number()]
             elif opt.upper() == b"ID":
                 # Request ids name one call per key: a retry of another command with the
@@ -78,7 +80,7 @@ class SemGen(Gen):
         elif verb == "DRAINPERMITS":
             args = [self.key()] + self.options([b"ID"])
         elif name == "RPSEMAPHORE.ACQUIRE":
-            args = [self.key(), self.lease()] + self.options([b"WAIT", b"ID", b"PERMITS"])
+            args = [self.key(), self.lease()] + self.options([b"WAIT", b"ID", b"PERMITS", b"ASYNC"])
         elif name == "RPSEMAPHORE.RELEASE":
             args = [self.key(), self.hexid()] + self.options([b"ID"])
         elif verb == "UPDATELEASETIME":
@@ -86,7 +88,7 @@ class SemGen(Gen):
         elif verb == "LEASETIME":
             args = [self.key(), self.hexid()]
         elif name == "RSEMAPHORE.ACQUIRE":
-            args = [self.key(), self.small()] + self.options([b"WAIT", b"ID"])
+            args = [self.key(), self.small()] + self.options([b"WAIT", b"ID", b"ASYNC"])
         elif name == "RSEMAPHORE.TRYSETPERMITS":
             args = [self.key(), self.small()] + self.options([b"PX", b"ID"])
         else:
@@ -111,6 +113,8 @@ def check(call, reply):
         return "unknown error text"
     if not (lo <= len(args) <= hi):
         return "wrong arity accepted"
+    if reply == b"QUEUED" and b"ASYNC" in args:
+        return None  # a queued ticket (docs/tickets.md)
     if kind == "int":
         return None if isinstance(reply, int) else "not an integer"
     if kind == "map":

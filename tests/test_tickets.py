@@ -1,0 +1,432 @@
+"""Queued tickets (SPEC 5, docs/tickets.md): `WAIT timeout-ms ASYNC ID id` queues a ticket
+in the key's FIFO queue instead of blocking the connection; its end is published on the
+key's ticket channel; the grant is collected (and thereby confirmed) by sending the same
+command again with the same ID; a ticket lives as long as the connection that queued it.
+
+Every test reads the notification from a real subscriber connection and checks the keys
+themselves, not only the replies.
+"""
+
+import time
+
+import pytest
+import redis
+
+import errors
+from conftest import wait_until
+from hostile_helpers import settle_memory, used_memory
+
+LEASE = 30_000
+ERR_ASYNC = errors.text(errors.ASYNC)
+
+
+def channel(key):
+    return f"rlock_ticket:{{{key}}}" if "{" not in key else f"rlock_ticket:{key}"
+
+
+def parse(message):
+    """`<kind>:<id-len>:<owner-len>:<id><owner><detail>` -> (kind, id, owner, detail)."""
+    kind, id_len, owner_len, rest = message.split(b":", 3)
+    id_len, owner_len = int(id_len), int(owner_len)
+    return (kind.decode(), rest[:id_len].decode(), rest[id_len:id_len + owner_len].decode(),
+            rest[id_len + owner_len:].decode())
+
+
+class Listener:
+    """A subscriber on some keys' ticket channels (a connection of its own)."""
+
+    def __init__(self, server, *keys):
+        self.pubsub = server.client().pubsub()
+        self.pubsub.subscribe(*(channel(k) for k in keys))
+        for _ in keys:  # the subscribe confirmations
+            assert self.pubsub.get_message(timeout=5)["type"] == "subscribe"
+
+    def next(self, timeout=5.0):
+        """The next ticket message, parsed; fails if none comes within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            m = self.pubsub.get_message(timeout=left)
+            if m is not None and m["type"] == "message":
+                return (m["channel"].decode(),) + parse(m["data"])
+        raise AssertionError("no ticket message")
+
+    def none(self, seconds=0.2):
+        """Asserts no message comes within `seconds` (only where nothing may come)."""
+        m = self.pubsub.get_message(timeout=seconds)
+        assert m is None, m
+
+
+def acquire(r, key, owner, *extra, lease=LEASE):
+    return r.execute_command("RLOCK.ACQUIRE", key, owner, lease, *extra)
+
+
+def ticket(r, key, owner, rid, timeout=0, lease=LEASE):
+    return acquire(r, key, owner, "WAIT", timeout, "ASYNC", "ID", rid, lease=lease)
+
+
+def owners(r, key):
+    raw = r.execute_command("RLOCK.INFO", key)
+    if raw is None:
+        return {}
+    info = dict(zip(raw[::2], raw[1::2]))
+    o = info[b"owners"]
+    return {k.decode(): v for k, v in zip(o[::2], o[1::2])}
+
+
+def waiters(r, key):
+    raw = r.execute_command("RLOCK.INFO", key)
+    return 0 if raw is None else dict(zip(raw[::2], raw[1::2]))[b"waiters"]
+
+
+def stats(r):
+    return {k.removeprefix("rlock_"): v for k, v in r.info("rlock").items()}
+
+
+# ---- the protocol ----
+
+def test_a_ticket_is_queued_granted_on_release_published_and_collected(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "holder") is None
+    t = server.client()
+    assert ticket(t, "k", "waiter", "r1") == b"QUEUED"
+    assert waiters(r, "k") == 1 and stats(r)["tickets"] == 1
+    listen.none()
+    assert r.execute_command("RLOCK.RELEASE", "k", "holder") == 1
+    assert listen.next() == ("rlock_ticket:{k}", "granted", "r1", "waiter", "")
+    # Granted in the server at once, in the same turn as the release.
+    assert owners(r, "k") == {"waiter": 1}
+    assert 0 < r.pttl("k") <= LEASE
+    # Collecting replays the grant's reply; it does not enter the lock a second time.
+    assert ticket(t, "k", "waiter", "r1") is None
+    assert owners(r, "k") == {"waiter": 1}
+    s = stats(r)
+    assert (s["tickets"], s["tickets_queued"], s["tickets_granted"]) == (0, 1, 1)
+    # Nothing else was published per ticket.
+    listen.none()
+
+
+def test_served_at_once_answers_as_without_async_and_publishes_nothing(server, r):
+    listen = Listener(server, "k")
+    assert ticket(r, "k", "me", "r1") is None
+    assert owners(r, "k") == {"me": 1}
+    assert ticket(r, "k", "me", "r1") is None, "a retry replays"
+    assert owners(r, "k") == {"me": 1}
+    listen.none()
+
+
+@pytest.mark.parametrize("extra", [
+    ("ASYNC",), ("WAIT", 100, "ASYNC"), ("ASYNC", "ID", "r"), ("ID", "r", "ASYNC"),
+])
+def test_async_without_wait_or_id_is_an_error_and_changes_nothing(r, extra):
+    assert acquire(r, "k", "holder") is None
+    with pytest.raises(redis.ResponseError, match=f"^{ERR_ASYNC}$"):
+        acquire(r, "k", "other", *extra)
+    assert owners(r, "k") == {"holder": 1} and waiters(r, "k") == 0
+
+
+def test_async_twice_is_a_syntax_error(r):
+    with pytest.raises(redis.ResponseError, match=f"^{errors.text(errors.SYNTAX)}$"):
+        acquire(r, "k", "o", "WAIT", 1, "ASYNC", "ASYNC", "ID", "r")
+    assert r.exists("k") == 0
+
+
+def test_inside_multi_and_scripts_async_answers_at_once(r):
+    assert acquire(r, "k", "holder") is None
+    p = r.pipeline(transaction=True)
+    p.execute_command("RLOCK.ACQUIRE", "k", "o", LEASE, "WAIT", 0, "ASYNC", "ID", "m")
+    (pttl,) = p.execute()
+    assert 0 < pttl <= LEASE
+    got = r.eval("return redis.call('RLOCK.ACQUIRE', KEYS[1], 'o', 1000, 'WAIT', 0, 'ASYNC', 'ID', 's')",
+                 1, "k")
+    assert 0 < got <= LEASE
+    assert waiters(r, "k") == 0
+
+
+def test_tickets_and_blocked_waiters_are_served_in_arrival_order(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    blocked = []
+    order = []
+    for i in range(4):
+        if i % 2 == 0:
+            conn = server.client(single_connection_client=True).connection
+            conn.send_command("RLOCK.ACQUIRE", "k", f"b{i}", LEASE, "WAIT", 0)
+            blocked.append((i, conn))
+        else:
+            assert ticket(t, "k", f"t{i}", f"r{i}") == b"QUEUED"
+        wait_until(lambda n=i + 1: waiters(r, "k") == n, what=f"{i + 1} queued")
+    holder = "h"
+    for i in range(4):
+        assert r.execute_command("RLOCK.RELEASE", "k", holder) == 1
+        holder = f"b{i}" if i % 2 == 0 else f"t{i}"
+        assert owners(r, "k") == {holder: 1}, f"turn {i}"
+        if i % 2 == 0:
+            conn = dict(blocked)[i]
+            assert conn.read_response() is None
+        else:
+            assert listen.next()[1:4] == ("granted", f"r{i}", holder)
+            assert ticket(t, "k", holder, f"r{i}") is None
+        order.append(holder)
+    assert order == ["b0", "t1", "b2", "t3"]
+
+
+# ---- deadlines, connections, take-back ----
+
+def test_a_ticket_times_out_at_its_deadline_with_a_message(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    started = time.monotonic()
+    assert ticket(t, "k", "w", "r1", timeout=150) == b"QUEUED"
+    assert listen.next()[1:4] == ("timeout", "r1", "w")
+    assert time.monotonic() - started >= 0.14
+    assert waiters(r, "k") == 0 and owners(r, "k") == {"h": 1}
+    s = stats(r)
+    assert (s["tickets"], s["tickets_timed_out"]) == (0, 1)
+    # Released later: nobody is granted (the ticket is gone), Redisson's message goes out.
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert r.exists("k") == 0
+
+
+def test_deadlines_out_of_arrival_order_each_end_on_time(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    for rid, timeout in (("a", 400), ("b", 100), ("c", 0), ("d", 250)):
+        assert ticket(t, "k", rid, rid, timeout=timeout) == b"QUEUED"
+    ends = [listen.next(timeout=2)[1:3] for _ in range(3)]
+    assert ends == [("timeout", "b"), ("timeout", "d"), ("timeout", "a")]
+    assert waiters(r, "k") == 1
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "c")
+
+
+def test_a_closed_connection_drops_its_tickets_and_the_next_waiter_is_served(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t1, t2 = server.client(), server.client()
+    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
+    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    assert ticket(t1, "k", "w3", "r3") == b"QUEUED"
+    r.client_kill_filter(_id=t1.client_id())
+    wait_until(lambda: waiters(r, "k") == 1, what="t1's tickets dropped")
+    assert stats(r)["tickets_dropped"] == 2
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "r2")
+    assert owners(r, "k") == {"w2": 1}
+
+
+def test_an_uncollected_grant_is_taken_back_when_its_connection_closes(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t1, t2 = server.client(), server.client()
+    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
+    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "r1")
+    assert owners(r, "k") == {"w1": 1}
+    r.client_kill_filter(_id=t1.client_id())  # gone before collecting
+    assert listen.next()[1:3] == ("granted", "r2")
+    assert owners(r, "k") == {"w2": 1}
+    assert stats(r)["revoked_handoffs"] == 1
+    # A retry of the first request learns nothing was granted to it: its record is gone.
+    assert 0 < acquire(r, "k", "w1", "ID", "r1") <= LEASE
+
+
+def test_a_collected_grant_stays_when_its_connection_closes(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t1, t2 = server.client(), server.client()
+    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
+    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "r1")
+    # Collected on another connection (the client's subscriber or a pool's).
+    assert ticket(r, "k", "w1", "r1") is None
+    r.client_kill_filter(_id=t1.client_id())
+    # A take-back would come from a zero-delay timer right after the kill: give it a few
+    # turns (this asserts that nothing happens, which no wait-until can observe).
+    time.sleep(0.05)
+    assert owners(r, "k") == {"w1": 1}
+    assert stats(r)["revoked_handoffs"] == 0
+    listen.none()
+
+
+def test_a_grant_racing_its_connections_close_is_taken_back_and_passed_on(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t1, t2 = server.client(), server.client()
+    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
+    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    # The release grants w1 and w1's connection is killed in the same transaction.
+    p = r.pipeline(transaction=True)
+    p.execute_command("RLOCK.RELEASE", "k", "h")
+    p.execute_command("CLIENT", "KILL", "ID", t1.client_id())
+    assert p.execute() == [1, 1]
+    got = [listen.next()[1:3], listen.next()[1:3]]
+    assert got == [("granted", "r1"), ("granted", "r2")]
+    assert owners(r, "k") == {"w2": 1}
+
+
+def test_a_retried_ticket_is_never_granted_twice(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    assert ticket(t, "k", "w", "r1") == b"QUEUED"
+    assert ticket(t, "k", "w", "r1") == b"QUEUED"  # a retry while the first still queues
+    assert ticket(t, "k", "x", "r2") == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "r1")
+    assert ticket(t, "k", "w", "r1") is None
+    assert r.execute_command("RLOCK.RELEASE", "k", "w") == 1
+    # The duplicate reaches the head, is dropped silently, and r2 is granted.
+    assert listen.next()[1:3] == ("granted", "r2")
+    assert owners(r, "k") == {"x": 1}
+    assert waiters(r, "k") == 0
+
+
+def test_a_freed_lock_goes_to_the_first_ticket(server, r):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h", lease=100) is None
+    t = server.client()
+    assert ticket(t, "k", "w", "r1") == b"QUEUED"
+    assert listen.next()[1:3] == ("granted", "r1")  # the holder's lease ran out
+    assert owners(r, "k") == {"w": 1}
+    assert ticket(t, "k", "x", "r2") == b"QUEUED"
+    r.delete("k")
+    assert listen.next()[1:3] == ("granted", "r2")
+    assert owners(r, "k") == {"x": 1}
+
+
+def test_tickets_get_an_error_when_the_server_becomes_a_replica(make_server):
+    master = make_server("m")
+    s = make_server("s")
+    r = s.client()
+    listen = Listener(s, "k")
+    assert acquire(r, "k", "h") is None
+    assert ticket(s.client(), "k", "w", "r1") == b"QUEUED"
+    r.replicaof("127.0.0.1", master.port)
+    kind, rid, owner, detail = listen.next()[1:]
+    assert (kind, rid, owner, detail) == ("error", "r1", "w", errors.ROLE_CHANGED)
+    assert stats(r)["tickets"] == 0
+
+
+# ---- every primitive that waits ----
+
+def test_fenced_ticket_collects_its_token(server, r):
+    listen = Listener(server, "f")
+    assert r.execute_command("RFENCED.ACQUIRE", "f", "h", LEASE)[0] is None
+    t = server.client()
+    cmd = ("RFENCED.ACQUIRE", "f", "w", LEASE, "WAIT", 0, "ASYNC", "ID", "r1")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "f", "h") == 1
+    assert listen.next()[1:4] == ("granted", "r1", "w")
+    nil, token = t.execute_command(*cmd)
+    assert nil is None and token == r.execute_command("RFENCED.GETTOKEN", "f")
+
+
+def test_rwlock_write_ticket_behind_readers(server, r):
+    listen = Listener(server, "rw")
+    assert r.execute_command("RRWLOCK.ACQUIRE", "rw", "READ", "r", LEASE) is None
+    t = server.client()
+    cmd = ("RRWLOCK.ACQUIRE", "rw", "WRITE", "w", LEASE, "WAIT", 0, "ASYNC", "ID", "x")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    assert r.execute_command("RRWLOCK.RELEASE", "rw", "READ", "r") == 1
+    assert listen.next()[1:4] == ("granted", "x", "w")
+    assert r.hget("rw", "mode") == b"write"
+    assert t.execute_command(*cmd) is None
+
+
+def test_semaphore_tickets_are_granted_as_permits_come_back(server, r):
+    listen = Listener(server, "s")
+    assert r.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 1) == 1
+    assert r.execute_command("RSEMAPHORE.ACQUIRE", "s", 1) == 1
+    t = server.client()
+    cmd = ("RSEMAPHORE.ACQUIRE", "s", 1, "WAIT", 0, "ASYNC", "ID", "p1")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    r.execute_command("RSEMAPHORE.RELEASE", "s", 1)
+    assert listen.next()[1:3] == ("granted", "p1")
+    assert r.get("s") == b"0"
+    assert t.execute_command(*cmd) == 1
+
+
+def test_expirable_semaphore_ticket_collects_its_permit_ids(server, r):
+    listen = Listener(server, "e")
+    assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "e", 1) == 1
+    first = r.execute_command("RPSEMAPHORE.ACQUIRE", "e", 200)
+    assert first is not None
+    t = server.client()
+    cmd = ("RPSEMAPHORE.ACQUIRE", "e", 10_000, "WAIT", 0, "ASYNC", "ID", "p1")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    assert listen.next()[1:3] == ("granted", "p1")  # the first permit's lease ran out
+    permit = t.execute_command(*cmd)
+    assert permit not in (None, first, b"QUEUED")
+    assert r.zscore("{e}:timeout", bytes.fromhex(permit.decode())) is not None
+
+
+def test_latch_ticket_is_told_when_the_count_reaches_zero(server, r):
+    listen = Listener(server, "l")
+    assert r.execute_command("RLATCH.TRYSETCOUNT", "l", 1) == 1
+    t = server.client()
+    cmd = ("RLATCH.AWAIT", "l", "WAIT", 0, "ASYNC", "ID", "a1")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    with pytest.raises(redis.ResponseError, match=f"^{errors.text(errors.SYNTAX)}$"):
+        t.execute_command("RLATCH.AWAIT", "l", "WAIT", 0, "ID", "a1")
+    r.execute_command("RLATCH.COUNTDOWN", "l")
+    assert listen.next()[1:4] == ("granted", "a1", "")
+    assert t.execute_command(*cmd) == 1
+
+
+# ---- scale and memory ----
+
+def queue_tickets(client, key, n, prefix, timeout=0, batch=2000):
+    """`n` tickets on `key`, pipelined; owners of 40 bytes (Redisson's `uuid:thread`
+    shape) and request ids of 24 bytes, like the client crate's."""
+    for start in range(0, n, batch):
+        p = client.pipeline(transaction=False)
+        for i in range(start, min(n, start + batch)):
+            owner = f"{prefix:>2}3e4567-e89b-12d3-a456-4266141{i:05d}:{i % 1000:03d}"
+            rid = f"{prefix:>2}-req-000000000{i:08d}"
+            p.execute_command("RLOCK.ACQUIRE", key, owner, LEASE,
+                              "WAIT", timeout, "ASYNC", "ID", rid)
+        assert set(p.execute()) == {b"QUEUED"}
+
+
+def test_ten_thousand_tickets_on_one_connection_killed_at_once_leave_nothing(server, r):
+    r.config_set("rlock.max-waiters-per-key", 100_000)
+    settle_memory(r)
+    base = used_memory(r)
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    queue_tickets(t, "k", 10_000, "t")
+    assert stats(r)["tickets"] == 10_000
+    r.client_kill_filter(_id=t.client_id())
+    wait_until(lambda: stats(r)["tickets"] == 0, what="tickets dropped")
+    assert waiters(r, "k") == 0
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert r.exists("k") == 0, "no lock left behind"
+    s = stats(r)
+    assert (s["waiters"], s["keys_with_waiters"], s["tickets_dropped"]) == (0, 0, 10_000)
+    settle_memory(r)
+    assert used_memory(r) - base < 64 * 1024
+
+
+def test_memory_per_queued_ticket_is_at_most_256_bytes(server, r):
+    """Owner 40 bytes (a Redisson-like `uuid:thread`), request id 24: what the client
+    crate sends. Measured with 20 000 tickets from 10 connections."""
+    r.config_set("rlock.max-waiters-per-key", 100_000)
+    assert acquire(r, "k", "h") is None
+    conns = [server.client() for _ in range(10)]
+    for c in conns:
+        c.ping()
+    settle_memory(r)
+    assert acquire(r, "k", "h") is None
+    before = used_memory(r)
+    for n, c in enumerate(conns):
+        queue_tickets(c, "k", 2_000, f"{n:02d}", timeout=600_000)
+    after = used_memory(r)
+    per_ticket = (after - before) / 20_000
+    print(f"server memory per queued ticket: {per_ticket:.0f} B")
+    assert stats(r)["tickets"] == 20_000
+    assert per_ticket <= 256
