@@ -371,7 +371,9 @@ fn it_keeps_a_lock_handed_over_after_a_wait_longer_than_the_lease() {
 #[test]
 fn it_does_not_believe_a_handoff_the_server_took_back() {
     let s = Server::start();
-    let c = Client::open_with(s.url(), quick_retries()).unwrap();
+    // A blocked WAIT (the ticket variant is in tests/tickets.rs).
+    let opts = quick_retries().with_wait_mode(rlock_client::WaitMode::Blocking);
+    let c = Client::open_with(s.url(), opts).unwrap();
     let mut r = s.conn();
     let _: () = redis::cmd("RLOCK.ACQUIRE")
         .arg("k")

@@ -410,3 +410,48 @@ async fn every_primitive_waits_with_a_ticket_async() {
     assert!(tokio::time::timeout(LONG, t).await.unwrap().unwrap());
     assert!(ticket_conn(&mut r).is_some());
 }
+
+/// The module remembers a grant under the ticket's request id, and takes it back when
+/// the ticket's connection closes before it is collected (forgetting the id): the
+/// re-sent command must not be told "acquired" for a lock the server took back.
+#[test]
+fn it_does_not_believe_a_grant_the_server_took_back() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    let _: () = redis::cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("holder")
+        .arg(30_000)
+        .query(&mut r)
+        .unwrap();
+    let lock = c.lock("k");
+    let owner = lock.owner().to_owned();
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire_timeout(Duration::from_secs(5)).unwrap();
+        (lock, g)
+    });
+    assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    let id = ticket_conn(&mut r).unwrap();
+    // Granted, and its connection killed in the same turn, before it can collect.
+    let (released, killed): (i64, i64) = redis::pipe()
+        .cmd("RLOCK.RELEASE")
+        .arg("k")
+        .arg("holder")
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut r)
+        .unwrap();
+    assert_eq!((released, killed), (1, 1));
+    let (_lock, g) = waiter.join().unwrap();
+    let g = g.expect("the re-sent command finds the lock free");
+    assert_eq!(
+        support::hget(&mut r, "k", &owner),
+        Some(1),
+        "the client believes it holds a lock the server took back"
+    );
+    g.release().unwrap();
+    assert!(!exists(&mut r, "k"));
+}
