@@ -97,7 +97,7 @@ async fn a_thousand_tasks_wait_on_one_lock_over_a_few_connections() {
         waiters(&mut r, "RLOCK.INFO", "k")
     );
     let conns = other_connections(&mut r);
-    assert!(conns <= 4, "{conns} connections for {N} waiters");
+    assert!(conns <= 3, "{conns} connections for {N} waiters");
     assert_eq!(blocked(&mut r), 0, "nobody blocks a connection");
     assert!(ticket_conn(&mut r).is_some());
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
@@ -106,7 +106,7 @@ async fn a_thousand_tasks_wait_on_one_lock_over_a_few_connections() {
     }
     assert_eq!(order.lock().unwrap().len(), N);
     assert!(!exists(&mut r, "k"));
-    assert!(other_connections(&mut r) <= 4);
+    assert!(other_connections(&mut r) <= 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,7 +153,7 @@ fn threads_of_the_blocking_api_share_the_ticket_connection() {
         .collect();
     assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64));
     let conns = other_connections(&mut r);
-    assert!(conns <= 4, "{conns} connections for {N} waiting threads");
+    assert!(conns <= 3, "{conns} connections for {N} waiting threads");
     assert_eq!(blocked(&mut r), 0);
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in threads {
@@ -243,8 +243,8 @@ async fn a_grant_to_a_cancelled_waiter_is_given_back() {
     // Its ticket stays queued: it is granted when the lock comes free ...
     assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 1);
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
-    // ... and the client gives the grant back.
-    assert!(eventually(LONG, || !exists(&mut r, "k")).await);
+    // ... and the client gives the grant back, long before its 30 s lease would end.
+    assert!(eventually(Duration::from_secs(10), || !exists(&mut r, "k")).await);
     let g = tokio::time::timeout(LONG, c.lock("k").try_acquire())
         .await
         .unwrap()
