@@ -418,6 +418,14 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(d),
         }
     }
+
+    fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(d),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_write_timeout(d),
+        }
+    }
 }
 
 impl Read for Stream {
@@ -563,15 +571,16 @@ impl Tickets {
                 .compare_exchange(UNKNOWN, OFF, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// Registers waiter `id` on `channel` with `sink` (taking over an orphan of the same
-    /// id: a retry of a call that left), subscribing to the channel if it is new.
-    fn join(&self, id: &str, channel: Vec<u8>, sink: Sink) {
+    /// Registers waiter `id` on `channel` with `sink`, subscribing to the channel if it
+    /// is new. A retry of a call that left (same id) takes over its orphan: its ticket is
+    /// still queued on the current connection, whose generation is returned, and the
+    /// retry waits for it instead of queueing a second one.
+    fn join(&self, id: &str, channel: Vec<u8>, sink: Sink) -> Option<u64> {
         let mut st = lock_ignoring_poison(&self.shared.state);
-        match st.waiters.remove(id) {
-            Some(old) => {
-                // The channel is still counted for the old registration.
-                debug_assert_eq!(old.channel(), &channel[..]);
-            }
+        let resumed = match st.waiters.remove(id) {
+            // The channel is still counted for the old registration.
+            Some(Slot::Orphan { .. }) => Some(st.gen),
+            Some(Slot::Live { .. }) => None,
             None => {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
@@ -579,10 +588,12 @@ impl Tickets {
                     let packed = pack(&[b"SUBSCRIBE".to_vec(), channel.clone()]);
                     write_locked(&mut st, &packed);
                 }
+                None
             }
-        }
+        };
         st.waiters
             .insert(id.to_owned(), Slot::Live { sink, channel });
+        resumed
     }
 
     /// Unregisters waiter `id`; with `orphan` (its ticket may still be queued) it stays
@@ -642,8 +653,7 @@ impl Tickets {
         let sink: Sink = Arc::new(move |ev| {
             let _ = lock_ignoring_poison(&tx).send(ev);
         });
-        let mut member = Member::join(self, shape, started, sink);
-        let mut step = member.m.start(started);
+        let (mut member, mut step) = Member::join(self, shape, started, sink);
         loop {
             match step {
                 Step::Send(args) => match self.send(member.id(), &args) {
@@ -689,8 +699,7 @@ impl Tickets {
         let sink: Sink = Arc::new(move |ev| {
             let _ = tx.send(ev);
         });
-        let mut member = Member::join(self, shape, started, sink);
-        let mut step = member.m.start(started);
+        let (mut member, mut step) = Member::join(self, shape, started, sink);
         loop {
             match step {
                 Step::Send(args) => {
@@ -772,10 +781,19 @@ struct Member<'a> {
 }
 
 impl<'a> Member<'a> {
-    fn join(t: &'a Tickets, shape: Shape, started: Instant, sink: Sink) -> Self {
-        t.join(shape.id(), channel(shape.key()), sink);
-        let m = Machine::new(shape, started, t.known());
-        Member { t, m }
+    /// Registers a waiter; its first step (a send, or waiting for the ticket an orphan
+    /// of the same id left queued).
+    fn join(t: &'a Tickets, shape: Shape, started: Instant, sink: Sink) -> (Self, Step) {
+        let resumed = t.join(shape.id(), channel(shape.key()), sink);
+        let mut m = Machine::new(shape, started, t.known());
+        let step = match resumed {
+            Some(gen) => {
+                m.sent(gen);
+                Step::Wait
+            }
+            None => m.start(started),
+        };
+        (Member { t, m }, step)
     }
 
     fn id(&self) -> &str {
@@ -857,6 +875,9 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     let info = shared.client.get_connection_info();
     let mut stream = open_stream(info)?;
     stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    // Writes happen under the state lock (an async task's too): a server that stops
+    // reading must not hold every waiter; a timed-out write closes the connection.
+    stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
     let settings = info.redis_settings();
     let mut hello: Vec<Vec<u8>> = vec![b"HELLO".to_vec(), b"3".to_vec()];
     if let Some(pw) = settings.password() {
@@ -1338,9 +1359,29 @@ mod tests {
         t.leave("c", Some((vec![], false)));
         assert_eq!(t.counts(), (0, 0));
         // A retry of the same id takes over its registration without a second reference.
-        t.join("d", channel(b"k"), sink.clone());
-        t.join("d", channel(b"k"), sink);
+        assert_eq!(t.join("d", channel(b"k"), sink.clone()), None);
+        assert_eq!(t.join("d", channel(b"k"), sink.clone()), None);
         t.leave("d", None);
+        assert_eq!(t.counts(), (0, 0));
+        // ... and an orphan's queued ticket, on the current connection.
+        t.join("e", channel(b"k"), sink.clone());
+        {
+            let mut st = lock_ignoring_poison(&t.shared.state);
+            st.gen = 7;
+            let slot = st.waiters.remove("e").unwrap();
+            let channel = slot.channel().to_vec();
+            st.waiters.insert(
+                "e".into(),
+                Slot::Orphan {
+                    channel,
+                    look: vec![],
+                    latch: false,
+                },
+            );
+        }
+        assert_eq!(t.join("e", channel(b"k"), sink), Some(7));
+        assert_eq!(t.counts(), (1, 1));
+        t.leave("e", None);
         assert_eq!(t.counts(), (0, 0));
     }
 }
