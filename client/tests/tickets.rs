@@ -209,13 +209,15 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
     }
     assert!(eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
     let old = ticket_conn(&mut r).unwrap();
-    // Killing it drops every ticket queued on it (and its subscriptions).
-    let _: () = redis::cmd("CLIENT")
+    // Killing it (the only subscriber: TYPE pubsub, RESP3 or not) drops every ticket
+    // queued on it, and its subscriptions.
+    let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
-        .arg("ID")
-        .arg(old)
+        .arg("TYPE")
+        .arg("pubsub")
         .query(&mut r)
         .unwrap();
+    assert_eq!(killed, 1);
     // Every waiter re-sends on a new connection.
     assert!(
         eventually(LONG, || {
