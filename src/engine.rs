@@ -258,6 +258,21 @@ impl Queue {
         if self.waiters.capacity() > 4 * self.waiters.len() + 64 {
             self.waiters.shrink_to_fit();
         }
+        // Tickets granted long before their deadline leave their entries below a live
+        // earliest one: rebuilt from the queue once they are most of the heap.
+        if self.ticket_deadlines.len() > 2 * self.live + 64 {
+            let live: Vec<Reverse<(i64, u64)>> = self
+                .waiters
+                .iter()
+                .filter_map(|(seq, w)| match w {
+                    Some(w) if matches!(w.who, Who::Ticket(_)) && w.deadline_at > 0 => {
+                        Some(Reverse((w.deadline_at, *seq)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            self.ticket_deadlines = BinaryHeap::from(live);
+        }
     }
 
     /// The earliest deadline of a ticket still queued, dropping entries of tickets gone.
@@ -1821,6 +1836,23 @@ mod tests {
         };
         assert_eq!((due.len(), head_left), (1, true));
         assert_eq!(q.total(), 0);
+    }
+
+    #[test]
+    fn deadlines_of_tickets_granted_early_do_not_pile_up() {
+        let mut q = Queues::default();
+        q.push(0, b"k", ticket(0, 7, 1_000_000), 10_000).unwrap(); // stays queued
+        for n in 1..=1000 {
+            q.push(0, b"k", ticket(n, 7, 900_000 + n as i64), 10_000).unwrap();
+            // Granted right away (behind the first one: taken from the middle).
+            let seq = q.queue(0, b"k").unwrap().waiters.back().unwrap().0;
+            let queue = q.queue_mut(0, b"k").unwrap();
+            let i = queue.position(seq).unwrap();
+            queue.take_at(i).unwrap();
+        }
+        let queue = q.queue(0, b"k").unwrap();
+        assert!(queue.ticket_deadlines.len() <= 2 * queue.live + 64, "{}", queue.ticket_deadlines.len());
+        assert_eq!(q.queue_mut(0, b"k").unwrap().next_ticket_deadline(), Some(1_000_000));
     }
 
     #[test]
