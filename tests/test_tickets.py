@@ -430,3 +430,37 @@ def test_memory_per_queued_ticket_is_at_most_256_bytes(server, r):
     print(f"server memory per queued ticket: {per_ticket:.0f} B")
     assert stats(r)["tickets"] == 20_000
     assert per_ticket <= 256
+
+
+def test_ticket_churn_leaves_no_memory_behind(server, r):
+    """Thousands of tickets granted and collected, timed out, and dropped with their
+    connections: afterwards nobody waits, nothing is uncollected, and `used_memory` is
+    back (the engine gives its indexes' memory back once nobody waits)."""
+    listen = Listener(server, "churn")
+    settle_memory(r)
+    base = used_memory(r)
+    worker = server.client()
+    for round_ in range(300):
+        assert acquire(r, "churn", "h") is None
+        # Five tickets: two granted in turn and collected, one times out, two dropped.
+        assert ticket(worker, "churn", "a", f"a{round_}") == b"QUEUED"
+        assert ticket(worker, "churn", "b", f"b{round_}") == b"QUEUED"
+        assert ticket(worker, "churn", "c", f"c{round_}", timeout=1) == b"QUEUED"
+        doomed = server.client()
+        assert ticket(doomed, "churn", "d", f"d{round_}") == b"QUEUED"
+        assert ticket(doomed, "churn", "e", f"e{round_}") == b"QUEUED"
+        assert listen.next()[1:3] == ("timeout", f"c{round_}")
+        r.client_kill_filter(_id=doomed.client_id())
+        doomed.close()
+        for who in ("h", "a"):
+            assert r.execute_command("RLOCK.RELEASE", "churn", who) == 1
+            nxt = "a" if who == "h" else "b"
+            assert listen.next()[1:3] == ("granted", f"{nxt}{round_}")
+            assert ticket(worker, "churn", nxt, f"{nxt}{round_}") is None
+        assert r.execute_command("RLOCK.RELEASE", "churn", "b") == 1
+        wait_until(lambda: waiters(r, "churn") == 0, what="d and e dropped")
+    s = stats(r)
+    assert (s["tickets"], s["waiters"], s["keys_with_waiters"]) == (0, 0, 0)
+    assert (s["tickets_granted"], s["tickets_timed_out"], s["tickets_dropped"]) == (600, 300, 600)
+    settle_memory(r)
+    assert used_memory(r) - base < 64 * 1024
