@@ -283,12 +283,9 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                     unreachable!("wait_check only waits")
                 };
                 let ask = ExpAsk {
-                    request: expirable::Request {
-                        permits,
-                        lease,
-                        ids,
-                        many,
-                    },
+                    lease: lease.unwrap_or(NO_LEASE_HERE),
+                    many,
+                    ids: ids.into_boxed_slice(),
                     request_id: o.id.map(Into::into),
                 };
                 wait_or_queue(ctx, db, name, Rc::new(ask), timeout, o.queued, pttl)
@@ -407,12 +404,32 @@ fn on_lease_end(ctx: &Context, db: i32, name: &RedisString) {
     finish(ctx, db, name, &plan, None, Path::Event);
 }
 
-/// A queued `RPSEMAPHORE.ACQUIRE ... WAIT`, its permit ids drawn when it arrived.
+/// A queued `RPSEMAPHORE.ACQUIRE ... WAIT`, its permit ids drawn when it arrived. Kept
+/// small (a queued ticket holds thousands, docs/tickets.md): the core's request is built
+/// from it when the head is asked.
 #[derive(Debug, Clone)]
 pub struct ExpAsk {
-    pub request: expirable::Request,
+    /// The lease, [`NO_LEASE_HERE`] for none.
+    lease: i64,
+    many: bool,
+    /// One per permit asked for.
+    ids: Box<[[u8; ID_BYTES]]>,
     /// The call's request id: a grant remembers its reply like an immediate acquire.
-    pub request_id: Option<Box<[u8]>>,
+    request_id: Option<Box<[u8]>>,
+}
+
+/// [`ExpAsk::lease`] of a request without a lease (an `Option` would cost 8 bytes more).
+const NO_LEASE_HERE: i64 = i64::MIN;
+
+impl ExpAsk {
+    fn request(&self) -> expirable::Request {
+        expirable::Request {
+            permits: self.ids.len() as i64,
+            lease: (self.lease != NO_LEASE_HERE).then_some(self.lease),
+            ids: self.ids.to_vec(),
+            many: self.many,
+        }
+    }
 }
 
 impl Ask for ExpAsk {
@@ -424,7 +441,7 @@ impl Ask for ExpAsk {
         let Ok(state) = read(ctx, name.as_slice(), now) else {
             return engine::wait_for_write();
         };
-        match expirable::grant(&state, name.as_slice(), &self.request, now) {
+        match expirable::grant(&state, name.as_slice(), &self.request(), now) {
             Some(Ok(plan)) => {
                 let request = request_key(name, self.request_id.as_deref());
                 Check::Grant(Box::new(move |ctx, name| {
@@ -440,6 +457,7 @@ impl Ask for ExpAsk {
                     }
                     arm(ctx, db, name.as_slice(), &plan.state);
                     Grant {
+                        memo: 0,
                         reply: plan.reply,
                         look_again: None,
                     }
@@ -461,7 +479,7 @@ impl Ask for ExpAsk {
         if let Some(id) = &self.request_id {
             store::forget_request(ctx, &core::request_key(name.as_slice(), id));
         }
-        for id in self.request.ids.iter().take(self.request.permits as usize) {
+        for id in self.ids.iter() {
             let now = ffi::now_ms();
             let Ok(state) = read(ctx, name.as_slice(), now) else {
                 return;
@@ -476,6 +494,6 @@ impl Ask for ExpAsk {
     }
 
     fn units(&self) -> i64 {
-        self.request.permits
+        self.ids.len() as i64
     }
 }

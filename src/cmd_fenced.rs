@@ -161,6 +161,7 @@ impl FencedAsk {
             store::remember(ctx, &request, &reply, now);
         }
         Grant {
+            memo: 0,
             reply,
             look_again: Some(self.0.lease),
         }

@@ -247,6 +247,7 @@ impl Ask for LatchAsk {
                 Check::Grant(Box::new(|_, _| {
                     stats::bump(|s| &s.latch_awaits_released);
                     Grant {
+                        memo: 0,
                         reply: Reply::Int(1),
                         look_again: None,
                     }

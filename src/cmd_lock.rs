@@ -322,6 +322,7 @@ impl LockAsk {
             store::remember(ctx, &request, &plan.reply.into(), now);
         }
         Grant {
+            memo: 0,
             reply: plan.reply.into(),
             look_again: Some(self.lease),
         }

@@ -164,15 +164,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if let Some(timeout) = wait {
             // Whatever the plan dropped (dead readers) may concern those already queued.
             settle_after(ctx, db, name, &plan, now);
-            let ask = Rc::new(RwAsk {
-                request: rwlock::Request {
-                    side,
-                    owner: a.owner.to_vec(),
-                    lease: a.lease,
-                },
-                request_id: a.id.map(Into::into),
-                granted: Rc::new(Cell::new(0)),
-            });
+            let ask = Rc::new(RwAsk::new(side, a.owner, a.lease, a.id));
             let pttl = wait_pttl(&plan.state, side, now);
             return wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl);
         }
@@ -318,22 +310,55 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// A queued `RRWLOCK.ACQUIRE ... WAIT`.
 #[derive(Debug, Clone)]
 pub struct RwAsk {
-    pub request: rwlock::Request,
-    /// The call's request id: a handoff remembers its reply like an immediate acquire.
-    pub request_id: Option<Box<[u8]>>,
+    /// The owner, then the call's request id (one allocation: a queued ticket holds
+    /// thousands of these, docs/tickets.md). A handoff remembers its reply under the id.
+    names: Box<[u8]>,
+    owner_len: u32,
+    has_id: bool,
+    side: Side,
+    lease: i64,
     /// The owner's hold count on its side right after the grant (0 before): a take-back
     /// releases only a grant nobody has touched since.
-    granted: Rc<Cell<i64>>,
+    granted: Cell<i64>,
 }
 
 impl RwAsk {
+    pub fn new(side: Side, owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> RwAsk {
+        let id = request_id.unwrap_or_default();
+        RwAsk {
+            names: [owner, id].concat().into_boxed_slice(),
+            owner_len: owner.len() as u32,
+            has_id: request_id.is_some(),
+            side,
+            lease,
+            granted: Cell::new(0),
+        }
+    }
+
+    fn owner(&self) -> &[u8] {
+        &self.names[..self.owner_len as usize]
+    }
+
+    fn request_id(&self) -> Option<&[u8]> {
+        self.has_id.then(|| &self.names[self.owner_len as usize..])
+    }
+
+    /// What the pure core's queue rule asks about.
+    fn request(&self) -> rwlock::Request {
+        rwlock::Request {
+            side: self.side,
+            owner: self.owner().to_vec(),
+            lease: self.lease,
+        }
+    }
+
     fn holds(&self, state: &RwState) -> i64 {
-        match self.request.side {
-            Side::Read => state.read_count(&self.request.owner),
+        match self.side {
+            Side::Read => state.read_count(self.owner()),
             Side::Write => state
                 .writer
                 .as_ref()
-                .filter(|w| w.owner == self.request.owner)
+                .filter(|w| w.owner == self.owner())
                 .map_or(0, |w| w.count),
         }
     }
@@ -341,7 +366,11 @@ impl RwAsk {
 
 impl Ask for RwAsk {
     fn names(&self) -> (&[u8], Option<&[u8]>) {
-        (&self.request.owner, self.request_id.as_deref())
+        (self.owner(), self.request_id())
+    }
+
+    fn granted(&self, holds: i64) {
+        self.granted.set(holds);
     }
 
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
@@ -352,7 +381,7 @@ impl Ask for RwAsk {
             Ok(state) => (state, false),
             Err(_) => (RwState::free(), true),
         };
-        match rwlock::grant(&state, key, &self.request, now) {
+        match rwlock::grant(&state, key, &self.request(), now) {
             Some(Ok(mut plan)) => {
                 if replace {
                     plan.effects.insert(0, Effect::Del(KeyRef::Main));
@@ -371,7 +400,7 @@ impl Ask for RwAsk {
                     count(&dropped, None);
                 }
                 Check::Wait {
-                    pttl: wait_pttl(&dropped.state, self.request.side, now),
+                    pttl: wait_pttl(&dropped.state, self.side, now),
                 }
             }
         }
@@ -393,15 +422,14 @@ impl Ask for RwAsk {
         if untold || holds == 0 {
             // The client was never told: a retry with its request id must not be answered
             // "acquired" from the record the handoff wrote.
-            if let Some(id) = &self.request_id {
+            if let Some(id) = self.request_id() {
                 store::forget_request(ctx, &crate::core::request_key(name.as_slice(), id));
             }
         }
         if !untold {
             return;
         }
-        let r = &self.request;
-        let plan = rwlock::release(&state, name.as_slice(), r.side, &r.owner, None, now);
+        let plan = rwlock::release(&state, name.as_slice(), self.side, self.owner(), None, now);
         store::apply_effects(ctx, name, &plan.effects);
         stats::bump(|s| &s.revoked_handoffs);
         let mut message = plan.message;
@@ -422,10 +450,9 @@ impl RwAsk {
     /// it for its lease.
     fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &Plan, now: i64) -> Grant {
         store::apply_effects(ctx, name, &plan.effects);
-        count(plan, Some(self.request.side));
-        self.granted.set(self.holds(&plan.state));
+        count(plan, Some(self.side));
         let reply: reply::Reply = plan.reply.into();
-        if let Some(id) = &self.request_id {
+        if let Some(id) = self.request_id() {
             let request = rs(&crate::core::request_key(name.as_slice(), id));
             store::remember(ctx, &request, &reply, now);
         }
@@ -435,8 +462,9 @@ impl RwAsk {
             store::publish(ctx, &rwlock::channel(name.as_slice()), message);
         }
         Grant {
+            memo: self.holds(&plan.state),
             reply,
-            look_again: match self.request.side {
+            look_again: match self.side {
                 Side::Read => None,
                 Side::Write => Some(plan.state.pttl(now)),
             },

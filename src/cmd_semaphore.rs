@@ -255,6 +255,7 @@ impl Ask for SemAsk {
                     stats::bump(|s| &s.sem_granted_after_wait);
                     remember(ctx, ask.request(name).as_ref(), true, &plan.reply);
                     Grant {
+                        memo: 0,
                         reply: plan.reply,
                         look_again: None,
                     }

@@ -71,6 +71,9 @@ pub trait Ask: std::fmt::Debug {
     fn grant_is_written(&self) -> bool {
         true
     }
+    /// Told the [`Grant::memo`] of its grant, once written (on the queued request itself,
+    /// which a take-back later asks).
+    fn granted(&self, _memo: i64) {}
 }
 
 /// A queued request (shared: the granted list keeps it until the reply goes out).
@@ -103,6 +106,9 @@ pub struct Grant {
     /// `Some(pttl)` when nobody behind the head can be granted before that many ms (the
     /// lock: its lease); `None` to keep asking the next head (readers, permits, a latch).
     pub look_again: Option<i64>,
+    /// What the request keeps of its grant, handed to [`Ask::granted`] (the RW lock: the
+    /// owner's hold count right after it, to take back only a grant nobody touched).
+    pub memo: i64,
 }
 
 /// Who waits: a client blocked in its call, or a ticket (SPEC 5, docs/tickets.md).
@@ -114,11 +120,38 @@ pub enum Who {
     Ticket(u64),
 }
 
+/// [`Who`] in 8 bytes (a queued ticket is a few dozen bytes in all, so its queue slot
+/// counts): a ticket's connection id with the top bit set, else a blocked client's handle
+/// (a pointer). Client ids count up from 1 and pointers stay below 2^63.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackedWho(u64);
+
+const TICKET_BIT: u64 = 1 << 63;
+
+impl From<Who> for PackedWho {
+    fn from(who: Who) -> PackedWho {
+        match who {
+            Who::Blocked(handle) => PackedWho(handle.0 as u64),
+            Who::Ticket(client) => PackedWho(client | TICKET_BIT),
+        }
+    }
+}
+
+impl PackedWho {
+    fn get(self) -> Who {
+        if self.0 & TICKET_BIT != 0 {
+            Who::Ticket(self.0 & !TICKET_BIT)
+        } else {
+            Who::Blocked(Blocked(self.0 as usize))
+        }
+    }
+}
+
 /// One waiter for a key: a blocked client or a ticket.
 #[derive(Debug)]
 pub struct Waiter {
     pub request: Request,
-    pub who: Who,
+    who: PackedWho,
     /// The timer that ends a blocked client's wait (0: waits without limit, or a ticket,
     /// whose deadlines share one timer per queue), see [`wait`].
     pub deadline_timer: TimerId,
@@ -131,15 +164,20 @@ impl Waiter {
     pub fn new(request: Request) -> Waiter {
         Waiter {
             request,
-            who: Who::Blocked(Blocked(0)),
+            who: Who::Blocked(Blocked(0)).into(),
             deadline_timer: 0,
             deadline_at: 0,
         }
     }
 
+    /// A blocked client or a ticket.
+    pub fn who(&self) -> Who {
+        self.who.get()
+    }
+
     /// The blocked client's handle (`None` for a ticket).
     pub fn handle(&self) -> Option<Blocked> {
-        match self.who {
+        match self.who() {
             Who::Blocked(handle) => Some(handle),
             Who::Ticket(_) => None,
         }
@@ -217,7 +255,7 @@ impl Queue {
     }
 
     fn push(&mut self, seq: u64, waiter: Waiter) {
-        if let (Who::Ticket(_), at) = (waiter.who, waiter.deadline_at) {
+        if let (Who::Ticket(_), at) = (waiter.who(), waiter.deadline_at) {
             if at > 0 {
                 self.ticket_deadlines.push(Reverse((at, seq)));
             }
@@ -257,6 +295,21 @@ impl Queue {
         }
         if self.waiters.capacity() > 4 * self.waiters.len() + 64 {
             self.waiters.shrink_to_fit();
+        }
+        // Tickets granted long before their deadline leave their entries below a live
+        // earliest one: rebuilt from the queue once they are most of the heap.
+        if self.ticket_deadlines.len() > 2 * self.live + 64 {
+            let live: Vec<Reverse<(i64, u64)>> = self
+                .waiters
+                .iter()
+                .filter_map(|(seq, w)| match w {
+                    Some(w) if matches!(w.who(), Who::Ticket(_)) && w.deadline_at > 0 => {
+                        Some(Reverse((w.deadline_at, *seq)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            self.ticket_deadlines = BinaryHeap::from(live);
         }
     }
 
@@ -352,7 +405,7 @@ impl Queues {
         };
         let seq = self.next_seq;
         self.next_seq += 1;
-        match waiter.who {
+        match waiter.who() {
             Who::Blocked(handle) => {
                 self.by_handle.insert(handle, (db, name.clone(), seq));
             }
@@ -369,7 +422,7 @@ impl Queues {
     /// Bookkeeping of a waiter that left its queue (the queue itself is done).
     fn left(&mut self, waiter: &Waiter) {
         self.total -= 1;
-        match waiter.who {
+        match waiter.who() {
             Who::Blocked(handle) => {
                 self.by_handle.remove(&handle);
             }
@@ -397,7 +450,7 @@ impl Queues {
         let name = keys.get_key_value(key)?.0.clone();
         let waiter = keys.get_mut(key)?.pop_front()?;
         self.left(&waiter);
-        if let Who::Blocked(handle) = waiter.who {
+        if let Who::Blocked(handle) = waiter.who() {
             let request = waiter.request.clone();
             self.granted.insert(
                 handle,
@@ -440,7 +493,9 @@ impl Queues {
         let (db, name, seq) = self.by_handle.get(&handle).cloned()?;
         let queue = self.queue_mut(db, &name)?;
         let i = queue.position(seq)?;
-        let was_head = queue.front().is_some_and(|w| w.who == Who::Blocked(handle));
+        let was_head = queue
+            .front()
+            .is_some_and(|w| w.who() == Who::Blocked(handle));
         let waiter = queue.take_at(i)?;
         self.left(&waiter);
         Some((db, name, waiter, was_head))
@@ -500,7 +555,7 @@ impl Queues {
                 let mut removed = 0;
                 for (_, slot) in queue.waiters.iter_mut() {
                     let Some(waiter) = slot else { continue };
-                    if waiter.who == Who::Ticket(client) {
+                    if waiter.who() == Who::Ticket(client) {
                         if head {
                             heads.push((db, name.clone()));
                         }
@@ -724,7 +779,7 @@ impl Queues {
         for (db, keys) in self.dbs.drain() {
             for (name, queue) in keys {
                 for w in queue.waiters.into_iter().filter_map(|(_, w)| w) {
-                    match w.who {
+                    match w.who() {
                         Who::Blocked(handle) => out.handles.push(handle),
                         Who::Ticket(_) => out.tickets.push((db, name.clone(), w.request)),
                     }
@@ -830,7 +885,7 @@ pub fn wait(
         return Err(ERR_TOO_MANY_WAITERS);
     }
     let handle = ffi::block_client(ctx);
-    waiter.who = Who::Blocked(handle);
+    waiter.who = Who::Blocked(handle).into();
     // The module ends the wait itself, with a timer of its own, rather than giving Redis
     // a timeout: a handoff and a timeout then both go through the queue, and whichever
     // takes the waiter out first answers it, exactly once. (Redis's timeout of a client
@@ -863,7 +918,7 @@ pub fn queue_ticket(
     let key = name.as_slice();
     let waiter = Waiter {
         request,
-        who: Who::Ticket(ffi::client_id(ctx)),
+        who: Who::Ticket(ffi::client_id(ctx)).into(),
         deadline_timer: 0,
         deadline_at: if timeout_ms > 0 {
             ffi::now_ms() + timeout_ms
@@ -907,7 +962,7 @@ fn head_is_spent_ticket(ctx: &Context, db: i32, name: &RedisString) -> bool {
     let key = name.as_slice();
     let Some(request) = with(|q| {
         q.head(db, key)
-            .filter(|w| matches!(w.who, Who::Ticket(_)))
+            .filter(|w| matches!(w.who(), Who::Ticket(_)))
             .map(|w| w.request.clone())
     }) else {
         return false;
@@ -1062,8 +1117,9 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
             return done(handed, Served::NoWaiters);
         };
         let grant = write(ctx, name);
+        waiter.request.granted(grant.memo);
         stop_deadline(ctx, &waiter);
-        match waiter.who {
+        match waiter.who() {
             Who::Blocked(handle) => ffi::unblock(handle, Some(Wake::Reply(grant.reply))),
             Who::Ticket(client) => granted_ticket(ctx, db, name, client, waiter.request),
         }
@@ -1095,7 +1151,7 @@ fn answer_error(
     error: std::borrow::Cow<'static, str>,
 ) {
     stop_deadline(ctx, &waiter);
-    match waiter.who {
+    match waiter.who() {
         Who::Blocked(handle) => ffi::unblock(handle, Some(Wake::Error(error))),
         Who::Ticket(_) => publish_end(
             ctx,
@@ -1556,7 +1612,7 @@ mod tests {
 
     fn waiter(n: usize) -> Waiter {
         Waiter {
-            who: Who::Blocked(Blocked(n)),
+            who: Who::Blocked(Blocked(n)).into(),
             ..Waiter::new(Rc::new(Probe(n)))
         }
     }
@@ -1715,7 +1771,7 @@ mod tests {
 
     fn ticket(n: usize, client: u64, deadline_at: i64) -> Waiter {
         Waiter {
-            who: Who::Ticket(client),
+            who: Who::Ticket(client).into(),
             deadline_at,
             ..Waiter::new(Rc::new(Probe(n)))
         }
@@ -1821,6 +1877,44 @@ mod tests {
         };
         assert_eq!((due.len(), head_left), (1, true));
         assert_eq!(q.total(), 0);
+    }
+
+    #[test]
+    fn deadlines_of_tickets_granted_early_do_not_pile_up() {
+        let mut q = Queues::default();
+        q.push(0, b"k", ticket(0, 7, 1_000_000), 10_000).unwrap(); // stays queued
+        for n in 1..=1000 {
+            q.push(0, b"k", ticket(n, 7, 900_000 + n as i64), 10_000)
+                .unwrap();
+            // Granted right away (behind the first one: taken from the middle).
+            let seq = q.queue(0, b"k").unwrap().waiters.back().unwrap().0;
+            let queue = q.queue_mut(0, b"k").unwrap();
+            let i = queue.position(seq).unwrap();
+            queue.take_at(i).unwrap();
+        }
+        let queue = q.queue(0, b"k").unwrap();
+        assert!(
+            queue.ticket_deadlines.len() <= 2 * queue.live + 64,
+            "{}",
+            queue.ticket_deadlines.len()
+        );
+        assert_eq!(
+            q.queue_mut(0, b"k").unwrap().next_ticket_deadline(),
+            Some(1_000_000)
+        );
+    }
+
+    #[test]
+    fn a_queue_slot_stays_small_and_who_round_trips() {
+        // A queued ticket's slot: a request pointer, who (packed), a timer, a deadline.
+        assert!(std::mem::size_of::<(u64, Option<Waiter>)>() <= 48);
+        for who in [
+            Who::Blocked(Blocked(0x7fff_1234_5678)),
+            Who::Ticket(1),
+            Who::Ticket(u32::MAX as u64 * 9),
+        ] {
+            assert_eq!(PackedWho::from(who).get(), who);
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ import redis
 from cluster_helpers import (aof_commands, info_field, snapshot, wait_link_up, wait_online,
                              wait_replicated)
 from conftest import wait_until
-from errors import EMPTY_ID, LATCH_COUNT, LATCH_OVERFLOW, NOT_A_LATCH, SYNTAX, TIMEOUT, WRONGTYPE
+from errors import ASYNC, EMPTY_ID, LATCH_COUNT, LATCH_OVERFLOW, NOT_A_LATCH, SYNTAX, TIMEOUT, WRONGTYPE
 from hostile_helpers import Map, Raw, ReplyError, arity_error, blocked_clients, rlock_stat
 from redisson_sync import NEW_COUNT_MESSAGE, ZERO_COUNT_MESSAGE, RedissonCountDownLatch, latch_channel
 
@@ -472,7 +472,10 @@ BAD = [
     (("RLATCH.AWAIT", "l", "WAIT", "x"), TIMEOUT),
     (("RLATCH.AWAIT", "l", "WAIT"), SYNTAX),
     (("RLATCH.AWAIT", "l", "ID", "r"), SYNTAX),
-    (("RLATCH.AWAIT", "l", "WAIT", 1, "WAIT", 1), arity_error("RLATCH.AWAIT")),
+    (("RLATCH.AWAIT", "l", "WAIT", 1, "WAIT", 1), SYNTAX),
+    (("RLATCH.AWAIT", "l", "WAIT", 1, "ASYNC"), ASYNC),
+    (("RLATCH.AWAIT", "l", "ID", "t", "ASYNC"), ASYNC),
+    (("RLATCH.AWAIT", "l", "WAIT", 1, "ASYNC", "ID", "t", "X"), arity_error("RLATCH.AWAIT")),
     (("RLATCH.AWAIT", "str", "WAIT", 0), NOT_A_LATCH),
     (("RLATCH.AWAIT", "hash", "WAIT", 0), WRONGTYPE),
     (("RLATCH.DELETE", "l", "x"), SYNTAX),
