@@ -478,12 +478,24 @@ impl Slot {
     }
 }
 
+/// What the ticket connection owes an answer to, in order.
+#[derive(Debug, PartialEq)]
+enum Pending {
+    /// A waiter's command: one reply.
+    Reply(String),
+    /// A `SUBSCRIBE` of this many channels: as many `subscribe` pushes, or one error
+    /// (ACL: a user without access to the channel), which must not be taken for the next
+    /// waiter's reply.
+    Subscribe(usize),
+    /// An `UNSUBSCRIBE` of this many channels: as many `unsubscribe` pushes.
+    Unsubscribe(usize),
+}
+
 #[derive(Default)]
 struct State {
     writer: Option<Stream>,
     gen: u64,
-    /// Request ids whose replies come next, in order.
-    pending: VecDeque<String>,
+    pending: VecDeque<Pending>,
     channels: HashMap<Vec<u8>, usize>,
     waiters: HashMap<String, Slot>,
 }
@@ -497,6 +509,10 @@ pub(crate) struct Shared {
     client: redis::Client,
     state: Mutex<State>,
     mode: AtomicU8,
+    /// `WaitMode::Tickets`: never fall back.
+    forced: bool,
+    /// Why the server refused a ticket channel (`SUBSCRIBE` answered an error).
+    refused: Mutex<Option<RedisError>>,
 }
 
 /// One client's ticket connection and waiters. Dropping it closes the connection.
@@ -540,6 +556,8 @@ impl Tickets {
                 client: client.clone(),
                 state: Mutex::new(State::default()),
                 mode: AtomicU8::new(start),
+                forced: mode == WaitMode::Tickets,
+                refused: Mutex::new(None),
             }),
         })
     }
@@ -584,8 +602,9 @@ impl Tickets {
             None => {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
-                if *n == 1 {
+                if *n == 1 && st.writer.is_some() {
                     let packed = pack(&[b"SUBSCRIBE".to_vec(), channel.clone()]);
+                    st.pending.push_back(Pending::Subscribe(1));
                     write_locked(&mut st, &packed);
                 }
                 None
@@ -626,7 +645,7 @@ impl Tickets {
         if st.writer.is_none() {
             connect_locked(&self.shared, &mut st)?;
         }
-        st.pending.push_back(id.to_owned());
+        st.pending.push_back(Pending::Reply(id.to_owned()));
         write_locked(&mut st, &pack(args));
         Ok(st.gen)
     }
@@ -671,7 +690,12 @@ impl Tickets {
                             .ok(),
                     };
                     match ev {
-                        Some(ev) => step = member.m.on(ev, Instant::now()),
+                        Some(ev) => {
+                            if let (Event::Lost(_), Some(out)) = (&ev, self.refusal()) {
+                                return out;
+                            }
+                            step = member.m.on(ev, Instant::now());
+                        }
                         None => return Some(Err(no_reply())),
                     }
                 }
@@ -734,7 +758,12 @@ impl Tickets {
                         Some(u) => tokio::time::timeout_at(u, rx.recv()).await.ok().flatten(),
                     };
                     match ev {
-                        Some(ev) => step = member.m.on(ev, Instant::now()),
+                        Some(ev) => {
+                            if let (Event::Lost(_), Some(out)) = (&ev, self.refusal()) {
+                                return out;
+                            }
+                            step = member.m.on(ev, Instant::now());
+                        }
                         None => return Some(Err(no_reply())),
                     }
                 }
@@ -745,6 +774,18 @@ impl Tickets {
                 }
             }
         }
+    }
+
+    /// After a `Lost`: when the server refused a ticket channel (ACL), the wait's
+    /// outcome: wait the old way from now on (`Some(None)`), or with forced tickets the
+    /// refusal itself.
+    fn refusal(&self) -> Option<Option<RedisResult<Value>>> {
+        let e = lock_ignoring_poison(&self.shared.refused).clone()?;
+        if self.shared.forced {
+            return Some(Some(Err(e)));
+        }
+        self.shared.mode.store(OFF, Ordering::Relaxed);
+        Some(None)
     }
 
     /// A send that could not connect: a transport error is the call's (its retries
@@ -826,8 +867,11 @@ fn release_channel(st: &mut State, channel: &[u8]) {
         *n -= 1;
         if *n == 0 {
             st.channels.remove(channel);
-            let packed = pack(&[b"UNSUBSCRIBE".to_vec(), channel.to_vec()]);
-            write_locked(st, &packed);
+            if st.writer.is_some() {
+                let packed = pack(&[b"UNSUBSCRIBE".to_vec(), channel.to_vec()]);
+                st.pending.push_back(Pending::Unsubscribe(1));
+                write_locked(st, &packed);
+            }
         }
     }
 }
@@ -903,6 +947,8 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
         parser.parse_value(&mut reader)?.extract_error()?;
     }
     stream.set_read_timeout(None)?;
+    // A new connection: a channel refused on the old one may be allowed now.
+    *lock_ignoring_poison(&shared.refused) = None;
     st.gen += 1;
     st.pending.clear();
     // Orphans lived on the old connection: their tickets and grants went with it.
@@ -914,13 +960,14 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
         .collect();
     for id in orphans {
         if let Some(slot) = st.waiters.remove(&id) {
-            release_channel(st, slot.channel());
+            drop_channel_ref(st, slot.channel());
         }
     }
     if !st.channels.is_empty() {
         let mut sub = vec![b"SUBSCRIBE".to_vec()];
         sub.extend(st.channels.keys().cloned());
         stream.write_all(&pack(&sub))?;
+        st.pending.push_back(Pending::Subscribe(st.channels.len()));
     }
     st.writer = Some(stream);
     let (shared2, gen) = (shared.clone(), st.gen);
@@ -948,10 +995,10 @@ fn reader_loop(
             return;
         }
         match v {
-            Value::Push { kind, data } => {
-                if kind != redis::PushKind::Message {
-                    continue;
-                }
+            Value::Push {
+                kind: redis::PushKind::Message,
+                data,
+            } => {
                 let Some(Value::BulkString(payload)) = data.get(1) else {
                     continue;
                 };
@@ -959,12 +1006,33 @@ fn reader_loop(
                     route_note(&shared, &mut st, &id, note);
                 }
             }
-            other => {
-                let Some(id) = st.pending.pop_front() else {
-                    continue;
-                };
-                route_reply(&shared, &mut st, &id, other.extract_error());
-            }
+            Value::Push {
+                kind: redis::PushKind::Subscribe,
+                ..
+            } => count_down(&mut st.pending, true),
+            Value::Push {
+                kind: redis::PushKind::Unsubscribe,
+                ..
+            } => count_down(&mut st.pending, false),
+            Value::Push { .. } => {}
+            other => match st.pending.pop_front() {
+                Some(Pending::Reply(id)) => {
+                    route_reply(&shared, &mut st, &id, other.extract_error())
+                }
+                Some(Pending::Subscribe(_)) => {
+                    // A channel we may not hear: no waiter on it could ever be told of
+                    // its grant. Close the connection; every waiter is told `Lost` and
+                    // finds the refusal (see `Tickets::refusal`).
+                    let e = other.extract_error().err().unwrap_or_else(|| {
+                        io_err("ticket channel", "SUBSCRIBE refused".to_owned())
+                    });
+                    *lock_ignoring_poison(&shared.refused) = Some(e);
+                    if let Some(w) = st.writer.as_ref() {
+                        w.shutdown();
+                    }
+                }
+                Some(Pending::Unsubscribe(_)) | None => {}
+            },
         }
     }
     let mut st = lock_ignoring_poison(&shared.state);
@@ -991,6 +1059,25 @@ fn reader_loop(
         if let Some(slot) = st.waiters.remove(&id) {
             drop_channel_ref(&mut st, slot.channel());
         }
+    }
+}
+
+/// One `subscribe` (or `unsubscribe`) push answered: counts down the pending
+/// `SUBSCRIBE` (`UNSUBSCRIBE`) at the front.
+fn count_down(pending: &mut VecDeque<Pending>, subscribe: bool) {
+    let done = match pending.front_mut() {
+        Some(Pending::Subscribe(n)) if subscribe => {
+            *n = n.saturating_sub(1);
+            *n == 0
+        }
+        Some(Pending::Unsubscribe(n)) if !subscribe => {
+            *n = n.saturating_sub(1);
+            *n == 0
+        }
+        _ => false,
+    };
+    if done {
+        pending.pop_front();
     }
 }
 
@@ -1340,6 +1427,31 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert_eq!(got[1][..3], ["RPSEMAPHORE.RELEASE", "e", "bb"]);
         assert!(undo_commands(&a(&["RLATCH.AWAIT", "l"]), &Value::Int(1)).is_empty());
+    }
+
+    #[test]
+    fn it_counts_subscribe_pushes_apart_from_replies() {
+        let mut p: VecDeque<Pending> = [
+            Pending::Subscribe(2),
+            Pending::Reply("r".into()),
+            Pending::Unsubscribe(1),
+        ]
+        .into();
+        count_down(&mut p, false);
+        assert_eq!(
+            p.len(),
+            3,
+            "an unsubscribe push does not answer a SUBSCRIBE"
+        );
+        count_down(&mut p, true);
+        assert_eq!(p.front(), Some(&Pending::Subscribe(1)));
+        count_down(&mut p, true);
+        assert_eq!(p.front(), Some(&Pending::Reply("r".into())));
+        count_down(&mut p, true);
+        assert_eq!(p.len(), 2, "a reply is owed first");
+        p.pop_front();
+        count_down(&mut p, false);
+        assert!(p.is_empty());
     }
 
     #[test]

@@ -457,3 +457,50 @@ fn it_does_not_believe_a_grant_the_server_took_back() {
     g.release().unwrap();
     assert!(!exists(&mut r, "k"));
 }
+
+/// A user whose ACL denies the ticket channels (Redis 7's default for new users,
+/// `resetchannels`): the refused SUBSCRIBE must not be taken for a waiter's reply; the
+/// client waits the old way from then on, or, with tickets forced, reports the refusal.
+#[test]
+fn a_user_without_the_ticket_channels_waits_the_old_way() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("waiter")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("+@all")
+        .arg("resetchannels")
+        .query(&mut r)
+        .unwrap();
+    let url = format!("redis://waiter:pw@127.0.0.1:{}/", s.port);
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::Client::open(url.as_str()).unwrap();
+    let lock = c.lock("k");
+    let t = thread::spawn(move || {
+        lock.acquire_with(lease())
+            .unwrap()
+            .unwrap()
+            .release()
+            .unwrap();
+    });
+    // It fell back: a blocked WAIT.
+    assert!(wait_until(LONG, || blocked(&mut r) == 1));
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    t.join().unwrap();
+
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let opts = ClientOptions::new().with_wait_mode(WaitMode::Tickets);
+    let forced = rlock_client::Client::open_with(url.as_str(), opts).unwrap();
+    let got = forced
+        .lock("k")
+        .acquire_timeout(Duration::from_secs(5))
+        .unwrap_err();
+    assert!(
+        matches!(&got, rlock_client::Error::Server { code, .. } if code == "NOPERM"),
+        "{got:?}"
+    );
+    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0, "nothing left queued");
+}
