@@ -504,3 +504,28 @@ fn a_user_without_the_ticket_channels_waits_the_old_way() {
     );
     assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0, "nothing left queued");
 }
+
+/// The ticket connection selects the client's database: the ticket waits for the lock
+/// there, not for a key of the same name in database 0.
+#[test]
+fn a_client_of_another_database_waits_there() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let mut r2 = redis::Client::open(format!("redis://127.0.0.1:{}/2", s.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    write_lock(&mut r2, "k", "someone-else", 60_000);
+    let c = rlock_client::Client::open(format!("redis://127.0.0.1:{}/2", s.port)).unwrap();
+    let lock = c.lock("k");
+    let t = thread::spawn(move || {
+        let g = lock.acquire_with(lease()).unwrap().unwrap();
+        g.release().unwrap();
+    });
+    assert!(wait_until(LONG, || waiters(&mut r2, "RLOCK.INFO", "k") == 1));
+    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0);
+    assert!(ticket_conn(&mut r).is_some());
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r2).unwrap();
+    t.join().unwrap();
+    assert!(!exists(&mut r2, "k"));
+}
