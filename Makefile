@@ -87,12 +87,13 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 	$(MAKE) bench-rw bench-semaphore bench-python
 
-bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX), each server in SERVERS; writes BENCHMARK.md
+bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
 	$(PY) bench/instr.py --latch --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/floors_instr.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE)
 
 INSTR_SERVERS = $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s)))
@@ -103,7 +104,7 @@ bench-semaphore: venv ## Semaphore: 64 client processes x 4 permits vs Redisson'
 	{ $(PY) bench/semaphore.py --module $(MODULE_RELEASE) && echo && \
 	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
 
-bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry (REDIS_SERVER)
+bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry, handoffs/s (REDIS_SERVER)
 	cargo build --release -p rlock -p rlock-bench
 	./target/release/rw_contention --module $(MODULE_RELEASE) --redis-server $(REDIS_SERVER)
 

@@ -1,12 +1,43 @@
-/* The floor of bench/instr.py: a module that subscribes to exactly what librlock
- * subscribes to on this server, with callbacks that do nothing. What it costs a command
- * is the server's own price for delivering the event to any module, which no module
- * can go below. Mirrors the choice in src/events.rs: where the server reports key
- * removal and overwrite (post-notification jobs exist, Redis 7.2+ / Valkey), the key
- * server event and no keyspace classes; otherwise (7.0) the keyspace classes that can
- * remove, replace or spoil a hash. */
+/* The floors of `make bench-instr`, in one do-nothing-more module.
+ *
+ * 1. The tax floor (bench/instr.py): a module that subscribes to exactly what librlock
+ *    subscribes to on this server, with callbacks that do nothing. What it costs a command
+ *    is the server's own price for delivering the event to any module, which no module
+ *    can go below. Mirrors the choice in src/events.rs: where the server reports key
+ *    removal and overwrite (post-notification jobs exist, Redis 7.2+ / Valkey), the key
+ *    server event and no keyspace classes; otherwise (7.0) the keyspace classes that can
+ *    remove, replace or spoil a hash.
+ *
+ * 2. The command floors (bench/floors_instr.py): FLOOR.* commands that do only what the
+ *    SPEC makes an rlock command do for one case, with no logic, no parsing beyond the
+ *    lease and no read beyond the key's type: write with the key API, replicate each
+ *    effect as its plain command with absolute expiries (SPEC 1.4), fire the keyspace
+ *    notifications the plain command fires, signal WATCH (src/store.rs does the same, in
+ *    the same order; the module also turns off the implicit signal as librlock does).
+ *    What such a command costs is the least any module command that keeps those promises
+ *    can cost. Variants (FLOOR.LOCK.*) try cheaper ways to do the same.
+ *
+ *    FLOOR.NOP key                    the module command dispatch alone: reply nil
+ *    FLOOR.LOCK key owner lease-ms    RLOCK.ACQUIRE, new lock: HSET key owner 1,
+ *                                     PEXPIREAT key now+lease; "hset", "expire"; nil
+ *    FLOOR.LOCK.NOREPL ...            the same without replicating: what RM_Replicate costs
+ *    FLOOR.LOCK.V ...                 replicated with the "v" format and strings built
+ *                                     once (constants at load, the expiry as a string)
+ *    FLOOR.LOCK.CALL ...              RM_Call("HSET", "!...") + RM_Call("PEXPIREAT", "!...")
+ *                                     : the server's own commands write, notify, signal and
+ *                                     replicate
+ *    FLOOR.RENEW key owner lease-ms   RLOCK.RENEW: the field exists? PEXPIREAT; "expire"; 1
+ *    FLOOR.RWREAD key owner lease-ms  RRWLOCK.ACQUIRE READ, new lock, Redisson's layout:
+ *                                     HSET key mode read owner 1;
+ *                                     SET {key}:owner:rwlock_timeout:1 1 PXAT at ("set",
+ *                                     "expire"); PEXPIREAT key at ("expire"); nil
+ */
 #define REDISMODULE_MAIN
+#include <stdio.h>
+#include <string.h>
 #include "redismodule.h"
+
+static RedisModuleString *s_one, *s_mode, *s_read;
 
 static int on_keyspace(RedisModuleCtx *ctx, int type, const char *event, RedisModuleString *key) {
     (void)ctx; (void)type; (void)event; (void)key;
@@ -17,10 +48,171 @@ static void on_key(RedisModuleCtx *ctx, RedisModuleEvent e, uint64_t sub, void *
     (void)ctx; (void)e; (void)sub; (void)data;
 }
 
+/* The lease in ms and the absolute expiry; 0 on bad input (replied to). */
+static long long expiry(RedisModuleCtx *ctx, RedisModuleString *lease_arg) {
+    long long lease;
+    if (RedisModule_StringToLongLong(lease_arg, &lease) != REDISMODULE_OK || lease <= 0) {
+        RedisModule_ReplyWithError(ctx, "ERR bad lease");
+        return 0;
+    }
+    return RedisModule_Milliseconds() + lease;
+}
+
+static int floor_nop(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    if (argc != 2) return RedisModule_WrongArity(ctx);
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+enum how { REPLICATE, NO_REPLICATE, REPLICATE_V };
+
+static int lock_with(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, enum how how) {
+    if (argc != 4) return RedisModule_WrongArity(ctx);
+    long long at = expiry(ctx, argv[3]);
+    if (!at) return REDISMODULE_OK;
+    RedisModuleString *name = argv[1], *owner = argv[2];
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(key) != REDISMODULE_KEYTYPE_EMPTY) {
+        /* Held: a real acquire would answer the PTTL; every run here takes new keys. */
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithError(ctx, "ERR held");
+    }
+    RedisModule_HashSet(key, REDISMODULE_HASH_NONE, owner, s_one, NULL);
+    if (how == REPLICATE) {
+        RedisModule_Replicate(ctx, "HSET", "ssl", name, owner, 1LL);
+    } else if (how == REPLICATE_V) {
+        RedisModuleString *args[3] = {name, owner, s_one};
+        RedisModule_Replicate(ctx, "HSET", "v", args, (size_t)3);
+    }
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", name);
+    RedisModule_SetAbsExpire(key, at);
+    if (how == REPLICATE) {
+        RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, at);
+    } else if (how == REPLICATE_V) {
+        RedisModuleString *args[2] = {name, RedisModule_CreateStringFromLongLong(NULL, at)};
+        RedisModule_Replicate(ctx, "PEXPIREAT", "v", args, (size_t)2);
+        RedisModule_FreeString(NULL, args[1]);
+    }
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
+    RedisModule_CloseKey(key);
+    RedisModule_SignalModifiedKey(ctx, name);
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+static int floor_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return lock_with(ctx, argv, argc, REPLICATE);
+}
+
+static int floor_lock_norepl(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return lock_with(ctx, argv, argc, NO_REPLICATE);
+}
+
+static int floor_lock_v(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return lock_with(ctx, argv, argc, REPLICATE_V);
+}
+
+static int floor_lock_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 4) return RedisModule_WrongArity(ctx);
+    long long at = expiry(ctx, argv[3]);
+    if (!at) return REDISMODULE_OK;
+    RedisModuleString *name = argv[1], *owner = argv[2];
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, name, REDISMODULE_READ);
+    int empty = RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_EMPTY;
+    RedisModule_CloseKey(key);
+    if (!empty) return RedisModule_ReplyWithError(ctx, "ERR held");
+    RedisModuleCallReply *r = RedisModule_Call(ctx, "HSET", "!sss", name, owner, s_one);
+    if (r) RedisModule_FreeCallReply(r);
+    r = RedisModule_Call(ctx, "PEXPIREAT", "!sl", name, at);
+    if (r) RedisModule_FreeCallReply(r);
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+static int floor_renew(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 4) return RedisModule_WrongArity(ctx);
+    long long at = expiry(ctx, argv[3]);
+    if (!at) return REDISMODULE_OK;
+    RedisModuleString *name = argv[1], *owner = argv[2];
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
+    int exists = 0;
+    if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_HASH)
+        RedisModule_HashGet(key, REDISMODULE_HASH_EXISTS, owner, &exists, NULL);
+    if (!exists) {
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithLongLong(ctx, 0);
+    }
+    RedisModule_SetAbsExpire(key, at);
+    RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, at);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
+    RedisModule_CloseKey(key);
+    RedisModule_SignalModifiedKey(ctx, name);
+    return RedisModule_ReplyWithLongLong(ctx, 1);
+}
+
+static int floor_rwread(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 4) return RedisModule_WrongArity(ctx);
+    long long at = expiry(ctx, argv[3]);
+    if (!at) return REDISMODULE_OK;
+    RedisModuleString *name = argv[1], *owner = argv[2];
+    size_t nlen, olen;
+    const char *n = RedisModule_StringPtrLen(name, &nlen);
+    const char *o = RedisModule_StringPtrLen(owner, &olen);
+    /* Redisson's suffixName: {name}:owner, or name:owner when name has a hash tag. */
+    char buf[512];
+    int braced = memchr(n, '{', nlen) != NULL;
+    int len = snprintf(buf, sizeof buf, braced ? "%.*s:%.*s:rwlock_timeout:1"
+                                               : "{%.*s}:%.*s:rwlock_timeout:1",
+                       (int)nlen, n, (int)olen, o);
+    if (len < 0 || (size_t)len >= sizeof buf) return RedisModule_ReplyWithError(ctx, "ERR long");
+
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(key) != REDISMODULE_KEYTYPE_EMPTY) {
+        RedisModule_CloseKey(key);
+        return RedisModule_ReplyWithError(ctx, "ERR held");
+    }
+    RedisModule_HashSet(key, REDISMODULE_HASH_NONE, s_mode, s_read, owner, s_one, NULL);
+    RedisModuleString *hset[5] = {name, s_mode, s_read, owner, s_one};
+    RedisModule_Replicate(ctx, "HSET", "v", hset, (size_t)5);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", name);
+
+    RedisModuleString *timeout = RedisModule_CreateString(ctx, buf, (size_t)len);
+    RedisModuleKey *tkey = RedisModule_OpenKey(ctx, timeout, REDISMODULE_READ | REDISMODULE_WRITE);
+    RedisModule_StringSet(tkey, s_one);
+    RedisModule_SetAbsExpire(tkey, at);
+    RedisModule_Replicate(ctx, "SET", "sscl", timeout, s_one, "PXAT", at);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_STRING, "set", timeout);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", timeout);
+    RedisModule_CloseKey(tkey);
+
+    RedisModule_SetAbsExpire(key, at);
+    RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, at);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
+    RedisModule_CloseKey(key);
+    RedisModule_SignalModifiedKey(ctx, name);
+    RedisModule_SignalModifiedKey(ctx, timeout);
+    return RedisModule_ReplyWithNull(ctx);
+}
+
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv; (void)argc;
     if (RedisModule_Init(ctx, "rlockfloor", 1, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
         return REDISMODULE_ERR;
+    RedisModule_SetModuleOptions(ctx, REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED);
+    s_one = RedisModule_CreateString(NULL, "1", 1);
+    s_mode = RedisModule_CreateString(NULL, "mode", 4);
+    s_read = RedisModule_CreateString(NULL, "read", 4);
+    struct { const char *name; RedisModuleCmdFunc f; const char *flags; } cmds[] = {
+        {"floor.nop", floor_nop, "write deny-oom"},
+        {"floor.lock", floor_lock, "write deny-oom"},
+        {"floor.lock.norepl", floor_lock_norepl, "write deny-oom"},
+        {"floor.lock.v", floor_lock_v, "write deny-oom"},
+        {"floor.lock.call", floor_lock_call, "write deny-oom"},
+        {"floor.renew", floor_renew, "write"},
+        {"floor.rwread", floor_rwread, "write deny-oom"},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (RedisModule_CreateCommand(ctx, cmds[i].name, cmds[i].f, cmds[i].flags, 1, 1, 1)
+            == REDISMODULE_ERR)
+            return REDISMODULE_ERR;
     if (RedisModule_AddPostNotificationJob != NULL) {
         RedisModuleEvent key = {REDISMODULE_EVENT_KEY, 1};
         return RedisModule_SubscribeToServerEvent(ctx, key, on_key);

@@ -5,10 +5,10 @@
 //!
 //! N clients (default 64; every 8th a writer) loop acquire → critical section → release
 //! for a fixed time. A writer's section INCRs a counter, a reader's GETs it. Reported:
-//! acquisitions per second (both sides: each is a handoff or a shared grant), writer and
-//! reader wait percentiles, writer acquisitions. Checked, so that a fast-but-wrong run
-//! cannot pass: the counter equals the writer acquisitions, and no writer's observed
-//! section overlaps any other section.
+//! acquisitions per second (both sides: each is a handoff or a shared grant), handoffs per
+//! second (see [`handoffs`]), writer and reader wait percentiles, writer acquisitions.
+//! Checked, so that a fast-but-wrong run cannot pass: the counter equals the writer
+//! acquisitions, and no writer's observed section overlaps any other section.
 //!
 //! Usage: rw_contention --module PATH [--redis-server PATH] [--clients 64]
 //!        [--seconds 5] [--rounds 2]
@@ -203,24 +203,66 @@ impl Client {
 }
 
 struct Log {
+    client: usize,
     writer: bool,
     count: u64,
     late: u64,
     /// Acquires that had not been granted when the run's grace ran out.
     censored: u64,
     waits_us: Vec<u64>,
-    sections: Vec<(u64, u64)>,
+    /// (start, end) in µs since the run's epoch, and whether it started within the run.
+    sections: Vec<(u64, u64, bool)>,
 }
 
 struct Outcome {
     algo: Algo,
     per_s: f64,
+    handoffs_per_s: f64,
     writer_per_s: f64,
     w_p50: u64,
     w_p99: u64,
     r_p50: u64,
     r_p99: u64,
     w_censored: u64,
+}
+
+/// One critical section as its client saw it (inside the real hold: after the grant's
+/// reply, before the release was sent).
+struct Section {
+    start: u64,
+    end: u64,
+    writer: bool,
+    client: usize,
+    in_run: bool,
+}
+
+/// Handoffs: the times the lock passed from one holder set to a different one. A write
+/// acquisition counts unless the previous acquisition was the same writer's (re-taking
+/// its own lock); a read acquisition counts when it opens a new read phase, i.e. when the
+/// previous acquisition was a write (readers joining or following readers share the
+/// phase). The first acquisition counts (from nobody). `sections` must be sorted by start:
+/// since no writer's section overlaps any other (checked before), that is the order of
+/// the real holds, so the count is exact. Only acquisitions within the run count.
+fn handoffs(sections: &[Section]) -> u64 {
+    let mut prev: Option<(bool, usize)> = None;
+    let mut n = 0;
+    for s in sections {
+        let change = match prev {
+            None => true,
+            Some((prev_writer, prev_client)) => {
+                if s.writer {
+                    !(prev_writer && prev_client == s.client)
+                } else {
+                    prev_writer
+                }
+            }
+        };
+        if change && s.in_run {
+            n += 1;
+        }
+        prev = Some((s.writer, s.client));
+    }
+    n
 }
 
 fn run(server: &server::Server, algo: Algo, shas: &Shas, n: usize, dur: Duration) -> Res<Outcome> {
@@ -242,6 +284,7 @@ fn run(server: &server::Server, algo: Algo, shas: &Shas, n: usize, dur: Duration
         let barrier = barrier.clone();
         handles.push(std::thread::spawn(move || -> Res<Log> {
             let mut log = Log {
+                client: i,
                 writer: client.writer,
                 count: 0,
                 late: 0,
@@ -271,6 +314,7 @@ fn run(server: &server::Server, algo: Algo, shas: &Shas, n: usize, dur: Duration
                 log.sections.push((
                     (t1 - epoch).as_micros() as u64,
                     (t2 - epoch).as_micros() as u64,
+                    t1 <= stop,
                 ));
                 // Every wait counts, also one that ended after the run (a starved writer's).
                 log.waits_us.push((t1 - t0).as_micros() as u64);
@@ -298,13 +342,24 @@ fn run(server: &server::Server, algo: Algo, shas: &Shas, n: usize, dur: Duration
         return Err(format!("{}: counter {counter:?} but {writes} writes", algo.label()).into());
     }
     // No writer's section may overlap any other: sweep by start time.
-    let mut all: Vec<(u64, u64, bool)> = logs
+    let mut all: Vec<Section> = logs
         .iter()
-        .flat_map(|l| l.sections.iter().map(move |&(a, b)| (a, b, l.writer)))
+        .flat_map(|l| {
+            l.sections.iter().map(move |&(start, end, in_run)| Section {
+                start,
+                end,
+                writer: l.writer,
+                client: l.client,
+                in_run,
+            })
+        })
         .collect();
-    all.sort_unstable();
+    all.sort_unstable_by_key(|s| (s.start, s.end, s.client));
     let (mut max_end, mut max_writer_end) = (0u64, 0u64);
-    for &(start, end, writer) in &all {
+    for &Section {
+        start, end, writer, ..
+    } in &all
+    {
         if start < max_writer_end || (writer && start < max_end) {
             return Err(format!("{}: a writer's section overlaps another", algo.label()).into());
         }
@@ -327,6 +382,7 @@ fn run(server: &server::Server, algo: Algo, shas: &Shas, n: usize, dur: Duration
     Ok(Outcome {
         algo,
         per_s: total as f64 / dur.as_secs_f64(),
+        handoffs_per_s: handoffs(&all) as f64 / dur.as_secs_f64(),
         writer_per_s: logs
             .iter()
             .filter(|l| l.writer)
@@ -371,15 +427,16 @@ fn main() -> Res<()> {
     println!(
         "RW contention: {n} clients (every 8th a writer), {secs} s per run, {rounds} rounds, lease {LEASE_MS} ms"
     );
-    println!("| round | algorithm | acquisitions/s | writer acq/s | writer p50 µs | writer p99 µs | reader p50 µs | reader p99 µs | writers never served |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| round | algorithm | handoffs/s | acquisitions/s | writer acq/s | writer p50 µs | writer p99 µs | reader p50 µs | reader p99 µs | writers never served |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut best: Vec<(Algo, Vec<Outcome>)> = vec![(Algo::Rlock, vec![]), (Algo::Redisson, vec![])];
     for round in 1..=rounds {
         for (algo, outs) in best.iter_mut() {
             let o = run(&server, *algo, &shas, n, Duration::from_secs(secs))?;
             println!(
-                "| {round} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+                "| {round} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
                 o.algo.label(),
+                o.handoffs_per_s,
                 o.per_s,
                 o.writer_per_s,
                 o.w_p50,
@@ -397,10 +454,46 @@ fn main() -> Res<()> {
     };
     let (m, r) = (&best[0].1, &best[1].1);
     println!(
-        "median ratios: acquisitions/s rlock/Redisson {:.2}x; writer acq/s {:.2}x; writer p99 wait Redisson/rlock {:.2}x",
+        "median ratios: handoffs/s rlock/Redisson {:.2}x; acquisitions/s rlock/Redisson {:.2}x; writer acq/s {:.2}x; writer p99 wait Redisson/rlock {:.2}x",
+        med(m, |o| o.handoffs_per_s) / med(r, |o| o.handoffs_per_s),
         med(m, |o| o.per_s) / med(r, |o| o.per_s),
         med(m, |o| o.writer_per_s) / med(r, |o| o.writer_per_s),
         med(r, |o| o.w_p99 as f64) / med(m, |o| o.w_p99 as f64)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(start: u64, writer: bool, client: usize) -> Section {
+        Section {
+            start,
+            end: start + 1,
+            writer,
+            client,
+            in_run: true,
+        }
+    }
+
+    #[test]
+    fn handoffs_count_holder_set_changes() {
+        // R1 (from nobody), R2 joins, W3 (change), W3 again (same writer), W4 (change),
+        // R1 (new read phase), R5 (same phase), W3 (change).
+        let seq = [
+            s(1, false, 1),
+            s(2, false, 2),
+            s(3, true, 3),
+            s(4, true, 3),
+            s(5, true, 4),
+            s(6, false, 1),
+            s(7, false, 5),
+            s(8, true, 3),
+        ];
+        assert_eq!(handoffs(&seq), 5);
+        let mut late = seq;
+        late[7].in_run = false;
+        assert_eq!(handoffs(&late), 4);
+    }
 }

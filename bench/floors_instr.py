@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""`make bench-instr`: the measured floor of a module command that keeps the SPEC's
+promises, beside SET NX PX, Redisson's scripts and rlock's own commands.
+
+Issues 11 and 12 ask RLOCK.ACQUIRE <= 1.5x SET NX PX and >= 3x cheaper than Redisson's
+acquire script, RLOCK.RENEW and RRWLOCK.ACQUIRE READ >= 3x cheaper than Redisson's
+renew and read-lock scripts. Whether any module command can get there is measured here,
+not estimated: bench/instr/floor.c's FLOOR.* commands do only what SPEC 1.4 makes such a
+command do (key API write, each effect replicated as its plain command with absolute
+expiries, the plain command's keyspace notifications, the WATCH signal), with no logic.
+Its FLOOR.LOCK.* variants try cheaper ways to do the same (see floor.c).
+
+Counted exactly as bench/instr.py counts (its `run_server`: callgrind, `processCommand`
+only, segments of N1 then N2 calls split by PING, per call = difference / (N2 - N1)).
+One invocation measures each server in three server processes (plain, librlock, floor
+module); writes a block between the `instr-floors` markers of BENCHMARK.md.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from instr import (LEASE, OWNER, SHA, build_floor, held_with_count, key,  # noqa: E402
+                   load_scripts, run_server, server_version, write_report)
+from instr_rw import LOAD as RW_LOAD, m_acq, r_read  # noqa: E402
+
+
+def setnx(prefix):
+    return lambda i: ["SET", key(prefix, i), OWNER, "NX", "PX", LEASE]
+
+
+def floor_cmd(cmd, prefix):
+    return lambda i: [cmd, key(prefix, i), OWNER, LEASE]
+
+
+# Every server process starts with the same 300 000 keys, each with a TTL, so that no
+# workload pays for growing the keyspace or expiry table, whatever its position (without
+# this a figure moved by up to ~8 000 instructions on Valkey, ~2 000 on Redis). The runs
+# add up to 112 000 keys; 300 000 is a count both servers size with room for them: Redis
+# 7.0 doubles a dict when it is full (524 288 slots here), Valkey 9 a hashtable when its
+# 7-entry buckets are (65 536 buckets, 458 752 entries). The PTTL loop finishes the
+# expiry table's last incremental rehash (each lookup moves a bucket; the timer's
+# rehashing is off). Valkey's figures still creep up by ~3 % as its buckets fill.
+PRESIZE_KEYS = 300_000
+PRESIZE = [["DEBUG", "POPULATE", PRESIZE_KEYS, "pre", 1],
+           ["EVAL", f"for i = 0, {PRESIZE_KEYS - 1} do "
+                    "redis.call('pexpire', 'pre:' .. i, ARGV[1]) end", 0, LEASE],
+           ["EVAL", f"for i = 0, {PRESIZE_KEYS - 1} do redis.call('pttl', 'pre:' .. i) end",
+            0]]
+
+# (row, implementation) -> (set-up, call(i)); one list per server process.
+PLAIN = [
+    (("lock", "SET NX PX"), [], setnx("snx")),
+    (("lock", "Redisson script"), load_scripts(),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, key("lock", i), LEASE, OWNER]),
+    (("renew", "Redisson script"), held_with_count("lock:rn"),
+     lambda i: ["EVALSHA", SHA["renew"], 1, "lock:rn", LEASE, OWNER]),
+    (("rwread", "Redisson script"), RW_LOAD, lambda i: r_read(key("rwm", i))),
+]
+RLOCK = [
+    (("lock", "rlock"), [], lambda i: ["RLOCK.ACQUIRE", key("lock", i), OWNER, LEASE]),
+    (("renew", "rlock"), held_with_count("lock:rn"),
+     lambda i: ["RLOCK.RENEW", "lock:rn", OWNER, LEASE]),
+    (("rwread", "rlock"), [], lambda i: m_acq(key("rwm", i), "READ")),
+    (("lock", "SET NX PX, rlock loaded"), [], setnx("snx")),
+]
+FLOOR = [
+    (("lock", "floor"), [], floor_cmd("FLOOR.LOCK", "lock")),
+    (("renew", "floor"), held_with_count("lock:rn"),
+     lambda i: ["FLOOR.RENEW", "lock:rn", OWNER, LEASE]),
+    (("rwread", "floor"), [], floor_cmd("FLOOR.RWREAD", "rwm")),
+    (("lock", "SET NX PX, floor loaded"), [], setnx("snx")),
+    (("variant", "FLOOR.NOP"), [], lambda i: ["FLOOR.NOP", key("nop", i)]),
+    (("variant", "FLOOR.LOCK.NOREPL"), [], floor_cmd("FLOOR.LOCK.NOREPL", "lnr")),
+    (("variant", "FLOOR.LOCK.V"), [], floor_cmd("FLOOR.LOCK.V", "lv")),
+    (("variant", "FLOOR.LOCK.CALL"), [], floor_cmd("FLOOR.LOCK.CALL", "lc")),
+    # FLOOR.LOCK once more, last: how far a workload's position in its server moves it.
+    (("variant", "FLOOR.LOCK, again last"), [], floor_cmd("FLOOR.LOCK", "lag")),
+]
+
+VARIANTS = [
+    ("FLOOR.NOP", "a module command that only replies nil: the dispatch of any module "
+                  "command (argv wrapped, reply, the call's bookkeeping)"),
+    ("FLOOR.LOCK.NOREPL", "FLOOR.LOCK without the two RM_Replicate calls (not "
+                          "allowed: no replica or AOF would see the lock)"),
+    ("FLOOR.LOCK.V", "FLOOR.LOCK replicating with the \"v\" format and prebuilt strings "
+                     "instead of \"ssl\"/\"sl\""),
+    ("FLOOR.LOCK.CALL", "RM_Call(\"HSET\", \"!sss\") + RM_Call(\"PEXPIREAT\", \"!sl\"): "
+                        "the server's commands write, notify, signal and replicate"),
+    ("FLOOR.LOCK, again last", "FLOOR.LOCK again, as the server's last workload: the "
+                               "difference is what position alone moves a figure"),
+]
+
+
+def tables(r, version):
+    s, s_rl, s_fl = (r[("lock", k)] for k in
+                     ("SET NX PX", "SET NX PX, rlock loaded", "SET NX PX, floor loaded"))
+    lines = [f"### {version}", "",
+             "| operation | goal | goal in instructions | Redisson script | rlock | floor "
+             "(FLOOR.*) | rlock / floor | Redisson / rlock | Redisson / floor | floor / goal |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [("lock", "acquire, new lock (RLOCK.ACQUIRE; FLOOR.LOCK)"),
+            ("renew", "renew (RLOCK.RENEW; FLOOR.RENEW)"),
+            ("rwread", "read acquire, new lock (RRWLOCK.ACQUIRE READ; FLOOR.RWREAD)")]
+    for op, label in rows:
+        red, rl, fl = r[(op, "Redisson script")], r[(op, "rlock")], r[(op, "floor")]
+        if op == "lock":
+            goal = min(1.5 * s, red / 3)
+            goal_text = "<= 1.5x SET NX PX and >= 3x cheaper than Redisson"
+        else:
+            goal = red / 3
+            goal_text = ">= 3x cheaper than Redisson"
+        lines.append(f"| {label} | {goal_text} | {goal:.0f} | {red:.0f} | {rl:.0f} | "
+                     f"{fl:.0f} | {rl / fl:.2f}x | {red / rl:.2f}x | {red / fl:.2f}x | "
+                     f"{fl / goal:.2f}x |")
+    lock_rl, lock_fl = r[("lock", "rlock")], r[("lock", "floor")]
+    lines += ["", f"SET NX PX: {s:.0f} on a plain server, {s_rl:.0f} with librlock loaded, "
+              f"{s_fl:.0f} with the floor module loaded (the same subscriptions). "
+              f"1.5x SET NX PX = {1.5 * s:.0f}; RLOCK.ACQUIRE is {lock_rl / s:.2f}x, "
+              f"FLOOR.LOCK {lock_fl / s:.2f}x "
+              f"({lock_fl / s_fl:.2f}x the SET NX PX of its own server). "
+              f"Redisson's acquire / 3 = {r[('lock', 'Redisson script')] / 3:.0f}.", "",
+              "Cheaper ways to do FLOOR.LOCK's work (same server process as FLOOR.LOCK):", "",
+              "| command | what | instructions | vs FLOOR.LOCK |", "|---|---|---:|---:|",
+              f"| FLOOR.LOCK | key API write, RM_Replicate \"ssl\" + \"sl\", 2 notifications, "
+              f"signal (as src/store.rs) | {lock_fl:.0f} | |"]
+    for name, what in VARIANTS:
+        v = r[("variant", name)]
+        lines.append(f"| {name} | {what} | {v:.0f} | {v - lock_fl:+.0f} |")
+    return lines + [""]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--module", required=True, help="librlock.so (a --release build)")
+    ap.add_argument("--server", action="append", required=True)
+    ap.add_argument("--report", help="write the block into this file (BENCHMARK.md)")
+    ap.add_argument("--n1", type=int, default=2_000)
+    ap.add_argument("--n2", type=int, default=12_000)
+    ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
+    a = ap.parse_args()
+    started = time.time()
+    sections = [
+        "## Floors: the least a module command keeping the SPEC's promises costs "
+        "(`make bench-instr`)", "",
+        "Instructions per call, counted as in the tables above (callgrind, "
+        f"`processCommand` only, N1 = {a.n1}, N2 = {a.n2}, `bench/floors_instr.py`). "
+        "*floor* is a command of bench/instr/floor.c doing only what SPEC 1.4 makes an "
+        "rlock command do for that case, with no logic: open the key, write it with the "
+        "key API, replicate each effect as its plain command with the absolute expiry "
+        "(RM_Replicate, as src/store.rs), fire the keyspace notifications that command "
+        "fires, signal WATCH, reply. FLOOR.LOCK: HSET key owner 1 + PEXPIREAT ('hset', "
+        "'expire'); FLOOR.RENEW: the owner's field exists? then PEXPIREAT ('expire'); "
+        "FLOOR.RWREAD: HSET key mode read owner 1, SET {key}:owner:rwlock_timeout:1 1 PXAT "
+        "('set', 'expire'), PEXPIREAT key ('expire'), the writes and replicated commands "
+        "RRWLOCK.ACQUIRE READ makes for a new lock. The floor module subscribes to the "
+        "same events as librlock (its callbacks do nothing), so both pay the server's "
+        "delivery of their own notifications. Redisson's scripts and SET NX PX run on a "
+        "plain server, as in the tables above; no replica or AOF is attached, so "
+        "RM_Replicate pays for looking the command up and building its argv, not for "
+        "writing it out (the same holds for the scripts' and SET's propagation). "
+        "*floor / goal* above 1 means no module command that replicates these effects "
+        "reaches the goal on that server. Every server here starts with the same "
+        f"{PRESIZE_KEYS:,} keys with a TTL, its tables sized for every key the runs add, "
+        "so that no workload pays for a table's growth (which moved a figure by up to "
+        "~8 000 instructions with its position): figures are not one for one those of the "
+        "tables above, whose servers start empty.", ""]
+    with tempfile.TemporaryDirectory(prefix="rlock-floors-") as workdir:
+        floor = build_floor(workdir)
+        for server in a.server:
+            version = server_version(server)
+            print(f"{version} ({server})", file=sys.stderr)
+            runs = [([], PLAIN), ([os.path.abspath(a.module)], RLOCK), ([floor], FLOOR)]
+            results = {}
+            with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+                futs = [pool.submit(run_server, server, mods, PRESIZE, w, a.n1, a.n2, workdir,
+                                    f"fl{n}") for n, (mods, w) in enumerate(runs)]
+                for f in futs:
+                    for k, v in f.result().items():
+                        results[k] = v
+                        print(f"  {k}: {v:.0f}", file=sys.stderr)
+            sections += tables(results, version)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
+    print("\n".join(sections))
+    if a.report:
+        write_report(a.report, sections, "instr-floors")
+
+
+if __name__ == "__main__":
+    main()
