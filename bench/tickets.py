@@ -22,6 +22,7 @@ Standard library + redis-py (the tests' virtualenv):
 
 import argparse
 import asyncio
+import gc
 import os
 import shutil
 import subprocess
@@ -285,6 +286,7 @@ class TicketChain:
 def latency(port, waiters, rounds, per_round):
     blocked, ticket = BlockedChain(port, "lat:b", waiters), TicketChain(port, "lat:t", waiters)
     b, t_msg, t_col = [], [], []
+    gc.disable()  # a collection pause would land on whichever side happened to be running
     try:
         for _ in range(rounds):
             for _ in range(per_round):
@@ -294,6 +296,7 @@ def latency(port, waiters, rounds, per_round):
                 t_msg.append(m)
                 t_col.append(c)
     finally:
+        gc.enable()
         blocked.close()
         ticket.close()
     return b, t_msg, t_col
@@ -338,7 +341,7 @@ async def count_connections(port, stop, out, warmup):
     await r.aclose()
 
 
-async def rlock_side(port, key, tasks, seconds, pool_size):
+async def rlock_side(port, key, tasks, seconds, pool_size, done):
     pool = aredis.BlockingConnectionPool(port=port, max_connections=pool_size, timeout=None)
     r = aredis.Redis(connection_pool=pool)
     sub = aredis.Redis(port=port).pubsub()
@@ -383,6 +386,7 @@ async def rlock_side(port, key, tasks, seconds, pool_size):
     t0 = time.monotonic()
     await asyncio.gather(*(worker(i) for i in range(tasks)))
     elapsed = time.monotonic() - t0
+    done.set()
     d.cancel()
     await sub.aclose()
     await r.aclose()
@@ -390,7 +394,7 @@ async def rlock_side(port, key, tasks, seconds, pool_size):
     return run, elapsed
 
 
-async def redisson_side(port, key, tasks, seconds, pool_size):
+async def redisson_side(port, key, tasks, seconds, pool_size, done):
     """Redisson's RedissonLock.lock(): tryAcquire (its script); on a TTL, the lock entry's
     subscription on the shared pub/sub connection (subscribed once here: with 1 000 tasks
     there is always a waiter, so Redisson never unsubscribes), then loop: tryAcquire, on a
@@ -435,6 +439,7 @@ async def redisson_side(port, key, tasks, seconds, pool_size):
     t0 = time.monotonic()
     await asyncio.gather(*(worker(i) for i in range(tasks)))
     elapsed = time.monotonic() - t0
+    done.set()
     d.cancel()
     await sub.aclose()
     await r.aclose()
@@ -446,8 +451,7 @@ async def throughput_round(port, side, key, tasks, seconds, pool_size):
     stop, conns = asyncio.Event(), []
     counter = asyncio.create_task(count_connections(port, stop, conns, min(1.0, seconds / 4)))
     fn = rlock_side if side == "rlock" else redisson_side
-    run, elapsed = await fn(port, key, tasks, seconds, pool_size)
-    stop.set()
+    run, elapsed = await fn(port, key, tasks, seconds, pool_size, stop)
     await counter
     total = sum(run.counts)
     return {"handoffs_s": run.handoffs / elapsed, "acq_s": total / elapsed,
@@ -479,7 +483,7 @@ def main():
     cfg = {
         "tickets": 5_000 if q else 100_000, "conns": 10, "keys": 100,
         "blocked": 50 if q else 500,
-        "chain": 50, "rounds": 2 if q else 5, "per_round": 100 if q else 1000,
+        "chain": 50, "rounds": 20 if q else 500, "per_round": 10,
         "tasks": 100 if q else 1000, "seconds": 1.0 if q else 10.0, "pool": 10,
         "tp_rounds": 1 if q else 2,
     }
@@ -559,17 +563,19 @@ def run_one(server, version, module, cfg, q, say):
             f"lock (blocked: its `WAIT` reply on its own connection; ticket: the `granted` message "
             f"on the subscriber connection, and until the collect reply on the command "
             f"connection); it then releases to the next, the old holder queues again at the "
-            f"back. Raw sockets, one Python thread, {cfg['rounds']} alternating rounds of "
-            f"{cfg['per_round']} handoffs each way.")
+            f"back. Raw sockets, one Python thread (garbage collector off), the two chains "
+            f"alternating every {cfg['per_round']} handoffs ({cfg['rounds']} rounds), so load "
+            f"from the rest of the machine falls on both alike.")
         say()
         bl, tm, tc = latency(port, cfg["chain"], cfg["rounds"], cfg["per_round"])
-        say("| waiting | samples | p50 ms | p99 ms | max ms |")
-        say("|---|---:|---:|---:|---:|")
+        say("| waiting | samples | p50 ms | p90 ms | p99 ms | max ms | over 1 ms |")
+        say("|---|---:|---:|---:|---:|---:|---:|")
         for name, v in (("blocked (`WAIT`): reply arrived", bl),
                         ("ticket: `granted` message arrived", tm),
                         ("ticket: collect reply arrived", tc)):
-            say(f"| {name} | {len(v)} | {fmt_ms(pct(v, 0.5))} | {fmt_ms(pct(v, 0.99))} | "
-                f"{fmt_ms(max(v))} |")
+            say(f"| {name} | {len(v)} | {fmt_ms(pct(v, 0.5))} | {fmt_ms(pct(v, 0.9))} | "
+                f"{fmt_ms(pct(v, 0.99))} | {fmt_ms(max(v))} | "
+                f"{100 * sum(1 for x in v if x > 0.001) / len(v):.1f} % |")
         d_msg = pct(tm, 0.99) - pct(bl, 0.99)
         d_col = pct(tc, 0.99) - pct(bl, 0.99)
         say()
