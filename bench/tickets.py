@@ -451,14 +451,27 @@ async def throughput_round(port, side, key, tasks, seconds, pool_size):
     stop, conns = asyncio.Event(), []
     counter = asyncio.create_task(count_connections(port, stop, conns, min(1.0, seconds / 4)))
     fn = rlock_side if side == "rlock" else redisson_side
+    before, cpu0 = server_work(port), time.process_time()
     run, elapsed = await fn(port, key, tasks, seconds, pool_size, stop)
+    after, cpu1 = server_work(port), time.process_time()
     await counter
     total = sum(run.counts)
     return {"handoffs_s": run.handoffs / elapsed, "acq_s": total / elapsed,
             "jain": jain(run.counts), "p50_ms": 1000 * pct(run.waits, 0.5),
             "p99_ms": 1000 * pct(run.waits, 0.99), "total": total,
             "handoffs": run.handoffs, "idle_tasks": sum(1 for c in run.counts if c == 0),
-            "violations": run.violations, "conns": (min(conns), max(conns)) if conns else (0, 0)}
+            "violations": run.violations, "conns": (min(conns), max(conns)) if conns else (0, 0),
+            "cmds_per_acq": (after[0] - before[0]) / max(total, 1),
+            "cpu_us_per_acq": 1e6 * (after[1] - before[1]) / max(total, 1),
+            "server_busy": (after[1] - before[1]) / elapsed, "client_busy": (cpu1 - cpu0) / elapsed}
+
+
+def server_work(port):
+    """(commands processed, server CPU seconds) so far: what a round cost the server."""
+    r = redis.Redis(port=port)
+    stats, cpu = r.info("stats"), r.info("cpu")
+    r.close()
+    return stats["total_commands_processed"], cpu["used_cpu_user"] + cpu["used_cpu_sys"]
 
 
 # ---- the report ------------------------------------------------------------------------
@@ -602,8 +615,9 @@ def run_one(server, version, module, cfg, q, say):
             "connection) every 250 ms after the first second, min-max.")
         say()
         say("| side | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms | tasks that "
-            "never held | connections | mutual exclusion violations |")
-        say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            "never held | connections | mutual exclusion violations | server commands per "
+            "acquisition | server CPU µs per acquisition | server CPU | client CPU |")
+        say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         res = {}
         for rnd in range(cfg["tp_rounds"]):
             for side in ("rlock", "redisson"):
@@ -613,14 +627,22 @@ def run_one(server, version, module, cfg, q, say):
                 say(f"| {'rlock tickets' if side == 'rlock' else 'Redisson algorithm'} | "
                     f"{g['handoffs_s']:.0f} | {g['acq_s']:.0f} | {g['jain']:.4f} | "
                     f"{g['p50_ms']:.1f} | {g['p99_ms']:.1f} | {g['idle_tasks']} | "
-                    f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} |")
+                    f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
+                    f"{g['cmds_per_acq']:.2f} | {g['cpu_us_per_acq']:.0f} | "
+                    f"{100 * g['server_busy']:.0f} % | {100 * g['client_busy']:.0f} % |")
         hr = sum(g["handoffs_s"] for g in res["rlock"]) / len(res["rlock"])
         hs = sum(g["handoffs_s"] for g in res["redisson"]) / len(res["redisson"])
         ar = sum(g["acq_s"] for g in res["rlock"]) / len(res["rlock"])
         as_ = sum(g["acq_s"] for g in res["redisson"]) / len(res["redisson"])
         say()
+        cr = sum(g["cpu_us_per_acq"] for g in res["rlock"]) / len(res["rlock"])
+        cs = sum(g["cpu_us_per_acq"] for g in res["redisson"]) / len(res["redisson"])
         say(f"rlock tickets / Redisson: handoffs/s **{hr / hs:.2f}×**, acquisitions/s "
-            f"{ar / as_:.2f}×.")
+            f"{ar / as_:.2f}×, server CPU per acquisition {cr / cs:.2f}×. Server commands "
+            f"count the scripts' inner `redis.call`s; server and client CPU are shares of one "
+            f"core over the round (the client is the one Python process running all the "
+            f"tasks: where it is near 100 %, handoffs/s measure the client work per handoff "
+            f"as much as the protocol).")
         ctl = redis.Redis(port=port)
         wait_until("tickets gone", lambda: rstats(ctl)["tickets"] == 0, timeout=10)
         s = rstats(ctl)
