@@ -107,7 +107,7 @@ def settled(ctl):
     return used_memory(ctl)
 
 
-def memory_tickets(port, total, conns, keys):
+def memory_tickets(port, total, conns, keys, timeout=0):
     ctl = Raw(port)
     ctl.call("CONFIG", "SET", "rlock.max-waiters-per-key", str(max(total, 10_000)))
     empty = settled(ctl)
@@ -123,7 +123,7 @@ def memory_tickets(port, total, conns, keys):
     for n, c in enumerate(clients):
         for start in range(0, per_conn, 2000):
             cmds = [("RLOCK.ACQUIRE", names[(n * per_conn + i) % keys], owner(n, i), LEASE,
-                     "WAIT", 0, "ASYNC", "ID", request_id(n, i))
+                     "WAIT", timeout, "ASYNC", "ID", request_id(n, i))
                     for i in range(start, min(per_conn, start + 2000))]
             got = c.pipeline(cmds)
             assert set(got) == {b"QUEUED"}, set(got)
@@ -535,7 +535,8 @@ def run_one(server, version, module, cfg, q, say):
         say(f"#### Memory per queued ticket ({cfg['tickets']} tickets from {cfg['conns']} connections)")
         say()
         say("Owners of Redisson's shape `<36-char uuid>:<thread id>` (40 bytes), request ids of 24 "
-            "bytes, `WAIT 0 ASYNC ID`. `used_memory` after the tests' settling (FLUSHALL SYNC, "
+            "bytes, `WAIT 0 ASYNC ID` (no deadline) and `WAIT 600000 ASYNC ID` (a deadline: the "
+            "queue's deadline heap holds it too). `used_memory` after the tests' settling (FLUSHALL SYNC, "
             "SLOWLOG RESET, CONFIG RESETSTAT) with the holders in place, then after queueing "
             "(read again 1 s later, once clientsCron has shrunk the connections' query buffers). "
             "Then the 10 connections are killed (CLIENT KILL ID): the tickets must be dropped, "
@@ -547,10 +548,10 @@ def run_one(server, version, module, cfg, q, say):
         say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         mems = []
         control = memory_control(port, cfg["tickets"], cfg["conns"])
-        for keys in (cfg["keys"], 1):
-            m = memory_tickets(port, cfg["tickets"], cfg["conns"], keys)
+        for keys, timeout in ((cfg["keys"], 0), (1, 0), (1, 600_000)):
+            m = memory_tickets(port, cfg["tickets"], cfg["conns"], keys, timeout)
             mems.append(m)
-            say(f"| {keys} key{'s' if keys > 1 else ''} | {m['n']} | **{m['per_ticket']:.0f}** | "
+            say(f"| {keys} key{'s' if keys > 1 else ''}, `WAIT {timeout}` | {m['n']} | **{m['per_ticket']:.0f}** | "
                 f"{m['per_ticket_now']:.0f} | {m['queue_s']:.2f} | {m['tickets_after_kill']} | "
                 f"{m['waiters_after_kill']} | {m['drop_ms']:.0f} | {m['left']} | {m['residual']} |")
         say()
