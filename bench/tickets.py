@@ -25,6 +25,7 @@ import asyncio
 import gc
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -457,13 +458,25 @@ async def throughput_round(port, side, key, tasks, seconds, pool_size):
     await counter
     total = sum(run.counts)
     return {"handoffs_s": run.handoffs / elapsed, "acq_s": total / elapsed,
-            "jain": jain(run.counts), "p50_ms": 1000 * pct(run.waits, 0.5),
-            "p99_ms": 1000 * pct(run.waits, 0.99), "total": total,
-            "handoffs": run.handoffs, "idle_tasks": sum(1 for c in run.counts if c == 0),
-            "violations": run.violations, "conns": (min(conns), max(conns)) if conns else (0, 0),
-            "cmds_per_acq": (after[0] - before[0]) / max(total, 1),
-            "cpu_us_per_acq": 1e6 * (after[1] - before[1]) / max(total, 1),
+            "elapsed": elapsed, "handoffs": run.handoffs, "total": total,
+            "counts": run.counts, "waits": run.waits, "violations": run.violations,
+            "conns": (min(conns), max(conns)) if conns else (0, 0),
+            "cmds": after[0] - before[0], "server_cpu": after[1] - before[1],
             "server_busy": (after[1] - before[1]) / elapsed, "client_busy": (cpu1 - cpu0) / elapsed}
+
+
+def summary(rounds):
+    """One side's rounds together: rates over the summed time, fairness over each task's
+    acquisitions summed over the rounds, waits of every round."""
+    elapsed = sum(g["elapsed"] for g in rounds)
+    total = sum(g["total"] for g in rounds)
+    counts = [sum(c) for c in zip(*(g["counts"] for g in rounds))]
+    waits = [w for g in rounds for w in g["waits"]]
+    return {"handoffs_s": sum(g["handoffs"] for g in rounds) / elapsed, "acq_s": total / elapsed,
+            "jain": jain(counts), "p50_ms": 1000 * pct(waits, 0.5),
+            "p99_ms": 1000 * pct(waits, 0.99), "idle_tasks": sum(1 for c in counts if c == 0),
+            "cmds_per_acq": sum(g["cmds"] for g in rounds) / max(total, 1),
+            "cpu_us_per_acq": 1e6 * sum(g["server_cpu"] for g in rounds) / max(total, 1)}
 
 
 def server_work(port):
@@ -497,8 +510,8 @@ def main():
         "tickets": 5_000 if q else 100_000, "conns": 10, "keys": 100,
         "blocked": 50 if q else 500,
         "chain": 50, "rounds": 20 if q else 500, "per_round": 10,
-        "tasks": 100 if q else 1000, "seconds": 1.0 if q else 10.0, "pool": 10,
-        "tp_rounds": 1 if q else 2,
+        "tasks": 100 if q else 1000, "seconds": 1.0 if q else 5.0, "pool": 10,
+        "tp_rounds": 2 if q else 6,
     }
     out = []
 
@@ -603,7 +616,8 @@ def run_one(server, version, module, cfg, q, say):
         say(f"redis.asyncio in one process, {cfg['tasks']} tasks, a `BlockingConnectionPool` of "
             f"{cfg['pool']} command connections + 1 subscriber connection per side; each task "
             f"loops acquire → tiny critical section (no I/O) → release for {cfg['seconds']:.0f} s; "
-            f"{cfg['tp_rounds']} alternating round(s) per side.")
+            f"{cfg['tp_rounds']} rounds, each running both sides one after the other, the order "
+            f"alternating from round to round.")
         say("- **rlock tickets**: `RLOCK.ACQUIRE … WAIT 0 ASYNC ID`; `QUEUED` → the task awaits "
             "its `granted` message (one subscriber dispatches by request id) → collects with the "
             "same command → holds; `RLOCK.RELEASE`.")
@@ -615,35 +629,41 @@ def run_one(server, version, module, cfg, q, say):
             "first acquire call to holding; connections = CLIENT LIST (minus the counting "
             "connection) every 250 ms after the first second, min-max.")
         say()
-        say("| side | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms | tasks that "
-            "never held | connections | mutual exclusion violations | server commands per "
-            "acquisition | server CPU µs per acquisition | server CPU | client CPU |")
-        say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        say("| round | side | handoffs/s | acquisitions/s | connections | mutual exclusion "
+            "violations | server CPU | client CPU |")
+        say("|---|---|---:|---:|---:|---:|---:|---:|")
         res = {}
+        names = {"rlock": "rlock tickets", "redisson": "Redisson algorithm"}
         for rnd in range(cfg["tp_rounds"]):
-            for side in ("rlock", "redisson"):
+            for side in ("rlock", "redisson") if rnd % 2 == 0 else ("redisson", "rlock"):
                 g = asyncio.run(throughput_round(port, side, f"tp:{side}:{rnd}", cfg["tasks"],
                                                  cfg["seconds"], cfg["pool"]))
                 res.setdefault(side, []).append(g)
-                say(f"| {'rlock tickets' if side == 'rlock' else 'Redisson algorithm'} | "
-                    f"{g['handoffs_s']:.0f} | {g['acq_s']:.0f} | {g['jain']:.4f} | "
-                    f"{g['p50_ms']:.1f} | {g['p99_ms']:.1f} | {g['idle_tasks']} | "
+                say(f"| {rnd + 1} | {names[side]} | {g['handoffs_s']:.0f} | {g['acq_s']:.0f} | "
                     f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
-                    f"{g['cmds_per_acq']:.2f} | {g['cpu_us_per_acq']:.0f} | "
                     f"{100 * g['server_busy']:.0f} % | {100 * g['client_busy']:.0f} % |")
-        hr = sum(g["handoffs_s"] for g in res["rlock"]) / len(res["rlock"])
-        hs = sum(g["handoffs_s"] for g in res["redisson"]) / len(res["redisson"])
-        ar = sum(g["acq_s"] for g in res["rlock"]) / len(res["rlock"])
-        as_ = sum(g["acq_s"] for g in res["redisson"]) / len(res["redisson"])
         say()
-        cr = sum(g["cpu_us_per_acq"] for g in res["rlock"]) / len(res["rlock"])
-        cs = sum(g["cpu_us_per_acq"] for g in res["redisson"]) / len(res["redisson"])
-        say(f"rlock tickets / Redisson: handoffs/s **{hr / hs:.2f}×**, acquisitions/s "
-            f"{ar / as_:.2f}×, server CPU per acquisition {cr / cs:.2f}×. Server commands "
-            f"count the scripts' inner `redis.call`s; server and client CPU are shares of one "
-            f"core over the round (the client is the one Python process running all the "
-            f"tasks: where it is near 100 %, handoffs/s measure the client work per handoff "
-            f"as much as the protocol).")
+        say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
+            "| tasks that never held | server commands per acquisition | server CPU µs per "
+            "acquisition |")
+        say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        tot = {}
+        for side in ("rlock", "redisson"):
+            t = tot[side] = summary(res[side])
+            say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
+                f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
+                f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
+        pairs = sorted(a["handoffs_s"] / b["handoffs_s"] for a, b in zip(res["rlock"], res["redisson"]))
+        say()
+        say(f"rlock tickets / Redisson: handoffs/s **{tot['rlock']['handoffs_s'] / tot['redisson']['handoffs_s']:.2f}×** "
+            f"over all rounds (per round, sorted: {', '.join(f'{x:.2f}' for x in pairs)}; "
+            f"median {statistics.median(pairs):.2f}×), acquisitions/s "
+            f"{tot['rlock']['acq_s'] / tot['redisson']['acq_s']:.2f}×, server CPU per acquisition "
+            f"{tot['rlock']['cpu_us_per_acq'] / tot['redisson']['cpu_us_per_acq']:.2f}×. Server "
+            f"commands count the scripts' inner `redis.call`s; server and client CPU are shares "
+            f"of one core over the round (the client is the one Python process running all the "
+            f"tasks; on this shared machine neither reaches a whole core, so the rates follow "
+            f"the machine's load from round to round: read the ratios).")
         ctl = redis.Redis(port=port)
         wait_until("tickets gone", lambda: rstats(ctl)["tickets"] == 0, timeout=10)
         s = rstats(ctl)
