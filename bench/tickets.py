@@ -3,12 +3,12 @@
 connection per waiter costs and gains, side by side in one run on one module-loaded server.
 
 1. Memory: server `used_memory` per queued ticket, 100 000 tickets from 10 connections
-   (Redisson-shaped owners `<36-char uuid>:<thread id>`, request ids of 24-36 bytes), over
-   100 keys and on one key; beside it a blocked waiter's (`WAIT` without `ASYNC`, one raw
+   (Redisson-shaped owners `<36-char uuid>:<thread id>`, 40 bytes; request ids of 24
+   bytes), over 100 keys, on one key, and on one key with a deadline; beside it a blocked waiter's (`WAIT` without `ASYNC`, one raw
    connection each) and the ratio; then the 10 connections are killed: `tickets` must be 0
    and the memory must come back (the residual is reported).
 2. Grant latency: a chain of handoffs over 50 waiters, blocked vs tickets, alternating
-   rounds; the time from sending RLOCK.RELEASE until the next waiter learns it holds the
+   every 10 handoffs; the time from sending RLOCK.RELEASE until the next waiter learns it holds the
    lock (blocked: its WAIT reply; ticket: the `granted` message; also: until the collect
    reply).
 3. Handoffs/s: 1 000 asyncio tasks (redis.asyncio) on one lock over a pool of 10 command
@@ -192,7 +192,8 @@ def memory_blocked(port, n):
     assert ctl.call("RLOCK.ACQUIRE", "memb", "holder", LEASE) is None
     held = used_memory(ctl)
     for i, c in enumerate(conns):
-        c.send("RLOCK.ACQUIRE", "memb", owner(9000 + i, i), LEASE, "WAIT", 0, "ID", request_id(9000 + i, i))
+        c.send("RLOCK.ACQUIRE", "memb", owner(9000 + i, i), LEASE, "WAIT", 0,
+               "ID", request_id(9000 + i, i))
     wait_until("waiters blocked", lambda: blocked_clients(ctl) >= n)
     blocked = used_memory(ctl)
     for c in conns:
@@ -653,9 +654,11 @@ def run_one(server, version, module, cfg, q, say):
             say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
                 f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
                 f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
-        pairs = sorted(a["handoffs_s"] / b["handoffs_s"] for a, b in zip(res["rlock"], res["redisson"]))
+        pairs = sorted(a["handoffs_s"] / b["handoffs_s"]
+                       for a, b in zip(res["rlock"], res["redisson"]))
+        ratio = tot["rlock"]["handoffs_s"] / tot["redisson"]["handoffs_s"]
         say()
-        say(f"rlock tickets / Redisson: handoffs/s **{tot['rlock']['handoffs_s'] / tot['redisson']['handoffs_s']:.2f}×** "
+        say(f"rlock tickets / Redisson: handoffs/s **{ratio:.2f}×** "
             f"over all rounds (per round, sorted: {', '.join(f'{x:.2f}' for x in pairs)}; "
             f"median {statistics.median(pairs):.2f}×), acquisitions/s "
             f"{tot['rlock']['acq_s'] / tot['redisson']['acq_s']:.2f}×, server CPU per acquisition "
