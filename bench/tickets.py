@@ -5,8 +5,9 @@ connection per waiter costs and gains, side by side in one run on one module-loa
 1. Memory: server `used_memory` per queued ticket, 100 000 tickets from 10 connections
    (Redisson-shaped owners `<36-char uuid>:<thread id>`, 40 bytes; request ids of 24
    bytes), over 100 keys, on one key, and on one key with a deadline; beside it a blocked
-   waiter's (`WAIT` without `ASYNC`, one raw connection each) and the ratio; then the 10 connections are killed: `tickets` must be 0
-   and the memory must come back (the residual is reported).
+   waiter's (`WAIT` without `ASYNC`, one raw connection each) and the ratio; then the 10
+   connections are killed: `tickets` must be 0 and the memory must come back (the residual
+   is reported).
 2. Grant latency: a chain of handoffs over 50 waiters, blocked vs tickets, alternating
    every 10 handoffs; the time from sending RLOCK.RELEASE until the next waiter learns it holds the
    lock (blocked: its WAIT reply; ticket: the `granted` message; also: until the collect
