@@ -308,23 +308,28 @@ def latency(port, waiters, rounds, per_round):
 # ---- 3. handoffs/s, 1 000 tasks over 10 connections ------------------------------------
 
 class Run:
+    """What the tasks of one process saw: per-task acquisition counts, waits, and a log of
+    (acquired, releasing) monotonic times per acquisition (Linux's CLOCK_MONOTONIC is one
+    clock for every process, so logs of several processes merge)."""
+
     def __init__(self, tasks):
         self.counts = [0] * tasks
         self.waits = []
-        self.handoffs = 0
-        self.last = None
-        self.holding = 0
-        self.violations = 0
+        self.log = []
 
-    def critical(self, i):
-        self.holding += 1
-        if self.holding != 1:
-            self.violations += 1
-        if self.last != i:
-            self.handoffs += 1
-            self.last = i
-        self.counts[i] += 1
-        self.holding -= 1
+
+def analyse(logs):
+    """Handoffs (owner changes) and mutual exclusion violations (an acquisition seen before
+    the previous holder sent its release) over the merged logs, in acquisition order."""
+    entries = sorted(e for log in logs for e in log)
+    handoffs, violations, last = 0, 0, None
+    for n, (t_acq, _, who) in enumerate(entries):
+        if who != last:
+            handoffs += 1
+            last = who
+        if n and t_acq < entries[n - 1][1]:
+            violations += 1
+    return handoffs, violations
 
 
 async def count_connections(port, stop, out, warmup):
@@ -344,14 +349,13 @@ async def count_connections(port, stop, out, warmup):
     await r.aclose()
 
 
-async def rlock_side(port, key, tasks, seconds, pool_size, done):
+async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
     pool = aredis.BlockingConnectionPool(port=port, max_connections=pool_size, timeout=None)
     r = aredis.Redis(connection_pool=pool)
     sub = aredis.Redis(port=port).pubsub()
     await sub.subscribe(ticket_channel(key))
     waiting = {}  # request id -> future
     run = Run(tasks)
-    stop_at = time.monotonic() + seconds
 
     async def dispatch():
         async for m in sub.listen():
@@ -363,12 +367,12 @@ async def rlock_side(port, key, tasks, seconds, pool_size, done):
             waiting.pop(rid).set_result(None)
 
     async def worker(i):
-        me = owner(0, i)
+        me = owner(node, i)
         seq = 0
         loop = asyncio.get_running_loop()
         while time.monotonic() < stop_at:
             seq += 1
-            rid = f"t{i:04d}-{seq:019d}"  # 24 bytes
+            rid = f"t{node:02d}{i:04d}-{seq:017d}"  # 24 bytes
             fut = loop.create_future()
             waiting[rid.encode()] = fut
             t0 = time.monotonic()
@@ -381,15 +385,18 @@ async def rlock_side(port, key, tasks, seconds, pool_size, done):
                 await fut
                 assert await r.execute_command("RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0,
                                                "ASYNC", "ID", rid) is None
-            run.waits.append(time.monotonic() - t0)
-            run.critical(i)
+            t_acq = time.monotonic()
+            run.waits.append(t_acq - t0)
+            run.counts[i] += 1  # the critical section
+            run.log.append((t_acq, time.monotonic(), (node, i)))
             assert await r.execute_command("RLOCK.RELEASE", key, me) == 1
 
     d = asyncio.create_task(dispatch())
     t0 = time.monotonic()
     await asyncio.gather(*(worker(i) for i in range(tasks)))
     elapsed = time.monotonic() - t0
-    done.set()
+    if done is not None:
+        done.set()
     d.cancel()
     await sub.aclose()
     await r.aclose()
@@ -397,7 +404,7 @@ async def rlock_side(port, key, tasks, seconds, pool_size, done):
     return run, elapsed
 
 
-async def redisson_side(port, key, tasks, seconds, pool_size, done):
+async def redisson_side(port, key, tasks, stop_at, pool_size, done, node=0):
     """Redisson's RedissonLock.lock(): tryAcquire (its script); on a TTL, the lock entry's
     subscription on the shared pub/sub connection (subscribed once here: with 1 000 tasks
     there is always a waiter, so Redisson never unsubscribes), then loop: tryAcquire, on a
@@ -411,7 +418,6 @@ async def redisson_side(port, key, tasks, seconds, pool_size, done):
     await sub.subscribe(chan)
     latch = asyncio.Semaphore(0)
     run = Run(tasks)
-    stop_at = time.monotonic() + seconds
 
     async def dispatch():
         async for m in sub.listen():
@@ -419,7 +425,7 @@ async def redisson_side(port, key, tasks, seconds, pool_size, done):
                 latch.release()
 
     async def worker(i):
-        me = owner(0, i)
+        me = owner(node, i)
         n = 0
         while time.monotonic() < stop_at:
             t0 = time.monotonic()
@@ -431,9 +437,11 @@ async def redisson_side(port, key, tasks, seconds, pool_size, done):
                     await asyncio.wait_for(latch.acquire(), max(ttl, 1) / 1000)
                 except asyncio.TimeoutError:
                     pass
-            run.waits.append(time.monotonic() - t0)
-            run.critical(i)
+            t_acq = time.monotonic()
+            run.waits.append(t_acq - t0)
+            run.counts[i] += 1  # the critical section
             n += 1
+            run.log.append((t_acq, time.monotonic(), (node, i)))
             latch_key = f"redisson_unlock_latch:{{{key}}}:{me}:{n}"
             got = await unlock(keys=[key, chan, latch_key], args=[0, LEASE, me, "publish", 1000])
             assert got == 1, got
@@ -442,7 +450,8 @@ async def redisson_side(port, key, tasks, seconds, pool_size, done):
     t0 = time.monotonic()
     await asyncio.gather(*(worker(i) for i in range(tasks)))
     elapsed = time.monotonic() - t0
-    done.set()
+    if done is not None:
+        done.set()
     d.cancel()
     await sub.aclose()
     await r.aclose()
@@ -455,13 +464,14 @@ async def throughput_round(port, side, key, tasks, seconds, pool_size):
     counter = asyncio.create_task(count_connections(port, stop, conns, min(1.0, seconds / 4)))
     fn = rlock_side if side == "rlock" else redisson_side
     before, cpu0 = server_work(port), time.process_time()
-    run, elapsed = await fn(port, key, tasks, seconds, pool_size, stop)
+    run, elapsed = await fn(port, key, tasks, time.monotonic() + seconds, pool_size, stop)
     after, cpu1 = server_work(port), time.process_time()
     await counter
     total = sum(run.counts)
-    return {"handoffs_s": run.handoffs / elapsed, "acq_s": total / elapsed,
-            "elapsed": elapsed, "handoffs": run.handoffs, "total": total,
-            "counts": run.counts, "waits": run.waits, "violations": run.violations,
+    handoffs, violations = analyse([run.log])
+    return {"handoffs_s": handoffs / elapsed, "acq_s": total / elapsed,
+            "elapsed": elapsed, "handoffs": handoffs, "total": total,
+            "counts": run.counts, "waits": run.waits, "violations": violations,
             "conns": (min(conns), max(conns)) if conns else (0, 0),
             "cmds": after[0] - before[0], "server_cpu": after[1] - before[1],
             "server_busy": (after[1] - before[1]) / elapsed, "client_busy": (cpu1 - cpu0) / elapsed}
