@@ -16,6 +16,8 @@ connection per waiter costs and gains, side by side in one run on one module-loa
    connections + 1 subscriber, rlock tickets vs Redisson's lock algorithm (its acquire
    script, a shared pub/sub connection whose unlock messages wake one waiting task, retry
    after the message or the TTL), alternating rounds; connections counted from CLIENT LIST.
+4. The same 1 000 tasks as 10 processes of 100 (a service of 10 JVMs): 1 command connection
+   and 1 subscriber each; Redisson's unlock messages now reach every process.
 
 Standard library + redis-py (the tests' virtualenv):
     .venv/bin/python bench/tickets.py --module target/release/librlock.so [--quick]
@@ -24,7 +26,9 @@ Standard library + redis-py (the tests' virtualenv):
 import argparse
 import asyncio
 import gc
+import multiprocessing
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -349,9 +353,19 @@ async def count_connections(port, stop, out, warmup):
     await r.aclose()
 
 
+def command_client(port, connections):
+    """The tasks' command connections: a blocking pool of `connections`, or for one a single
+    connection behind redis-py's lock, which queues the tasks in FIFO order (a one-connection
+    pool hands the connection back to whichever task asks first: the releasing task, which
+    then never lets the others send their first command)."""
+    if connections == 1:
+        return aredis.Redis(port=port, single_connection_client=True)
+    pool = aredis.BlockingConnectionPool(port=port, max_connections=connections, timeout=None)
+    return aredis.Redis(connection_pool=pool)
+
+
 async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
-    pool = aredis.BlockingConnectionPool(port=port, max_connections=pool_size, timeout=None)
-    r = aredis.Redis(connection_pool=pool)
+    r = command_client(port, pool_size)
     sub = aredis.Redis(port=port).pubsub()
     await sub.subscribe(ticket_channel(key))
     waiting = {}  # request id -> future
@@ -364,7 +378,9 @@ async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
             kind, rid, _, detail = parse_ticket(m["data"])
             if kind != b"granted":
                 raise RuntimeError(f"ticket {rid!r} ended {kind!r} {detail!r}")
-            waiting.pop(rid).set_result(None)
+            fut = waiting.pop(rid, None)
+            if fut is not None:  # else another process's ticket (the channel is the key's)
+                fut.set_result(None)
 
     async def worker(i):
         me = owner(node, i)
@@ -399,8 +415,7 @@ async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
         done.set()
     d.cancel()
     await sub.aclose()
-    await r.aclose()
-    await pool.disconnect()
+    await r.aclose(close_connection_pool=True)
     return run, elapsed
 
 
@@ -410,8 +425,7 @@ async def redisson_side(port, key, tasks, stop_at, pool_size, done, node=0):
     there is always a waiter, so Redisson never unsubscribes), then loop: tryAcquire, on a
     TTL wait on the entry's latch (a semaphore an unlock message releases one permit of) up
     to the TTL. Unlock: its unlock script (with the unlock latch key), PUBLISH."""
-    pool = aredis.BlockingConnectionPool(port=port, max_connections=pool_size, timeout=None)
-    r = aredis.Redis(connection_pool=pool)
+    r = command_client(port, pool_size)
     acquire, unlock = r.register_script(RS_ACQUIRE), r.register_script(RS_UNLOCK)
     chan = rs_channel(key)
     sub = aredis.Redis(port=port).pubsub()
@@ -454,8 +468,7 @@ async def redisson_side(port, key, tasks, stop_at, pool_size, done, node=0):
         done.set()
     d.cancel()
     await sub.aclose()
-    await r.aclose()
-    await pool.disconnect()
+    await r.aclose(close_connection_pool=True)
     return run, elapsed
 
 
@@ -491,6 +504,60 @@ def summary(rounds):
             "cpu_us_per_acq": 1e6 * sum(g["server_cpu"] for g in rounds) / max(total, 1)}
 
 
+def _fleet_member(port, side, key, tasks, node, stop_at, barrier, out):
+    """One process of the fleet: `tasks` tasks over 1 command connection + 1 subscriber."""
+    async def main():
+        fn = rlock_side if side == "rlock" else redisson_side
+        barrier.wait()
+        return await fn(port, key, tasks, stop_at, 1, None, node)
+    run, _ = asyncio.run(main())
+    out.put((node, run.counts, run.waits, run.log))
+
+
+def fleet_round(port, side, key, procs, tasks, seconds):
+    """`procs` processes of `tasks` tasks each (as many JVMs of one service): each with one
+    command connection and its own subscriber, so every unlock message reaches every
+    process."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
+    stop_at = time.monotonic() + seconds + 1.0  # the processes start within that second
+    before = server_work(port)
+    ps = [ctx.Process(target=_fleet_member,
+                      args=(port, side, key, tasks, n + 1, stop_at, barrier, out))
+          for n in range(procs)]
+    for p in ps:
+        p.start()
+    barrier.wait()
+    start = time.monotonic()
+    conns, results = [], []
+    r = redis.Redis(port=port)
+    me = r.client_id()
+    while len(results) < procs:
+        try:
+            results.append(out.get(timeout=0.25))
+        except queue.Empty:
+            if start + 1.0 < time.monotonic() < stop_at:
+                conns.append(sum(1 for c in r.client_list() if int(c["id"]) != me))
+        if time.monotonic() > stop_at + 30:
+            raise RuntimeError("fleet did not finish")
+    for p in ps:
+        p.join(10)
+    after = server_work(port)
+    r.close()
+    logs = [log for *_, log in results]
+    end = max(t_rel for log in logs for _, t_rel, _ in log)
+    elapsed = end - start
+    handoffs, violations = analyse(logs)
+    counts = [c for _, cs, _, _ in sorted(results, key=lambda x: x[0]) for c in cs]
+    total = sum(counts)
+    return {"handoffs_s": handoffs / elapsed, "acq_s": total / elapsed, "elapsed": elapsed,
+            "handoffs": handoffs, "total": total, "counts": counts,
+            "waits": [w for _, _, ws, _ in results for w in ws], "violations": violations,
+            "conns": (min(conns), max(conns)) if conns else (0, 0),
+            "cmds": after[0] - before[0], "server_cpu": after[1] - before[1],
+            "server_busy": (after[1] - before[1]) / elapsed, "client_busy": float("nan")}
+
+
 def server_work(port):
     """(commands processed, server CPU seconds) so far: what a round cost the server."""
     r = redis.Redis(port=port)
@@ -500,6 +567,47 @@ def server_work(port):
 
 
 # ---- the report ------------------------------------------------------------------------
+
+def fleet(port, cfg, say, names):
+    procs, tasks = cfg["fleet_procs"], cfg["tasks"] // cfg["fleet_procs"]
+    say()
+    say(f"#### Handoffs/s: the same {procs * tasks} tasks as {procs} processes of {tasks}")
+    say()
+    say(f"As a service of {procs} processes (JVMs) would run them: each process has 1 command "
+        f"connection and its own subscriber ({procs} + {procs} connections), the same "
+        f"algorithms as above (Redisson: each process's subscriber hears every unlock "
+        f"message and wakes one of its own waiting tasks). {cfg['fleet_rounds']} rounds of "
+        f"{cfg['fleet_seconds']:.0f} s per side, order alternating; handoffs and mutual "
+        f"exclusion from the processes' merged logs.")
+    say()
+    say("| round | side | handoffs/s | acquisitions/s | connections | mutual exclusion "
+        "violations | server CPU |")
+    say("|---|---|---:|---:|---:|---:|---:|")
+    res = {}
+    for rnd in range(cfg["fleet_rounds"]):
+        for side in ("rlock", "redisson") if rnd % 2 == 0 else ("redisson", "rlock"):
+            g = fleet_round(port, side, f"fl:{side}:{rnd}", procs, tasks, cfg["fleet_seconds"])
+            res.setdefault(side, []).append(g)
+            say(f"| {rnd + 1} | {names[side]} | {g['handoffs_s']:.0f} | {g['acq_s']:.0f} | "
+                f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
+                f"{100 * g['server_busy']:.0f} % |")
+    say()
+    say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
+        "| tasks that never held | server commands per acquisition | server CPU µs per "
+        "acquisition |")
+    say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    tot = {}
+    for side in ("rlock", "redisson"):
+        t = tot[side] = summary(res[side])
+        say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
+            f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
+            f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
+    ratio = tot["rlock"]["handoffs_s"] / tot["redisson"]["handoffs_s"]
+    say()
+    say(f"rlock tickets / Redisson, {procs} processes: handoffs/s **{ratio:.2f}×**, "
+        f"p99 wait {tot['rlock']['p99_ms'] / tot['redisson']['p99_ms']:.2f}×, server CPU per "
+        f"acquisition {tot['rlock']['cpu_us_per_acq'] / tot['redisson']['cpu_us_per_acq']:.2f}×.")
+
 
 def fmt_ms(v):
     return f"{1000 * v:.3f}"
@@ -524,6 +632,7 @@ def main():
         "chain": 50, "rounds": 20 if q else 500, "per_round": 10,
         "tasks": 100 if q else 1000, "seconds": 1.0 if q else 5.0, "pool": 10,
         "tp_rounds": 2 if q else 6,
+        "fleet_procs": 10, "fleet_rounds": 2 if q else 4, "fleet_seconds": 1.0 if q else 5.0,
     }
     out = []
 
@@ -678,6 +787,7 @@ def run_one(server, version, module, cfg, q, say):
             f"of one core over the round (the client is the one Python process running all the "
             f"tasks; on this shared machine neither reaches a whole core, so the rates follow "
             f"the machine's load from round to round: read the ratios).")
+        fleet(port, cfg, say, names)
         ctl = redis.Redis(port=port)
         wait_until("tickets gone", lambda: rstats(ctl)["tickets"] == 0, timeout=10)
         s = rstats(ctl)
