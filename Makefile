@@ -28,6 +28,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
+.PHONY: bench-tickets
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -81,11 +82,11 @@ lint: ## rustfmt check and clippy with warnings as errors
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p rlock-client --all-targets --all-features -- -D warnings
 
-bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET NX; lock, RW lock, semaphores, Python client); writes BENCHMARK.md and bench/*.md
+bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET NX; lock, RW lock, semaphores, queued tickets, Python client); writes BENCHMARK.md and bench/*.md
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
-	$(MAKE) bench-rw bench-semaphore bench-python
+	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python
 
 bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
@@ -103,6 +104,11 @@ bench-semaphore: venv ## Semaphore: 64 client processes x 4 permits vs Redisson'
 	cargo build --release -p rlock
 	{ $(PY) bench/semaphore.py --module $(MODULE_RELEASE) && echo && \
 	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
+
+# Queued tickets (SPEC 5, issue 14): memory per ticket, grant latency, handoffs/s.
+bench-tickets: venv ## Queued tickets (each server in SERVERS): memory per ticket (100 000 from 10 connections) vs a blocked waiter, grant latency vs WAIT, handoffs/s of 1 000 tasks over 10 connections vs Redisson's algorithm; writes bench/tickets.md
+	cargo build --release -p rlock
+	$(PY) bench/tickets.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report bench/tickets.md --block BENCHMARK.md
 
 bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry, handoffs/s (REDIS_SERVER)
 	cargo build --release -p rlock -p rlock-bench
