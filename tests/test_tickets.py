@@ -171,6 +171,17 @@ def test_tickets_and_blocked_waiters_are_served_in_arrival_order(server, r):
     assert order == ["b0", "t1", "b2", "t3"]
 
 
+def two_tickets_behind_a_holder(server, r):
+    """`k` held by `h`; tickets r1 (owner w1, connection t1) then r2 (w2, t2) queued;
+    a listener on `k`'s ticket channel."""
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "h") is None
+    t1, t2 = server.client(), server.client()
+    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
+    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    return listen, t1, t2
+
+
 # ---- deadlines, connections, take-back ----
 
 def test_a_ticket_times_out_at_its_deadline_with_a_message(server, r):
@@ -203,11 +214,7 @@ def test_deadlines_out_of_arrival_order_each_end_on_time(server, r):
 
 
 def test_a_closed_connection_drops_its_tickets_and_the_next_waiter_is_served(server, r):
-    listen = Listener(server, "k")
-    assert acquire(r, "k", "h") is None
-    t1, t2 = server.client(), server.client()
-    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
-    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     assert ticket(t1, "k", "w3", "r3") == b"QUEUED"
     r.client_kill_filter(_id=t1.client_id())
     wait_until(lambda: waiters(r, "k") == 1, what="t1's tickets dropped")
@@ -218,11 +225,7 @@ def test_a_closed_connection_drops_its_tickets_and_the_next_waiter_is_served(ser
 
 
 def test_an_uncollected_grant_is_taken_back_when_its_connection_closes(server, r):
-    listen = Listener(server, "k")
-    assert acquire(r, "k", "h") is None
-    t1, t2 = server.client(), server.client()
-    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
-    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
     assert listen.next()[1:3] == ("granted", "r1")
     assert owners(r, "k") == {"w1": 1}
@@ -235,11 +238,7 @@ def test_an_uncollected_grant_is_taken_back_when_its_connection_closes(server, r
 
 
 def test_a_collected_grant_stays_when_its_connection_closes(server, r):
-    listen = Listener(server, "k")
-    assert acquire(r, "k", "h") is None
-    t1, t2 = server.client(), server.client()
-    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
-    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
     assert listen.next()[1:3] == ("granted", "r1")
     # Collected on another connection (the client's subscriber or a pool's).
@@ -254,11 +253,7 @@ def test_a_collected_grant_stays_when_its_connection_closes(server, r):
 
 
 def test_a_grant_racing_its_connections_close_is_taken_back_and_passed_on(server, r):
-    listen = Listener(server, "k")
-    assert acquire(r, "k", "h") is None
-    t1, t2 = server.client(), server.client()
-    assert ticket(t1, "k", "w1", "r1") == b"QUEUED"
-    assert ticket(t2, "k", "w2", "r2") == b"QUEUED"
+    listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     # The release grants w1 and w1's connection is killed in the same transaction.
     p = r.pipeline(transaction=True)
     p.execute_command("RLOCK.RELEASE", "k", "h")
