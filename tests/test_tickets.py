@@ -7,6 +7,7 @@ Every test reads the notification from a real subscriber connection and checks t
 themselves, not only the replies.
 """
 
+import re
 import time
 
 import pytest
@@ -482,3 +483,14 @@ def test_ticket_churn_leaves_no_memory_behind(server, r):
     assert (s["tickets_granted"], s["tickets_timed_out"], s["tickets_dropped"]) == (600, 300, 600)
     settle_memory(r)
     assert used_memory(r) - base < 64 * 1024
+
+
+def test_tickets_count_against_the_waiter_limit(server, r):
+    r.config_set("rlock.max-waiters-per-key", 2)
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    assert ticket(t, "k", "a", "r1") == b"QUEUED"
+    assert ticket(t, "k", "b", "r2") == b"QUEUED"
+    with pytest.raises(redis.ResponseError, match=re.escape(errors.text(errors.TOO_MANY_WAITERS))):
+        ticket(t, "k", "c", "r3")
+    assert waiters(r, "k") == 2 and stats(r)["tickets"] == 2
