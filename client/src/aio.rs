@@ -76,8 +76,10 @@ pub(crate) struct ClientInner {
     wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,
     worker: tokio::task::AbortHandle,
-    // Queued tickets (SPEC 5): the shared ticket connection (None: cluster, or blocking mode).
+    // Queued tickets (SPEC 5): the shared ticket connection (None: a cluster, or blocking mode).
     tickets: Option<crate::tickets::Tickets>,
+    // Queued tickets on a cluster: one ticket connection per node with waiters.
+    cluster_tickets: Option<crate::cluster_tickets::ClusterTickets>,
 }
 
 struct Watchdog {
@@ -118,8 +120,17 @@ impl Client {
         nodes: impl IntoIterator<Item = T>,
         opts: ClientOptions,
     ) -> Result<Self> {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let template = nodes.first().cloned();
         let c = redis::cluster::ClusterClient::new(nodes)?;
-        Ok(Self::new(Target::Cluster(Box::new(c)), opts))
+        Ok(Self::new_with_template(
+            Target::Cluster(Box::new(c)),
+            opts,
+            template,
+        ))
     }
 
     /// A client over an existing redis-rs client. Must be called inside a tokio runtime.
@@ -140,6 +151,15 @@ impl Client {
     }
 
     fn new(target: Target, opts: ClientOptions) -> Self {
+        Self::new_with_template(target, opts, None)
+    }
+
+    /// `template`: the settings of a cluster's nodes (for its ticket connections).
+    fn new_with_template(
+        target: Target,
+        opts: ClientOptions,
+        template: Option<redis::ConnectionInfo>,
+    ) -> Self {
         let runtime = Handle::current();
         let watchdog = Arc::new(Watchdog {
             registry: Mutex::new(Registry::new(opts.renew_interval(), opts.retry.clone())),
@@ -156,9 +176,16 @@ impl Client {
             Target::Single(c) => crate::tickets::Tickets::new(c, opts.wait_mode),
             Target::Cluster(_) => None,
         };
+        let cluster_tickets = match &target {
+            Target::Cluster(_) => {
+                crate::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
+            }
+            Target::Single(_) => None,
+        };
         Client {
             inner: Arc::new(ClientInner {
                 tickets,
+                cluster_tickets,
                 target,
                 ids: OwnerIds::new(),
                 jitter: Jitter::new(),
@@ -301,6 +328,17 @@ impl ClientInner {
     ) -> RedisResult<Value> {
         if let Some(t) = self.tickets.as_ref().filter(|t| t.enabled()) {
             if let Some(r) = t.wait_async(cmd, limit).await {
+                return r;
+            }
+        }
+        if let Some(t) = self.cluster_tickets.as_ref().filter(|t| t.enabled()) {
+            let slots = || async {
+                let mut conn = self.conn().await?;
+                crate::cluster_tickets::slots_cmd()
+                    .query_async::<Value>(&mut conn)
+                    .await
+            };
+            if let Some(r) = t.wait_async(cmd, limit, slots).await {
                 return r;
             }
         }

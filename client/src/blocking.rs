@@ -58,8 +58,10 @@ pub(crate) struct ClientInner {
     cmd_conn: Mutex<Option<Conn>>,
     wait_pool: WaitPool<Conn>,
     watchdog: Arc<Watchdog>,
-    // Queued tickets (SPEC 5): the shared ticket connection (None: cluster, or blocking mode).
+    // Queued tickets (SPEC 5): the shared ticket connection (None: a cluster, or blocking mode).
     tickets: Option<crate::tickets::Tickets>,
+    // Queued tickets on a cluster: one ticket connection per node with waiters.
+    cluster_tickets: Option<crate::cluster_tickets::ClusterTickets>,
 }
 
 struct Watchdog {
@@ -120,8 +122,17 @@ impl Client {
         nodes: impl IntoIterator<Item = T>,
         opts: ClientOptions,
     ) -> Result<Self> {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let template = nodes.first().cloned();
         let c = redis::cluster::ClusterClient::new(nodes)?;
-        Ok(Self::from_cluster(c, opts))
+        Ok(Self::new_with_template(
+            Target::Cluster(Box::new(c)),
+            opts,
+            template,
+        ))
     }
 
     /// A client over an existing redis-rs client (its TLS, auth and database).
@@ -141,14 +152,30 @@ impl Client {
     }
 
     fn new(target: Target, opts: ClientOptions) -> Self {
+        Self::new_with_template(target, opts, None)
+    }
+
+    /// `template`: the settings of a cluster's nodes (for its ticket connections).
+    fn new_with_template(
+        target: Target,
+        opts: ClientOptions,
+        template: Option<redis::ConnectionInfo>,
+    ) -> Self {
         let registry = Registry::new(opts.renew_interval(), opts.retry.clone());
         let tickets = match &target {
             Target::Single(c) => crate::tickets::Tickets::new(c, opts.wait_mode),
             Target::Cluster(_) => None,
         };
+        let cluster_tickets = match &target {
+            Target::Cluster(_) => {
+                crate::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
+            }
+            Target::Single(_) => None,
+        };
         Client {
             inner: Arc::new(ClientInner {
                 tickets,
+                cluster_tickets,
                 target,
                 ids: OwnerIds::new(),
                 jitter: Jitter::new(),
@@ -298,6 +325,12 @@ impl ClientInner {
     ) -> RedisResult<Value> {
         if let Some(t) = self.tickets.as_ref().filter(|t| t.enabled()) {
             if let Some(r) = t.wait_blocking(cmd, limit) {
+                return r;
+            }
+        }
+        if let Some(t) = self.cluster_tickets.as_ref().filter(|t| t.enabled()) {
+            let slots = || self.run_raw(&crate::cluster_tickets::slots_cmd());
+            if let Some(r) = t.wait_blocking(cmd, limit, slots) {
                 return r;
             }
         }

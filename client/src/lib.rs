@@ -77,6 +77,8 @@ mod rwlock;
 mod state;
 // Queued tickets (SPEC 5): waiting calls share one connection.
 mod tickets;
+// Queued tickets on a cluster: one ticket connection per node.
+mod cluster_tickets;
 mod watchdog;
 
 pub use blocking::{Client, Lock, LockGuard};

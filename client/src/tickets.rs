@@ -493,6 +493,8 @@ enum Pending {
 
 #[derive(Default)]
 struct State {
+    /// Shard channels (`SSUBSCRIBE`, `smessage`): a cluster node's ticket connection.
+    shard: bool,
     writer: Option<Stream>,
     gen: u64,
     pending: VecDeque<Pending>,
@@ -546,6 +548,15 @@ fn io_err(what: &'static str, detail: String) -> RedisError {
 impl Tickets {
     /// Tickets for a single-server client, per `mode` (None for `Blocking`).
     pub(crate) fn new(client: &redis::Client, mode: WaitMode) -> Option<Tickets> {
+        Self::with_channels(client, mode, false)
+    }
+
+    /// Tickets on one cluster node (`client`), heard on shard channels.
+    pub(crate) fn for_node(client: &redis::Client, mode: WaitMode) -> Option<Tickets> {
+        Self::with_channels(client, mode, true)
+    }
+
+    fn with_channels(client: &redis::Client, mode: WaitMode, shard: bool) -> Option<Tickets> {
         let start = match mode {
             WaitMode::Blocking => return None,
             WaitMode::Tickets => ON,
@@ -554,7 +565,10 @@ impl Tickets {
         Some(Tickets {
             shared: Arc::new(Shared {
                 client: client.clone(),
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    shard,
+                    ..State::default()
+                }),
                 mode: AtomicU8::new(start),
                 forced: mode == WaitMode::Tickets,
                 refused: Mutex::new(None),
@@ -603,7 +617,7 @@ impl Tickets {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
                 if *n == 1 && st.writer.is_some() {
-                    let packed = pack(&[b"SUBSCRIBE".to_vec(), channel.clone()]);
+                    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), channel.clone()]);
                     st.pending.push_back(Pending::Subscribe(1));
                     write_locked(&mut st, &packed);
                 }
@@ -664,8 +678,18 @@ impl Tickets {
         cmd: &redis::Cmd,
         limit: Option<Duration>,
     ) -> Option<RedisResult<Value>> {
+        self.wait_blocking_since(cmd, limit, Instant::now())
+    }
+
+    /// [`Self::wait_blocking`] for a call that began at `started` (a cluster wait sent
+    /// again to the node its key moved to): its wait and `limit` count from then.
+    pub(crate) fn wait_blocking_since(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Option<Duration>,
+        started: Instant,
+    ) -> Option<RedisResult<Value>> {
         let shape = Shape::of(cmd)?;
-        let started = Instant::now();
         let until = limit.map(|l| started + l);
         let (tx, rx) = std::sync::mpsc::channel::<Event>();
         let tx = Mutex::new(tx);
@@ -716,8 +740,18 @@ impl Tickets {
         cmd: &redis::Cmd,
         limit: Option<Duration>,
     ) -> Option<RedisResult<Value>> {
+        self.wait_async_since(cmd, limit, Instant::now()).await
+    }
+
+    /// [`Self::wait_async`] for a call that began at `started`.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn wait_async_since(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Option<Duration>,
+        started: Instant,
+    ) -> Option<RedisResult<Value>> {
         let shape = Shape::of(cmd)?;
-        let started = Instant::now();
         let until = limit.map(|l| tokio::time::Instant::from_std(started + l));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
         let sink: Sink = Arc::new(move |ev| {
@@ -868,7 +902,8 @@ fn release_channel(st: &mut State, channel: &[u8]) {
         if *n == 0 {
             st.channels.remove(channel);
             if st.writer.is_some() {
-                let packed = pack(&[b"UNSUBSCRIBE".to_vec(), channel.to_vec()]);
+                let verb: &[u8] = if st.shard { b"SUNSUBSCRIBE" } else { b"UNSUBSCRIBE" };
+                let packed = pack(&[verb.to_vec(), channel.to_vec()]);
                 st.pending.push_back(Pending::Unsubscribe(1));
                 write_locked(st, &packed);
             }
@@ -963,7 +998,13 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
             drop_channel_ref(st, slot.channel());
         }
     }
-    if !st.channels.is_empty() {
+    if st.shard {
+        // One `SSUBSCRIBE` per channel: the channels of one command must share a slot.
+        for ch in st.channels.keys() {
+            stream.write_all(&pack(&[b"SSUBSCRIBE".to_vec(), ch.clone()]))?;
+            st.pending.push_back(Pending::Subscribe(1));
+        }
+    } else if !st.channels.is_empty() {
         let mut sub = vec![b"SUBSCRIBE".to_vec()];
         sub.extend(st.channels.keys().cloned());
         stream.write_all(&pack(&sub))?;
@@ -996,7 +1037,7 @@ fn reader_loop(
         }
         match v {
             Value::Push {
-                kind: redis::PushKind::Message,
+                kind: redis::PushKind::Message | redis::PushKind::SMessage,
                 data,
             } => {
                 let Some(Value::BulkString(payload)) = data.get(1) else {
@@ -1007,11 +1048,11 @@ fn reader_loop(
                 }
             }
             Value::Push {
-                kind: redis::PushKind::Subscribe,
+                kind: redis::PushKind::Subscribe | redis::PushKind::SSubscribe,
                 ..
             } => count_down(&mut st.pending, true),
             Value::Push {
-                kind: redis::PushKind::Unsubscribe,
+                kind: redis::PushKind::Unsubscribe | redis::PushKind::SUnsubscribe,
                 ..
             } => count_down(&mut st.pending, false),
             Value::Push { .. } => {}
@@ -1019,6 +1060,9 @@ fn reader_loop(
                 Some(Pending::Reply(id)) => {
                     route_reply(&shared, &mut st, &id, other.extract_error())
                 }
+                // A cluster node that does not serve the channel's slot (any more): the
+                // command written after it is redirected too, and its waiter re-routes.
+                Some(Pending::Subscribe(_)) if st.shard && redirected(&other) => {}
                 Some(Pending::Subscribe(_)) => {
                     // A channel we may not hear: no waiter on it could ever be told of
                     // its grant. Close the connection; every waiter is told `Lost` and
@@ -1059,6 +1103,25 @@ fn reader_loop(
         if let Some(slot) = st.waiters.remove(&id) {
             drop_channel_ref(&mut st, slot.channel());
         }
+    }
+}
+
+fn subscribe_cmd(shard: bool) -> &'static [u8] {
+    if shard {
+        b"SSUBSCRIBE"
+    } else {
+        b"SUBSCRIBE"
+    }
+}
+
+/// Whether `v` is a cluster redirection (or the cluster being down or reshaped).
+fn redirected(v: &Value) -> bool {
+    match v.clone().extract_error() {
+        Err(e) => matches!(
+            e.code(),
+            Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")
+        ),
+        Ok(_) => false,
     }
 }
 
