@@ -1,0 +1,266 @@
+//! Queued tickets on a Redis Cluster (SPEC 5): a cluster client's waiting calls share one
+//! ticket connection per node (shard channels), whatever the number of waiters; a key
+//! whose slot migrates while its ticket waits is followed to its new node.
+#![cfg(feature = "tokio")]
+
+mod support;
+
+use std::thread;
+use std::time::Duration;
+
+use redis::Value;
+use rlock_client::{AcquireOptions, ClientOptions, WaitMode};
+use support::{eventually, exists, wait_until, write_lock, Cluster};
+
+/// Bound of every wait in these tests.
+const LONG: Duration = Duration::from_secs(60);
+
+/// `waiters` of `RLOCK.INFO key` on the node serving it (0: none).
+fn waiters(cluster: &Cluster, key: &str) -> i64 {
+    info_waiters(&mut cluster.conn_for(key), key)
+}
+
+/// `waiters` of `RLOCK.INFO key` on the node of `r`.
+fn info_waiters(r: &mut redis::Connection, key: &str) -> i64 {
+    let v: Value = redis::cmd("RLOCK.INFO").arg(key).query(r).unwrap();
+    let Value::Array(items) = v else { return 0 };
+    items
+        .chunks(2)
+        .find_map(|kv| match kv {
+            [Value::BulkString(k), Value::Int(n)] if k == b"waiters" => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Names of the connections to a node other than `r` itself.
+fn other_names(r: &mut redis::Connection) -> Vec<String> {
+    let me: u64 = redis::cmd("CLIENT").arg("ID").query(r).unwrap();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(r).unwrap();
+    list.lines()
+        .filter_map(|line| {
+            let field = |f: &str| {
+                line.split(' ')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let id: u64 = field("id=").parse().unwrap();
+            (id != me).then(|| field("name="))
+        })
+        .collect()
+}
+
+fn ticket_conns(r: &mut redis::Connection) -> usize {
+    other_names(r)
+        .iter()
+        .filter(|n| *n == "rlock-tickets")
+        .count()
+}
+
+/// Clients blocked in a node (a blocked `WAIT` is one; a ticket is not).
+fn blocked(r: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("clients").query(r).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+fn lease() -> AcquireOptions {
+    AcquireOptions::new().with_lease(Duration::from_secs(30))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_tasks_on_every_master_share_one_ticket_connection_per_node() {
+    const N: usize = 200;
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let keys: Vec<String> = (0..3).map(|i| cluster.key_on(i, "tk")).collect();
+    for k in &keys {
+        write_lock(&mut cluster.conn_for(k), k, "someone-else", 60_000);
+    }
+    let c = rlock_client::aio::Client::open_cluster(cluster.urls())
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let lock = c.lock(keys[i % 3].as_str());
+        tasks.push(tokio::spawn(async move {
+            let g = lock.acquire_with(lease()).await.unwrap().unwrap();
+            g.release().await.unwrap();
+        }));
+    }
+    let all_queued = eventually(LONG, || {
+        keys.iter().map(|k| waiters(&cluster, k)).sum::<i64>() == N as i64
+    })
+    .await;
+    assert!(all_queued, "not all {N} waiters queued");
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let mut r = n.conn();
+        let names = other_names(&mut r);
+        assert_eq!(ticket_conns(&mut r), 1, "node {i}: {names:?}");
+        assert!(names.len() <= 3, "node {i}: {names:?} for {N} waiters");
+        assert_eq!(blocked(&mut r), 0, "node {i}: nobody blocks a connection");
+    }
+    for k in &keys {
+        let _: () = redis::cmd("DEL")
+            .arg(k)
+            .query(&mut cluster.conn_for(k))
+            .unwrap();
+    }
+    for t in tasks {
+        tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    }
+    for (k, n) in keys.iter().zip(&cluster.nodes) {
+        assert!(!exists(&mut cluster.conn_for(k), k), "{k} left held");
+        let mut r = n.conn();
+        assert_eq!(ticket_conns(&mut r), 1, "still one ticket connection");
+    }
+}
+
+#[test]
+fn a_blocking_cluster_client_waits_with_tickets_on_each_node() {
+    let cluster = Cluster::start();
+    let keys: Vec<String> = (0..3).map(|i| cluster.key_on(i, "bk")).collect();
+    let c = rlock_client::Client::open_cluster(cluster.urls()).unwrap();
+    let holders: Vec<_> = keys
+        .iter()
+        .map(|k| c.lock(k.as_str()).acquire().unwrap())
+        .collect();
+    let waiters_: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (c, k) = (c.clone(), k.clone());
+            thread::spawn(move || {
+                let g = c
+                    .lock(k)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .unwrap()
+                    .expect("handed the lock");
+                g.release().unwrap();
+            })
+        })
+        .collect();
+    assert!(wait_until(LONG, || keys
+        .iter()
+        .all(|k| waiters(&cluster, k) == 1)));
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let mut r = n.conn();
+        assert_eq!(ticket_conns(&mut r), 1, "node {i}");
+        assert_eq!(blocked(&mut r), 0, "node {i}: a ticket, not a blocked WAIT");
+    }
+    for g in holders {
+        g.release().unwrap();
+    }
+    for w in waiters_ {
+        w.join().unwrap();
+    }
+    for k in &keys {
+        assert!(!exists(&mut cluster.conn_for(k), k));
+    }
+}
+
+fn node_id(r: &mut redis::Connection) -> String {
+    redis::cmd("CLUSTER").arg("MYID").query(r).unwrap()
+}
+
+fn keyslot(r: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(r).unwrap()
+}
+
+#[test]
+fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
+    let cluster = Cluster::start();
+    let key = cluster.key_on(0, "mk");
+    let (src, dst) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (mut s, mut d) = (src.conn(), dst.conn());
+    let slot = keyslot(&mut s, &key);
+    let c = rlock_client::Client::open_cluster(cluster.urls()).unwrap();
+    // Blocking WAIT: the only ticket connections are `c`'s.
+    let holder = rlock_client::Client::open_cluster_with(
+        cluster.urls(),
+        ClientOptions::new().with_wait_mode(WaitMode::Blocking),
+    )
+    .unwrap();
+    let held = holder.lock(key.as_str()).acquire().unwrap();
+    let spawn_waiter = |c: &rlock_client::Client| {
+        let (c, k) = (c.clone(), key.clone());
+        thread::spawn(move || {
+            c.lock(k)
+                .acquire_timeout(Duration::from_secs(30))
+                .unwrap()
+                .expect("handed the lock")
+        })
+    };
+    // A ticket queued on the source node (the client's slot map now names it).
+    let first = spawn_waiter(&c);
+    assert!(wait_until(LONG, || waiters(&cluster, &key) == 1));
+    assert_eq!(ticket_conns(&mut s), 1);
+    assert_eq!(blocked(&mut s), 0);
+
+    // The slot moves to `dst`, the lock with it: the source tells the ticket where the
+    // key went (ASK), and the waiter follows.
+    let (src_id, dst_id) = (node_id(&mut s), node_id(&mut d));
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(&src_id)
+        .query(&mut d)
+        .unwrap();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(&dst_id)
+        .query(&mut s)
+        .unwrap();
+    let _: Value = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(dst.port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&key)
+        .query(&mut s)
+        .unwrap();
+    for n in [dst, src, &cluster.nodes[2]] {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(&dst_id)
+            .query(&mut n.conn())
+            .unwrap();
+    }
+    let mut d3 = dst.conn();
+    let mut on_dst = |key: &str| info_waiters(&mut d3, key);
+    assert!(
+        wait_until(LONG, || on_dst(&key) == 1),
+        "the first waiter waits on the new node"
+    );
+    // A second wait from the same client: its slot map still names the source, whose
+    // MOVED sends the ticket to the new node.
+    let second = spawn_waiter(&c);
+    assert!(
+        wait_until(LONG, || on_dst(&key) == 2),
+        "the second waiter waits on the new node"
+    );
+    let mut d2 = dst.conn();
+    assert!(wait_until(LONG, || ticket_conns(&mut d2) == 1));
+    let left: i64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query(&mut s)
+        .unwrap();
+    assert_eq!(left, 0, "nothing left on the source");
+
+    held.release().unwrap();
+    let g1 = first.join().unwrap();
+    assert!(exists(&mut d, &key));
+    g1.release().unwrap();
+    let g2 = second.join().unwrap();
+    g2.release().unwrap();
+    assert!(!exists(&mut d, &key));
+}
