@@ -502,8 +502,8 @@ impl Lock {
     /// With queued tickets (the default where the module has them; see
     /// [`WaitMode`](crate::WaitMode)), dropping the future leaves its ticket queued until
     /// its wait ends in the server; if it is granted meanwhile, the client collects the
-    /// grant and releases it at once. With blocking `WAIT` (a cluster, or
-    /// `WaitMode::Blocking`), dropping the future closes its private connection, which
+    /// grant and releases it at once. With blocking `WAIT` (`WaitMode::Blocking`,
+    /// or a cluster slot half-way through a migration), dropping the future closes its private connection, which
     /// takes it out of the server's queue; if the server handed it the lock at that very
     /// moment, the lock stays held until its lease runs out (it is never renewed).
     pub async fn acquire(&self) -> Result<LockGuard> {

@@ -85,7 +85,11 @@ pub(crate) fn parse_slots(v: &Value) -> Vec<(u16, u16, (String, u16))> {
             if host.is_empty() || host == "?" {
                 return None;
             }
-            Some((int(r.first()?)?, int(r.get(1)?)?, (host, int(master.get(1)?)?)))
+            Some((
+                int(r.first()?)?,
+                int(r.get(1)?)?,
+                (host, int(master.get(1)?)?),
+            ))
         })
         .collect()
 }
@@ -290,7 +294,11 @@ mod tests {
         assert_eq!(node(0), Some(("127.0.0.1".into(), 7000)));
         assert_eq!(node(5461), Some(("127.0.0.1".into(), 7001)));
         assert_eq!(node(16383), Some(("127.0.0.1".into(), 7001)));
-        assert_eq!(node(1), Some(("127.0.0.1".into(), 7000)), "unknown endpoint");
+        assert_eq!(
+            node(1),
+            Some(("127.0.0.1".into(), 7000)),
+            "unknown endpoint"
+        );
         let e = crate::tickets::note_error("MOVED 5461 127.0.0.1:7002");
         assert!(matches!(ct.judge(Some(Err(e))), Err(true)));
         assert_eq!(node(5461), Some(("127.0.0.1".into(), 7002)));

@@ -278,10 +278,12 @@ impl Default for ClientOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitMode {
     /// Tickets where the module supports them (the first `ASYNC` it refuses switches
-    /// the client to blocking `WAIT` for good); blocking `WAIT` on a cluster.
+    /// the client to blocking `WAIT` for good); on a cluster, one ticket connection per
+    /// node, and blocking `WAIT` for a call whose slot is half-way through a migration.
     Auto,
     /// Always tickets (a module without them answers every wait with an error);
-    /// blocking `WAIT` on a cluster all the same.
+    /// on a cluster, blocking `WAIT` for a call whose slot is half-way through a
+    /// migration all the same.
     Tickets,
     /// Always a blocked `WAIT` on a connection of its own per waiting call.
     Blocking,

@@ -20,8 +20,16 @@
 //! client-side limit) stays registered as an *orphan*: if its grant comes after all, a
 //! helper thread collects it and releases what was granted (`undo_commands`).
 //!
-//! Layering: below `blocking` and `aio` (which call [`Tickets::wait_blocking`] /
-//! [`Tickets::wait_async`]), above `cmd`, `error` and `options`. Not used for a cluster.
+//! On a Redis Cluster each node that has waiters gets a ticket connection of its own
+//! ([`Tickets::for_node`], made and routed by `cluster_tickets`): the same machinery on
+//! shard channels (`SSUBSCRIBE`/`SUNSUBSCRIBE`, one channel per command since channels
+//! of one command must share a slot; messages come as `smessage`). A shard channel
+//! refused with a redirection is not a refusal of tickets: the waiter's command behind
+//! it is redirected too, and `cluster_tickets` sends it to the right node.
+//!
+//! Layering: below `cluster_tickets`, `blocking` and `aio` (which call
+//! [`Tickets::wait_blocking`] / [`Tickets::wait_async`]), above `cmd`, `error` and
+//! `options`.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, Read, Write};
@@ -902,7 +910,11 @@ fn release_channel(st: &mut State, channel: &[u8]) {
         if *n == 0 {
             st.channels.remove(channel);
             if st.writer.is_some() {
-                let verb: &[u8] = if st.shard { b"SUNSUBSCRIBE" } else { b"UNSUBSCRIBE" };
+                let verb: &[u8] = if st.shard {
+                    b"SUNSUBSCRIBE"
+                } else {
+                    b"UNSUBSCRIBE"
+                };
                 let packed = pack(&[verb.to_vec(), channel.to_vec()]);
                 st.pending.push_back(Pending::Unsubscribe(1));
                 write_locked(st, &packed);
@@ -1117,10 +1129,7 @@ fn subscribe_cmd(shard: bool) -> &'static [u8] {
 /// Whether `v` is a cluster redirection (or the cluster being down or reshaped).
 fn redirected(v: &Value) -> bool {
     match v.clone().extract_error() {
-        Err(e) => matches!(
-            e.code(),
-            Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")
-        ),
+        Err(e) => matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")),
         Ok(_) => false,
     }
 }

@@ -165,7 +165,11 @@ fn node_id(r: &mut redis::Connection) -> String {
 }
 
 fn keyslot(r: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(r).unwrap()
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(r)
+        .unwrap()
 }
 
 #[test]
