@@ -7,7 +7,9 @@
 //! the slot left its node): the call is then sent again to the new node with the same
 //! request id and the wait left. An `ASK` (a slot half-way through a migration), or
 //! more redirections than [`MAX_REDIRECTS`], hands the call back (`None`) to the
-//! blocked `WAIT` path, whose cluster connection follows redirections itself.
+//! blocked `WAIT` path, whose cluster connection follows redirections itself. A node
+//! that cannot be reached fails the call (its retries try again) and makes the next
+//! wait read the map again.
 //!
 //! Layering: below `blocking` and `aio`, above `tickets` and `watchdog` (the slot).
 
@@ -181,6 +183,12 @@ impl ClusterTickets {
                 None => Err(false),
             },
             Some("ASK" | "TRYAGAIN" | "CLUSTERDOWN") => Err(false),
+            // The node may be gone (a failover): the call's error (its retries try
+            // again), and the map is read afresh by the next wait.
+            _ if e.is_io_error() => {
+                lock_ignoring_poison(&self.map).slots.clear();
+                Ok(r)
+            }
             _ => Ok(r),
         }
     }
@@ -308,6 +316,10 @@ mod tests {
         assert!(ct.enabled());
         let other = crate::tickets::note_error("ERR too many waiters");
         assert!(matches!(ct.judge(Some(Err(other))), Ok(Err(_))));
+        let gone = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(ct.judge(Some(Err(gone))), Ok(Err(_))));
+        assert!(ct.unknown(0), "a node gone: the map is read again");
+        ct.learn(&reply);
         assert!(ct.node(0).is_some() && ct.node(5461).is_some());
         assert!(ct.node(1).is_some());
         assert_eq!(ct.node_count(), 2, "one ticket connection per node");

@@ -219,6 +219,14 @@ fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
         .arg(&dst_id)
         .query(&mut s)
         .unwrap();
+    // Every key of the slot, as a resharding moves them (request-id records too).
+    let in_slot: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut s)
+        .unwrap();
+    assert!(in_slot.contains(&key), "{in_slot:?}");
     let _: Value = redis::cmd("MIGRATE")
         .arg("127.0.0.1")
         .arg(dst.port)
@@ -226,7 +234,7 @@ fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
         .arg(0)
         .arg(5000)
         .arg("KEYS")
-        .arg(&key)
+        .arg(&in_slot)
         .query(&mut s)
         .unwrap();
     for n in [dst, src, &cluster.nodes[2]] {
