@@ -338,8 +338,18 @@ impl ClientInner {
                     .query_async::<Value>(&mut conn)
                     .await
             };
-            if let Some(r) = t.wait_async(cmd, limit, slots).await {
-                return r;
+            match t.wait_async(cmd, limit, slots).await {
+                Ok(r) => return r,
+                // Blocked for what is left of the wait.
+                Err((Some(rest), left)) => {
+                    return self
+                        .on_wait_conn(left, |mut conn| async move {
+                            let r = rest.query_async::<Value>(&mut conn).await;
+                            (conn, r)
+                        })
+                        .await
+                }
+                Err((None, _)) => {}
             }
         }
         let cmd = cmd.clone();

@@ -330,8 +330,13 @@ impl ClientInner {
         }
         if let Some(t) = self.cluster_tickets.as_ref().filter(|t| t.enabled()) {
             let slots = || self.run_raw(&crate::cluster_tickets::slots_cmd());
-            if let Some(r) = t.wait_blocking(cmd, limit, slots) {
-                return r;
+            match t.wait_blocking(cmd, limit, slots) {
+                Ok(r) => return r,
+                // Blocked for what is left of the wait.
+                Err((Some(rest), limit)) => {
+                    return self.on_wait_conn(limit, |conn| conn.query(&rest))
+                }
+                Err((None, _)) => {}
             }
         }
         self.on_wait_conn(limit, |conn| conn.query(cmd))

@@ -6,8 +6,9 @@
 //! callback) and corrected by every `MOVED` (a reply, or a ticket's `error` note when
 //! the slot left its node): the call is then sent again to the new node with the same
 //! request id and the wait left. An `ASK` (a slot half-way through a migration), or
-//! more redirections than [`MAX_REDIRECTS`], hands the call back (`None`) to the
-//! blocked `WAIT` path, whose cluster connection follows redirections itself. A node
+//! more redirections than [`MAX_REDIRECTS`], hands the call, with the wait it has left,
+//! back ([`Blocked`]) to the blocked `WAIT` path, whose cluster connection follows
+//! redirections itself. A node
 //! that cannot be reached fails the call (its retries try again) and makes the next
 //! wait read the map again.
 //!
@@ -23,6 +24,19 @@ use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult, Value};
 use crate::logic::lock_ignoring_poison;
 use crate::options::WaitMode;
 use crate::tickets::{Shape, Tickets};
+
+/// A call handed to the blocked path: the command to send there (`None`: the call's
+/// own) and the limit of its wait, both shortened by the time spent as a ticket.
+pub(crate) type Blocked = (Option<redis::Cmd>, Option<Duration>);
+
+/// What is left of a call that began at `started`, for the blocked path.
+fn rest(shape: &Shape, limit: Option<Duration>, started: Instant) -> Blocked {
+    let spent = started.elapsed();
+    (
+        Some(shape.rewaited(spent)),
+        limit.map(|l| l.saturating_sub(spent)),
+    )
+}
 
 /// Redirections followed per call before it is handed to the blocked path.
 const MAX_REDIRECTS: usize = 5;
@@ -194,30 +208,33 @@ impl ClusterTickets {
     }
 
     /// Waits for `cmd` with a ticket on its key's node, blocking the thread; `slots`
-    /// runs `CLUSTER SLOTS`. `None`: wait the old way (a blocked `WAIT`).
+    /// runs `CLUSTER SLOTS`. `Err`: wait the old way (a blocked `WAIT`) for what is left.
     pub(crate) fn wait_blocking(
         &self,
         cmd: &redis::Cmd,
         limit: Option<Duration>,
         slots: impl Fn() -> RedisResult<Value>,
-    ) -> Option<RedisResult<Value>> {
-        let slot = crate::watchdog::slot(Shape::of(cmd)?.key());
+    ) -> Result<RedisResult<Value>, Blocked> {
+        let Some(shape) = Shape::of(cmd) else {
+            return Err((None, limit));
+        };
+        let slot = crate::watchdog::slot(shape.key());
         let started = Instant::now();
         for _ in 0..MAX_REDIRECTS {
             if self.unknown(slot) {
                 match slots() {
                     Ok(v) => self.learn(&v),
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => return Ok(Err(e)),
                 }
             }
-            let t = self.node(slot)?;
+            let Some(t) = self.node(slot) else { break };
             match self.judge(t.wait_blocking_since(cmd, limit, started)) {
-                Ok(r) => return Some(r),
+                Ok(r) => return Ok(r),
                 Err(true) => continue,
-                Err(false) => return None,
+                Err(false) => break,
             }
         }
-        None
+        Err(rest(&shape, limit, started))
     }
 
     /// [`Self::wait_blocking`] for a task.
@@ -227,28 +244,31 @@ impl ClusterTickets {
         cmd: &redis::Cmd,
         limit: Option<Duration>,
         slots: F,
-    ) -> Option<RedisResult<Value>>
+    ) -> Result<RedisResult<Value>, Blocked>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = RedisResult<Value>>,
     {
-        let slot = crate::watchdog::slot(Shape::of(cmd)?.key());
+        let Some(shape) = Shape::of(cmd) else {
+            return Err((None, limit));
+        };
+        let slot = crate::watchdog::slot(shape.key());
         let started = Instant::now();
         for _ in 0..MAX_REDIRECTS {
             if self.unknown(slot) {
                 match slots().await {
                     Ok(v) => self.learn(&v),
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => return Ok(Err(e)),
                 }
             }
-            let t = self.node(slot)?;
+            let Some(t) = self.node(slot) else { break };
             match self.judge(t.wait_async_since(cmd, limit, started).await) {
-                Ok(r) => return Some(r),
+                Ok(r) => return Ok(r),
                 Err(true) => continue,
-                Err(false) => return None,
+                Err(false) => break,
             }
         }
-        None
+        Err(rest(&shape, limit, started))
     }
 
     /// Ticket connections made so far (tests).

@@ -198,6 +198,24 @@ impl Shape {
         a
     }
 
+    /// The command (without `ASYNC`) for the wait left after `elapsed`: a blocked wait
+    /// taking over from a ticket (a cluster slot half-way through a migration).
+    pub(crate) fn rewaited(&self, elapsed: Duration) -> redis::Cmd {
+        let args = match self.wait_left(elapsed) {
+            Some(left) => {
+                let mut a = self.args.clone();
+                a[self.wait_at] = left.to_string().into_bytes();
+                a
+            }
+            None => self.look(),
+        };
+        let mut c = redis::Cmd::new();
+        for a in &args {
+            c.arg(a.as_slice());
+        }
+        c
+    }
+
     /// The wait left after `elapsed`: `Some(0)` for no limit, `None` when it is over.
     fn wait_left(&self, elapsed: Duration) -> Option<u64> {
         if self.wait_ms == 0 {
@@ -1339,6 +1357,37 @@ mod tests {
         assert_eq!(s.wait_left(Duration::from_millis(1000)), None);
         let forever = Shape::of(&lock_cmd(0)).unwrap();
         assert_eq!(forever.wait_left(Duration::from_secs(99)), Some(0));
+    }
+
+    #[test]
+    fn it_rewrites_the_wait_left_for_a_blocked_wait_taking_over() {
+        let cmd_args = |c: redis::Cmd| {
+            c.args_iter()
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => String::new(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let s = Shape::of(&lock_cmd(1000)).unwrap();
+        let left = cmd_args(s.rewaited(Duration::from_millis(300)));
+        assert_eq!(
+            left,
+            [
+                "RLOCK.ACQUIRE",
+                "k",
+                "o:1",
+                "30000",
+                "WAIT",
+                "700",
+                "ID",
+                "r1"
+            ]
+        );
+        let over = cmd_args(s.rewaited(Duration::from_secs(2)));
+        assert_eq!(over, ["RLOCK.ACQUIRE", "k", "o:1", "30000", "ID", "r1"]);
+        let forever = Shape::of(&lock_cmd(0)).unwrap();
+        assert_eq!(cmd_args(forever.rewaited(Duration::from_secs(9)))[5], "0");
     }
 
     fn machine(wait: u64, known: bool) -> (Machine, Instant) {
