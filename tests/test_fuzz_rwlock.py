@@ -94,7 +94,8 @@ def rw_expected_error(call):
 
 def shape_ok(name, reply):
     if name == "RRWLOCK.ACQUIRE":
-        return reply is None or (type(reply) is int and (reply in (-2, -1) or 0 <= reply <= MAX_MS))
+        # QUEUED: a queued ticket (ASYNC, docs/tickets.md; the lock generator adds it).
+        return reply is None or reply == b"QUEUED" or (type(reply) is int and (reply in (-2, -1) or 0 <= reply <= MAX_MS))
     if name == "RRWLOCK.RELEASE":
         return reply in (None, 0, 1) and type(reply) in (type(None), int)
     if name in ("RRWLOCK.RENEW", "RRWLOCK.FORCERELEASE"):
