@@ -10,44 +10,25 @@ use std::time::Duration;
 
 use redis::Value;
 use rlock_client::{AcquireOptions, ClientOptions, WaitMode};
-use support::{eventually, exists, wait_until, write_lock, Cluster};
+use support::{
+    blocked_clients, client_list, eventually, exists, info_waiters, wait_until, write_lock, Cluster,
+};
 
 /// Bound of every wait in these tests.
 const LONG: Duration = Duration::from_secs(60);
 
 /// `waiters` of `RLOCK.INFO key` on the node serving it (0: none).
 fn waiters(cluster: &Cluster, key: &str) -> i64 {
-    info_waiters(&mut cluster.conn_for(key), key)
-}
-
-/// `waiters` of `RLOCK.INFO key` on the node of `r`.
-fn info_waiters(r: &mut redis::Connection, key: &str) -> i64 {
-    let v: Value = redis::cmd("RLOCK.INFO").arg(key).query(r).unwrap();
-    let Value::Array(items) = v else { return 0 };
-    items
-        .chunks(2)
-        .find_map(|kv| match kv {
-            [Value::BulkString(k), Value::Int(n)] if k == b"waiters" => Some(*n),
-            _ => None,
-        })
-        .unwrap_or(0)
+    info_waiters(&mut cluster.conn_for(key), "RLOCK.INFO", key)
 }
 
 /// Names of the connections to a node other than `r` itself.
 fn other_names(r: &mut redis::Connection) -> Vec<String> {
     let me: u64 = redis::cmd("CLIENT").arg("ID").query(r).unwrap();
-    let list: String = redis::cmd("CLIENT").arg("LIST").query(r).unwrap();
-    list.lines()
-        .filter_map(|line| {
-            let field = |f: &str| {
-                line.split(' ')
-                    .find_map(|kv| kv.strip_prefix(f))
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let id: u64 = field("id=").parse().unwrap();
-            (id != me).then(|| field("name="))
-        })
+    client_list(r)
+        .into_iter()
+        .filter(|(id, _)| *id != me)
+        .map(|(_, name)| name)
         .collect()
 }
 
@@ -56,15 +37,6 @@ fn ticket_conns(r: &mut redis::Connection) -> usize {
         .iter()
         .filter(|n| *n == "rlock-tickets")
         .count()
-}
-
-/// Clients blocked in a node (a blocked `WAIT` is one; a ticket is not).
-fn blocked(r: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("clients").query(r).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap()
 }
 
 fn lease() -> AcquireOptions {
@@ -100,7 +72,11 @@ async fn two_hundred_tasks_on_every_master_share_one_ticket_connection_per_node(
         let names = other_names(&mut r);
         assert_eq!(ticket_conns(&mut r), 1, "node {i}: {names:?}");
         assert!(names.len() <= 3, "node {i}: {names:?} for {N} waiters");
-        assert_eq!(blocked(&mut r), 0, "node {i}: nobody blocks a connection");
+        assert_eq!(
+            blocked_clients(&mut r),
+            0,
+            "node {i}: nobody blocks a connection"
+        );
     }
     for k in &keys {
         let _: () = redis::cmd("DEL")
@@ -147,7 +123,11 @@ fn a_blocking_cluster_client_waits_with_tickets_on_each_node() {
     for (i, n) in cluster.nodes.iter().enumerate() {
         let mut r = n.conn();
         assert_eq!(ticket_conns(&mut r), 1, "node {i}");
-        assert_eq!(blocked(&mut r), 0, "node {i}: a ticket, not a blocked WAIT");
+        assert_eq!(
+            blocked_clients(&mut r),
+            0,
+            "node {i}: a ticket, not a blocked WAIT"
+        );
     }
     for g in holders {
         g.release().unwrap();
@@ -200,7 +180,7 @@ fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
     let first = spawn_waiter(&c);
     assert!(wait_until(LONG, || waiters(&cluster, &key) == 1));
     assert_eq!(ticket_conns(&mut s), 1);
-    assert_eq!(blocked(&mut s), 0);
+    assert_eq!(blocked_clients(&mut s), 0);
 
     // The slot moves to `dst`, the lock with it: the source tells the ticket where the
     // key went (ASK), and the waiter follows.
@@ -247,7 +227,7 @@ fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
             .unwrap();
     }
     let mut d3 = dst.conn();
-    let mut on_dst = |key: &str| info_waiters(&mut d3, key);
+    let mut on_dst = |key: &str| info_waiters(&mut d3, "RLOCK.INFO", key);
     assert!(
         wait_until(LONG, || on_dst(&key) == 1),
         "the first waiter waits on the new node"

@@ -12,58 +12,25 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use rlock_client::{AcquireOptions, ClientOptions, WaitMode};
-use support::{eventually, exists, wait_until, write_lock, Server};
+use support::{
+    blocked_clients, client_list, eventually, exists, info_waiters, wait_until, write_lock, Server,
+};
 
 /// Bound of every wait in these tests.
 const LONG: Duration = Duration::from_secs(60);
 
-/// `waiters` of `<info-cmd> key` (flat pairs under RESP2; nil: none).
-fn waiters(r: &mut redis::Connection, info: &str, key: &str) -> i64 {
-    let v: Value = redis::cmd(info).arg(key).query(r).unwrap();
-    let Value::Array(items) = v else { return 0 };
-    items
-        .chunks(2)
-        .find_map(|kv| match kv {
-            [Value::BulkString(k), Value::Int(n)] if k == b"waiters" => Some(*n),
-            _ => None,
-        })
-        .unwrap_or(0)
-}
-
-/// `CLIENT LIST` as (id, name) pairs.
-fn clients(r: &mut redis::Connection) -> Vec<(u64, String)> {
-    let list: String = redis::cmd("CLIENT").arg("LIST").query(r).unwrap();
-    list.lines()
-        .map(|line| {
-            let field = |f: &str| {
-                line.split(' ')
-                    .find_map(|kv| kv.strip_prefix(f))
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            (field("id=").parse().unwrap(), field("name="))
-        })
-        .collect()
-}
-
 /// Connections other than `r` itself.
 fn other_connections(r: &mut redis::Connection) -> usize {
     let me: u64 = redis::cmd("CLIENT").arg("ID").query(r).unwrap();
-    clients(r).into_iter().filter(|(id, _)| *id != me).count()
-}
-
-/// Clients blocked in the server (a blocked `WAIT` is one; a ticket is not).
-fn blocked(r: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("clients").query(r).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap()
+    client_list(r)
+        .into_iter()
+        .filter(|(id, _)| *id != me)
+        .count()
 }
 
 /// The id of the client's ticket connection.
 fn ticket_conn(r: &mut redis::Connection) -> Option<u64> {
-    clients(r)
+    client_list(r)
         .into_iter()
         .find(|(_, name)| name == "rlock-tickets")
         .map(|(id, _)| id)
@@ -90,15 +57,15 @@ async fn a_thousand_tasks_wait_on_one_lock_over_a_few_connections() {
             g.release().await.unwrap();
         }));
     }
-    let all_queued = eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await;
+    let all_queued = eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await;
     assert!(
         all_queued,
         "{} of {N} queued",
-        waiters(&mut r, "RLOCK.INFO", "k")
+        info_waiters(&mut r, "RLOCK.INFO", "k")
     );
     let conns = other_connections(&mut r);
     assert!(conns <= 3, "{conns} connections for {N} waiters");
-    assert_eq!(blocked(&mut r), 0, "nobody blocks a connection");
+    assert_eq!(blocked_clients(&mut r), 0, "nobody blocks a connection");
     assert!(ticket_conn(&mut r).is_some());
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in tasks {
@@ -125,7 +92,7 @@ async fn tasks_are_served_in_the_order_they_queued() {
             g.release().await.unwrap();
         }));
         // The next one queues only once this one is in the queue.
-        let queued = eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == i + 1).await;
+        let queued = eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == i + 1).await;
         assert!(queued);
     }
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
@@ -151,10 +118,10 @@ fn threads_of_the_blocking_api_share_the_ticket_connection() {
             })
         })
         .collect();
-    assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64));
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64));
     let conns = other_connections(&mut r);
     assert!(conns <= 3, "{conns} connections for {N} waiting threads");
-    assert_eq!(blocked(&mut r), 0);
+    assert_eq!(blocked_clients(&mut r), 0);
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in threads {
         t.join().unwrap();
@@ -180,7 +147,11 @@ fn a_timed_out_ticket_is_a_timed_out_wait() {
         t.elapsed()
     );
     assert!(ticket_conn(&mut r).is_some(), "it waited with a ticket");
-    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0, "nothing left queued");
+    assert_eq!(
+        info_waiters(&mut r, "RLOCK.INFO", "k"),
+        0,
+        "nothing left queued"
+    );
     // The channel was unsubscribed after its last waiter.
     let numsub: Vec<Value> = redis::cmd("PUBSUB")
         .arg("NUMSUB")
@@ -207,7 +178,7 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
             g.release().await.unwrap();
         }));
     }
-    assert!(eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
     let old = ticket_conn(&mut r).unwrap();
     // Killing it (the only subscriber: TYPE pubsub, RESP3 or not) drops every ticket
     // queued on it, and its subscriptions.
@@ -222,7 +193,7 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
     assert!(
         eventually(LONG, || {
             ticket_conn(&mut r).is_some_and(|id| id != old)
-                && waiters(&mut r, "RLOCK.INFO", "k") == N as i64
+                && info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64
         })
         .await
     );
@@ -243,7 +214,7 @@ async fn a_grant_to_a_cancelled_waiter_is_given_back() {
     let cancelled = tokio::time::timeout(Duration::from_millis(200), lock.acquire()).await;
     assert!(cancelled.is_err(), "still waiting when dropped");
     // Its ticket stays queued: it is granted when the lock comes free ...
-    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 1);
+    assert_eq!(info_waiters(&mut r, "RLOCK.INFO", "k"), 1);
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     // ... and the client gives the grant back, long before its 30 s lease would end.
     assert!(eventually(Duration::from_secs(10), || !exists(&mut r, "k")).await);
@@ -271,7 +242,7 @@ fn forced_blocking_mode_waits_on_connections_of_their_own() {
             })
         })
         .collect();
-    assert!(wait_until(LONG, || blocked(&mut r) == N as u64));
+    assert!(wait_until(LONG, || blocked_clients(&mut r) == N as u64));
     assert!(ticket_conn(&mut r).is_none());
     assert!(other_connections(&mut r) >= N);
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
@@ -292,8 +263,8 @@ fn every_primitive_waits_with_a_ticket() {
     let first = holder.token();
     let waiter = c.fenced_lock("f");
     let t = thread::spawn(move || waiter.acquire_with(lease()).unwrap().unwrap());
-    assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "f") == 1));
-    assert_eq!(blocked(&mut r), 0);
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "f") == 1));
+    assert_eq!(blocked_clients(&mut r), 0);
     holder.release().unwrap();
     let g = t.join().unwrap();
     assert!(g.token() > first, "{} after {first}", g.token());
@@ -307,8 +278,12 @@ fn every_primitive_waits_with_a_ticket() {
         let w = writer.write().acquire_with(lease()).unwrap().unwrap();
         w.release().unwrap();
     });
-    assert!(wait_until(LONG, || waiters(&mut r, "RRWLOCK.INFO", "rw") == 1));
-    assert_eq!(blocked(&mut r), 0);
+    assert!(wait_until(LONG, || info_waiters(
+        &mut r,
+        "RRWLOCK.INFO",
+        "rw"
+    ) == 1));
+    assert_eq!(blocked_clients(&mut r), 0);
     read.release().unwrap();
     t.join().unwrap();
 
@@ -318,8 +293,12 @@ fn every_primitive_waits_with_a_ticket() {
     let one = sem.acquire(1).unwrap();
     let sem2 = c.semaphore("s");
     let t = thread::spawn(move || sem2.acquire(1).unwrap().release().unwrap());
-    assert!(wait_until(LONG, || waiters(&mut r, "RSEMAPHORE.INFO", "s") == 1));
-    assert_eq!(blocked(&mut r), 0);
+    assert!(wait_until(LONG, || info_waiters(
+        &mut r,
+        "RSEMAPHORE.INFO",
+        "s"
+    ) == 1));
+    assert_eq!(blocked_clients(&mut r), 0);
     one.release().unwrap();
     t.join().unwrap();
     assert_eq!(sem.available().unwrap(), 1);
@@ -330,12 +309,12 @@ fn every_primitive_waits_with_a_ticket() {
     let p = exp.acquire(Some(Duration::from_secs(30))).unwrap();
     let exp2 = c.expirable_semaphore("e");
     let t = thread::spawn(move || exp2.acquire(Some(Duration::from_secs(30))).unwrap());
-    assert!(wait_until(LONG, || waiters(
+    assert!(wait_until(LONG, || info_waiters(
         &mut r,
         "RPSEMAPHORE.INFO",
         "e"
     ) == 1));
-    assert_eq!(blocked(&mut r), 0);
+    assert_eq!(blocked_clients(&mut r), 0);
     let first_id = p.id().to_owned();
     p.release().unwrap();
     let p2 = t.join().unwrap();
@@ -348,8 +327,12 @@ fn every_primitive_waits_with_a_ticket() {
     assert!(latch.try_set_count(1).unwrap());
     let l2 = c.latch("l");
     let t = thread::spawn(move || l2.await_timeout(LONG).unwrap());
-    assert!(wait_until(LONG, || waiters(&mut r, "RLATCH.INFO", "l") == 1));
-    assert_eq!(blocked(&mut r), 0);
+    assert!(wait_until(LONG, || info_waiters(
+        &mut r,
+        "RLATCH.INFO",
+        "l"
+    ) == 1));
+    assert_eq!(blocked_clients(&mut r), 0);
     latch.count_down().unwrap();
     assert!(t.join().unwrap());
 
@@ -366,7 +349,7 @@ async fn every_primitive_waits_with_a_ticket_async() {
     let first = holder.token();
     let waiter = c.fenced_lock("f");
     let t = tokio::spawn(async move { waiter.acquire_with(lease()).await.unwrap().unwrap() });
-    assert!(eventually(LONG, || waiters(&mut r, "RLOCK.INFO", "f") == 1).await);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "f") == 1).await);
     holder.release().await.unwrap();
     let g = tokio::time::timeout(LONG, t).await.unwrap().unwrap();
     assert!(g.token() > first);
@@ -378,7 +361,7 @@ async fn every_primitive_waits_with_a_ticket_async() {
         let w = writer.write().acquire_with(lease()).await.unwrap().unwrap();
         w.release().await.unwrap();
     });
-    assert!(eventually(LONG, || waiters(&mut r, "RRWLOCK.INFO", "rw") == 1).await);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RRWLOCK.INFO", "rw") == 1).await);
     read.release().await.unwrap();
     tokio::time::timeout(LONG, t).await.unwrap().unwrap();
 
@@ -387,7 +370,7 @@ async fn every_primitive_waits_with_a_ticket_async() {
     let one = sem.acquire(1).await.unwrap();
     let sem2 = c.semaphore("s");
     let t = tokio::spawn(async move { sem2.acquire(1).await.unwrap().release().await.unwrap() });
-    assert!(eventually(LONG, || waiters(&mut r, "RSEMAPHORE.INFO", "s") == 1).await);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RSEMAPHORE.INFO", "s") == 1).await);
     one.release().await.unwrap();
     tokio::time::timeout(LONG, t).await.unwrap().unwrap();
 
@@ -396,7 +379,7 @@ async fn every_primitive_waits_with_a_ticket_async() {
     let p = exp.acquire(Some(Duration::from_secs(30))).await.unwrap();
     let exp2 = c.expirable_semaphore("e");
     let t = tokio::spawn(async move { exp2.acquire(Some(Duration::from_secs(30))).await.unwrap() });
-    assert!(eventually(LONG, || waiters(&mut r, "RPSEMAPHORE.INFO", "e") == 1).await);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RPSEMAPHORE.INFO", "e") == 1).await);
     p.release().await.unwrap();
     let p2 = tokio::time::timeout(LONG, t).await.unwrap().unwrap();
     assert!(p2.is_held());
@@ -406,8 +389,8 @@ async fn every_primitive_waits_with_a_ticket_async() {
     assert!(latch.try_set_count(1).await.unwrap());
     let l2 = c.latch("l");
     let t = tokio::spawn(async move { l2.await_timeout(LONG).await.unwrap() });
-    assert!(eventually(LONG, || waiters(&mut r, "RLATCH.INFO", "l") == 1).await);
-    assert_eq!(blocked(&mut r), 0);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RLATCH.INFO", "l") == 1).await);
+    assert_eq!(blocked_clients(&mut r), 0);
     latch.count_down().await.unwrap();
     assert!(tokio::time::timeout(LONG, t).await.unwrap().unwrap());
     assert!(ticket_conn(&mut r).is_some());
@@ -433,7 +416,7 @@ fn it_does_not_believe_a_grant_the_server_took_back() {
         let g = lock.acquire_timeout(Duration::from_secs(5)).unwrap();
         (lock, g)
     });
-    assert!(wait_until(LONG, || waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
     let id = ticket_conn(&mut r).unwrap();
     // Granted, and its connection killed in the same turn, before it can collect.
     let (released, killed): (i64, i64) = redis::pipe()
@@ -487,7 +470,7 @@ fn a_user_without_the_ticket_channels_waits_the_old_way() {
             .unwrap();
     });
     // It fell back: a blocked WAIT.
-    assert!(wait_until(LONG, || blocked(&mut r) == 1));
+    assert!(wait_until(LONG, || blocked_clients(&mut r) == 1));
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     t.join().unwrap();
 
@@ -502,7 +485,11 @@ fn a_user_without_the_ticket_channels_waits_the_old_way() {
         matches!(&got, rlock_client::Error::Server { code, .. } if code == "NOPERM"),
         "{got:?}"
     );
-    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0, "nothing left queued");
+    assert_eq!(
+        info_waiters(&mut r, "RLOCK.INFO", "k"),
+        0,
+        "nothing left queued"
+    );
 }
 
 /// The ticket connection selects the client's database: the ticket waits for the lock
@@ -522,8 +509,12 @@ fn a_client_of_another_database_waits_there() {
         let g = lock.acquire_with(lease()).unwrap().unwrap();
         g.release().unwrap();
     });
-    assert!(wait_until(LONG, || waiters(&mut r2, "RLOCK.INFO", "k") == 1));
-    assert_eq!(waiters(&mut r, "RLOCK.INFO", "k"), 0);
+    assert!(wait_until(LONG, || info_waiters(
+        &mut r2,
+        "RLOCK.INFO",
+        "k"
+    ) == 1));
+    assert_eq!(info_waiters(&mut r, "RLOCK.INFO", "k"), 0);
     assert!(ticket_conn(&mut r).is_some());
     let _: () = redis::cmd("DEL").arg("k").query(&mut r2).unwrap();
     t.join().unwrap();

@@ -569,3 +569,45 @@ fn relay(
     }
     let _ = server.shutdown(std::net::Shutdown::Both);
 }
+
+// ---- server introspection shared by the ticket tests (tickets.rs, cluster_tickets.rs) ----
+
+/// `waiters` of `<info-cmd> key` (flat pairs under RESP2; nil: none).
+pub fn info_waiters(r: &mut redis::Connection, info: &str, key: &str) -> i64 {
+    let v: redis::Value = redis::cmd(info).arg(key).query(r).unwrap();
+    let redis::Value::Array(items) = v else {
+        return 0;
+    };
+    items
+        .chunks(2)
+        .find_map(|kv| match kv {
+            [redis::Value::BulkString(k), redis::Value::Int(n)] if k == b"waiters" => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// `CLIENT LIST` as (id, name) pairs.
+pub fn client_list(r: &mut redis::Connection) -> Vec<(u64, String)> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(r).unwrap();
+    list.lines()
+        .map(|line| {
+            let field = |f: &str| {
+                line.split(' ')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            (field("id=").parse().unwrap(), field("name="))
+        })
+        .collect()
+}
+
+/// Clients blocked in the server (a blocked `WAIT` is one; a queued ticket is not).
+pub fn blocked_clients(r: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("clients").query(r).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
