@@ -14,6 +14,7 @@ use crate::cmd::{args_after_key, err, may_block, replay, request_key, wait_or_qu
 use crate::core::{self, LockState, Outcome, Plan, Reply};
 use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::ffi::{self, LockKey};
+use crate::ticket::Names;
 use crate::{guard, reply, stats, store, tracking};
 
 /// Bumps the `INFO rlock` counter of a lock outcome (also the fenced lock's, `cmd_fenced`).
@@ -225,35 +226,26 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// A queued `RLOCK.ACQUIRE ... WAIT`: `owner` takes the lock for `lease` ms.
 #[derive(Debug, Clone)]
 pub struct LockAsk {
-    /// The owner, then the call's request id (one allocation: a queued ticket holds
-    /// thousands of these, docs/tickets.md).
-    names: Box<[u8]>,
-    owner_len: u32,
-    has_id: bool,
+    /// The owner and the call's request id (a handoff remembers its reply under it).
+    names: Names,
     pub lease: i64,
 }
 
 impl LockAsk {
     pub fn new(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> LockAsk {
-        let id = request_id.unwrap_or_default();
-        let mut names = Vec::with_capacity(owner.len() + id.len());
-        names.extend_from_slice(owner);
-        names.extend_from_slice(id);
         LockAsk {
-            names: names.into_boxed_slice(),
-            owner_len: owner.len() as u32,
-            has_id: request_id.is_some(),
+            names: Names::new(owner, request_id),
             lease,
         }
     }
 
     pub fn owner(&self) -> &[u8] {
-        &self.names[..self.owner_len as usize]
+        self.names.owner()
     }
 
     /// The call's request id: a handoff remembers its reply like an immediate acquire.
     pub fn request_id(&self) -> Option<&[u8]> {
-        self.has_id.then(|| &self.names[self.owner_len as usize..])
+        self.names.id()
     }
 }
 

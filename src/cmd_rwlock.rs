@@ -27,6 +27,7 @@ use crate::errors::ERR_WRONGTYPE;
 use crate::ffi::{self, LockKey};
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
 use crate::store::{self, Value};
+use crate::ticket::Names;
 use crate::{guard, reply, stats};
 
 fn count(plan: &Plan, side: Option<Side>) {
@@ -310,11 +311,8 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// A queued `RRWLOCK.ACQUIRE ... WAIT`.
 #[derive(Debug, Clone)]
 pub struct RwAsk {
-    /// The owner, then the call's request id (one allocation: a queued ticket holds
-    /// thousands of these, docs/tickets.md). A handoff remembers its reply under the id.
-    names: Box<[u8]>,
-    owner_len: u32,
-    has_id: bool,
+    /// The owner and the call's request id (a handoff remembers its reply under it).
+    names: Names,
     side: Side,
     lease: i64,
     /// The owner's hold count on its side right after the grant (0 before): a take-back
@@ -324,11 +322,8 @@ pub struct RwAsk {
 
 impl RwAsk {
     pub fn new(side: Side, owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> RwAsk {
-        let id = request_id.unwrap_or_default();
         RwAsk {
-            names: [owner, id].concat().into_boxed_slice(),
-            owner_len: owner.len() as u32,
-            has_id: request_id.is_some(),
+            names: Names::new(owner, request_id),
             side,
             lease,
             granted: Cell::new(0),
@@ -336,11 +331,11 @@ impl RwAsk {
     }
 
     fn owner(&self) -> &[u8] {
-        &self.names[..self.owner_len as usize]
+        self.names.owner()
     }
 
     fn request_id(&self) -> Option<&[u8]> {
-        self.has_id.then(|| &self.names[self.owner_len as usize..])
+        self.names.id()
     }
 
     /// What the pure core's queue rule asks about.

@@ -26,7 +26,7 @@
 //! - Beside them, pure (no Redis): one core per primitive, state in, plan out: `core`
 //!   (the lock), `fenced`, `rwlock`, `semaphore` (with the plan vocabulary the sync cores
 //!   share), `expirable`, `latch`; `effects` (their writes as plain commands) and `reply`;
-//!   `ticket` (a queued ticket's channel and message, SPEC 5).
+//!   `ticket` (a queued ticket's channel, message and names, SPEC 5).
 
 pub mod cluster;
 pub mod cmd;

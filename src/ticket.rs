@@ -1,4 +1,5 @@
-//! Queued tickets (SPEC 5, docs/tickets.md): the notification's channel and message.
+//! Queued tickets (SPEC 5, docs/tickets.md): the notification's channel and message, and
+//! the owner and request id a queued request names.
 //!
 //! Layer: pure (no Redis), beside the cores; the engine publishes what this builds when a
 //! ticket leaves its queue. A ticket is a waiter that holds no connection: the engine
@@ -41,6 +42,34 @@ pub fn message(end: End, id: &[u8], owner: &[u8]) -> Vec<u8> {
     out.extend_from_slice(owner);
     out.extend_from_slice(detail.as_bytes());
     out
+}
+
+/// A queued request's owner and request id in one allocation (a queued ticket holds
+/// thousands of requests, and its message names both): the lock's and the RW lock's asks
+/// keep theirs this way.
+#[derive(Debug, Clone)]
+pub struct Names {
+    bytes: Box<[u8]>,
+    owner_len: u32,
+    has_id: bool,
+}
+
+impl Names {
+    pub fn new(owner: &[u8], id: Option<&[u8]>) -> Names {
+        Names {
+            bytes: [owner, id.unwrap_or_default()].concat().into_boxed_slice(),
+            owner_len: owner.len() as u32,
+            has_id: id.is_some(),
+        }
+    }
+
+    pub fn owner(&self) -> &[u8] {
+        &self.bytes[..self.owner_len as usize]
+    }
+
+    pub fn id(&self) -> Option<&[u8]> {
+        self.has_id.then(|| &self.bytes[self.owner_len as usize..])
+    }
 }
 
 /// What a message says, read back (clients parse it the same way; used by the tests).
@@ -109,6 +138,15 @@ mod tests {
                 &b"MOVED 12 127.0.0.1:7001"[..]
             )
         );
+    }
+
+    #[test]
+    fn names_keep_owner_and_id_apart() {
+        let n = Names::new(b"uuid:7", Some(b"r1"));
+        assert_eq!((n.owner(), n.id()), (&b"uuid:7"[..], Some(&b"r1"[..])));
+        let n = Names::new(b"uuid:7", None);
+        assert_eq!((n.owner(), n.id()), (&b"uuid:7"[..], None));
+        assert_eq!(Names::new(b"o", Some(b"")).id(), Some(&b""[..]));
     }
 
     #[test]
