@@ -47,7 +47,7 @@ from hostile_helpers import (Raw, blocked_clients, fill_module_client_pool,  # n
                              info_section, settle_memory, used_memory)
 from redisson import ACQUIRE as RS_ACQUIRE, UNLOCK as RS_UNLOCK  # noqa: E402
 from redisson import channel as rs_channel  # noqa: E402
-from semaphore import free_port, jain, pct  # noqa: E402
+from semaphore import jain, pct, start_server  # noqa: E402
 
 LEASE = 60_000
 NODE = "123e4567-e89b-12d3-a456-426614174000"  # one client's uuid, Redisson's shape
@@ -62,22 +62,6 @@ def parse_ticket(message):
     kind, id_len, owner_len, rest = message.split(b":", 3)
     id_len, owner_len = int(id_len), int(owner_len)
     return kind, rest[:id_len], rest[id_len:id_len + owner_len], rest[id_len + owner_len:]
-
-
-def start_server(binary, module, workdir):
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", workdir, "--loadmodule", module,
-                             "--maxclients", "10000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = redis.Redis(port=port)
-    for _ in range(500):
-        try:
-            if r.ping():
-                return proc, port
-        except redis.ConnectionError:
-            time.sleep(0.01)
-    raise RuntimeError("server did not start")
 
 
 def rstats(r):
