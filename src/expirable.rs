@@ -346,9 +346,16 @@ pub fn set_permits(
             b.message = Some(permits.to_string().into_bytes());
             Outcome::Set
         }
-        Some(available) if available + held == permits => Outcome::Nothing,
         Some(available) => {
-            b.add(permits - (available + held))?;
+            // The count key is anybody's string: near i64's ends the sum or the step
+            // would wrap (found by tests/test_fuzz_all.py), so both are checked.
+            let total = available.checked_add(held).ok_or(ERR_PERMITS_OVERFLOW)?;
+            let delta = permits.checked_sub(total).ok_or(ERR_PERMITS_OVERFLOW)?;
+            if delta == 0 {
+                let reply = Reply::Int(b.s.available());
+                return Ok(b.finish(reply, Outcome::Nothing));
+            }
+            b.add(delta)?;
             b.message = Some(permits.to_string().into_bytes());
             Outcome::Changed
         }
@@ -728,6 +735,18 @@ mod tests {
         assert_eq!(lease_time(&s, &id(1), 400), 100);
         assert_eq!(lease_time(&s, &id(1), 500), -2);
         assert_eq!(lease_time(&p.state, &id(1), 400), -1);
+    }
+
+    #[test]
+    fn it_refuses_setpermits_whose_sum_or_step_would_wrap() {
+        // A count at i64's ends, written by hand: an error, never a panic (the fuzz found
+        // `available + held` wrapping on RPSEMAPHORE.SETPERMITS).
+        let full = state(i64::MAX, &[(1, NO_LEASE)]);
+        assert_eq!(set_permits(&full, K, 2, 0).err(), Some(ERR_PERMITS_OVERFLOW));
+        let low = state(i64::MIN, &[]);
+        assert_eq!(set_permits(&low, K, 2, 0).err(), Some(ERR_PERMITS_OVERFLOW));
+        let p = set_permits(&state(i64::MAX - 1, &[(1, NO_LEASE)]), K, i64::MAX, 0).unwrap();
+        assert!(p.effects.is_empty(), "exactly the total: nothing to change");
     }
 
     #[test]
