@@ -258,10 +258,42 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// Kills the server; if it had crashed during the test (the log holds a crash report),
+    /// fails the test with that report, so a crash never hides behind a connection error.
     fn drop(&mut self) {
+        let report = crash_report(&self.log());
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(report) = report {
+            if std::thread::panicking() {
+                eprintln!("redis-server crashed during the test:\n{report}");
+            } else {
+                panic!("redis-server crashed during the test:\n{report}");
+            }
+        }
     }
+}
+
+/// The part of a server log that says why it died (from the crash line through the
+/// stack trace, where the frames name the module call), if it died.
+pub fn crash_report(log: &str) -> Option<String> {
+    let at = ["crashed by signal", "ASSERTION FAILED", "Guru Meditation"]
+        .iter()
+        .find_map(|m| log.find(m))?;
+    let boundary = |mut i: usize| {
+        i = i.min(log.len());
+        while !log.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let start = log[..boundary(at.saturating_sub(200))]
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let end = log[at..]
+        .find("------ REGISTERS")
+        .map_or(log.len(), |i| at + i);
+    Some(log[start..boundary(end.min(at + 8000))].to_string())
 }
 
 pub fn pttl(c: &mut redis::Connection, key: &str) -> i64 {
