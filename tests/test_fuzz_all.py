@@ -46,6 +46,10 @@ PLAIN = [
     lambda g: [b"PEXPIRE", g.key(), b"%d" % g.rng.randint(1, 5)],
     lambda g: [b"PERSIST", g.key()],
     lambda g: [b"RENAME", g.key(), g.key()],
+    # Per-field TTLs (Redis 7.4+, Valkey 9): a lock hash whose holder field expires on its
+    # own. An unknown command on Redis 7.0, which is fine.
+    lambda g: [b"HPEXPIRE", g.key(), b"%d" % g.rng.randint(1, 5), b"FIELDS", b"1",
+               g.pick(OWNERS[:3] + [b"mode"])],
 ]
 
 
