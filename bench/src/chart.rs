@@ -1,4 +1,5 @@
-//! The contention chart, written as SVG by hand: two panels (handoffs/s and Jain's
+//! The contention chart, written as SVG by hand: two panels (owner changes/s, the lock
+//! passing to another client, and Jain's
 //! index, both on linear scales from 0 so bar heights compare as ratios) grouped by
 //! client count, one colour per algorithm.
 //! No plotting dependency, and the file diffs readably in review.
@@ -10,7 +11,7 @@ use crate::locks::Algo;
 pub struct Point {
     pub algo: Algo,
     pub clients: usize,
-    pub handoffs_per_s: f64,
+    pub owner_changes_per_s: f64,
     pub jain: f64,
 }
 
@@ -48,7 +49,10 @@ pub fn svg(points: &[Point], algos: &[Algo], clients: &[usize], subtitle: &str) 
         esc(subtitle)
     );
 
-    let max_rate = points.iter().map(|p| p.handoffs_per_s).fold(1.0, f64::max);
+    let max_rate = points
+        .iter()
+        .map(|p| p.owner_changes_per_s)
+        .fold(1.0, f64::max);
     let top = nice_ceil(max_rate);
     // `rate`: the handoffs panel; otherwise the Jain panel (0..1).
     let panel = |s: &mut String, x0: f64, title: &str, rate: bool| {
@@ -112,7 +116,10 @@ pub fn svg(points: &[Point], algos: &[Algo], clients: &[usize], subtitle: &str) 
                     continue;
                 };
                 let (f, label) = if rate {
-                    (p.handoffs_per_s / top, format_rate(p.handoffs_per_s))
+                    (
+                        p.owner_changes_per_s / top,
+                        format_rate(p.owner_changes_per_s),
+                    )
                 } else {
                     (p.jain.clamp(0.0, 1.0), format!("{:.3}", p.jain))
                 };

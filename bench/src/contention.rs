@@ -1,5 +1,7 @@
 //! Contention: N clients on one lock, each looping acquire (waiting) → INCR → release
-//! for a fixed time. Reports handoffs per second, wait percentiles and Jain's index,
+//! for a fixed time. Reports owner changes per second (the lock passing to another
+//! client: a handoff) apart from acquisitions per second (which, for a barging lock,
+//! count the releaser taking it straight back), wait percentiles and Jain's index,
 //! and checks two safety properties so a fast-but-wrong implementation cannot pass:
 //! the shared counter equals the number of acquisitions, and no two critical sections
 //! observed by the clients overlap in time.
@@ -24,12 +26,16 @@ const GRACE: Duration = Duration::from_secs(3);
 pub struct ContentionResult {
     pub algo: Algo,
     pub clients: usize,
-    pub handoffs_per_s: f64,
+    /// Acquisitions whose holder differs from the previous holder's, per second.
+    pub owner_changes_per_s: f64,
+    /// Every acquisition, per second.
+    pub acquisitions_per_s: f64,
     pub p50_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
     pub jain: f64,
     pub acquisitions: u64,
+    pub owner_changes: u64,
 }
 
 struct ClientLog {
@@ -38,8 +44,9 @@ struct ClientLog {
     /// Acquisitions completed after it (the final drain).
     late: u64,
     waits_us: Vec<u64>,
-    /// (acquire reply received, release about to be sent), in µs since the start.
-    sections: Vec<(u64, u64)>,
+    /// (acquire reply received, release about to be sent, client index, inside the timed
+    /// run), times in µs since the start.
+    sections: Vec<(u64, u64, usize, bool)>,
 }
 
 pub fn run(
@@ -91,6 +98,8 @@ pub fn run(
                 log.sections.push((
                     (t1 - epoch).as_micros() as u64,
                     (t2 - epoch).as_micros() as u64,
+                    i,
+                    t1 <= stop,
                 ));
                 if t1 <= stop {
                     log.count += 1;
@@ -119,7 +128,7 @@ pub fn run(
         )
         .into());
     }
-    let mut sections: Vec<(u64, u64)> = logs
+    let mut sections: Vec<(u64, u64, usize, bool)> = logs
         .iter()
         .flat_map(|l| l.sections.iter().copied())
         .collect();
@@ -131,12 +140,13 @@ pub fn run(
             return Err(format!(
                 "{} with {clients} clients: critical sections overlap ({:?} and {:?} µs)",
                 algo.label(),
-                w[0],
-                w[1]
+                (w[0].0, w[0].1),
+                (w[1].0, w[1].1)
             )
             .into());
         }
     }
+    let owner_changes = owner_changes(&sections);
     let mut waits: Vec<u64> = logs
         .iter()
         .flat_map(|l| l.waits_us.iter().copied())
@@ -145,11 +155,50 @@ pub fn run(
     Ok(ContentionResult {
         algo,
         clients,
-        handoffs_per_s: total as f64 / dur.as_secs_f64(),
+        owner_changes_per_s: owner_changes as f64 / dur.as_secs_f64(),
+        acquisitions_per_s: total as f64 / dur.as_secs_f64(),
         p50_us: percentile(&waits, 50.0),
         p99_us: percentile(&waits, 99.0),
         max_us: waits.last().copied().unwrap_or(0),
         jain: jain(&counts),
         acquisitions: total,
+        owner_changes,
     })
+}
+
+/// How many times the lock passed to another client within the timed run. `sections`
+/// (start, end, client, in the run) must be sorted by start: they do not overlap (checked
+/// before), so that is the order of the holders. The first holder counts (from nobody),
+/// as rw_contention's `handoffs` counts.
+fn owner_changes(sections: &[(u64, u64, usize, bool)]) -> u64 {
+    let mut prev = None;
+    let mut n = 0;
+    for &(_, _, client, in_run) in sections {
+        if in_run && prev != Some(client) {
+            n += 1;
+        }
+        prev = Some(client);
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owner_changes;
+
+    #[test]
+    fn a_releaser_taking_the_lock_back_is_no_owner_change() {
+        let s = |start, client, in_run| (start, start + 1, client, in_run);
+        // 0 from nobody, 0 again (barging), 1, 1, 0, then 2 after the run.
+        let seq = [
+            s(0, 0, true),
+            s(2, 0, true),
+            s(4, 1, true),
+            s(6, 1, true),
+            s(8, 0, true),
+            s(10, 2, false),
+        ];
+        assert_eq!(owner_changes(&seq), 3);
+        assert_eq!(owner_changes(&[]), 0);
+    }
 }

@@ -421,10 +421,11 @@ fn run(args: &Args) -> Res<Results> {
             for a in rotated(&algos, round) {
                 let r = contention::run(&server, a, n, plan.ct_dur, &shas)?;
                 println!(
-                    "  round {round}  {:<26} {:>3} clients {:>9.0} handoffs/s  wait p50 {:>7} µs p99 {:>8} µs max {:>8} µs  Jain {:.4}",
+                    "  round {round}  {:<26} {:>3} clients {:>9.0} owner changes/s {:>9.0} acquisitions/s  wait p50 {:>7} µs p99 {:>8} µs max {:>8} µs  Jain {:.4}",
                     a.label(),
                     n,
-                    r.handoffs_per_s,
+                    r.owner_changes_per_s,
+                    r.acquisitions_per_s,
                     r.p50_us,
                     r.p99_us,
                     r.max_us,
