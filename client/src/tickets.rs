@@ -128,6 +128,9 @@ pub(crate) struct Shape {
     wait_at: usize,
     wait_ms: u64,
     id: String,
+    /// Index of the value after `ID` in the caller's command; `None` when it had none
+    /// (the latch): one is added for `ASYNC` only.
+    id_at: Option<usize>,
     /// The caller's command had no `ID` (the latch): one is added for `ASYNC` only.
     added_id: bool,
     /// `RLATCH.AWAIT`: a `granted` note is the whole answer.
@@ -155,7 +158,8 @@ impl Shape {
         };
         let wait_at = opt(b"WAIT")?;
         let wait_ms = std::str::from_utf8(&args[wait_at]).ok()?.parse().ok()?;
-        let (id, added_id) = match opt(b"ID") {
+        let id_at = opt(b"ID");
+        let (id, added_id) = match id_at {
             Some(i) => (String::from_utf8(args[i].clone()).ok()?, false),
             None => (crate::cmd::request_id(), true),
         };
@@ -165,9 +169,19 @@ impl Shape {
             wait_at,
             wait_ms,
             id,
+            id_at,
             added_id,
             latch,
         })
+    }
+
+    /// Gives the call a new request id: its old one names a grant that was given back
+    /// (see [`Tickets::join`]), which the server would replay as granted.
+    pub(crate) fn renew_id(&mut self) {
+        self.id = crate::cmd::request_id();
+        if let Some(i) = self.id_at {
+            self.args[i] = self.id.clone().into_bytes();
+        }
     }
 
     pub(crate) fn key(&self) -> &[u8] {
@@ -526,6 +540,24 @@ struct State {
     pending: VecDeque<Pending>,
     channels: HashMap<Vec<u8>, usize>,
     waiters: HashMap<String, Slot>,
+    /// Request ids whose late grant was given back (their waiter had left), newest last,
+    /// at most [`GIVEN_BACK_KEPT`]. A retry of that call must not use the id again: the
+    /// server would replay the grant, and the permit or lock would be both given back
+    /// and used (found by the fault harness: a waiter paused past its limit).
+    given_back: VecDeque<String>,
+}
+
+/// How many given-back ids are remembered: a retry follows its failed attempt within
+/// the client's retry delays, so only recent ones matter.
+const GIVEN_BACK_KEPT: usize = 1024;
+
+impl State {
+    fn gave_back(&mut self, id: &str) {
+        if self.given_back.len() >= GIVEN_BACK_KEPT {
+            self.given_back.pop_front();
+        }
+        self.given_back.push_back(id.to_owned());
+    }
 }
 
 /// Modes of [`Tickets::mode`].
@@ -629,12 +661,20 @@ impl Tickets {
                 .compare_exchange(UNKNOWN, OFF, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// Registers waiter `id` on `channel` with `sink`, subscribing to the channel if it
-    /// is new. A retry of a call that left (same id) takes over its orphan: its ticket is
-    /// still queued on the current connection, whose generation is returned, and the
-    /// retry waits for it instead of queueing a second one.
-    fn join(&self, id: &str, channel: Vec<u8>, sink: Sink) -> Option<u64> {
+    /// Registers the waiter of `shape` on its key's channel with `sink`, subscribing to
+    /// the channel if it is new. A retry of a call that left (same id) takes over its
+    /// orphan: its ticket is still queued on the current connection, whose generation is
+    /// returned, and the retry waits for it instead of queueing a second one. A retry
+    /// whose orphan's grant was already given back gets a new id first (in the same
+    /// critical section as the check, so no grant slips in between): it then waits anew.
+    fn join(&self, shape: &mut Shape, sink: Sink) -> Option<u64> {
+        let channel = channel(shape.key());
         let mut st = lock_ignoring_poison(&self.shared.state);
+        if let Some(at) = st.given_back.iter().position(|g| g == shape.id()) {
+            st.given_back.remove(at);
+            shape.renew_id();
+        }
+        let id = shape.id();
         let resumed = match st.waiters.remove(id) {
             // The channel is still counted for the old registration.
             Some(Slot::Orphan { .. }) => Some(st.gen),
@@ -884,8 +924,8 @@ struct Member<'a> {
 impl<'a> Member<'a> {
     /// Registers a waiter; its first step (a send, or waiting for the ticket an orphan
     /// of the same id left queued).
-    fn join(t: &'a Tickets, shape: Shape, started: Instant, sink: Sink) -> (Self, Step) {
-        let resumed = t.join(shape.id(), channel(shape.key()), sink);
+    fn join(t: &'a Tickets, mut shape: Shape, started: Instant, sink: Sink) -> (Self, Step) {
+        let resumed = t.join(&mut shape, sink);
         let mut m = Machine::new(shape, started, t.known());
         let step = match resumed {
             Some(gen) => {
@@ -1191,6 +1231,7 @@ fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Va
                 let slot = st.waiters.remove(id).expect("just seen");
                 release_channel(st, slot.channel());
                 if let Slot::Orphan { look, .. } = slot {
+                    st.gave_back(id);
                     undo_later(shared, look, Some(v));
                 }
             }
@@ -1216,6 +1257,7 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
                 },
             ) = (note, slot)
             {
+                st.gave_back(id);
                 undo_later(shared, look, None);
             }
         }
@@ -1575,14 +1617,19 @@ mod tests {
         assert!(p.is_empty());
     }
 
+    /// The shape of a lock wait on `key` with request id `id`.
+    fn shape(key: &str, id: &str) -> Shape {
+        Shape::of(&crate::cmd::acquire(key, None, "o:1", 30000, Some(100), id)).unwrap()
+    }
+
     #[test]
     fn it_refcounts_channels_and_keeps_orphans_until_their_fate_is_known() {
         let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
         let t = Tickets::new(&client, WaitMode::Auto).unwrap();
         let sink: Sink = Arc::new(|_| {});
-        t.join("a", channel(b"k"), sink.clone());
-        t.join("b", channel(b"k"), sink.clone());
-        t.join("c", channel(b"j"), sink.clone());
+        t.join(&mut shape("k", "a"), sink.clone());
+        t.join(&mut shape("k", "b"), sink.clone());
+        t.join(&mut shape("j", "c"), sink.clone());
         assert_eq!(t.counts(), (3, 2));
         t.leave("a", None);
         assert_eq!(t.counts(), (2, 2), "k still has b");
@@ -1592,12 +1639,12 @@ mod tests {
         t.leave("c", Some((vec![], false)));
         assert_eq!(t.counts(), (0, 0));
         // A retry of the same id takes over its registration without a second reference.
-        assert_eq!(t.join("d", channel(b"k"), sink.clone()), None);
-        assert_eq!(t.join("d", channel(b"k"), sink.clone()), None);
+        assert_eq!(t.join(&mut shape("k", "d"), sink.clone()), None);
+        assert_eq!(t.join(&mut shape("k", "d"), sink.clone()), None);
         t.leave("d", None);
         assert_eq!(t.counts(), (0, 0));
         // ... and an orphan's queued ticket, on the current connection.
-        t.join("e", channel(b"k"), sink.clone());
+        t.join(&mut shape("k", "e"), sink.clone());
         {
             let mut st = lock_ignoring_poison(&t.shared.state);
             st.gen = 7;
@@ -1612,9 +1659,31 @@ mod tests {
                 },
             );
         }
-        assert_eq!(t.join("e", channel(b"k"), sink), Some(7));
+        assert_eq!(t.join(&mut shape("k", "e"), sink), Some(7));
         assert_eq!(t.counts(), (1, 1));
         t.leave("e", None);
         assert_eq!(t.counts(), (0, 0));
+    }
+
+    #[test]
+    fn a_retry_whose_late_grant_was_given_back_waits_under_a_new_id() {
+        // The orphan of "f" was granted and its grant given back; the server remembers
+        // "f" as granted. The retry must not send "f" again: it would be told "granted"
+        // for what was given back (one permit used twice).
+        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+        let t = Tickets::new(&client, WaitMode::Auto).unwrap();
+        let sink: Sink = Arc::new(|_| {});
+        lock_ignoring_poison(&t.shared.state).gave_back("f");
+        let mut retry = shape("k", "f");
+        assert_eq!(t.join(&mut retry, sink.clone()), None);
+        assert_ne!(retry.id(), "f");
+        let sent = args(&retry.ticketed(100));
+        assert!(!sent.contains(&"f".to_string()), "{sent:?}");
+        assert!(sent.contains(&retry.id().to_string()), "{sent:?}");
+        t.leave(&retry.id().to_string(), None);
+        // Only once: a later call that happens to reuse the id is not renewed again.
+        let mut again = shape("k", "f");
+        t.join(&mut again, sink);
+        assert_eq!(again.id(), "f");
     }
 }

@@ -283,3 +283,62 @@ mod aio {
         );
     }
 }
+
+/// A waiter that misses its own limit while its grant is on the way (a paused process,
+/// a stalled network) leaves an orphan whose late grant is given back; the call's retry
+/// must then not claim the same grant by replaying its request id. Found by the fault
+/// harness (faults/: a paused waiter of a plain semaphore came back holding a second
+/// permit of one). Here a proxy stalls the server's bytes instead of a SIGSTOP.
+#[test]
+fn a_waiter_whose_late_grant_was_given_back_does_not_also_keep_it() {
+    let s = Server::start();
+    let proxy = support::LossyProxy::start(s.port);
+    let opts = ClientOptions::default()
+        .with_response_timeout(Some(Duration::from_millis(100)))
+        .with_retry(
+            rlock_client::RetryPolicy::new()
+                .with_max_attempts(3)
+                .with_base_delay(Duration::from_millis(400))
+                .with_max_delay(Duration::from_millis(400)),
+        );
+    let waiter = Client::open_with(proxy.url(), opts).unwrap();
+    let holder = client(&s);
+    let mut r = s.conn();
+    assert!(holder.semaphore("s").try_set_permits(1).unwrap());
+    let held = holder.semaphore("s").acquire(1).unwrap();
+    // Connect the waiter's connections before the stall.
+    assert_eq!(waiter.semaphore("s").available().unwrap(), 0);
+    let w = thread::spawn(move || {
+        let got = waiter
+            .semaphore("s")
+            .acquire_timeout(1, Duration::from_millis(100));
+        let acquired = got.unwrap().map(|p| {
+            let n = p.permits();
+            std::mem::forget(p); // keep it: the check below reads the server
+            n
+        });
+        (acquired, waiter)
+    });
+    assert!(wait_until(Duration::from_secs(5), || {
+        info_field(&mut r, "RSEMAPHORE.INFO", "s", "waiters") == 1
+    }));
+    proxy.hold_replies(true);
+    held.release().unwrap(); // granted to the waiter's ticket; the message is held back
+                             // Past the waiter's limit (100 ms + 100 ms margin), but before its retry (400 ms).
+    thread::sleep(Duration::from_millis(350));
+    proxy.hold_replies(false);
+    let (acquired, _waiter) = w.join().unwrap();
+    // Whatever the waiter was told, the server must agree once the give-back (on a
+    // thread of the waiter's client) is done.
+    let want = match acquired {
+        Some(1) => 0,
+        None => 1,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || r.get::<_, i64>("s").unwrap()
+            == want),
+        "told {acquired:?}, but the server has {} available",
+        r.get::<_, i64>("s").unwrap()
+    );
+}
