@@ -1680,7 +1680,7 @@ mod tests {
         let sent = args(&retry.ticketed(100));
         assert!(!sent.contains(&"f".to_string()), "{sent:?}");
         assert!(sent.contains(&retry.id().to_string()), "{sent:?}");
-        t.leave(&retry.id().to_string(), None);
+        t.leave(retry.id(), None);
         // Only once: a later call that happens to reuse the id is not renewed again.
         let mut again = shape("k", "f");
         t.join(&mut again, sink);
