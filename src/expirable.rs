@@ -742,7 +742,10 @@ mod tests {
         // A count at i64's ends, written by hand: an error, never a panic (the fuzz found
         // `available + held` wrapping on RPSEMAPHORE.SETPERMITS).
         let full = state(i64::MAX, &[(1, NO_LEASE)]);
-        assert_eq!(set_permits(&full, K, 2, 0).err(), Some(ERR_PERMITS_OVERFLOW));
+        assert_eq!(
+            set_permits(&full, K, 2, 0).err(),
+            Some(ERR_PERMITS_OVERFLOW)
+        );
         let low = state(i64::MIN, &[]);
         assert_eq!(set_permits(&low, K, 2, 0).err(), Some(ERR_PERMITS_OVERFLOW));
         let p = set_permits(&state(i64::MAX - 1, &[(1, NO_LEASE)]), K, i64::MAX, 0).unwrap();
