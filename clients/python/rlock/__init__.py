@@ -8,6 +8,10 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from ._plan import DEFAULT_WATCHDOG_TIMEOUT
 from .lock import Lock
+from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit, RwLock,
+                         RwLockHalf, Semaphore)
 
-__all__ = ["Lock", "LockError", "LockNotOwnedError", "DEFAULT_WATCHDOG_TIMEOUT"]
+__all__ = ["Lock", "RwLock", "RwLockHalf", "FencedLock", "Semaphore", "ExpirableSemaphore",
+           "Permit", "CountDownLatch", "LockError", "LockNotOwnedError",
+           "DEFAULT_WATCHDOG_TIMEOUT"]
 __version__ = "0.1.0"

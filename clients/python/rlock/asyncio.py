@@ -20,7 +20,8 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Type, Union
 from redis.exceptions import ConnectionError, LockError, LockNotOwnedError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan
+from . import _plan, _proto
+from ._io import AsyncIO
 from ._plan import Number
 
 log = logging.getLogger("rlock")
@@ -63,6 +64,8 @@ class Lock:
         self.local.token = None
         self.watchdog_timeout = watchdog_timeout
         self.on_lost = on_lost
+        # Waits go through the client's ticket connection (rlock._io, rlock._tickets).
+        self._io = AsyncIO(redis)
         self._watchdogs: Dict[bytes, _Watchdog] = {}
 
     async def __aenter__(self) -> "Lock":
@@ -115,7 +118,7 @@ class Lock:
                 if wait.ms is None:
                     reply = await self.redis.execute_command(*args)
                 else:
-                    reply = await self._call_waiting(args, wait.ms)
+                    reply = await self._io.wait(_proto.waiting(args[:4], wait.ms, request_id))
             except (ConnectionError, RedisTimeoutError):
                 # Retried with the same request id (and what is left of the wait): if the
                 # lost call did take the lock, the server answers nil again.
@@ -141,43 +144,6 @@ class Lock:
             if not self.timeout:
                 self._start_watchdog(token_bytes, lease)
             return True
-
-    async def _call_waiting(self, args: list, wait_ms: int) -> Any:
-        """Sends a waiting ACQUIRE on a pool connection of its own and awaits its reply.
-
-        The connection's ``socket_timeout`` would cut a wait longer than it, so it is
-        lifted for this read and applied on top of the wait instead. On any failure,
-        cancellation included, the connection is closed, which makes the server drop the
-        waiter (or take back a lock it had just handed over); `acquire` retries connection
-        errors with the same request id.
-        """
-        pool = getattr(self.redis, "connection_pool", None)
-        if pool is None:
-            return await self.redis.execute_command(*args)
-        started = time.monotonic()
-        conn = await pool.get_connection(*_plan.get_connection_args(pool, args[0]))
-        socket_timeout = conn.socket_timeout
-        try:
-            await conn.send_command(*args)
-            # With socket_timeout lifted, read_response() reads without a limit; passing it
-            # a timeout instead would return None on expiry, which could not be told apart
-            # from the nil "acquired" reply.
-            conn.socket_timeout = None
-            if wait_ms == 0 or socket_timeout is None:
-                reply = await conn.read_response()
-            else:
-                left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
-                try:
-                    reply = await asyncio.wait_for(conn.read_response(), max(left, 0.001))
-                except asyncio.TimeoutError:
-                    raise RedisTimeoutError("no reply to a waiting RLOCK.ACQUIRE") from None
-        except BaseException:
-            conn.socket_timeout = socket_timeout
-            await asyncio.shield(_close(pool, conn))
-            raise
-        conn.socket_timeout = socket_timeout
-        await pool.release(conn)
-        return reply
 
     async def locked(self) -> bool:
         """True if the key is held by anyone (any value at the key counts, as in redis-py)."""
@@ -361,3 +327,52 @@ class _Watchdog:
                     await result
             except Exception:  # noqa: BLE001 - a callback's bug must not kill the task
                 log.exception("rlock: on_lost callback raised")
+
+
+# ---- every other primitive: the shared logic of rlock._ops on the asyncio driver -------
+
+from ._io import AsyncIO  # noqa: E402
+from ._ops import (AsyncContext, CountDownLatchOps, ExpirableSemaphoreOps,  # noqa: E402
+                   FencedLockOps, PermitOps, RwHalfOps, RwLockOps, SemaphoreOps)
+
+
+class FencedLock(AsyncContext, FencedLockOps):
+    """`rlock.FencedLock` for ``redis.asyncio``: every method returns an awaitable;
+    ``async with lock:``."""
+
+    _io_class = AsyncIO
+
+
+class RwLockHalf(AsyncContext, RwHalfOps):
+    """``rw.read`` or ``rw.write`` of an asyncio `RwLock`; ``async with rw.write:``."""
+
+    _io_class = AsyncIO
+
+
+class RwLock(RwLockOps):
+    """`rlock.RwLock` for ``redis.asyncio``."""
+
+    _half_class = RwLockHalf
+
+
+class Semaphore(AsyncContext, SemaphoreOps):
+    """`rlock.Semaphore` for ``redis.asyncio``; ``async with sem:``."""
+
+    _io_class = AsyncIO
+
+
+class Permit(AsyncContext, PermitOps):
+    """Permits of an asyncio `ExpirableSemaphore`; ``async with permit:`` releases them."""
+
+
+class ExpirableSemaphore(ExpirableSemaphoreOps):
+    """`rlock.ExpirableSemaphore` for ``redis.asyncio``."""
+
+    _io_class = AsyncIO
+    _permit_class = Permit
+
+
+class CountDownLatch(CountDownLatchOps):
+    """`rlock.CountDownLatch` for ``redis.asyncio``; ``await latch.wait(timeout)``."""
+
+    _io_class = AsyncIO

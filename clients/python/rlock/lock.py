@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, Optional, Type, Union
 from redis.exceptions import ConnectionError, LockError, LockNotOwnedError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan
+from . import _plan, _proto
+from ._io import SyncIO
 from ._plan import Number
 
 log = logging.getLogger("rlock")
@@ -82,6 +83,8 @@ class Lock:
         self.local.token = None
         self.watchdog_timeout = watchdog_timeout
         self.on_lost = on_lost
+        # Waits go through the client's ticket connection (rlock._io, rlock._tickets).
+        self._io = SyncIO(redis)
         self._watchdogs: Dict[bytes, _Watchdog] = {}
         self._watchdogs_lock = threading.Lock()
 
@@ -137,7 +140,7 @@ class Lock:
                 if wait.ms is None:
                     reply = self.redis.execute_command(*args)
                 else:
-                    reply = self._call_waiting(args, wait.ms)
+                    reply = self._io.wait(_proto.waiting(args[:4], wait.ms, request_id))
             except (ConnectionError, RedisTimeoutError):
                 # Retried with the same request id (and what is left of the wait): if the
                 # lost call did take the lock, the server answers nil again.
@@ -164,39 +167,6 @@ class Lock:
             if not self.timeout:
                 self._start_watchdog(token_bytes, lease)
             return True
-
-    def _call_waiting(self, args: list, wait_ms: int) -> Any:
-        """Sends a waiting ACQUIRE on a pool connection of its own and reads its reply.
-
-        The wait may be longer than the client's ``socket_timeout``, so the reply is
-        awaited with a timeout of the wait plus ``socket_timeout`` (none if the client has
-        none, like redis-py). On any failure the connection is closed, which makes the
-        server drop the waiter (or take back a lock it had just handed over); `acquire`
-        retries connection errors with the same request id.
-        """
-        pool = getattr(self.redis, "connection_pool", None)
-        if pool is None:  # e.g. RedisCluster: no pool to borrow from; its own timeouts apply
-            return self.redis.execute_command(*args)
-        started = time.monotonic()
-        conn = pool.get_connection(*_plan.get_connection_args(pool, args[0]))
-        try:
-            conn.send_command(*args)
-            socket_timeout = getattr(conn, "socket_timeout", None)
-            if wait_ms == 0 or socket_timeout is None:
-                ready = conn.can_read(timeout=None)
-            else:
-                left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
-                ready = conn.can_read(timeout=max(left, 0.001))
-            if not ready:
-                raise RedisTimeoutError("no reply to a waiting RLOCK.ACQUIRE")
-            reply = conn.read_response()
-        except BaseException:
-            # Also on KeyboardInterrupt: the reply would still be due on this connection.
-            conn.disconnect()
-            pool.release(conn)
-            raise
-        pool.release(conn)
-        return reply
 
     def locked(self) -> bool:
         """True if the key is held by anyone (any value at the key counts, as in redis-py)."""
