@@ -331,7 +331,7 @@ class _Watchdog:
 
 # ---- every other primitive: the shared logic of rlock._ops on the asyncio driver -------
 
-from ._io import AsyncIO  # noqa: E402
+from ._io import AsyncIO, aclose_tickets, ticket_connections  # noqa: E402,F401
 from ._ops import (AsyncContext, CountDownLatchOps, ExpirableSemaphoreOps,  # noqa: E402
                    FencedLockOps, PermitOps, RwHalfOps, RwLockOps, SemaphoreOps)
 
