@@ -138,7 +138,17 @@ class _Handle:
     def __init__(self) -> None:
         self.stopped = threading.Event()
         self.lost = False
+        # Set while a release is in flight: a renewal answered 0 then is the release
+        # winning the race, not a lost hold.
+        self.releasing = False
         self.task: Optional[asyncio.Task] = None
+        self.thread: Optional[threading.Thread] = None
+
+    def is_alive(self) -> bool:
+        """True while the watchdog's thread or task runs."""
+        if self.thread is not None:
+            return self.thread.is_alive()
+        return self.task is not None and not self.task.done()
 
     def stop(self) -> None:
         self.stopped.set()
@@ -228,12 +238,13 @@ class SyncIO:
         def run() -> None:
             held = self.run(watchdog(effect.renew, effect.lease_ms, effect.name),
                             handle.stopped)
-            if held is False and not handle.stopped.is_set():
+            if held is False and not handle.stopped.is_set() and not handle.releasing:
                 handle.lost = True
                 _report_lost(effect)
 
-        threading.Thread(target=run, daemon=True,
-                         name=f"rlock-watchdog-{effect.name!r}").start()
+        handle.thread = threading.Thread(target=run, daemon=True,
+                                         name=f"rlock-watchdog-{effect.name!r}")
+        handle.thread.start()
         return handle
 
 
@@ -328,7 +339,7 @@ class AsyncIO:
 
         async def run() -> None:
             held = await self.run(watchdog(effect.renew, effect.lease_ms, effect.name))
-            if held is False and not handle.stopped.is_set():
+            if held is False and not handle.stopped.is_set() and not handle.releasing:
                 handle.lost = True
                 result = _report_lost(effect)
                 if asyncio.iscoroutine(result):
