@@ -30,7 +30,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
 
@@ -44,6 +44,9 @@ log = logging.getLogger("rlock")
 
 #: Attempts of one ticketed wait whose ticket connection breaks (the first included).
 TICKET_ATTEMPTS = 3
+
+#: Ticket channels kept subscribed after their last waiter left, per ticket connection.
+IDLE_CHANNELS = 256
 
 
 class Fallback(Exception):
@@ -68,10 +71,22 @@ class TSub:
 
 @dataclass(frozen=True)
 class TSend:
-    """Send ``args``; the reply comes back. ``note_id``: register for its messages first."""
+    """Send ``args``; the reply comes back. ``note_id``: register for its messages first;
+    ``collect``: the command that collects a grant (or looks after a timeout), which the
+    reader sends the moment the message arrives, before waking the waiter."""
 
     args: Tuple[Any, ...]
     note_id: Optional[str] = None
+    collect: Optional[Tuple[Any, ...]] = None
+
+
+@dataclass(frozen=True)
+class TCollect:
+    """The reply to the collecting command for ``id`` (sent by the reader already, or
+    now: ``args``)."""
+
+    id: str
+    args: Tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -102,7 +117,8 @@ def ticket_wait(shape: Shape, started: float, known: bool) -> Generator[Any, Any
         try:
             if left is None:  # the wait is over: one look (a grant may be remembered)
                 return (yield TSend(tuple(shape.with_wait(None, False))))
-            reply = yield TSend(tuple(shape.with_wait(left, True)), shape.id)
+            look = None if shape.latch else tuple(shape.with_wait(None, False))
+            reply = yield TSend(tuple(shape.with_wait(left, True)), shape.id, look)
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
             if attempts >= TICKET_ATTEMPTS:
@@ -132,7 +148,7 @@ def ticket_wait(shape: Shape, started: float, known: bool) -> Generator[Any, Any
         if note.kind in ("granted", "timeout"):
             # Collect: the same command and id without WAIT replays the grant (or, after
             # a timeout, answers the ordinary reply of a wait that ran out).
-            return (yield TSend(tuple(shape.with_wait(None, False))))
+            return (yield TCollect(shape.id, tuple(shape.with_wait(None, False))))
         if redirected(note.detail):
             raise Fallback(refused=False)
         raise ResponseError(note.detail)
@@ -168,13 +184,19 @@ class Book:
         self.pending: Deque[Any] = deque()
         self.notes: Dict[str, Any] = {}
         self.channels: Dict[bytes, int] = {}
+        # Channels nobody waits on, kept subscribed (oldest first) so that the next wait
+        # on a hot key needs no SUBSCRIBE round trip; at most IDLE_CHANNELS of them.
+        self.idle: "OrderedDict[bytes, None]" = OrderedDict()
         self.orphans: Dict[str, Tuple[List[Any], bytes]] = {}
         self.gen = 0
 
-    def frame(self, frame: Any) -> Optional[Tuple[Optional[List[Any]], bytes]]:
+    def frame(self, frame: Any) -> Optional[Tuple[Any, Any]]:
         """Routes one frame read. For an orphan's message returns ``(look, channel)``:
         ``look`` (if granted) is to be collected and given back and ``channel``
-        unreferenced, by the shell, outside its lock."""
+        unreferenced, by the shell, outside its lock. For a waiter's grant (or timeout)
+        returns ``(mailbox, note)``: the shell sends ``mailbox.look`` at once and delivers
+        the note when its reply is in (``mailbox.collect``), so that the waiter wakes once,
+        with its answer, instead of waking to send the collect and again for its reply."""
         if isinstance(frame, _Push) and frame:
             kind = bytes(frame[0]).lower()
             if kind in _MSG_KINDS and len(frame) >= 3:
@@ -183,6 +205,8 @@ class Book:
                     return None
                 box = self.notes.get(note.id)
                 if box is not None:
+                    if note.kind in ("granted", "timeout") and box.look is not None:
+                        return box, note  # the shell sends box.look, then delivers
                     box.put(note)
                     return None
                 orphan = self.orphans.pop(note.id, None)
@@ -211,8 +235,38 @@ class Book:
         for box in self.notes.values():
             box.put(LOST)
         self.channels.clear()
+        self.idle.clear()
         self.orphans.clear()
         self.gen += 1
+
+    def ref(self, channel: bytes) -> bool:
+        """Takes a reference to ``channel``; True if it must be subscribed now."""
+        count = self.channels.get(channel, 0)
+        self.channels[channel] = count + 1
+        if count:
+            return False
+        return self.idle.pop(channel, False) is False
+
+    def unref(self, channel: bytes, gen: int) -> Optional[bytes]:
+        """Drops a reference (taken on connection generation ``gen``); returns a channel
+        to unsubscribe now (the oldest idle one beyond `IDLE_CHANNELS`), if any."""
+        if gen != self.gen or channel not in self.channels:
+            return None
+        self.channels[channel] -= 1
+        if self.channels[channel]:
+            return None
+        del self.channels[channel]
+        self.idle[channel] = None
+        if len(self.idle) > IDLE_CHANNELS:
+            return self.idle.popitem(last=False)[0]
+        return None
+
+    def forget(self, channel: bytes) -> None:
+        """A subscription that failed: no reference, not idle."""
+        if self.channels.get(channel, 0) <= 1:
+            self.channels.pop(channel, None)
+        else:
+            self.channels[channel] -= 1
 
     def leave(self, note_id: str, look: Optional[List[Any]],
               channel: bytes) -> Tuple[Optional[List[Any]], bool]:
@@ -261,10 +315,13 @@ class _SyncSlot:
         self.sub = sub
         self.value: Any = None
         self.ready = threading.Event()
+        self.then: Optional[Callable[[], None]] = None
 
     def put(self, value: Any) -> None:
         self.value = value
         self.ready.set()
+        if self.then is not None:
+            self.then()
 
     def get(self) -> Any:
         self.ready.wait()
@@ -274,9 +331,11 @@ class _SyncSlot:
 
 
 class _SyncMailbox:
-    def __init__(self) -> None:
+    def __init__(self, look: Optional[Tuple[Any, ...]] = None) -> None:
         self.queue: Deque[Note] = deque()
         self.cond = threading.Condition()
+        self.look = look
+        self.collect: Optional[_SyncSlot] = None
 
     def put(self, note: Note) -> None:
         with self.cond:
@@ -353,6 +412,16 @@ class SyncTicketConn:
                     return
                 orphan = self.book.frame(frame)
                 gen = self.book.gen
+                if orphan is not None and isinstance(orphan[0], _SyncMailbox):
+                    box, note = orphan
+                    orphan = None
+                    try:
+                        # The waiter is woken once, when the collect's reply is in.
+                        box.collect = self._send_locked(box.look)
+                        box.collect.then = lambda box=box, note=note: box.put(note)
+                    except Exception:  # noqa: BLE001 - the waiter collects (or learns)
+                        box.collect = None
+                        box.put(note)
             if orphan is not None:
                 look, channel = orphan
                 threading.Thread(target=self._undo, args=(look, channel, gen),
@@ -371,47 +440,80 @@ class SyncTicketConn:
         if channel is not None:
             self.unsubscribe(channel, gen)
 
-    def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None) -> Any:
+    def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
+             collect: Optional[Tuple[Any, ...]] = None) -> Any:
         """Sends ``args`` and returns the reply (raising a server error)."""
         with self.lock:
             if note_id is not None:
-                self.book.notes[note_id] = _SyncMailbox()
+                self.book.notes[note_id] = _SyncMailbox(collect)
             slot = self._send_locked(args)
+        return slot.get()
+
+    def collected(self, note_id: str, args: Tuple[Any, ...]) -> Any:
+        """The reply to the collecting command the reader sent, or sends it now."""
+        box = self.book.notes.get(note_id)
+        slot = box.collect if box is not None else None
+        if slot is None:
+            return self.call(args)
+        box.collect = None
         return slot.get()
 
     def subscribe(self, channel: bytes) -> int:
         """References ``channel``; returns the connection generation it holds."""
         with self.lock:
-            count = self.book.channels.get(channel, 0)
-            self.book.channels[channel] = count + 1
             gen = self.book.gen
             slot = self._send_locked((_sub_command(self.shard, True), channel), sub=True) \
-                if count == 0 else None
+                if self.book.ref(channel) else None
         if slot is not None:
             try:
                 slot.get()
             except ResponseError:
-                self.unsubscribe(channel, gen, send=False)
+                with self.lock:
+                    self.book.forget(channel)
                 raise
         return gen
 
-    def unsubscribe(self, channel: bytes, gen: int, send: bool = True) -> None:
+    def unsubscribe(self, channel: bytes, gen: int) -> None:
         with self.lock:
-            if gen != self.book.gen or channel not in self.book.channels:
-                return
-            self.book.channels[channel] -= 1
-            if self.book.channels[channel] == 0:
-                del self.book.channels[channel]
-                if send and self.conn is not None:
-                    try:
-                        self._send_locked((_sub_command(self.shard, False), channel),
-                                          sub=True)
-                    except Exception:  # noqa: BLE001 - the connection is gone anyway
-                        pass
+            stale = self.book.unref(channel, gen)
+            if stale is not None and self.conn is not None:
+                try:
+                    self._send_locked((_sub_command(self.shard, False), stale), sub=True)
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    pass
 
     def note(self, note_id: str, timeout: Optional[float]) -> Optional[Note]:
         box = self.book.notes.get(note_id)
         return box.get(timeout) if box is not None else None
+
+    def ref(self, channel: bytes) -> bool:
+        """Takes a reference to ``channel``; True if it must be subscribed now."""
+        count = self.channels.get(channel, 0)
+        self.channels[channel] = count + 1
+        if count:
+            return False
+        return self.idle.pop(channel, False) is False
+
+    def unref(self, channel: bytes, gen: int) -> Optional[bytes]:
+        """Drops a reference (taken on connection generation ``gen``); returns a channel
+        to unsubscribe now (the oldest idle one beyond `IDLE_CHANNELS`), if any."""
+        if gen != self.gen or channel not in self.channels:
+            return None
+        self.channels[channel] -= 1
+        if self.channels[channel]:
+            return None
+        del self.channels[channel]
+        self.idle[channel] = None
+        if len(self.idle) > IDLE_CHANNELS:
+            return self.idle.popitem(last=False)[0]
+        return None
+
+    def forget(self, channel: bytes) -> None:
+        """A subscription that failed: no reference, not idle."""
+        if self.channels.get(channel, 0) <= 1:
+            self.channels.pop(channel, None)
+        else:
+            self.channels[channel] -= 1
 
     def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
         """A waiter leaves (see `Book.leave`); True if its channel reference was kept."""
@@ -446,10 +548,13 @@ class SyncTicketConn:
                     if isinstance(effect, TSub):
                         subs.append((effect.channel, self.subscribe(effect.channel)))
                     elif isinstance(effect, TSend):
-                        value = self.call(effect.args, effect.note_id)
+                        value = self.call(effect.args, effect.note_id, effect.collect)
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TNote):
                         value = self.note(effect.id, effect.timeout)
+                    elif isinstance(effect, TCollect):
+                        value = self.collected(effect.id, effect.args)
+                        queued = False
                 except BaseException as e:  # noqa: BLE001 - thrown into the wait
                     error = e
         finally:
@@ -466,10 +571,13 @@ class _AsyncSlot:
     def __init__(self, sub: bool = False) -> None:
         self.sub = sub
         self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.then: Optional[Callable[[], None]] = None
 
     def put(self, value: Any) -> None:
         if not self.future.done():
             self.future.set_result(value)
+        if self.then is not None:
+            self.then()
 
     async def get(self) -> Any:
         value = await self.future
@@ -479,9 +587,11 @@ class _AsyncSlot:
 
 
 class _AsyncMailbox:
-    def __init__(self) -> None:
+    def __init__(self, look: Optional[Tuple[Any, ...]] = None) -> None:
         self.queue: Deque[Note] = deque()
         self.event = asyncio.Event()
+        self.look = look
+        self.collect: Optional[_AsyncSlot] = None
 
     def put(self, note: Note) -> None:
         self.queue.append(note)
@@ -564,7 +674,16 @@ class AsyncTicketConn:
             if self.conn is not conn:
                 return
             orphan = self.book.frame(frame)
-            if orphan is not None:
+            if orphan is not None and isinstance(orphan[0], _AsyncMailbox):
+                box, note = orphan
+                try:
+                    async with self.lock:
+                        box.collect = await self._send_locked(box.look)
+                        box.collect.then = lambda box=box, note=note: box.put(note)
+                except Exception:  # noqa: BLE001 - the waiter collects (or learns)
+                    box.collect = None
+                    box.put(note)
+            elif orphan is not None:
                 self._spawn(self._undo(orphan[0], orphan[1], self.book.gen))
 
     def _spawn(self, coro: Any) -> None:
@@ -584,41 +703,45 @@ class AsyncTicketConn:
         if channel is not None:
             await self.unsubscribe(channel, gen)
 
-    async def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None) -> Any:
+    async def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
+                   collect: Optional[Tuple[Any, ...]] = None) -> Any:
         async with self.lock:
             if note_id is not None:
-                self.book.notes[note_id] = _AsyncMailbox()
+                self.book.notes[note_id] = _AsyncMailbox(collect)
             slot = await self._send_locked(args)
+        return await slot.get()
+
+    async def collected(self, note_id: str, args: Tuple[Any, ...]) -> Any:
+        """As `SyncTicketConn.collected`."""
+        box = self.book.notes.get(note_id)
+        slot = box.collect if box is not None else None
+        if slot is None:
+            return await self.call(args)
+        box.collect = None
         return await slot.get()
 
     async def subscribe(self, channel: bytes) -> int:
         async with self.lock:
-            count = self.book.channels.get(channel, 0)
-            self.book.channels[channel] = count + 1
             gen = self.book.gen
             slot = await self._send_locked((_sub_command(self.shard, True), channel),
-                                           sub=True) if count == 0 else None
+                                           sub=True) if self.book.ref(channel) else None
         if slot is not None:
             try:
                 await slot.get()
             except ResponseError:
-                await self.unsubscribe(channel, gen, send=False)
+                self.book.forget(channel)
                 raise
         return gen
 
-    async def unsubscribe(self, channel: bytes, gen: int, send: bool = True) -> None:
+    async def unsubscribe(self, channel: bytes, gen: int) -> None:
         async with self.lock:
-            if gen != self.book.gen or channel not in self.book.channels:
-                return
-            self.book.channels[channel] -= 1
-            if self.book.channels[channel] == 0:
-                del self.book.channels[channel]
-                if send and self.conn is not None:
-                    try:
-                        await self._send_locked((_sub_command(self.shard, False), channel),
-                                                sub=True)
-                    except Exception:  # noqa: BLE001 - the connection is gone anyway
-                        pass
+            stale = self.book.unref(channel, gen)
+            if stale is not None and self.conn is not None:
+                try:
+                    await self._send_locked((_sub_command(self.shard, False), stale),
+                                            sub=True)
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    pass
 
     def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
         due, kept = self.book.leave(note_id, look, channel)
@@ -650,8 +773,11 @@ class AsyncTicketConn:
                     if isinstance(effect, TSub):
                         subs.append((effect.channel, await self.subscribe(effect.channel)))
                     elif isinstance(effect, TSend):
-                        value = await self.call(effect.args, effect.note_id)
+                        value = await self.call(effect.args, effect.note_id, effect.collect)
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
+                    elif isinstance(effect, TCollect):
+                        value = await self.collected(effect.id, effect.args)
+                        queued = False
                     elif isinstance(effect, TNote):
                         box = self.book.notes.get(effect.id)
                         value = await box.get(effect.timeout) if box is not None else None

@@ -7,9 +7,11 @@ still served, on the new node.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 import threading
+import time
 
 import pytest
 from conftest import MODULE_TESTS, blocked_clients, clients_named, wait_until
@@ -130,3 +132,32 @@ def test_a_ticket_whose_slot_migrates_while_it_waits_is_served_on_the_new_node(c
     again.release()
     t.join(10)
     assert result == [True, True]
+
+
+async def test_asyncio_cluster_clients_wait_with_tickets_too(cluster):
+    import redis.asyncio.cluster
+
+    import rlock.asyncio as arlock
+    arc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    try:
+        for i, node in enumerate(sorted(cluster.masters(), key=lambda s: s.port)):
+            lo, hi = cluster.slot_ranges(node)[0]
+            key = helpers.key_on(lo, hi, f"apy{i}")
+            sem = arlock.Semaphore(arc, key)
+            await sem.try_set_permits(0)
+            latch = arlock.CountDownLatch(arc, "{%s}:l" % key)
+            await latch.try_set_count(1)
+            tasks = [asyncio.create_task(sem.acquire(blocking_timeout=10)),
+                     asyncio.create_task(latch.wait(10))]
+            deadline = time.monotonic() + 5
+            while waiters(node) < 2:
+                assert time.monotonic() < deadline, "queued on the key's node"
+                await asyncio.sleep(0.005)
+            assert blocked_clients(node.client()) == 0
+            assert clients_named(node.client(), rlock.TICKET_CONNECTION_NAME) == 1
+            await sem.release()
+            await latch.count_down()
+            assert await asyncio.wait_for(asyncio.gather(*tasks), 10) == [True, True]
+    finally:
+        await arlock.aclose_tickets(arc)
+        await arc.aclose()
