@@ -10,14 +10,14 @@ client is a queued ticket on one shared connection. The exceptions are redis-py'
 from redis.exceptions import LockError, LockNotOwnedError
 
 from ._plan import DEFAULT_WATCHDOG_TIMEOUT
-from ._io import close_tickets, ticket_connections
+from ._io import close_tickets, set_blocking_waits, ticket_connections
 from .lock import Lock
 from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit, RwLock,
                          RwLockHalf, Semaphore)
 
 __all__ = ["Lock", "RwLock", "RwLockHalf", "FencedLock", "Semaphore", "ExpirableSemaphore",
            "Permit", "CountDownLatch", "LockError", "LockNotOwnedError",
-           "DEFAULT_WATCHDOG_TIMEOUT", "close_tickets", "ticket_connections",
+           "DEFAULT_WATCHDOG_TIMEOUT", "close_tickets", "set_blocking_waits", "ticket_connections",
            "TICKET_CONNECTION_NAME"]
 
 #: The name of a client's ticket connection in ``CLIENT LIST``.

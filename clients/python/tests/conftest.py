@@ -49,8 +49,10 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def r(server: RedisServer) -> Iterator[redis.Redis]:
-    """A client on a flushed database (socket_timeout 5 s, shorter than no test's wait)."""
+    """A client on a flushed database (socket_timeout 5 s, shorter than no test's wait),
+    whose every wait is a ticket (no lone blocked wait first: see set_blocking_waits)."""
     client = redis.Redis(port=server.port, socket_timeout=5)
+    rlock.set_blocking_waits(client, 0)
     client.flushall()
     yield client
     rlock.close_tickets(client)
@@ -59,8 +61,9 @@ def r(server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 async def ar(server: RedisServer) -> Any:
-    """An asyncio client on a flushed database."""
+    """An asyncio client on a flushed database, every wait a ticket (as `r`)."""
     client = redis.asyncio.Redis(port=server.port, socket_timeout=5)
+    rlock.set_blocking_waits(client, 0)
     await client.flushall()
     yield client
     await rlock.asyncio.aclose_tickets(client)
