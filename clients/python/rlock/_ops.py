@@ -68,11 +68,28 @@ def wait_ms_for(blocking: bool, blocking_timeout: Optional[Number]) -> Optional[
 
 
 def attempt(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
-    """``base`` once (``wait_ms`` None) or waiting in the server, with a request id."""
+    """``base`` once (``wait_ms`` None) or waiting in the server, with a request id.
+
+    A wait whose connection fails is retried (3 attempts in all) with the same request
+    id and what is left of the wait: a grant made meanwhile is replayed, never doubled.
+    """
     rid = new_request_id()
     if wait_ms is None:
         return (yield from call(*(base if latch else base + ["ID", rid])))
-    return (yield Wait(waiting(base, wait_ms, rid, latch)))
+    shape = waiting(base, wait_ms, rid, latch)
+    started = time.monotonic()
+    attempts = 0
+    while True:
+        try:
+            return (yield Wait(shape))
+        except (ConnectionError, RedisTimeoutError):
+            attempts += 1
+            if attempts >= _plan.ACQUIRE_ATTEMPTS:
+                raise
+        left = waiting(base, wait_ms, rid, latch).wait_left(time.monotonic() - started)
+        if left is None:  # the wait is over: one look, which replays a grant if any
+            return (yield from call(*shape.with_wait(None, False)))
+        shape = waiting(base, left, rid, latch)
 
 
 def watchdog(renew: Callable[[], Op], lease_ms: int, name: Any) -> Op:
