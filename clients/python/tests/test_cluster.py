@@ -74,8 +74,9 @@ def test_every_primitive_waits_with_a_ticket_on_each_master(cluster, rc):
         sem.try_set_permits(0)
         latch = rlock.CountDownLatch(rc, "{%s}:latch" % key)
         latch.try_set_count(1)
+        reader = rlock.RwLock(rc, "{%s}:rw" % key, timeout=30).read
         calls = [lambda: rlock.FencedLock(rc, key, timeout=30).acquire(blocking_timeout=10),
-                 lambda: rlock.RwLock(rc, "{%s}:rw" % key, timeout=30).read.acquire(blocking_timeout=10),
+                 lambda: reader.acquire(blocking_timeout=10),
                  lambda: sem.acquire(blocking_timeout=10),
                  lambda: latch.wait(10)]
         results: list = []
