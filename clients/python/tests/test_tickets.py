@@ -7,6 +7,8 @@ waiters queued again; `use_tickets=False` is the blocking `WAIT` fallback.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -160,3 +162,25 @@ def test_without_tickets_each_waiter_blocks_a_connection_of_its_own(r):
     for t in threads:
         t.join(10)
     assert results == [True] * 3
+
+
+def test_an_interrupted_wait_gives_its_grant_back(r):
+    holder = r.lock("k", timeout=30, lock_class=rlock.Lock)
+    assert holder.acquire(blocking=False)
+    waiter = r.lock("k", timeout=30, lock_class=rlock.Lock)
+    # Ctrl-C while it waits (a real SIGINT: it interrupts the blocked wait).
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        waiter.acquire()
+        raise AssertionError("acquire returned")
+    except KeyboardInterrupt:
+        pass
+    timer.join()
+    assert stat(r, "waiters") == 1  # the ticket waits for its turn ...
+    handoffs = stat(r, "handoffs")
+    holder.release()
+    # ... is granted, then collected and released by the client: nothing is left.
+    wait_until(lambda: stat(r, "handoffs") == handoffs + 1, what="granted")
+    wait_until(lambda: r.exists("k") == 0, what="grant given back")
+    assert stat(r, "waiters") == 0
