@@ -134,16 +134,18 @@ $(PYC_VENV)/.ok: $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
 	$(PYC_VENV)/bin/pip install -q -r $(PYCLIENT)/requirements-test.txt -e $(PYCLIENT)
 	@touch $@
 
-test-pyclient: build $(PYC_VENV)/.ok ## Python client: its tests, redis-py's own lock suites on rlock.Lock, bench smoke run
-	$(PYC_PY) -m pytest -q $(PYCLIENT)/tests
-	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q
-	$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q --protocol 3
+test-pyclient: build venv $(PYC_VENV)/.ok ## Python client (each server in SERVERS): its tests (every primitive, tickets, Redisson interop, cluster), redis-py's own lock suites on rlock.Lock; bench smoke run
+	@$(PER_SERVER) sh -c '$(PYC_PY) -m pytest -q $(PYCLIENT)/tests && \
+		$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q && \
+		$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q --protocol 3'; done
 	$(PYC_PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
+	$(PYC_PY) bench/python/waiting.py --quick --module $(RLOCK_MODULE)
 
-bench-python: $(PYC_VENV)/.ok ## Python contention bench: 32 processes, rlock.Lock vs redis-py's Lock; writes bench/python/contention.md
+bench-python: $(PYC_VENV)/.ok ## Python benches: 200 threads of one client, rlock.Lock vs python-redis-lock vs redis-py's Lock and rlock.Semaphore vs Redisson's algorithm (bench/python/contention.md); 32 processes (contention-processes.md)
 	@./scripts/deps.sh
 	cargo build --release -p rlock
-	$(PYC_PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention.md
+	$(PYC_PY) bench/python/waiting.py --module $(MODULE_RELEASE) --report bench/python/contention.md
+	$(PYC_PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention-processes.md
 
 clean: ## Remove build output and the virtualenv
 	cargo clean

@@ -1,10 +1,12 @@
-"""Python contention benchmark: N processes on one lock, rlock.Lock against redis-py's Lock.
+"""Python contention benchmark: N processes on one lock, rlock.Lock against python-redis-lock
+and redis-py's Lock.
 
 Each process loops acquire -> GET counter -> SET counter+1 -> release on one key for the
 round's duration; the unprotected read-modify-write proves mutual exclusion (the final
 counter must equal the number of acquisitions). Variants, run side by side against one
 private module-loaded redis-server, in alternating rounds: rlock.Lock (waits in the
-server), redis-py's Lock with its default sleep (0.1 s) and with sleep=0.001. Reports
+server), python-redis-lock (SET NX, then BLPOP on a signal list), redis-py's Lock with its
+default sleep (0.1 s) and with sleep=0.001. Reports
 handoffs/s, Jain's fairness index over the processes and the p99 wait per acquire, and
 writes a Markdown report. `make bench-python` runs it; `make test-pyclient` runs --quick.
 """
@@ -12,6 +14,7 @@ writes a Markdown report. `make bench-python` runs it; `make test-pyclient` runs
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -22,20 +25,46 @@ from pathlib import Path
 
 import redis
 import redis.lock
+import redis_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python" / "tests"))
 from server import RedisServer  # noqa: E402  (the client tests' server helper)
 
 import rlock  # noqa: E402
+from rlock import _io as rlock_io  # noqa: E402
 
 KEY = "bench:lock"
 COUNTER = "bench:counter"
 LAST = "bench:last-holder"
 LEASE_S = 10  # longer than any hold: no lock expires during a round
 
+class BlockingLock(rlock.Lock):
+    """rlock.Lock waiting blocked in WAIT on a connection of its own (no tickets)."""
+
+    @staticmethod
+    def _io_class(redis):  # noqa: ANN001,ANN205
+        return rlock_io.SyncIO(redis, use_tickets=False)
+
+
+class RedisLockAdapter:
+    """python-redis-lock (SET NX + BLPOP on a signal list) with redis-py's acquire
+    arguments; its own timeout is in whole seconds."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.lock = redis_lock.Lock(r, KEY, expire=LEASE_S)
+
+    def acquire(self, blocking_timeout: float) -> bool:
+        return self.lock.acquire(timeout=max(1, math.ceil(blocking_timeout)))
+
+    def release(self) -> None:
+        self.lock.release()
+
+
 VARIANTS = {
     "rlock.Lock": lambda r: r.lock(KEY, timeout=LEASE_S, lock_class=rlock.Lock),
+    "rlock.Lock, blocking WAIT": lambda r: BlockingLock(r, KEY, timeout=LEASE_S),
+    "python-redis-lock": RedisLockAdapter,
     "redis-py Lock, sleep=0.1": lambda r: r.lock(KEY, timeout=LEASE_S),
     "redis-py Lock, sleep=0.001": lambda r: r.lock(KEY, timeout=LEASE_S, sleep=0.001),
 }

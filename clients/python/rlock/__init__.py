@@ -1,13 +1,25 @@
-"""rlock: redis-py locks that wait in the server (the rlock Redis module's RLOCK.* commands).
+"""rlock: redis-py locks and synchronizers that wait in the server (the rlock module).
 
 `rlock.Lock` is a drop-in for `redis.lock.Lock` (``r.lock("name", lock_class=rlock.Lock)``)
-and `rlock.asyncio.Lock` for `redis.asyncio.lock.Lock`. The exceptions are redis-py's own.
+and `rlock.asyncio.Lock` for `redis.asyncio.lock.Lock`; `RwLock`, `FencedLock`,
+`Semaphore`, `ExpirableSemaphore` and `CountDownLatch` are Redisson's synchronizers on
+Redisson's keys, blocking here and asyncio in `rlock.asyncio`. Every waiting call of one
+client is a queued ticket on one shared connection. The exceptions are redis-py's own.
 """
 
 from redis.exceptions import LockError, LockNotOwnedError
 
 from ._plan import DEFAULT_WATCHDOG_TIMEOUT
+from ._io import close_tickets, set_blocking_waits, ticket_connections
 from .lock import Lock
+from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit, RwLock,
+                         RwLockHalf, Semaphore)
 
-__all__ = ["Lock", "LockError", "LockNotOwnedError", "DEFAULT_WATCHDOG_TIMEOUT"]
+__all__ = ["Lock", "RwLock", "RwLockHalf", "FencedLock", "Semaphore", "ExpirableSemaphore",
+           "Permit", "CountDownLatch", "LockError", "LockNotOwnedError",
+           "DEFAULT_WATCHDOG_TIMEOUT", "close_tickets", "set_blocking_waits", "ticket_connections",
+           "TICKET_CONNECTION_NAME"]
+
+#: The name of a client's ticket connection in ``CLIENT LIST``.
+from ._proto import CONNECTION_NAME as TICKET_CONNECTION_NAME  # noqa: E402
 __version__ = "0.1.0"

@@ -1,0 +1,410 @@
+"""The two drivers of the shared logic: threads (`SyncIO`) and asyncio (`AsyncIO`).
+
+Every primitive's logic is written once, in `rlock._ops`, as generators that yield the
+effects of `rlock._proto` (`Call`, `Wait`, `Sleep`, `Watch`). A driver runs such a
+generator to its end, doing each effect with redis-py's blocking or asyncio client and
+sending the result back (or throwing the error in). This is the sans-IO shape of h11 and
+quinn-proto: a fix to the logic lands once; the drivers only know how to talk.
+
+Waiting (`Wait`): the first wait of a client blocks in ``WAIT`` on a pool connection of
+its own (fastest for a lone waiter; `set_blocking_waits`), every concurrent wait beyond
+that goes through the client's ticket connection (`rlock._tickets`; one per server or
+cluster node, shared by all of them), with ``WAIT`` blocked on a connection of its own as
+the fallback when the module refuses ``ASYNC`` or, on a cluster, while the key's slot
+migrates (the cluster client then follows the redirection).
+The watchdog (`_ops.watchdog`) runs on a daemon thread or an asyncio task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Dict, Generator, Optional, Tuple
+
+from redis.exceptions import ConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import _plan
+from ._proto import Call, Shape, Sleep, Wait, Watch
+from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
+
+log = logging.getLogger("rlock")
+
+Op = Generator[Any, Any, Any]
+
+
+def _is_cluster(redis: Any) -> bool:
+    return hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager")
+
+
+#: How many waits of one client may block a pool connection of their own (``WAIT``)
+#: before the others queue tickets (see `set_blocking_waits`).
+DEFAULT_BLOCKING_WAITS = 1
+
+
+class _Hub:
+    """The ticket connections of one client (one per server / cluster node), and its
+    budget of blocked waits."""
+
+    def __init__(self, redis: Any, conn_type: Any) -> None:
+        self.blocking_waits = _BLOCKING_WAITS.get(redis, DEFAULT_BLOCKING_WAITS)
+        self.blocked = 0
+        self.cluster = _is_cluster(redis)
+        self.redis = weakref.ref(redis)
+        self.conn_type = conn_type
+        self.conns: Dict[Optional[Tuple[str, int]], Any] = {}
+        self.lock = threading.Lock()
+        self.known = False    # the module answered QUEUED once: it takes ASYNC
+        self.refused = False  # it refused ASYNC: wait the blocking way from now on
+
+    def conn_for(self, key: bytes) -> Any:
+        redis = self.redis()
+        if self.cluster:
+            node = redis.get_node_from_key(key)
+            addr: Optional[Tuple[str, int]] = (node.host, int(node.port))
+            if hasattr(node, "connection_kwargs"):  # redis.asyncio.cluster.ClusterNode
+                cls, kwargs = node.connection_class, node.connection_kwargs
+            else:
+                pool = node.redis_connection.connection_pool
+                cls, kwargs = pool.connection_class, pool.connection_kwargs
+        else:
+            addr = None
+            pool = redis.connection_pool
+            cls, kwargs = pool.connection_class, pool.connection_kwargs
+        with self.lock:
+            conn = self.conns.get(addr)
+            if conn is None:
+                conn = self.conns[addr] = self.conn_type(cls, kwargs, self.cluster)
+            return conn
+
+    def connections(self) -> list:
+        with self.lock:
+            return list(self.conns.values())
+
+    def take_blocking(self) -> bool:
+        """A blocked wait may start now (the budget allows; never on a cluster, whose
+        client has no pool connection to set aside for a wait)."""
+        with self.lock:
+            if self.cluster or self.blocked >= self.blocking_waits:
+                return False
+            self.blocked += 1
+            return True
+
+    def give_blocking(self) -> None:
+        with self.lock:
+            self.blocked -= 1
+
+
+_BLOCKING_WAITS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def set_blocking_waits(redis: Any, n: int) -> None:
+    """How many waits of this client may block a connection of their own in ``WAIT``
+    before the others queue tickets on the shared ticket connection (default 1).
+
+    A lone wait is fastest blocked: its reply comes straight back on its connection, where
+    a ticket's grant comes through the ticket connection's reader and is then collected
+    (one more round trip and thread wake-up: about 3x fewer handoffs/s for processes that
+    wait one at a time). From the second concurrent wait on, tickets keep the number of
+    connections constant. 0: every wait a ticket. Takes effect for hubs made afterwards
+    (set it before the client's first wait)."""
+    if n < 0:
+        raise ValueError("blocking waits must be >= 0")
+    _BLOCKING_WAITS[redis] = n
+    with _HUBS_LOCK:
+        for hub in [_SYNC_HUBS.get(redis)] + list((_ASYNC_HUBS.get(redis) or {}).values()):
+            if hub is not None:
+                hub.blocking_waits = n
+
+
+_SYNC_HUBS: "weakref.WeakKeyDictionary[Any, _Hub]" = weakref.WeakKeyDictionary()
+_ASYNC_HUBS: "weakref.WeakKeyDictionary[Any, Dict[Any, _Hub]]" = weakref.WeakKeyDictionary()
+_HUBS_LOCK = threading.Lock()
+
+
+def _close_sync(hub: _Hub) -> None:
+    for conn in hub.connections():
+        conn.close()
+
+
+def sync_hub(redis: Any) -> _Hub:
+    """The ticket hub of a blocking client (made on first use, closed with the client)."""
+    with _HUBS_LOCK:
+        hub = _SYNC_HUBS.get(redis)
+        if hub is None:
+            hub = _SYNC_HUBS[redis] = _Hub(redis, SyncTicketConn)
+            weakref.finalize(redis, _close_sync, hub)
+        return hub
+
+
+def async_hub(redis: Any) -> _Hub:
+    """The ticket hub of an asyncio client on the running loop."""
+    loop = asyncio.get_running_loop()
+    with _HUBS_LOCK:
+        per_loop = _ASYNC_HUBS.get(redis)
+        if per_loop is None:
+            per_loop = _ASYNC_HUBS[redis] = {}
+        hub = per_loop.get(loop)
+        if hub is None:
+            for old in [l for l in per_loop if l.is_closed()]:
+                del per_loop[old]
+            hub = per_loop[loop] = _Hub(redis, AsyncTicketConn)
+        return hub
+
+
+def ticket_connections(redis: Any) -> list:
+    """The ticket connections a client has opened so far (for tests and close())."""
+    hubs = [_SYNC_HUBS.get(redis)] + list((_ASYNC_HUBS.get(redis) or {}).values())
+    return [c for h in hubs if h is not None for c in h.connections()]
+
+
+def close_tickets(redis: Any) -> None:
+    """Closes a blocking client's ticket connections (its waits then fail)."""
+    hub = _SYNC_HUBS.pop(redis, None)
+    if hub is not None:
+        _close_sync(hub)
+
+
+async def aclose_tickets(redis: Any) -> None:
+    """Closes an asyncio client's ticket connections on the running loop."""
+    per_loop = _ASYNC_HUBS.get(redis) or {}
+    hub = per_loop.pop(asyncio.get_running_loop(), None)
+    if hub is not None:
+        for conn in hub.connections():
+            await conn.close()
+
+
+class _Handle:
+    """A running watchdog: ``stop()`` it; ``lost`` is True once it found the hold gone."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.lost = False
+        # Set while a release is in flight: a renewal answered 0 then is the release
+        # winning the race, not a lost hold.
+        self.releasing = False
+        self.task: Optional[asyncio.Task] = None
+        self.thread: Optional[threading.Thread] = None
+
+    def is_alive(self) -> bool:
+        """True while the watchdog's thread or task runs."""
+        if self.thread is not None:
+            return self.thread.is_alive()
+        return self.task is not None and not self.task.done()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.task is not None:
+            self.task.cancel()
+
+
+class SyncIO:
+    """Runs the shared logic with a blocking redis-py client (``Redis``/``RedisCluster``)."""
+
+    def __init__(self, redis: Any, use_tickets: bool = True) -> None:
+        self.redis = redis
+        self.use_tickets = use_tickets
+
+    def run(self, op: Op, stop: Optional[threading.Event] = None) -> Any:
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                effect = op.throw(error) if error is not None else op.send(value)
+            except StopIteration as done:
+                return done.value
+            value, error = None, None
+            try:
+                value = self.do(effect, stop)
+            except BaseException as e:  # noqa: BLE001 - thrown into the logic
+                error = e
+
+    def do(self, effect: Any, stop: Optional[threading.Event] = None) -> Any:
+        if isinstance(effect, Call):
+            return self.redis.execute_command(*effect.args)
+        if isinstance(effect, Wait):
+            return self.wait(effect.shape)
+        if isinstance(effect, Sleep):
+            if stop is not None:
+                return stop.wait(effect.seconds)
+            time.sleep(effect.seconds)
+            return None
+        if isinstance(effect, Watch):
+            return self.watch(effect)
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def wait(self, shape: Shape) -> Any:
+        started = time.monotonic()
+        hub = sync_hub(self.redis) if self.use_tickets else None
+        if hub is not None and hub.take_blocking():
+            try:
+                return self.blocking(shape.with_wait(shape.wait_ms, False), shape.wait_ms)
+            finally:
+                hub.give_blocking()
+        if hub is not None and not hub.refused:
+            try:
+                reply = hub.conn_for(shape.key).wait(shape, started, hub.known)
+                hub.known = True
+                return reply
+            except Fallback as f:
+                hub.refused = hub.refused or f.refused
+        left = shape.wait_left(time.monotonic() - started)
+        return self.blocking(shape.with_wait(left, False), left)
+
+    def blocking(self, args: list, wait_ms: Optional[int]) -> Any:
+        """A ``WAIT`` blocked on a pool connection of its own (not the shared ones), read
+        with a timeout of the wait plus the client's ``socket_timeout``; a failure closes
+        the connection, which removes the waiter from the server's queue."""
+        pool = getattr(self.redis, "connection_pool", None)
+        if wait_ms is None or pool is None:
+            return self.redis.execute_command(*args)
+        started = time.monotonic()
+        conn = pool.get_connection(*_plan.get_connection_args(pool, args[0]))
+        try:
+            conn.send_command(*args)
+            socket_timeout = getattr(conn, "socket_timeout", None)
+            if wait_ms == 0 or socket_timeout is None:
+                ready = conn.can_read(timeout=None)
+            else:
+                left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
+                ready = conn.can_read(timeout=max(left, 0.001))
+            if not ready:
+                raise RedisTimeoutError(f"no reply to a waiting {args[0]}")
+            reply = conn.read_response()
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return reply
+
+    def watch(self, effect: Watch) -> _Handle:
+        from ._ops import watchdog
+        handle = _Handle()
+
+        def run() -> None:
+            held = self.run(watchdog(effect.renew, effect.lease_ms, effect.name),
+                            handle.stopped)
+            if held is False and not handle.stopped.is_set() and not handle.releasing:
+                handle.lost = True
+                _report_lost(effect)
+
+        handle.thread = threading.Thread(target=run, daemon=True,
+                                         name=f"rlock-watchdog-{effect.name!r}")
+        handle.thread.start()
+        return handle
+
+
+def _report_lost(effect: Watch) -> Any:
+    log.warning("rlock: %r was lost (its lease ran out or it was taken away)", effect.name)
+    if effect.on_lost is not None:
+        try:
+            return effect.on_lost()
+        except Exception:  # noqa: BLE001 - a callback's bug must not kill the watchdog
+            log.exception("rlock: on_lost callback raised")
+    return None
+
+
+class AsyncIO:
+    """Runs the shared logic with an asyncio redis-py client (``redis.asyncio``)."""
+
+    def __init__(self, redis: Any, use_tickets: bool = True) -> None:
+        self.redis = redis
+        self.use_tickets = use_tickets
+
+    async def run(self, op: Op) -> Any:
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                effect = op.throw(error) if error is not None else op.send(value)
+            except StopIteration as done:
+                return done.value
+            value, error = None, None
+            try:
+                value = await self.do(effect)
+            except BaseException as e:  # noqa: BLE001 - thrown into the logic
+                error = e
+
+    async def do(self, effect: Any) -> Any:
+        if isinstance(effect, Call):
+            return await self.redis.execute_command(*effect.args)
+        if isinstance(effect, Wait):
+            return await self.wait(effect.shape)
+        if isinstance(effect, Sleep):
+            await asyncio.sleep(effect.seconds)
+            return None
+        if isinstance(effect, Watch):
+            return self.watch(effect)
+        raise TypeError(f"unknown effect {effect!r}")
+
+    async def wait(self, shape: Shape) -> Any:
+        started = time.monotonic()
+        hub = async_hub(self.redis) if self.use_tickets else None
+        if hub is not None and hub.take_blocking():
+            try:
+                return await self.blocking(shape.with_wait(shape.wait_ms, False),
+                                           shape.wait_ms)
+            finally:
+                hub.give_blocking()
+        if hub is not None and not hub.refused:
+            try:
+                reply = await hub.conn_for(shape.key).wait(shape, started, hub.known)
+                hub.known = True
+                return reply
+            except Fallback as f:
+                hub.refused = hub.refused or f.refused
+        left = shape.wait_left(time.monotonic() - started)
+        return await self.blocking(shape.with_wait(left, False), left)
+
+    async def blocking(self, args: list, wait_ms: Optional[int]) -> Any:
+        """As `SyncIO.blocking`; cancellation closes the connection (the waiter leaves)."""
+        pool = getattr(self.redis, "connection_pool", None)
+        if wait_ms is None or pool is None:
+            return await self.redis.execute_command(*args)
+        started = time.monotonic()
+        conn = await pool.get_connection(*_plan.get_connection_args(pool, args[0]))
+        socket_timeout = conn.socket_timeout
+        try:
+            await conn.send_command(*args)
+            # With socket_timeout lifted, read_response() reads without a limit (given a
+            # timeout it would return None on expiry: not to be told from a nil reply).
+            conn.socket_timeout = None
+            if wait_ms == 0 or socket_timeout is None:
+                reply = await conn.read_response()
+            else:
+                left = started + wait_ms / 1000 + socket_timeout - time.monotonic()
+                try:
+                    reply = await asyncio.wait_for(conn.read_response(), max(left, 0.001))
+                except asyncio.TimeoutError:
+                    raise RedisTimeoutError(f"no reply to a waiting {args[0]}") from None
+        except BaseException:
+            conn.socket_timeout = socket_timeout
+            await asyncio.shield(_close(pool, conn))
+            raise
+        conn.socket_timeout = socket_timeout
+        await pool.release(conn)
+        return reply
+
+    def watch(self, effect: Watch) -> _Handle:
+        from ._ops import watchdog
+        handle = _Handle()
+
+        async def run() -> None:
+            held = await self.run(watchdog(effect.renew, effect.lease_ms, effect.name))
+            if held is False and not handle.stopped.is_set() and not handle.releasing:
+                handle.lost = True
+                result = _report_lost(effect)
+                if asyncio.iscoroutine(result):
+                    await result
+
+        handle.task = asyncio.get_running_loop().create_task(run())
+        return handle
+
+
+async def _close(pool: Any, conn: Any) -> None:
+    await conn.disconnect()
+    await pool.release(conn)

@@ -1,0 +1,188 @@
+"""The pure protocol of queued tickets (docs/tickets.md) and the effects vocabulary.
+
+Sits below every other module of the package and does no I/O: the ticket channel of a
+key, the parsing of a ticket message, the shape of a waiting command (with ``ASYNC``, or
+without ``WAIT`` to collect a grant), what gives back a grant nobody will use, and the
+*effects* that the shared primitive logic (`rlock._ops`) yields and that the two drivers
+(`rlock._io`: threads, asyncio) carry out. The Rust client's `tickets.rs` is the
+reference behaviour mirrored here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Tuple
+
+#: The name the ticket connection gives itself (CLIENT LIST shows it).
+CONNECTION_NAME = "rlock-py-tickets"
+
+#: How long past the server's own deadline a waiter waits for the ``timeout`` message
+#: before it gives up on its ticket (a message lost in a broken connection is otherwise
+#: noticed by the reader; this bounds a wait whatever happens).
+NOTE_GRACE = 2.0
+
+
+def ticket_channel(key: bytes) -> bytes:
+    """``rlock_ticket:{key}``, or ``rlock_ticket:key`` when the key has a ``{`` (Redisson's
+    ``prefixName`` rule: the channel hashes to the key's cluster slot)."""
+    if b"{" in key:
+        return b"rlock_ticket:" + key
+    return b"rlock_ticket:{" + key + b"}"
+
+
+@dataclass(frozen=True)
+class Note:
+    """One ticket message: ``kind`` is ``granted``, ``timeout``, ``error`` or ``lost`` (the
+    ticket connection broke: whatever was queued there is gone)."""
+
+    kind: str
+    id: str
+    owner: bytes = b""
+    detail: str = ""
+
+
+LOST = Note("lost", "")
+
+
+def parse_note(payload: bytes) -> Optional[Note]:
+    """``<kind>:<id-len>:<owner-len>:<id><owner><detail>``, or None if malformed."""
+    try:
+        kind, id_len, owner_len, rest = payload.split(b":", 3)
+        n, m = int(id_len), int(owner_len)
+    except ValueError:
+        return None
+    if n < 0 or m < 0 or len(rest) < n + m:
+        return None
+    return Note(kind.decode(), rest[:n].decode(), rest[n:n + m],
+                rest[n + m:].decode(errors="replace"))
+
+
+def new_request_id() -> str:
+    """A request id for one call and its retries (also the ticket's id)."""
+    return uuid.uuid4().hex
+
+
+def to_bytes(value: Any) -> bytes:
+    """A key or argument as the bytes the server sees (str as UTF-8, ints in decimal)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    return str(value).encode()
+
+
+@dataclass
+class Shape:
+    """One waiting command: ``args`` with ``WAIT <wait_ms>`` at ``wait_at`` and an ``ID``.
+
+    ``latch``: RLATCH.AWAIT, whose ``granted`` message is the whole answer (1).
+    """
+
+    args: List[Any]
+    wait_at: int
+    wait_ms: int
+    id: str
+    latch: bool = False
+
+    @property
+    def key(self) -> bytes:
+        return to_bytes(self.args[1])
+
+    def wait_left(self, elapsed: float) -> Optional[int]:
+        """The wait left after ``elapsed`` seconds: 0 = no limit, None = over."""
+        if self.wait_ms == 0:
+            return 0
+        left = self.wait_ms - int(elapsed * 1000)
+        return left if left > 0 else None
+
+    def with_wait(self, wait_ms: Optional[int], ticket: bool) -> List[Any]:
+        """The command waiting ``wait_ms`` (with ``ASYNC`` if ``ticket``), or without
+        ``WAIT`` when ``wait_ms`` is None: that answers at once (the remembered grant of
+        this id, or the ordinary reply)."""
+        args = list(self.args)
+        if self.latch and not ticket:
+            # RLATCH.AWAIT takes ID only with ASYNC (it changes nothing to remember).
+            args = args[:-2]
+        if wait_ms is None:
+            return args[:self.wait_at - 1] + args[self.wait_at + 1:]
+        args[self.wait_at] = wait_ms
+        return args + ["ASYNC"] if ticket else args
+
+
+def waiting(args: List[Any], wait_ms: int, request_id: str, latch: bool = False) -> Shape:
+    """``args`` + ``WAIT wait_ms`` + ``ID request_id`` as a `Shape`."""
+    full = list(args) + ["WAIT", wait_ms, "ID", request_id]
+    return Shape(full, len(args) + 1, wait_ms, request_id, latch)
+
+
+def refuses_async(error: Exception) -> bool:
+    """How a module without tickets answers ``ASYNC``: then wait the blocking way."""
+    text = str(error).lower()
+    return "syntax" in text or "wrong number of arguments" in text or "unknown" in text
+
+
+def redirected(text: str) -> bool:
+    """A ``MOVED``/``ASK`` error (text or ticket note detail): the slot left the node."""
+    return text.startswith("MOVED") or text.startswith("ASK")
+
+
+def undo_args(args: List[Any], reply: Any) -> List[List[Any]]:
+    """The commands that give back what ``reply`` to ``args`` granted, for a grant nobody
+    will use (its waiter left: a cancelled task, a client-side limit)."""
+    name = to_bytes(args[0]).upper()
+    rid = new_request_id()
+    if name == b"RLOCK.ACQUIRE" and reply is None:
+        return [["RLOCK.RELEASE", args[1], args[2], "ID", rid]]
+    if name == b"RFENCED.ACQUIRE" and isinstance(reply, list) and reply and reply[0] is None:
+        return [["RLOCK.RELEASE", args[1], args[2], "ID", rid]]
+    if name == b"RRWLOCK.ACQUIRE" and reply is None:
+        return [["RRWLOCK.RELEASE", args[1], args[2], args[3], "ID", rid]]
+    if name == b"RSEMAPHORE.ACQUIRE" and reply == 1:
+        return [["RSEMAPHORE.RELEASE", args[1], args[2], "ID", rid]]
+    if name == b"RPSEMAPHORE.ACQUIRE" and reply is not None:
+        ids = reply if isinstance(reply, list) else [reply]
+        return [["RPSEMAPHORE.RELEASE", args[1], p, "ID", f"{rid}-{i}"]
+                for i, p in enumerate(ids)]
+    return []
+
+
+# ---- effects: what the shared logic asks its driver to do ----------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run one command on the client (redis-py's ``execute_command``); the reply is sent
+    back into the generator, a server error is thrown into it."""
+
+    args: Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Run a waiting command: as a queued ticket on the client's ticket connection when the
+    module takes ``ASYNC``, else blocked in ``WAIT`` on a connection of its own. The reply
+    is the command's ordinary reply to the wait."""
+
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Sleep ``seconds`` (the watchdog's interval; a poll)."""
+
+    seconds: float
+
+
+@dataclass
+class Watch:
+    """Start a watchdog that renews with ``renew`` (a generator factory run by the same
+    driver) every ``interval`` seconds; ``on_lost`` is called once if a renewal answers
+    that the hold is gone. The driver replies with a handle that has ``stop()`` and
+    ``lost`` (a bool)."""
+
+    renew: Callable[[], Any]
+    lease_ms: int
+    name: Any
+    on_lost: Optional[Callable[[], Any]] = None
+    extra: dict = field(default_factory=dict)

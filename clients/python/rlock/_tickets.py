@@ -1,0 +1,792 @@
+"""The ticket connection: every waiting call of one client, on one RESP3 connection.
+
+A waiting call is sent with ``WAIT t ASYNC ID id`` on the client's ticket connection
+(one per server, or per cluster node that has waiters) and answered ``QUEUED``; its
+``granted``/``timeout``/``error`` message arrives as a RESP3 push on the same connection.
+Because the ``SUBSCRIBE`` of the key's ticket channel is written before the command on
+the same socket, no grant can be missed and no round trip confirms the subscription.
+Channels are counted per key (subscribed for the first waiter, unsubscribed after the
+last). One reader (a daemon thread, or an asyncio task) routes replies, in order, to the
+senders and messages, by request id, to the waiters. This mirrors the Rust client's
+`client/src/tickets.rs`.
+
+What is written once here, for both front ends:
+
+* `Book`: the routing state (replies pending in order, waiters by id, channel counts,
+  orphans) and what each incoming frame means;
+* `ticket_wait`: one ticketed wait as a generator over `TSub`/`TSend`/`TNote` effects
+  (subscribe, send, collect the grant, resend after a broken connection).
+
+`SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
+task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
+cancelled task, KeyboardInterrupt, a client-side limit) stays registered as an orphan:
+if its grant comes after all, it is collected and given back (`_proto.undo_args`);
+a ticket that times out or errs is simply forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
+
+from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._proto import (CONNECTION_NAME, LOST, NOTE_GRACE, Note, Shape, parse_note,
+                     redirected, ticket_channel, undo_args)
+
+log = logging.getLogger("rlock")
+
+#: Attempts of one ticketed wait whose ticket connection breaks (the first included).
+TICKET_ATTEMPTS = 3
+
+#: Ticket channels kept subscribed after their last waiter left, per ticket connection.
+IDLE_CHANNELS = 256
+
+
+class Fallback(Exception):
+    """Wait the blocking way instead: the module refuses ``ASYNC`` (``refused``), or the
+    key's slot moved to another node (a cluster migration) and the cluster client's own
+    redirection should take the rest of the wait."""
+
+    def __init__(self, refused: bool) -> None:
+        super().__init__("refused" if refused else "redirected")
+        self.refused = refused
+
+
+# ---- effects of a ticketed wait -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TSub:
+    """Hold a reference to ``channel`` (subscribing it on first use)."""
+
+    channel: bytes
+
+
+@dataclass(frozen=True)
+class TSend:
+    """Send ``args``; the reply comes back. ``note_id``: register for its messages first;
+    ``collect``: the command that collects a grant (or looks after a timeout), which the
+    reader sends the moment the message arrives, before waking the waiter."""
+
+    args: Tuple[Any, ...]
+    note_id: Optional[str] = None
+    collect: Optional[Tuple[Any, ...]] = None
+
+
+@dataclass(frozen=True)
+class TCollect:
+    """The reply to the collecting command for ``id`` (sent by the reader already, or
+    now: ``args``)."""
+
+    id: str
+    args: Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class TNote:
+    """The next message for ``id`` (a `Note`), or None after ``timeout`` seconds."""
+
+    id: str
+    timeout: Optional[float]
+
+
+def ticket_wait(shape: Shape, started: float, known: bool) -> Generator[Any, Any, Any]:
+    """One ticketed wait, from subscription to the command's ordinary reply.
+
+    Raises `Fallback` when the module refuses ``ASYNC`` (and is not ``known`` to take it)
+    or the key's slot left the node, a server error as ``ResponseError``, and
+    ``TimeoutError`` when no message came within the wait plus `NOTE_GRACE`.
+    """
+    channel = ticket_channel(shape.key)
+    attempts = 0
+    while True:
+        left = shape.wait_left(time.monotonic() - started)
+        try:
+            yield TSub(channel)
+        except ResponseError as e:
+            if redirected(str(e)):
+                raise Fallback(refused=False) from e
+            raise
+        try:
+            if left is None:  # the wait is over: one look (a grant may be remembered)
+                return (yield TSend(tuple(shape.with_wait(None, False))))
+            look = None if shape.latch else tuple(shape.with_wait(None, False))
+            reply = yield TSend(tuple(shape.with_wait(left, True)), shape.id, look)
+        except (ConnectionError, RedisTimeoutError):
+            attempts += 1
+            if attempts >= TICKET_ATTEMPTS:
+                raise
+            continue
+        except ResponseError as e:
+            if not known and _refuses(e):
+                raise Fallback(refused=True) from e
+            if redirected(str(e)):
+                raise Fallback(refused=False) from e
+            raise
+        known = True
+        if reply not in (b"QUEUED", "QUEUED"):
+            return reply
+        guard = None if left == 0 else left / 1000 + NOTE_GRACE
+        note = yield TNote(shape.id, guard)
+        if note is None:
+            raise RedisTimeoutError(f"no ticket message for request {shape.id} "
+                                    f"within {guard} s")
+        if note.kind == "lost":
+            attempts += 1
+            if attempts >= TICKET_ATTEMPTS:
+                raise ConnectionError("the ticket connection broke while waiting")
+            continue  # resubscribe and queue again with the same id (a grant is replayed)
+        if note.kind == "granted" and shape.latch:
+            return 1
+        if note.kind in ("granted", "timeout"):
+            # Collect: the same command and id without WAIT replays the grant (or, after
+            # a timeout, answers the ordinary reply of a wait that ran out).
+            return (yield TCollect(shape.id, tuple(shape.with_wait(None, False))))
+        if redirected(note.detail):
+            raise Fallback(refused=False)
+        raise ResponseError(note.detail)
+
+
+def _refuses(e: Exception) -> bool:
+    from ._proto import refuses_async
+    return refuses_async(e)
+
+
+# ---- routing state ------------------------------------------------------------------
+
+
+class _Push(list):
+    """A RESP3 push frame, told apart from a reply by its type."""
+
+
+_SUB_KINDS = {b"subscribe", b"ssubscribe", b"unsubscribe", b"sunsubscribe"}
+_MSG_KINDS = {b"message", b"smessage"}
+
+
+class Book:
+    """What a ticket connection knows: replies due in order, waiters by request id,
+    channel reference counts, orphans. Pure state; the shells hold a lock around it.
+
+    ``slot`` makes a one-shot reply slot (``put(value)``), ``mailbox`` a note queue
+    (``put(note)``), so that the same routing serves threads and asyncio.
+    """
+
+    def __init__(self, slot: Callable[[bool], Any], mailbox: Callable[[], Any]) -> None:
+        self.slot = slot
+        self.mailbox = mailbox
+        self.pending: Deque[Any] = deque()
+        self.notes: Dict[str, Any] = {}
+        self.channels: Dict[bytes, int] = {}
+        # Channels nobody waits on, kept subscribed (oldest first) so that the next wait
+        # on a hot key needs no SUBSCRIBE round trip; at most IDLE_CHANNELS of them.
+        self.idle: "OrderedDict[bytes, None]" = OrderedDict()
+        self.orphans: Dict[str, Tuple[List[Any], bytes]] = {}
+        self.gen = 0
+
+    def frame(self, frame: Any) -> Optional[Tuple[Any, Any]]:
+        """Routes one frame read. For an orphan's message returns ``(look, channel)``:
+        ``look`` (if granted) is to be collected and given back and ``channel``
+        unreferenced, by the shell, outside its lock. For a waiter's grant (or timeout)
+        returns ``(mailbox, note)``: the shell sends ``mailbox.look`` at once and delivers
+        the note when its reply is in (``mailbox.collect``), so that the waiter wakes once,
+        with its answer, instead of waking to send the collect and again for its reply."""
+        if isinstance(frame, _Push) and frame:
+            kind = bytes(frame[0]).lower()
+            if kind in _MSG_KINDS and len(frame) >= 3:
+                note = parse_note(frame[2])
+                if note is None:
+                    return None
+                box = self.notes.get(note.id)
+                if box is not None:
+                    if note.kind in ("granted", "timeout") and box.look is not None:
+                        return box, note  # the shell sends box.look, then delivers
+                    box.put(note)
+                    return None
+                orphan = self.orphans.pop(note.id, None)
+                if orphan is None:
+                    return None
+                look, channel = orphan
+                # The orphan's channel reference is released now (see `leave`).
+                return (look if note.kind == "granted" else None), channel
+            if kind in _SUB_KINDS:
+                # The confirmation of our (un)subscribe; an unsolicited sunsubscribe (a
+                # slot that left the node) finds no subscribe slot at the head.
+                if self.pending and self.pending[0].sub:
+                    self.pending.popleft().put(None)
+                return None
+            return None
+        if self.pending:
+            self.pending.popleft().put(frame)
+        return None
+
+    def lost(self) -> None:
+        """The connection broke: replies fail, waiters are told, the server has dropped
+        our tickets and taken back uncollected grants, so orphans are done."""
+        error = ConnectionError("the ticket connection broke")
+        while self.pending:
+            self.pending.popleft().put(error)
+        for box in self.notes.values():
+            box.put(LOST)
+        self.channels.clear()
+        self.idle.clear()
+        self.orphans.clear()
+        self.gen += 1
+
+    def ref(self, channel: bytes) -> bool:
+        """Takes a reference to ``channel``; True if it must be subscribed now."""
+        count = self.channels.get(channel, 0)
+        self.channels[channel] = count + 1
+        if count:
+            return False
+        return self.idle.pop(channel, False) is False
+
+    def unref(self, channel: bytes, gen: int) -> Optional[bytes]:
+        """Drops a reference (taken on connection generation ``gen``); returns a channel
+        to unsubscribe now (the oldest idle one beyond `IDLE_CHANNELS`), if any."""
+        if gen != self.gen or channel not in self.channels:
+            return None
+        self.channels[channel] -= 1
+        if self.channels[channel]:
+            return None
+        del self.channels[channel]
+        self.idle[channel] = None
+        if len(self.idle) > IDLE_CHANNELS:
+            return self.idle.popitem(last=False)[0]
+        return None
+
+    def forget(self, channel: bytes) -> None:
+        """A subscription that failed: no reference, not idle."""
+        if self.channels.get(channel, 0) <= 1:
+            self.channels.pop(channel, None)
+        else:
+            self.channels[channel] -= 1
+
+    def leave(self, note_id: str, look: Optional[List[Any]],
+              channel: bytes) -> Tuple[Optional[List[Any]], bool]:
+        """A waiter leaves. With ``look`` (its ticket may still be queued) it becomes an
+        orphan that keeps its reference to ``channel`` until its message comes. Returns
+        (``look`` if its grant already came, whether the channel reference was kept)."""
+        box = self.notes.pop(note_id, None)
+        if look is None:
+            return None, False
+        if box is not None and any(n.kind == "granted" for n in box.items()):
+            return look, False
+        if box is not None and any(n.kind in ("timeout", "error", "lost")
+                                   for n in box.items()):
+            return None, False
+        self.orphans[note_id] = (look, channel)
+        return None, True
+
+
+def _sub_command(shard: bool, on: bool) -> str:
+    if shard:
+        return "SSUBSCRIBE" if on else "SUNSUBSCRIBE"
+    return "SUBSCRIBE" if on else "UNSUBSCRIBE"
+
+
+def _conn_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """A client's connection arguments for the ticket connection: RESP3, no socket
+    timeout (its reader waits for messages as long as waiters wait), named."""
+    out = dict(kwargs)
+    for k in ("retry", "retry_on_timeout", "retry_on_error", "health_check_interval",
+              "redis_connect_func", "parser_class", "connection_pool", "cache",
+              "cache_config"):
+        out.pop(k, None)
+    out.update(protocol=3, socket_timeout=None, client_name=CONNECTION_NAME)
+    return out
+
+
+def _undo_calls(look: List[Any], reply: Any) -> List[List[Any]]:
+    return undo_args(look, reply)
+
+
+# ---- threads ------------------------------------------------------------------------
+
+
+class _SyncSlot:
+    def __init__(self, sub: bool = False) -> None:
+        self.sub = sub
+        self.value: Any = None
+        self.ready = threading.Event()
+        self.then: Optional[Callable[[], None]] = None
+
+    def put(self, value: Any) -> None:
+        self.value = value
+        self.ready.set()
+        if self.then is not None:
+            self.then()
+
+    def get(self) -> Any:
+        self.ready.wait()
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+class _SyncMailbox:
+    def __init__(self, look: Optional[Tuple[Any, ...]] = None) -> None:
+        self.queue: Deque[Note] = deque()
+        self.cond = threading.Condition()
+        self.look = look
+        self.collect: Optional[_SyncSlot] = None
+
+    def put(self, note: Note) -> None:
+        with self.cond:
+            self.queue.append(note)
+            self.cond.notify()
+
+    def items(self) -> List[Note]:
+        return list(self.queue)
+
+    def get(self, timeout: Optional[float]) -> Optional[Note]:
+        with self.cond:
+            if not self.cond.wait_for(lambda: bool(self.queue), timeout):
+                return None
+            return self.queue.popleft()
+
+
+class SyncTicketConn:
+    """One RESP3 ticket connection with a reader thread (threads front end)."""
+
+    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool) -> None:
+        from redis._parsers import _RESP3Parser
+        self.make = lambda: connection_class(parser_class=_RESP3Parser,
+                                             **_conn_kwargs(kwargs))
+        self.shard = shard
+        self.lock = threading.Lock()
+        self.book = Book(_SyncSlot, _SyncMailbox)
+        self.conn: Any = None
+        self.closed = False
+
+    def _connect_locked(self) -> Any:
+        if self.conn is None:
+            if self.closed:
+                raise ConnectionError("the ticket connection is closed")
+            conn = self.make()
+            conn.connect()
+            conn._parser.set_pubsub_push_handler(_Push)
+            self.conn = conn
+            threading.Thread(target=self._read, args=(conn,), daemon=True,
+                             name="rlock-tickets-reader").start()
+        return self.conn
+
+    def _send_locked(self, args: Tuple[Any, ...], sub: bool = False) -> _SyncSlot:
+        conn = self._connect_locked()
+        slot = _SyncSlot(sub)
+        self.book.pending.append(slot)
+        try:
+            conn.send_command(*args)
+        except Exception:
+            self._lost_locked(conn)
+            raise
+        return slot
+
+    def _lost_locked(self, conn: Any) -> None:
+        if self.conn is conn:
+            self.conn = None
+            self.book.lost()
+        try:
+            conn.disconnect()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+
+    def _read(self, conn: Any) -> None:
+        while True:
+            try:
+                frame = conn.read_response(disable_decoding=True, push_request=True)
+            except ResponseError as e:
+                frame = e
+            except Exception:  # noqa: BLE001 - any read failure ends this connection
+                with self.lock:
+                    self._lost_locked(conn)
+                return
+            with self.lock:
+                if self.conn is not conn:
+                    return
+                orphan = self.book.frame(frame)
+                gen = self.book.gen
+                if orphan is not None and isinstance(orphan[0], _SyncMailbox):
+                    box, note = orphan
+                    orphan = None
+                    try:
+                        # The waiter is woken once, when the collect's reply is in.
+                        box.collect = self._send_locked(box.look)
+                        box.collect.then = lambda box=box, note=note: box.put(note)
+                    except Exception:  # noqa: BLE001 - the waiter collects (or learns)
+                        box.collect = None
+                        box.put(note)
+            if orphan is not None:
+                look, channel = orphan
+                threading.Thread(target=self._undo, args=(look, channel, gen),
+                                 daemon=True).start()
+
+    def _undo(self, look: Optional[List[Any]], channel: Optional[bytes], gen: int) -> None:
+        """Collects a grant whose waiter left and gives it back (a helper thread), then
+        drops the orphan's channel reference."""
+        try:
+            if look is not None:
+                reply = self.call(tuple(look))
+                for args in _undo_calls(look, reply):
+                    self.call(tuple(args))
+        except Exception as e:  # noqa: BLE001 - best effort: the lease ends it anyway
+            log.warning("rlock: could not give back an abandoned grant (%s)", e)
+        if channel is not None:
+            self.unsubscribe(channel, gen)
+
+    def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
+             collect: Optional[Tuple[Any, ...]] = None) -> Any:
+        """Sends ``args`` and returns the reply (raising a server error)."""
+        with self.lock:
+            if note_id is not None:
+                self.book.notes[note_id] = _SyncMailbox(collect)
+            slot = self._send_locked(args)
+        return slot.get()
+
+    def collected(self, note_id: str, args: Tuple[Any, ...]) -> Any:
+        """The reply to the collecting command the reader sent, or sends it now."""
+        box = self.book.notes.get(note_id)
+        slot = box.collect if box is not None else None
+        if slot is None:
+            return self.call(args)
+        box.collect = None
+        return slot.get()
+
+    def subscribe(self, channel: bytes) -> int:
+        """References ``channel``; returns the connection generation it holds."""
+        with self.lock:
+            gen = self.book.gen
+            slot = self._send_locked((_sub_command(self.shard, True), channel), sub=True) \
+                if self.book.ref(channel) else None
+        if slot is not None:
+            try:
+                slot.get()
+            except ResponseError:
+                with self.lock:
+                    self.book.forget(channel)
+                raise
+        return gen
+
+    def unsubscribe(self, channel: bytes, gen: int) -> None:
+        with self.lock:
+            stale = self.book.unref(channel, gen)
+            if stale is not None and self.conn is not None:
+                try:
+                    self._send_locked((_sub_command(self.shard, False), stale), sub=True)
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    pass
+
+    def note(self, note_id: str, timeout: Optional[float]) -> Optional[Note]:
+        box = self.book.notes.get(note_id)
+        return box.get(timeout) if box is not None else None
+
+    def ref(self, channel: bytes) -> bool:
+        """Takes a reference to ``channel``; True if it must be subscribed now."""
+        count = self.channels.get(channel, 0)
+        self.channels[channel] = count + 1
+        if count:
+            return False
+        return self.idle.pop(channel, False) is False
+
+    def unref(self, channel: bytes, gen: int) -> Optional[bytes]:
+        """Drops a reference (taken on connection generation ``gen``); returns a channel
+        to unsubscribe now (the oldest idle one beyond `IDLE_CHANNELS`), if any."""
+        if gen != self.gen or channel not in self.channels:
+            return None
+        self.channels[channel] -= 1
+        if self.channels[channel]:
+            return None
+        del self.channels[channel]
+        self.idle[channel] = None
+        if len(self.idle) > IDLE_CHANNELS:
+            return self.idle.popitem(last=False)[0]
+        return None
+
+    def forget(self, channel: bytes) -> None:
+        """A subscription that failed: no reference, not idle."""
+        if self.channels.get(channel, 0) <= 1:
+            self.channels.pop(channel, None)
+        else:
+            self.channels[channel] -= 1
+
+    def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
+        """A waiter leaves (see `Book.leave`); True if its channel reference was kept."""
+        with self.lock:
+            due, kept = self.book.leave(note_id, look, channel)
+        if due is not None:
+            threading.Thread(target=self._undo, args=(due, None, 0), daemon=True).start()
+        return kept
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            if self.conn is not None:
+                self._lost_locked(self.conn)
+
+    def wait(self, shape: Shape, started: float, known: bool) -> Any:
+        """Drives `ticket_wait` on this connection (see `run_ticket_wait`)."""
+        gen = ticket_wait(shape, started, known)
+        subs: List[Tuple[bytes, int]] = []
+        queued = False
+        value: Any = None
+        error: Optional[BaseException] = None
+        try:
+            while True:
+                try:
+                    effect = gen.throw(error) if error is not None else gen.send(value)
+                except StopIteration as stop:
+                    queued = False
+                    return stop.value
+                value, error = None, None
+                try:
+                    if isinstance(effect, TSub):
+                        subs.append((effect.channel, self.subscribe(effect.channel)))
+                    elif isinstance(effect, TSend):
+                        value = self.call(effect.args, effect.note_id, effect.collect)
+                        queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
+                    elif isinstance(effect, TNote):
+                        value = self.note(effect.id, effect.timeout)
+                    elif isinstance(effect, TCollect):
+                        value = self.collected(effect.id, effect.args)
+                        queued = False
+                except BaseException as e:  # noqa: BLE001 - thrown into the wait
+                    error = e
+        finally:
+            kept = self.leave(shape.id, shape.with_wait(None, False) if queued else None,
+                              subs[-1][0] if subs else b"")
+            for channel, g in subs[:-1] if kept else subs:
+                self.unsubscribe(channel, g)
+
+
+# ---- asyncio ------------------------------------------------------------------------
+
+
+class _AsyncSlot:
+    def __init__(self, sub: bool = False) -> None:
+        self.sub = sub
+        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.then: Optional[Callable[[], None]] = None
+
+    def put(self, value: Any) -> None:
+        if not self.future.done():
+            self.future.set_result(value)
+        if self.then is not None:
+            self.then()
+
+    async def get(self) -> Any:
+        value = await self.future
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+
+class _AsyncMailbox:
+    def __init__(self, look: Optional[Tuple[Any, ...]] = None) -> None:
+        self.queue: Deque[Note] = deque()
+        self.event = asyncio.Event()
+        self.look = look
+        self.collect: Optional[_AsyncSlot] = None
+
+    def put(self, note: Note) -> None:
+        self.queue.append(note)
+        self.event.set()
+
+    def items(self) -> List[Note]:
+        return list(self.queue)
+
+    async def get(self, timeout: Optional[float]) -> Optional[Note]:
+        if not self.queue:
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout)
+            except asyncio.TimeoutError:
+                return None
+        note = self.queue.popleft()
+        if not self.queue:
+            self.event.clear()
+        return note
+
+
+async def _async_push(frame: List[Any]) -> _Push:
+    return _Push(frame)
+
+
+class AsyncTicketConn:
+    """One RESP3 ticket connection with a reader task (asyncio front end), on one loop."""
+
+    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool) -> None:
+        from redis._parsers import _AsyncRESP3Parser
+        self.make = lambda: connection_class(parser_class=_AsyncRESP3Parser,
+                                             **_conn_kwargs(kwargs))
+        self.shard = shard
+        self.lock = asyncio.Lock()
+        self.book = Book(_AsyncSlot, _AsyncMailbox)
+        self.conn: Any = None
+        self.reader: Optional[asyncio.Task] = None
+        self.tasks: set = set()
+        self.closed = False
+
+    async def _connect_locked(self) -> Any:
+        if self.conn is None:
+            if self.closed:
+                raise ConnectionError("the ticket connection is closed")
+            conn = self.make()
+            await conn.connect()
+            conn._parser.set_pubsub_push_handler(_async_push)
+            self.conn = conn
+            self.reader = asyncio.get_running_loop().create_task(self._read(conn))
+        return self.conn
+
+    async def _send_locked(self, args: Tuple[Any, ...], sub: bool = False) -> _AsyncSlot:
+        conn = await self._connect_locked()
+        slot = _AsyncSlot(sub)
+        self.book.pending.append(slot)
+        try:
+            await conn.send_command(*args)
+        except BaseException:
+            await self._lost(conn)
+            raise
+        return slot
+
+    async def _lost(self, conn: Any) -> None:
+        if self.conn is conn:
+            self.conn = None
+            self.book.lost()
+        try:
+            await conn.disconnect()
+        except BaseException:  # noqa: BLE001 - already broken
+            pass
+
+    async def _read(self, conn: Any) -> None:
+        while True:
+            try:
+                frame = await conn.read_response(disable_decoding=True, push_request=True)
+            except ResponseError as e:
+                frame = e
+            except BaseException:  # noqa: BLE001 - any read failure ends this connection
+                await self._lost(conn)
+                return
+            if self.conn is not conn:
+                return
+            orphan = self.book.frame(frame)
+            if orphan is not None and isinstance(orphan[0], _AsyncMailbox):
+                box, note = orphan
+                try:
+                    async with self.lock:
+                        box.collect = await self._send_locked(box.look)
+                        box.collect.then = lambda box=box, note=note: box.put(note)
+                except Exception:  # noqa: BLE001 - the waiter collects (or learns)
+                    box.collect = None
+                    box.put(note)
+            elif orphan is not None:
+                self._spawn(self._undo(orphan[0], orphan[1], self.book.gen))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _undo(self, look: Optional[List[Any]], channel: Optional[bytes],
+                    gen: int) -> None:
+        try:
+            if look is not None:
+                reply = await self.call(tuple(look))
+                for args in _undo_calls(look, reply):
+                    await self.call(tuple(args))
+        except Exception as e:  # noqa: BLE001 - best effort: the lease ends it anyway
+            log.warning("rlock: could not give back an abandoned grant (%s)", e)
+        if channel is not None:
+            await self.unsubscribe(channel, gen)
+
+    async def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
+                   collect: Optional[Tuple[Any, ...]] = None) -> Any:
+        async with self.lock:
+            if note_id is not None:
+                self.book.notes[note_id] = _AsyncMailbox(collect)
+            slot = await self._send_locked(args)
+        return await slot.get()
+
+    async def collected(self, note_id: str, args: Tuple[Any, ...]) -> Any:
+        """As `SyncTicketConn.collected`."""
+        box = self.book.notes.get(note_id)
+        slot = box.collect if box is not None else None
+        if slot is None:
+            return await self.call(args)
+        box.collect = None
+        return await slot.get()
+
+    async def subscribe(self, channel: bytes) -> int:
+        async with self.lock:
+            gen = self.book.gen
+            slot = await self._send_locked((_sub_command(self.shard, True), channel),
+                                           sub=True) if self.book.ref(channel) else None
+        if slot is not None:
+            try:
+                await slot.get()
+            except ResponseError:
+                self.book.forget(channel)
+                raise
+        return gen
+
+    async def unsubscribe(self, channel: bytes, gen: int) -> None:
+        async with self.lock:
+            stale = self.book.unref(channel, gen)
+            if stale is not None and self.conn is not None:
+                try:
+                    await self._send_locked((_sub_command(self.shard, False), stale),
+                                            sub=True)
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    pass
+
+    def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
+        due, kept = self.book.leave(note_id, look, channel)
+        if due is not None:
+            self._spawn(self._undo(due, None, 0))
+        return kept
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.conn is not None:
+            await self._lost(self.conn)
+
+    async def wait(self, shape: Shape, started: float, known: bool) -> Any:
+        """Drives `ticket_wait` on this connection; cancellation-safe (an orphan)."""
+        gen = ticket_wait(shape, started, known)
+        subs: List[Tuple[bytes, int]] = []
+        queued = False
+        value: Any = None
+        error: Optional[BaseException] = None
+        try:
+            while True:
+                try:
+                    effect = gen.throw(error) if error is not None else gen.send(value)
+                except StopIteration as stop:
+                    queued = False
+                    return stop.value
+                value, error = None, None
+                try:
+                    if isinstance(effect, TSub):
+                        subs.append((effect.channel, await self.subscribe(effect.channel)))
+                    elif isinstance(effect, TSend):
+                        value = await self.call(effect.args, effect.note_id, effect.collect)
+                        queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
+                    elif isinstance(effect, TCollect):
+                        value = await self.collected(effect.id, effect.args)
+                        queued = False
+                    elif isinstance(effect, TNote):
+                        box = self.book.notes.get(effect.id)
+                        value = await box.get(effect.timeout) if box is not None else None
+                except BaseException as e:  # noqa: BLE001 - thrown into the wait
+                    error = e
+        finally:
+            kept = self.leave(shape.id, shape.with_wait(None, False) if queued else None,
+                              subs[-1][0] if subs else b"")
+            for channel, g in subs[:-1] if kept else subs:
+                # Unsubscribing awaits a lock: done in a task so a cancelled waiter
+                # leaves at once.
+                self._spawn(self.unsubscribe(channel, g))

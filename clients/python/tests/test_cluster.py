@@ -1,0 +1,164 @@
+"""The Python client on a real Redis Cluster (3 masters with the module, started by the
+module suite's tests/cluster_helpers.py, reused here) through redis-py's `RedisCluster`:
+every primitive waits as a ticket on the node owning its key (one ticket connection per
+node, shard channels), and a ticket whose slot migrates while it waits is redirected and
+still served, on the new node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import threading
+import time
+
+import pytest
+from conftest import MODULE_TESTS, blocked_clients, clients_named, wait_until
+from redis.cluster import RedisCluster
+
+import rlock
+
+
+def _load(name: str, filename: str):
+    spec = importlib.util.spec_from_file_location(name, MODULE_TESTS / filename)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# cluster_helpers imports the module suite's conftest by the name `conftest`, which in
+# this directory is ours: lend it theirs while it loads.
+_ours = sys.modules["conftest"]
+sys.modules["conftest"] = _load("rlock_suite_conftest", "conftest.py")
+try:
+    helpers = _load("rlock_suite_cluster_helpers", "cluster_helpers.py")
+finally:
+    sys.modules["conftest"] = _ours
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = helpers.Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        c.start()
+        yield c
+    finally:
+        crashed = c.stop()
+    assert not crashed, "a cluster node crashed"
+
+
+@pytest.fixture
+def rc(cluster):
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    yield client
+    rlock.close_tickets(client)
+    client.close()
+
+
+def waiters(node) -> int:
+    return int(node.client().info("rlock")["rlock_waiters"])
+
+
+def test_every_primitive_waits_with_a_ticket_on_each_master(cluster, rc):
+    masters = sorted(cluster.masters(), key=lambda s: s.port)
+    for i, node in enumerate(masters):
+        lo, hi = cluster.slot_ranges(node)[0]
+        key = helpers.key_on(lo, hi, f"py{i}")
+        holders = [rlock.FencedLock(rc, key, timeout=30),
+                   rlock.RwLock(rc, "{%s}:rw" % key, timeout=30).write]
+        for h in holders:
+            assert h.acquire(blocking=False)
+        sem = rlock.Semaphore(rc, "{%s}:sem" % key)
+        sem.try_set_permits(0)
+        latch = rlock.CountDownLatch(rc, "{%s}:latch" % key)
+        latch.try_set_count(1)
+        reader = rlock.RwLock(rc, "{%s}:rw" % key, timeout=30).read
+        calls = [lambda: rlock.FencedLock(rc, key, timeout=30).acquire(blocking_timeout=10),
+                 lambda: reader.acquire(blocking_timeout=10),
+                 lambda: sem.acquire(blocking_timeout=10),
+                 lambda: latch.wait(10)]
+        results: list = []
+        threads = [threading.Thread(target=lambda c=c: results.append(c())) for c in calls]
+        for t in threads:
+            t.start()
+        wait_until(lambda: waiters(node) == len(calls), what="queued on the key's node")
+        assert blocked_clients(node.client()) == 0
+        assert clients_named(node.client(), rlock.TICKET_CONNECTION_NAME) == 1
+        for h in holders:
+            h.release()
+        sem.release()
+        latch.count_down()
+        for t in threads:
+            t.join(10)
+        assert results == [True] * len(calls)
+
+
+def test_a_ticket_whose_slot_migrates_while_it_waits_is_served_on_the_new_node(cluster, rc):
+    src, dst = sorted(cluster.masters(), key=lambda s: s.port)[:2]
+    slot = cluster.slot_ranges(src)[-1][1]
+    key = helpers.key_on(slot, slot, "py-mig")
+    holder = rlock.FencedLock(rc, key, timeout=30)
+    assert holder.acquire()
+    waiter = rlock.FencedLock(rc, key, timeout=30)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(waiter.acquire(blocking_timeout=20)))
+    t.start()
+    wait_until(lambda: waiters(src) == 1, what="ticket queued on the source")
+    assert blocked_clients(src.client()) == 0
+    # Migrate the slot (as redis-cli --cluster reshard does) with the lock in it: the
+    # ticket is told ASK, and the client waits on the destination from then on.
+    dst.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(src))
+    src.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", cluster.node_id(dst))
+    assert src.client().execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000,
+                                        "KEYS", key)
+    wait_until(lambda: waiters(dst) == 1, what="the waiter waits on the destination")
+    assert waiters(src) == 0
+    dst_id = cluster.node_id(dst)
+    for node in [dst] + [n for n in cluster.masters() if n is not dst]:
+        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    holder.release()
+    t.join(20)
+    assert result == [True] and waiter.token > holder.token
+    assert dst.client().hgetall(key) == {waiter.owner.encode(): b"1"}
+    waiter.release()
+    # The ticket connection of the destination node is used from now on.
+    again = rlock.Semaphore(rc, "{%s}:s" % key)
+    again.try_set_permits(0)
+    t = threading.Thread(target=lambda: result.append(again.acquire(blocking_timeout=10)))
+    t.start()
+    wait_until(lambda: waiters(dst) == 1, what="a ticket on the destination")
+    assert blocked_clients(dst.client()) == 0
+    again.release()
+    t.join(10)
+    assert result == [True, True]
+
+
+async def test_asyncio_cluster_clients_wait_with_tickets_too(cluster):
+    import redis.asyncio.cluster
+
+    import rlock.asyncio as arlock
+    arc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    try:
+        for i, node in enumerate(sorted(cluster.masters(), key=lambda s: s.port)):
+            lo, hi = cluster.slot_ranges(node)[0]
+            key = helpers.key_on(lo, hi, f"apy{i}")
+            sem = arlock.Semaphore(arc, key)
+            await sem.try_set_permits(0)
+            latch = arlock.CountDownLatch(arc, "{%s}:l" % key)
+            await latch.try_set_count(1)
+            tasks = [asyncio.create_task(sem.acquire(blocking_timeout=10)),
+                     asyncio.create_task(latch.wait(10))]
+            deadline = time.monotonic() + 5
+            while waiters(node) < 2:
+                assert time.monotonic() < deadline, "queued on the key's node"
+                await asyncio.sleep(0.005)
+            assert blocked_clients(node.client()) == 0
+            assert clients_named(node.client(), rlock.TICKET_CONNECTION_NAME) == 1
+            await sem.release()
+            await latch.count_down()
+            assert await asyncio.wait_for(asyncio.gather(*tasks), 10) == [True, True]
+    finally:
+        await arlock.aclose_tickets(arc)
+        await arc.aclose()

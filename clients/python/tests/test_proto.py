@@ -1,0 +1,149 @@
+"""The sans-IO parts, without a server: ticket channels and messages, the shapes of a
+waiting command, what gives back an abandoned grant, and the ticket connection's routing
+(`Book`) fed frames by hand. One row per case, as in test_plan.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ConnectionError
+
+from rlock._proto import Note, parse_note, ticket_channel, undo_args, waiting
+from rlock._tickets import Book, _Push
+
+
+@pytest.mark.parametrize("key, channel", [
+    (b"orders:42", b"rlock_ticket:{orders:42}"),   # braces added: the key's slot
+    (b"{orders}:42", b"rlock_ticket:{orders}:42"),  # already braced: Redisson's prefixName
+])
+def test_it_names_the_ticket_channel_like_redissons_prefix_name(key, channel):
+    assert ticket_channel(key) == channel
+
+
+@pytest.mark.parametrize("payload, note", [
+    (b"granted:2:8:r1client-1", Note("granted", "r1", b"client-1", "")),
+    (b"timeout:2:0:r1", Note("timeout", "r1", b"", "")),            # the latch: no owner
+    (b"error:2:1:r1wASK 12 127.0.0.1:7001", Note("error", "r1", b"w", "ASK 12 127.0.0.1:7001")),
+    (b"granted:9:0:r1", None),                                       # shorter than its lengths
+    (b"granted:x:0:r1", None),                                       # not a length
+    (b"nonsense", None),
+])
+def test_it_parses_ticket_messages(payload, note):
+    assert parse_note(payload) == note
+
+
+def test_a_waiting_shape_adds_async_and_looks_without_wait():
+    shape = waiting(["RLOCK.ACQUIRE", "k", b"me", 30000], 5000, "id1")
+    assert shape.with_wait(4000, True) == ["RLOCK.ACQUIRE", "k", b"me", 30000, "WAIT", 4000,
+                                           "ID", "id1", "ASYNC"]
+    assert shape.with_wait(4000, False) == ["RLOCK.ACQUIRE", "k", b"me", 30000, "WAIT", 4000,
+                                            "ID", "id1"]
+    assert shape.with_wait(None, False) == ["RLOCK.ACQUIRE", "k", b"me", 30000, "ID", "id1"]
+    assert shape.wait_left(1.0) == 4000 and shape.wait_left(5.0) is None
+    assert waiting(["X", "k"], 0, "i").wait_left(1e6) == 0  # no limit stays no limit
+
+
+def test_the_latch_takes_an_id_only_with_async():
+    shape = waiting(["RLATCH.AWAIT", "l"], 1000, "id1", latch=True)
+    assert shape.with_wait(1000, True) == ["RLATCH.AWAIT", "l", "WAIT", 1000, "ID", "id1",
+                                           "ASYNC"]
+    assert shape.with_wait(1000, False) == ["RLATCH.AWAIT", "l", "WAIT", 1000]
+    assert shape.with_wait(None, False) == ["RLATCH.AWAIT", "l"]
+
+
+@pytest.mark.parametrize("args, reply, first", [
+    # header: the acquire, its grant's reply -> the first give-back command's name and args
+    (["RLOCK.ACQUIRE", "k", b"o", 1, "ID", "i"], None, ["RLOCK.RELEASE", "k", b"o"]),
+    (["RLOCK.ACQUIRE", "k", b"o", 1, "ID", "i"], 120, None),         # not granted
+    (["RFENCED.ACQUIRE", "k", "o", 1, "ID", "i"], [None, 7], ["RLOCK.RELEASE", "k", "o"]),
+    (["RRWLOCK.ACQUIRE", "k", "READ", "o", 1, "ID", "i"], None,
+     ["RRWLOCK.RELEASE", "k", "READ", "o"]),
+    (["RSEMAPHORE.ACQUIRE", "s", 2, "ID", "i"], 1, ["RSEMAPHORE.RELEASE", "s", 2]),
+    (["RSEMAPHORE.ACQUIRE", "s", 2, "ID", "i"], 0, None),
+    (["RPSEMAPHORE.ACQUIRE", "p", 1000, "ID", "i"], b"ab" * 16,
+     ["RPSEMAPHORE.RELEASE", "p", b"ab" * 16]),
+    (["RLATCH.AWAIT", "l"], 1, None),                                  # nothing to give back
+])
+def test_it_knows_what_gives_back_an_abandoned_grant(args, reply, first):
+    undo = undo_args(args, reply)
+    if first is None:
+        assert undo == []
+    else:
+        assert undo[0][:len(first)] == first and undo[0][-2] == "ID"
+
+
+class Slot:
+    def __init__(self, sub=False):
+        self.sub, self.value = sub, "unset"
+
+    def put(self, value):
+        self.value = value
+
+
+class Box:
+    def __init__(self, look=None):
+        self.notes, self.look = [], look
+
+    def put(self, note):
+        self.notes.append(note)
+
+    def items(self):
+        return list(self.notes)
+
+
+def test_the_book_routes_replies_in_order_and_messages_by_id():
+    book = Book(Slot, Box)
+    sub, cmd = Slot(sub=True), Slot()
+    book.pending.extend([sub, cmd])
+    book.notes["r1"] = box = Box()
+    assert book.frame(_Push([b"subscribe", b"ch", 1])) is None and sub.value is None
+    assert book.frame(b"QUEUED") is None and cmd.value == b"QUEUED"
+    book.frame(_Push([b"message", b"ch", b"granted:2:1:r1o"]))
+    book.frame(_Push([b"message", b"ch", b"granted:2:1:r9o"]))       # someone else's: dropped
+    assert box.notes == [Note("granted", "r1", b"o", "")]
+
+
+def test_a_grant_comes_back_with_its_collect_when_the_waiter_registered_one():
+    book = Book(Slot, Box)
+    book.notes["r1"] = box = Box(look=("RLOCK.ACQUIRE", "k"))
+    routed = book.frame(_Push([b"message", b"ch", b"granted:2:1:r1o"]))
+    assert routed == (box, Note("granted", "r1", b"o", "")) and box.notes == []
+
+
+def test_an_orphans_grant_is_given_back_and_its_timeout_forgotten():
+    book = Book(Slot, Box)
+    book.notes["r1"], book.notes["r2"] = Box(), Box()
+    assert book.leave("r1", ["LOOK1"], b"ch") == (None, True)          # kept its channel
+    assert book.leave("r2", ["LOOK2"], b"ch") == (None, True)
+    assert book.frame(_Push([b"message", b"ch", b"granted:2:0:r1"])) == (["LOOK1"], b"ch")
+    assert book.frame(_Push([b"message", b"ch", b"timeout:2:0:r2"])) == (None, b"ch")
+    assert book.orphans == {}
+
+
+def test_a_waiter_leaving_after_its_grant_came_gives_it_back_at_once():
+    book = Book(Slot, Box)
+    book.notes["r1"] = box = Box()
+    box.put(Note("granted", "r1"))
+    assert book.leave("r1", ["LOOK"], b"ch") == (["LOOK"], False)
+
+
+def test_idle_channels_stay_subscribed_up_to_a_limit(monkeypatch):
+    import rlock._tickets as t
+    monkeypatch.setattr(t, "IDLE_CHANNELS", 1)
+    book = Book(Slot, Box)
+    assert book.ref(b"a") is True and book.ref(b"a") is False        # subscribed once
+    assert book.unref(b"a", 0) is None and book.unref(b"a", 0) is None  # now idle
+    assert book.ref(b"a") is False                                   # reused, no SUBSCRIBE
+    assert book.unref(b"a", 0) is None
+    assert book.ref(b"b") is True and book.unref(b"b", 0) == b"a"    # the oldest idle goes
+
+
+def test_a_lost_connection_fails_replies_and_tells_waiters():
+    book = Book(Slot, Box)
+    book.pending.append(slot := Slot())
+    book.notes["r1"] = box = Box()
+    book.ref(b"a")
+    book.lost()
+    assert isinstance(slot.value, ConnectionError) and box.notes[-1].kind == "lost"
+    assert book.channels == {} and book.gen == 1
+    assert book.unref(b"a", 0) is None  # a reference of the old connection: ignored

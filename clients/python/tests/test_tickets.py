@@ -1,0 +1,186 @@
+"""Waiting without a connection per waiter (SPEC 5, docs/tickets.md): every waiting call
+of one client is a queued ticket on its one ticket connection. 1 000 threads waiting on
+one lock through `rlock.Lock` are served first come, first served over a constant number
+of connections (counted in CLIENT LIST); a killed ticket connection is replaced and its
+waiters queued again; `use_tickets=False` is the blocking `WAIT` fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import redis
+from conftest import blocked_clients, clients_named, stat, wait_until
+
+import rlock
+
+N = 1000
+
+
+def test_every_primitive_waits_on_the_one_ticket_connection(r):
+    holders = {
+        "lock": r.lock("k1", timeout=30, lock_class=rlock.Lock),
+        "fenced": rlock.FencedLock(r, "k2", timeout=30),
+        "rw": rlock.RwLock(r, "k3", timeout=30).write,
+    }
+    for h in holders.values():
+        assert h.acquire(blocking=False)
+    sem = rlock.Semaphore(r, "k4")
+    sem.try_set_permits(0)
+    psem = rlock.ExpirableSemaphore(r, "k5")
+    psem.try_set_permits(0)
+    latch = rlock.CountDownLatch(r, "k6")
+    latch.try_set_count(1)
+    calls = [
+        lambda: r.lock("k1", timeout=30, lock_class=rlock.Lock).acquire(blocking_timeout=10),
+        lambda: rlock.FencedLock(r, "k2", timeout=30).acquire(blocking_timeout=10),
+        lambda: rlock.RwLock(r, "k3", timeout=30).read.acquire(blocking_timeout=10),
+        lambda: sem.acquire(blocking_timeout=10),
+        lambda: psem.acquire(lease=30, blocking_timeout=10) is not None,
+        lambda: latch.wait(10),
+    ]
+    results: list = []
+    threads = [threading.Thread(target=lambda c=c: results.append(c())) for c in calls]
+    for t in threads:
+        t.start()
+    wait_until(lambda: stat(r, "waiters") == len(calls), what="every call queued")
+    assert blocked_clients(r) == 0  # nobody blocks a connection in the server
+    assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 1
+    for h in holders.values():
+        h.release()
+    sem.release()
+    psem.add_permits(1)
+    latch.count_down()
+    for t in threads:
+        t.join(10)
+    assert results == [True] * len(calls)
+
+
+def test_a_thousand_waiting_threads_are_served_fifo_over_a_constant_number_of_connections(
+        server, r):
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    holder = client.lock("k", timeout=60, lock_class=rlock.Lock)
+    assert holder.acquire(blocking=False)
+    order: list[int] = []
+
+    def waiter(i: int) -> None:
+        lock = client.lock("k", timeout=60, blocking_timeout=60, lock_class=rlock.Lock)
+        assert lock.acquire()
+        order.append(i)
+        lock.release()
+
+    threads = []
+    before = len(r.client_list())
+    started = time.monotonic()
+    for i in range(N):
+        t = threading.Thread(target=waiter, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+        # Each ticket is queued before the next thread starts: the arrival order is i.
+        wait_until(lambda: stat(r, "waiters") == i + 1, timeout=10, what=f"waiter {i}")
+    queued_in = time.monotonic() - started
+    connections = len(r.client_list())
+    # With the default (one wait of a client may block a connection of its own), the first
+    # waiter blocks and the 999 others are tickets on one connection.
+    assert blocked_clients(r) == 1
+    assert connections - before <= 3, r.client_list()
+    assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 1
+    handoffs = stat(r, "handoffs")
+    started = time.monotonic()
+    holder.release()
+    deadline = time.monotonic() + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    served_in = time.monotonic() - started
+    assert order == list(range(N)), "served first come, first served"
+    assert stat(r, "handoffs") - handoffs == N  # each handed over, never freed between
+    assert len(r.client_list()) - before <= 4  # releases reused pool connections
+    print(f"{N} threads: queued in {queued_in:.1f} s, served in {served_in:.2f} s "
+          f"({N / served_in:.0f} handoffs/s), {connections - before} connections")
+    rlock.close_tickets(client)
+    client.close()
+
+
+def test_a_lone_wait_blocks_and_the_next_ones_queue_tickets(server, r):
+    client = redis.Redis(port=server.port)  # the default: one blocked wait per client
+    sem = rlock.Semaphore(client, "s")
+    sem.try_set_permits(0)
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(sem.acquire(blocking_timeout=10)))
+               for _ in range(3)]
+    threads[0].start()
+    wait_until(lambda: blocked_clients(r) == 1, what="the first wait blocked")
+    for t in threads[1:]:
+        t.start()
+    wait_until(lambda: stat(r, "waiters") == 3, what="two tickets behind it")
+    assert blocked_clients(r) == 1
+    assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 1
+    sem.release(3)
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 3
+    rlock.close_tickets(client)
+    client.close()
+
+
+def test_waiters_queue_again_when_the_ticket_connection_is_killed(r):
+    holder = rlock.FencedLock(r, "k", timeout=30)
+    assert holder.acquire()
+    waiter = rlock.FencedLock(r, "k", timeout=30)
+    t_result: list = []
+    t = threading.Thread(target=lambda: t_result.append(waiter.acquire(blocking_timeout=10)))
+    t.start()
+    wait_until(lambda: stat(r, "waiters") == 1, what="queued")
+    ticket_conn = [c for c in r.client_list() if c.get("name") == rlock.TICKET_CONNECTION_NAME]
+    r.client_kill_filter(_id=ticket_conn[0]["id"])
+    # The server dropped the ticket with its connection; the client queued it again on a
+    # new ticket connection (same request id).
+    wait_until(lambda: stat(r, "waiters") == 1 and any(
+        c.get("name") == rlock.TICKET_CONNECTION_NAME and c["id"] != ticket_conn[0]["id"]
+        for c in r.client_list()), what="queued again")
+    holder.release()
+    t.join(10)
+    assert t_result == [True] and waiter.token > holder.token
+    waiter.release()
+
+
+def test_without_tickets_each_waiter_blocks_a_connection_of_its_own(r):
+    holder = rlock.Semaphore(r, "s")
+    holder.try_set_permits(0)
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(
+        rlock.Semaphore(r, "s", use_tickets=False).acquire(blocking_timeout=10)))
+        for _ in range(3)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: blocked_clients(r) == 3, what="three blocked waiters")
+    assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 0
+    holder.release(3)
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 3
+
+
+def test_an_interrupted_wait_gives_its_grant_back(r):
+    holder = r.lock("k", timeout=30, lock_class=rlock.Lock)
+    assert holder.acquire(blocking=False)
+    waiter = r.lock("k", timeout=30, lock_class=rlock.Lock)
+    # Ctrl-C while it waits (a real SIGINT: it interrupts the blocked wait).
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        waiter.acquire()
+        raise AssertionError("acquire returned")
+    except KeyboardInterrupt:
+        pass
+    timer.join()
+    assert stat(r, "waiters") == 1  # the ticket waits for its turn ...
+    handoffs = stat(r, "handoffs")
+    holder.release()
+    # ... is granted, then collected and released by the client: nothing is left.
+    wait_until(lambda: stat(r, "handoffs") == handoffs + 1, what="granted")
+    wait_until(lambda: r.exists("k") == 0, what="grant given back")
+    assert stat(r, "waiters") == 0
