@@ -240,7 +240,7 @@ class RedissonInteropTest {
         assertTrue(wait.get());
         assertEquals(0, r.availablePermits());
         long woke = redissonWaiterWakes("redisson_sc:{" + n + "}",
-                () -> r.tryAcquire(30, TimeUnit.SECONDS), m::release);
+                () -> r.tryAcquire(Duration.ofSeconds(30)), m::release);
         r.release();
         assertEquals(1, m.availablePermits());
         report("RSemaphore", served, woke);
