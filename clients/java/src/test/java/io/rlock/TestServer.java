@@ -30,7 +30,7 @@ final class TestServer implements AutoCloseable {
     private final StatefulRedisConnection<String, String> adminConn;
 
     static Path module() {
-        String env = System.getenv("RLOCK_MODULE");
+        String env = System.getProperty("rlock.module", System.getenv("RLOCK_MODULE"));
         Path base = Path.of(System.getenv().getOrDefault("RLOCK_JAVA_DIR", "."));
         Path p = env != null && !env.isEmpty() ? Path.of(env) : base.resolve("../../target/debug/librlock.so").normalize();
         if (!Files.isRegularFile(p)) {
@@ -42,7 +42,7 @@ final class TestServer implements AutoCloseable {
     }
 
     static String serverBinary() {
-        String s = System.getenv("REDIS_SERVER");
+        String s = System.getProperty("redis.server", System.getenv("REDIS_SERVER"));
         return s == null || s.isEmpty() ? "redis-server" : s;
     }
 
