@@ -8,6 +8,8 @@ import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.resource.ClientResources;
+import io.lettuce.core.resource.DefaultClientResources;
 
 import java.util.List;
 import java.util.Objects;
@@ -39,6 +41,8 @@ public final class RlockClient implements AutoCloseable {
     private final String id = UUID.randomUUID().toString();
     private final RedisClient redis;
     private final boolean ownsRedis;
+    /** Made by this client (with its own RedisClient), shut down with it; else null. */
+    private final ClientResources ownResources;
     private final RlockOptions options;
     private final StatefulRedisConnection<String, String> conn;
     private final ScheduledExecutorService scheduler;
@@ -47,8 +51,17 @@ public final class RlockClient implements AutoCloseable {
     private final Watchdog watchdog;
 
     private RlockClient(RedisClient redis, boolean ownsRedis, RlockOptions options) {
+        this(redis, ownsRedis, null, options);
+    }
+
+    private RlockClient(RedisClient redis, ClientResources resources, RlockOptions options) {
+        this(redis, true, resources, options);
+    }
+
+    private RlockClient(RedisClient redis, boolean ownsRedis, ClientResources resources, RlockOptions options) {
         this.redis = Objects.requireNonNull(redis, "redis");
         this.ownsRedis = ownsRedis;
+        this.ownResources = resources;
         this.options = Objects.requireNonNull(options, "options");
         this.conn = redis.connect(StringCodec.UTF8);
         conn.async().clientSetname(CONNECTION_NAME);
@@ -70,11 +83,17 @@ public final class RlockClient implements AutoCloseable {
     }
 
     public static RlockClient create(RedisURI uri, RlockOptions options) {
-        RedisClient redis = RedisClient.create(uri);
+        // One I/O thread for both connections: a grant heard on the notification connection
+        // is collected on the command connection without crossing to another thread, which
+        // is the handoff's critical path.
+        ClientResources resources = DefaultClientResources.builder().ioThreadPoolSize(1)
+                .computationThreadPoolSize(1).build();
+        RedisClient redis = RedisClient.create(resources, uri);
         try {
-            return new RlockClient(redis, true, options);
+            return new RlockClient(redis, resources, options);
         } catch (RuntimeException e) {
             redis.shutdown();
+            resources.shutdown();
             throw e;
         }
     }
@@ -170,6 +189,9 @@ public final class RlockClient implements AutoCloseable {
         if (ownsRedis) {
             // No quiet period: nothing of ours is left on the client's event loops.
             redis.shutdown(java.time.Duration.ZERO, java.time.Duration.ofSeconds(2));
+        }
+        if (ownResources != null) {
+            ownResources.shutdown(0, 2, java.util.concurrent.TimeUnit.SECONDS);
         }
     }
 }

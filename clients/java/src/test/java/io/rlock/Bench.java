@@ -19,9 +19,7 @@ import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
-import java.util.function.Function;
 
 public final class Bench {
     /** One contender's loop body: take, give back; returns false when it should stop. */
@@ -42,6 +40,8 @@ public final class Bench {
                   int connections, double cpuUsPerAcq) {}
 
     static final long RUN_MS = Long.getLong("bench.ms", 5000);
+    /** Run before measuring (JIT, connections, subscriptions), for both sides alike. */
+    static final long WARM_MS = Long.getLong("bench.warm.ms", 1000);
 
     static int connections(TestServer s) {
         return s.connections();
@@ -74,8 +74,9 @@ public final class Bench {
             throws Exception {
         AtomicLongArray counts = new AtomicLongArray(threads);
         ConcurrentLinkedQueue<Long> waits = new ConcurrentLinkedQueue<>();
-        long end = System.nanoTime() + RUN_MS * 1_000_000;
-        double cpu0 = cpu(s);
+        long from = System.nanoTime() + WARM_MS * 1_000_000;
+        long end = from + RUN_MS * 1_000_000;
+        double[] cpu0 = new double[1];
         int[] conns = new int[1];
         List<Thread> ts = new ArrayList<>();
         for (int i = 0; i < threads; i++) {
@@ -85,8 +86,10 @@ public final class Bench {
                     while (System.nanoTime() < end) {
                         long t0 = System.nanoTime();
                         c.take();
-                        waits.add(System.nanoTime() - t0);
-                        counts.incrementAndGet(n);
+                        if (t0 >= from) {
+                            waits.add(System.nanoTime() - t0);
+                            counts.incrementAndGet(n);
+                        }
                         c.give();
                     }
                 } catch (Exception e) {
@@ -96,12 +99,14 @@ public final class Bench {
             t.start();
             ts.add(t);
         }
+        Thread.sleep(WARM_MS);
+        cpu0[0] = cpu(s);
         Thread.sleep(RUN_MS / 2);
         conns[0] = connections(s) - baseConns;
         for (Thread t : ts) {
             t.join();
         }
-        double cpu1 = cpu(s);
+        double cpu1 = cpu(s) - cpu0[0];
         long[] cs = new long[threads];
         long total = 0;
         for (int i = 0; i < threads; i++) {
@@ -109,7 +114,7 @@ public final class Bench {
             total += cs[i];
         }
         return new Result(scenario, side, total * 1000.0 / RUN_MS, p99(waits), jain(cs), conns[0],
-                (cpu1 - cpu0) * 1e6 / Math.max(1, total));
+                cpu1 * 1e6 / Math.max(1, total));
     }
 
     /** `tasks` async tasks loop take/give for RUN_MS, all on the caller's client. */
@@ -117,14 +122,16 @@ public final class Bench {
             throws Exception {
         AtomicLongArray counts = new AtomicLongArray(tasks);
         ConcurrentLinkedQueue<Long> waits = new ConcurrentLinkedQueue<>();
-        long end = System.nanoTime() + RUN_MS * 1_000_000;
-        double cpu0 = cpu(s);
+        long from = System.nanoTime() + WARM_MS * 1_000_000;
+        long end = from + RUN_MS * 1_000_000;
         List<CompletableFuture<Void>> done = new ArrayList<>();
         for (int i = 0; i < tasks; i++) {
             CompletableFuture<Void> f = new CompletableFuture<>();
             done.add(f);
-            loop(c, i, end, counts, waits, f);
+            loop(c, i, from, end, counts, waits, f);
         }
+        Thread.sleep(WARM_MS);
+        double cpu0 = cpu(s);
         Thread.sleep(RUN_MS / 2);
         int conns = connections(s) - baseConns;
         CompletableFuture.allOf(done.toArray(new CompletableFuture[0])).get(RUN_MS + 60_000, TimeUnit.MILLISECONDS);
@@ -139,7 +146,7 @@ public final class Bench {
                 (cpu1 - cpu0) * 1e6 / Math.max(1, total));
     }
 
-    private static void loop(AsyncContender c, int i, long end, AtomicLongArray counts,
+    private static void loop(AsyncContender c, int i, long from, long end, AtomicLongArray counts,
                              ConcurrentLinkedQueue<Long> waits, CompletableFuture<Void> done) {
         if (System.nanoTime() >= end) {
             done.complete(null);
@@ -147,14 +154,16 @@ public final class Bench {
         }
         long t0 = System.nanoTime();
         c.take(i).thenCompose(x -> {
-            waits.add(System.nanoTime() - t0);
-            counts.incrementAndGet(i);
+            if (t0 >= from) {
+                waits.add(System.nanoTime() - t0);
+                counts.incrementAndGet(i);
+            }
             return c.give(i);
         }).whenComplete((x, e) -> {
             if (e != null) {
                 done.completeExceptionally(e);
             } else {
-                loop(c, i, end, counts, waits, done);
+                loop(c, i, from, end, counts, waits, done);
             }
         });
     }
@@ -183,7 +192,6 @@ public final class Bench {
             String v = s.info("server", "valkey_version");
             version = v != null ? "Valkey " + v : "Redis " + s.info("server", "redis_version");
             int base = s.connections();
-            AtomicLong seq = new AtomicLong();
             // ---- 64 threads, one lock ----
             try (RlockClient c = RlockClient.create(s.uri(), RlockOptions.defaults())) {
                 RlockLock l = c.getLock("bench:lock:rlock");
@@ -240,7 +248,6 @@ public final class Bench {
             } finally {
                 r.shutdown();
             }
-            seq.incrementAndGet();
         }
         String table = table(results, version);
         System.out.println(table);
@@ -252,7 +259,8 @@ public final class Bench {
     static String table(List<Result> rs, String version) {
         StringBuilder b = new StringBuilder();
         b.append(HEADING).append("\n\n");
-        b.append("`make bench-java`, one run of ").append(RUN_MS / 1000).append(" s per row on ").append(version)
+        b.append("`make bench-java`, one run of ").append(RUN_MS / 1000).append(" s per row (after ")
+                .append(WARM_MS).append(" ms of warm-up) on ").append(version)
                 .append(" with the release module, the same server for both sides, on this project's 2-core machine."
                         + " Each contender loops take → give back with an empty critical section; no lease (both"
                         + " sides run their watchdog). Wait = from asking to holding. Jain fairness is over the"
@@ -273,8 +281,19 @@ public final class Bench {
                     m.handoffsPerSec() / Math.max(1e-9, o.handoffsPerSec()), m.p99Ms() / Math.max(1e-9, o.p99Ms())));
         }
         b.setLength(b.length() - 1);
-        b.append(".\n");
+        b.append(".\n\nIssue 22's goals: at least 5x handoffs/s, p99 wait at most 1/10, and a constant number"
+                + " of connections per client however many wait. Load average at the end of this run: ")
+                .append(loadAverage()).append(" (on 2 cores; other work shares the machine, so rerun on a quiet one"
+                        + " before reading much into the ratios).\n");
         return b.toString();
+    }
+
+    static String loadAverage() {
+        try {
+            return Files.readString(Path.of("/proc/loadavg")).split(" ")[0];
+        } catch (Exception e) {
+            return "unknown";
+        }
     }
 
     static final String HEADING = "## Java client vs Redisson (make bench-java)";
@@ -291,9 +310,5 @@ public final class Bench {
             out = old.substring(0, at) + section + (next < 0 ? "" : old.substring(next));
         }
         Files.writeString(report, out);
-    }
-
-    static <T> Function<T, T> id() {
-        return x -> x;
     }
 }
