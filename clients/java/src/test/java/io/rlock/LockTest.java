@@ -298,4 +298,30 @@ class LockTest {
             app.shutdown();
         }
     }
+
+    @Test
+    void a_waiter_whose_connections_were_killed_queues_again_and_is_served() throws Exception {
+        try (TestServer own = new TestServer();
+             RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults())) {
+            String name = key("killed");
+            assertNull(own.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            CompletableFuture<Boolean> wait = c.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(5), "queued",
+                    () -> "1".equals(own.info("rlock", "rlock_waiters")));
+            // Every connection but the test's own goes: the server drops the ticket with
+            // its connection. Lettuce reconnects; the client sends the ticket again with the
+            // same request id after each of its two connections is back (a grant message may
+            // have been missed by the subscriber too), so it may queue twice: the server
+            // grants one request id once and drops the other ticket silently.
+            own.call("CLIENT", "KILL", "SKIPME", "yes");
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued again after the reconnect",
+                    () -> Long.parseLong(own.info("rlock", "rlock_waiters")) >= 1);
+            assertEquals(1L, own.call("RLOCK.RELEASE", name, "holder"));
+            assertTrue(wait.get(10, TimeUnit.SECONDS));
+            assertTrue(c.getLock(name).isHeldByThread(7));
+            c.getLock(name).unlockAsync(7).get(5, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(5), "the duplicate ticket dropped, the lock free",
+                    () -> "0".equals(own.info("rlock", "rlock_waiters")) && own.redis().exists(name) == 0);
+        }
+    }
 }
