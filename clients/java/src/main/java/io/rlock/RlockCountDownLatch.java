@@ -65,8 +65,12 @@ public final class RlockCountDownLatch {
 
     /** Deletes the latch (which opens it for rlock awaiters); true if there was one. */
     public boolean delete() {
-        return Sync.join(client.wire().sendRetrying(List.of("RLATCH.DELETE", name, "ID", Wire.requestId()))
-                .thenApply(v -> Sync.asLong(v) == 1));
+        return Sync.join(deleteAsync());
+    }
+
+    public CompletableFuture<Boolean> deleteAsync() {
+        return client.wire().sendRetrying(List.of("RLATCH.DELETE", name, "ID", Wire.requestId()))
+                .thenApply(v -> Sync.asLong(v) == 1);
     }
 
     // ---- CompletionStage twins ----------------------------------------------------------------

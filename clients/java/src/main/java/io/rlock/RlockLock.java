@@ -275,8 +275,12 @@ public class RlockLock implements Lock {
     }
 
     public boolean isHeldByThread(long threadId) {
-        return Sync.join(client.wire().sendRetrying(List.of("HEXISTS", name, field(ownerOf(threadId))))
-                .thenApply(v -> Sync.asLong(v) == 1));
+        return Sync.join(isHeldByThreadAsync(threadId));
+    }
+
+    public CompletableFuture<Boolean> isHeldByThreadAsync(long threadId) {
+        return client.wire().sendRetrying(List.of("HEXISTS", name, field(ownerOf(threadId))))
+                .thenApply(v -> Sync.asLong(v) == 1);
     }
 
     /** The current thread's hold count (0 when it does not hold the lock). */
@@ -291,7 +295,11 @@ public class RlockLock implements Lock {
 
     /** The lock's remaining lease in ms: -2 when not locked, -1 without expiry. */
     public long remainTimeToLive() {
-        return Sync.join(client.wire().sendRetrying(List.of("PTTL", name)).thenApply(Sync::asLong));
+        return Sync.join(remainTimeToLiveAsync());
+    }
+
+    public CompletableFuture<Long> remainTimeToLiveAsync() {
+        return client.wire().sendRetrying(List.of("PTTL", name)).thenApply(Sync::asLong);
     }
 
     /** Listeners told when a watchdog renewal finds a hold of this lock gone. */

@@ -119,26 +119,49 @@ public final class RlockPermitExpirableSemaphore {
 
     /** Sets a new lease on a held permit; false when it is not held. */
     public boolean updateLeaseTime(String permitId, long leaseTime, TimeUnit unit) {
-        return Sync.join(client.wire().sendRetrying(List.of("RPSEMAPHORE.UPDATELEASETIME", name, permitId,
-                Long.toString(lease(leaseTime, unit)))).thenApply(v -> Sync.asLong(v) == 1));
+        return Sync.join(updateLeaseTimeAsync(permitId, leaseTime, unit));
     }
 
     public int availablePermits() {
-        return Sync.join(read("RPSEMAPHORE.AVAILABLEPERMITS")).intValue();
+        return Sync.join(availablePermitsAsync());
     }
 
     public int acquiredPermits() {
-        return Sync.join(read("RPSEMAPHORE.ACQUIREDPERMITS")).intValue();
+        return Sync.join(acquiredPermitsAsync());
     }
 
     public boolean trySetPermits(int permits) {
-        return Sync.join(client.wire().sendRetrying(List.of("RPSEMAPHORE.TRYSETPERMITS", name, Integer.toString(permits),
-                "ID", Wire.requestId())).thenApply(v -> Sync.asLong(v) == 1));
+        return Sync.join(trySetPermitsAsync(permits));
     }
 
     public void addPermits(int delta) {
-        Sync.join(client.wire().sendRetrying(List.of("RPSEMAPHORE.ADDPERMITS", name, Integer.toString(delta),
-                "ID", Wire.requestId())));
+        Sync.join(addPermitsAsync(delta));
+    }
+
+    public CompletableFuture<Boolean> updateLeaseTimeAsync(String permitId, long leaseTime, TimeUnit unit) {
+        return client.wire().sendRetrying(List.of("RPSEMAPHORE.UPDATELEASETIME", name, permitId,
+                Long.toString(lease(leaseTime, unit)))).thenApply(v -> Sync.asLong(v) == 1);
+    }
+
+    public CompletableFuture<Integer> availablePermitsAsync() {
+        return read("RPSEMAPHORE.AVAILABLEPERMITS").thenApply(Long::intValue);
+    }
+
+    public CompletableFuture<Integer> acquiredPermitsAsync() {
+        return read("RPSEMAPHORE.ACQUIREDPERMITS").thenApply(Long::intValue);
+    }
+
+    public CompletableFuture<Boolean> trySetPermitsAsync(int permits) {
+        if (permits < 0) {
+            throw new IllegalArgumentException("permits must be >= 0, got " + permits);
+        }
+        return client.wire().sendRetrying(List.of("RPSEMAPHORE.TRYSETPERMITS", name, Integer.toString(permits),
+                "ID", Wire.requestId())).thenApply(v -> Sync.asLong(v) == 1);
+    }
+
+    public CompletableFuture<Void> addPermitsAsync(int delta) {
+        return client.wire().sendRetrying(List.of("RPSEMAPHORE.ADDPERMITS", name, Integer.toString(delta),
+                "ID", Wire.requestId())).thenApply(v -> null);
     }
 
     private CompletableFuture<Long> read(String cmd) {
