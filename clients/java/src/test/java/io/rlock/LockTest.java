@@ -324,4 +324,16 @@ class LockTest {
                     () -> "0".equals(own.info("rlock", "rlock_waiters")) && own.redis().exists(name) == 0);
         }
     }
+
+    @Test
+    void replica_sync_gives_the_lock_back_when_too_few_replicas_acknowledge() throws Exception {
+        try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults()
+                .withReplicaSync(1, Duration.ofMillis(100)))) {
+            RlockLock lock = c.getLock(key("replicas"));
+            // The test server has no replica: WAIT 1 answers 0.
+            ReplicaSyncException e = assertThrows(ReplicaSyncException.class, lock::tryLock);
+            assertEquals(0, e.acknowledged());
+            TestServer.waitUntil(Duration.ofSeconds(5), "the lock given back", () -> !lock.isLocked());
+        }
+    }
 }
