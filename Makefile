@@ -30,6 +30,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets
+.PHONY: test-java bench-java
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -60,7 +61,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client test-pyclient bench-quick ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, bench smoke runs
+test: build venv test-unit test-py test-client test-pyclient test-java bench-quick ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, Java client + Redisson interop, bench smoke runs
 
 test-unit: ## Rust unit and property tests of the module (pure cores, engine bookkeeping)
 	cargo test -p rlock
@@ -150,3 +151,18 @@ bench-python: $(PYC_VENV)/.ok ## Python benches: 200 threads of one client, rloc
 clean: ## Remove build output and the virtualenv
 	cargo clean
 	rm -rf $(VENV)
+
+# The Java client (clients/java): Maven, Java 17, Lettuce; its tests start their own
+# module-loaded servers (RLOCK_MODULE, REDIS_SERVER) and run the real Redisson against them.
+# Maven fetches the pinned dependencies into ~/.m2 on the first run.
+JAVA_DIR := clients/java
+MVN      := mvn -B -ntp -f $(JAVA_DIR)/pom.xml
+
+test-java: build ## Java client: JUnit 5 tests and Redisson interop (every primitive, both ways) on each server in SERVERS
+	@./scripts/deps.sh --java
+	@$(PER_SERVER) $(MVN) test; done
+
+bench-java: release ## Java contention bench: rlock's Java client vs Redisson's RLock/RSemaphore, 64 threads and 1 000 tasks (REDIS_SERVER); appends to BENCHMARK.md
+	@./scripts/deps.sh --java
+	$(MVN) -q test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
+		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"

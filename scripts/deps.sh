@@ -5,6 +5,7 @@
 #   scripts/deps.sh                 build needs: redis-server, libclang (for bindgen)
 #   scripts/deps.sh --venv          and what `python3 -m venv` needs (python3-venv)
 #   scripts/deps.sh --valgrind      and valgrind (make bench-instr)
+#   scripts/deps.sh --java          and a JDK 17 and Maven (make test-java, bench-java)
 #   scripts/deps.sh --has-libclang [DIR...]
 #                                   exit 0 when bindgen would find a libclang in DIRs
 #                                   (default: where bindgen searches); tests/test_setup.py
@@ -96,6 +97,11 @@ for arg in "$@"; do
     # The tests' virtualenv: Debian's own python3 needs python3-venv for `python3 -m venv`.
     --venv) python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv) ;;
     --valgrind) command -v valgrind >/dev/null 2>&1 || need+=(valgrind) ;;
+    # The Java client (clients/java): javac, not only a JRE; Maven fetches the rest.
+    --java)
+      command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
+      command -v mvn >/dev/null 2>&1 || need+=(maven)
+      ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -1,0 +1,197 @@
+// The entry point of the rlock Java client (clients/java; SPEC 6): one shared command
+// connection, one notification connection for every waiting call, one scheduler thread for
+// the watchdog and retries. Hands out the primitives by name, as Redisson's RedissonClient
+// does. It opens its own Lettuce RedisClient or rides on the application's.
+package io.rlock;
+
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisURI;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.resource.ClientResources;
+import io.lettuce.core.resource.DefaultClientResources;
+
+import java.util.List;
+import java.util.Objects;
+import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ForkJoinPool;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+
+/**
+ * A client of the rlock module. Thread-safe; make one per application and share it.
+ *
+ * <pre>{@code
+ * try (RlockClient rlock = RlockClient.create("redis://127.0.0.1:6379")) {
+ *     Lock lock = rlock.getLock("orders:42");
+ *     lock.lock();            // no lease: the watchdog keeps it (30 s, renewed every 10 s)
+ *     try { ... } finally { lock.unlock(); }
+ * }
+ * }</pre>
+ *
+ * Spring Data Redis users can pass the client behind their connection factory:
+ * {@code RlockClient.create((RedisClient) lettuceConnectionFactory.getNativeClient())}.
+ */
+public final class RlockClient implements AutoCloseable {
+    /** The name the command connection gives itself (`CLIENT LIST` shows it). */
+    public static final String CONNECTION_NAME = "rlock-java";
+
+    private final String id = UUID.randomUUID().toString();
+    private final RedisClient redis;
+    private final boolean ownsRedis;
+    /** Made by this client (with its own RedisClient), shut down with it; else null. */
+    private final ClientResources ownResources;
+    private final RlockOptions options;
+    private final StatefulRedisConnection<String, String> conn;
+    private final ScheduledExecutorService scheduler;
+    private final Wire wire;
+    private final Waits waits;
+    private final Watchdog watchdog;
+
+    private RlockClient(RedisClient redis, boolean ownsRedis, RlockOptions options) {
+        this(redis, ownsRedis, null, options);
+    }
+
+    private RlockClient(RedisClient redis, ClientResources resources, RlockOptions options) {
+        this(redis, true, resources, options);
+    }
+
+    private RlockClient(RedisClient redis, boolean ownsRedis, ClientResources resources, RlockOptions options) {
+        this.redis = Objects.requireNonNull(redis, "redis");
+        this.ownsRedis = ownsRedis;
+        this.ownResources = resources;
+        this.options = Objects.requireNonNull(options, "options");
+        this.conn = redis.connect(StringCodec.UTF8);
+        conn.async().clientSetname(CONNECTION_NAME);
+        ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
+            Thread t = new Thread(r, "rlock-scheduler-" + id.substring(0, 8));
+            t.setDaemon(true);
+            return t;
+        });
+        s.setRemoveOnCancelPolicy(true);
+        this.scheduler = Executors.unconfigurableScheduledExecutorService(s);
+        this.wire = new Wire(conn, scheduler, options);
+        this.waits = new Waits(redis, wire, ForkJoinPool.commonPool(), options.waitMode());
+        this.watchdog = new Watchdog(scheduler, wire, options.watchdogTimeout().toMillis());
+    }
+
+    /** Connects to `uri` (`redis://host:port`) with its own Lettuce client. */
+    public static RlockClient create(String uri) {
+        return create(RedisURI.create(uri), RlockOptions.defaults());
+    }
+
+    public static RlockClient create(RedisURI uri, RlockOptions options) {
+        // One I/O thread for both connections: a grant heard on the notification connection
+        // is collected on the command connection without crossing to another thread, which
+        // is the handoff's critical path.
+        ClientResources resources = DefaultClientResources.builder().ioThreadPoolSize(1)
+                .computationThreadPoolSize(1).build();
+        RedisClient redis = RedisClient.create(resources, uri);
+        try {
+            return new RlockClient(redis, resources, options);
+        } catch (RuntimeException e) {
+            redis.shutdown();
+            resources.shutdown();
+            throw e;
+        }
+    }
+
+    /**
+     * Rides on the application's Lettuce client (its default URI): two connections are
+     * opened from it, and closing this client leaves `redis` running.
+     */
+    public static RlockClient create(RedisClient redis) {
+        return new RlockClient(redis, false, RlockOptions.defaults());
+    }
+
+    public static RlockClient create(RedisClient redis, RlockOptions options) {
+        return new RlockClient(redis, false, options);
+    }
+
+    /** This client's id: the first half of every owner id it uses (`<id>:<thread id>`). */
+    public String getId() {
+        return id;
+    }
+
+    public RlockOptions options() {
+        return options;
+    }
+
+    /** A re-entrant lock (RLOCK.*), Redisson's RLock layout. */
+    public RlockLock getLock(String name) {
+        return new RlockLock(this, name);
+    }
+
+    /** A lock that returns a fencing token with every acquire (RFENCED.*), Redisson's RFencedLock. */
+    public RlockFencedLock getFencedLock(String name) {
+        return new RlockFencedLock(this, name);
+    }
+
+    /** A read-write lock (RRWLOCK.*), Redisson's RReadWriteLock. */
+    public RlockReadWriteLock getReadWriteLock(String name) {
+        return new RlockReadWriteLock(this, name);
+    }
+
+    /** A semaphore (RSEMAPHORE.*), Redisson's RSemaphore. */
+    public RlockSemaphore getSemaphore(String name) {
+        return new RlockSemaphore(this, name);
+    }
+
+    /** A semaphore of permits with ids and leases (RPSEMAPHORE.*), Redisson's RPermitExpirableSemaphore. */
+    public RlockPermitExpirableSemaphore getPermitExpirableSemaphore(String name) {
+        return new RlockPermitExpirableSemaphore(this, name);
+    }
+
+    /** A countdown latch (RLATCH.*), Redisson's RCountDownLatch. */
+    public RlockCountDownLatch getCountDownLatch(String name) {
+        return new RlockCountDownLatch(this, name);
+    }
+
+    Wire wire() { return wire; }
+    Waits waits() { return waits; }
+    Watchdog watchdog() { return watchdog; }
+    ScheduledExecutorService scheduler() { return scheduler; }
+
+    /** How many waiters the client has registered (tests: a cancelled wait leaves nothing behind). */
+    int registeredWaiters() {
+        return waits.registered();
+    }
+
+    /**
+     * After an acquire: `WAIT replicas timeout` when replica sync is on. Completes with
+     * null when enough replicas acknowledged, else fails with ReplicaSyncException (the
+     * caller gives the acquire back).
+     */
+    CompletableFuture<Void> syncReplicas() {
+        int n = options.replicas();
+        if (n == 0) {
+            return CompletableFuture.completedFuture(null);
+        }
+        return wire.send(List.of("WAIT", Integer.toString(n), Long.toString(options.replicaTimeout().toMillis())))
+                .thenApply(v -> {
+                    long acked = Sync.asLong(v);
+                    if (acked < n) {
+                        throw new ReplicaSyncException(acked, n);
+                    }
+                    return null;
+                });
+    }
+
+    /** Stops renewals and closes the connections (and the Lettuce client, if this client made it). */
+    @Override
+    public void close() {
+        watchdog.close();
+        scheduler.shutdownNow();
+        waits.close();
+        conn.close();
+        if (ownsRedis) {
+            // No quiet period: nothing of ours is left on the client's event loops.
+            redis.shutdown(java.time.Duration.ZERO, java.time.Duration.ofSeconds(2));
+        }
+        if (ownResources != null) {
+            ownResources.shutdown(0, 2, java.util.concurrent.TimeUnit.SECONDS);
+        }
+    }
+}

@@ -1,0 +1,398 @@
+// Waiting in the server (clients/java, internal; SPEC 5, docs/tickets.md): every waiting
+// call of one client queues a ticket (`WAIT t ASYNC ID id`) on the client's command
+// connection and hears its fate on the client's one notification (pub/sub) connection, so
+// the client holds two connections however many threads wait. The Rust client's
+// tickets.rs is the reference; this is the same protocol over Lettuce.
+package io.rlock;
+
+import io.lettuce.core.RedisChannelHandler;
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisCommandExecutionException;
+import io.lettuce.core.RedisConnectionStateListener;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.pubsub.RedisPubSubAdapter;
+import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
+
+import java.net.SocketAddress;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executor;
+import java.util.function.Function;
+
+final class Waits {
+    /** The name the notification connection gives itself (`CLIENT LIST` shows it). */
+    static final String CONNECTION_NAME = "rlock-java-tickets";
+
+    private static final int UNKNOWN = 0, ON = 1, OFF = 2;
+
+    private final RedisClient redis;
+    private final Wire wire;
+    private final Executor executor;
+    private final RlockOptions.WaitMode waitMode;
+    private volatile int mode;
+
+    /** Lazily opened on the first waiting call; null until then. Written under `this`. */
+    private volatile StatefulRedisPubSubConnection<String, String> pubsub;
+    /** Connections seen connected once: a later connect event is a reconnect. */
+    private final java.util.Set<Object> seen = ConcurrentHashMap.newKeySet();
+    /** Ticket channels subscribed, with their waiter counts. Guarded by `this`. */
+    private final Map<String, Sub> subs = new HashMap<>();
+    /** Waiters by request id, until their ticket's fate is known (cancelled ones too). */
+    private final Map<String, Waiter> waiters = new ConcurrentHashMap<>();
+    private final RedisConnectionStateListener reconnects;
+    private final Object connecting = new Object();
+
+    private static final class Sub {
+        int refs;
+        CompletableFuture<Void> ready;
+    }
+
+    Waits(RedisClient redis, Wire wire, Executor executor, RlockOptions.WaitMode waitMode) {
+        this.redis = redis;
+        this.wire = wire;
+        this.executor = executor;
+        this.waitMode = waitMode;
+        this.mode = waitMode == RlockOptions.WaitMode.BLOCKING ? OFF
+                : waitMode == RlockOptions.WaitMode.TICKETS ? ON : UNKNOWN;
+        // A ticket lives as long as the connection that queued it, and a grant message sent
+        // while the subscriber was away is lost: after either connection comes back, every
+        // waiter sends its command again with the same request id. The server replays a
+        // grant already made under that id and queues anything else anew.
+        seen.add(wire.connection());
+        this.reconnects = new RedisConnectionStateListener() {
+            @Override
+            public void onRedisConnected(RedisChannelHandler<?, ?> c, SocketAddress a) {
+                // Runs on Lettuce's event loop: takes no lock.
+                if ((c == wire.connection() || c == pubsub) && !seen.add(c)) {
+                    resendAll();
+                }
+            }
+        };
+        redis.addListener(reconnects);
+    }
+
+    /** The ticket channel of `key` (Redisson's prefixName rule keeps it in the key's slot). */
+    static String channel(String key) {
+        return key.contains("{") ? "rlock_ticket:" + key : "rlock_ticket:{" + key + "}";
+    }
+
+    /** A waiting command taken apart. */
+    static final class Waiter {
+        final List<String> args;
+        final int waitAt;
+        final long waitMs;
+        final String id;
+        final boolean addedId;
+        final boolean latch;
+        final String channel;
+        final long started = System.nanoTime();
+        final Function<Object, List<List<String>>> undo;
+        final CompletableFuture<Object> result = new CompletableFuture<>();
+        volatile boolean finished;
+
+        Waiter(List<String> args, Function<Object, List<List<String>>> undo) {
+            this.args = args;
+            this.undo = undo;
+            int w = find(args, "WAIT");
+            if (w < 0) {
+                throw new IllegalArgumentException("not a waiting command: " + args);
+            }
+            this.waitAt = w + 1;
+            this.waitMs = Long.parseLong(args.get(waitAt));
+            int i = find(args, "ID");
+            this.addedId = i < 0;
+            this.id = addedId ? Wire.requestId() : args.get(i + 1);
+            this.latch = args.get(0).equalsIgnoreCase("RLATCH.AWAIT");
+            this.channel = channel(args.get(1));
+        }
+
+        private static int find(List<String> args, String opt) {
+            for (int i = args.size() - 2; i >= 2; i--) {
+                if (args.get(i).equalsIgnoreCase(opt)) {
+                    return i;
+                }
+            }
+            return -1;
+        }
+
+        /** The wait left: 0 for no limit, -1 when over. */
+        long waitLeft() {
+            if (waitMs == 0) {
+                return 0;
+            }
+            long left = waitMs - (System.nanoTime() - started) / 1_000_000;
+            return left > 0 ? left : -1;
+        }
+
+        List<String> ticketed() {
+            long left = waitLeft();
+            if (left < 0) {
+                return look();
+            }
+            List<String> a = new ArrayList<>(args);
+            a.set(waitAt, Long.toString(left));
+            a.add("ASYNC");
+            if (addedId) {
+                a.add("ID");
+                a.add(id);
+            }
+            return a;
+        }
+
+        /** The command without WAIT: answers at once (a remembered grant under the same id, or the state now). */
+        List<String> look() {
+            List<String> a = new ArrayList<>(args);
+            a.remove(waitAt);
+            a.remove(waitAt - 1);
+            return a;
+        }
+
+        /** The command with what is left of its wait, blocking a connection (the fallback). */
+        List<String> blocking() {
+            long left = waitLeft();
+            if (left < 0) {
+                return look();
+            }
+            List<String> a = new ArrayList<>(args);
+            a.set(waitAt, Long.toString(left));
+            return a;
+        }
+    }
+
+    /**
+     * Waits for a command carrying `WAIT t` (and `ID`, but for the latch). The future
+     * completes with the command's ordinary reply. Cancelling it (an interrupted or
+     * abandoned wait) leaves nothing behind: a grant that comes after all is collected and
+     * given back with the commands `undo` makes from its reply.
+     */
+    CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo) {
+        Waiter w = new Waiter(args, undo);
+        if (mode == OFF) {
+            blockingWait(w);
+            return w.result;
+        }
+        waiters.put(w.id, w);
+        join(w.channel).whenComplete((ok, e) -> {
+            if (e != null) {
+                finish(w, null, e);
+            } else {
+                send(w, w.ticketed());
+            }
+        });
+        return w.result;
+    }
+
+    private void send(Waiter w, List<String> args) {
+        if (w.finished) {
+            return;
+        }
+        boolean ticketed = args.contains("ASYNC");
+        wire.sendRetrying(args).whenComplete((reply, e) -> onReply(w, ticketed, reply, e));
+    }
+
+    private void onReply(Waiter w, boolean ticketed, Object reply, Throwable e) {
+        if (e != null) {
+            if (ticketed && mode == UNKNOWN && refusesAsync(e)) {
+                mode = OFF;
+                leave(w);
+                blockingWait(w);
+                return;
+            }
+            finish(w, null, e);
+        } else if (ticketed && "QUEUED".equals(reply)) {
+            mode = ON;
+        } else {
+            if (ticketed) {
+                mode = ON;
+            }
+            finish(w, reply, null);
+        }
+    }
+
+    private void onMessage(String channel, String message) {
+        Note n = Note.parse(message);
+        if (n == null) {
+            return;
+        }
+        Waiter w = waiters.get(n.id);
+        if (w == null || !w.channel.equals(channel)) {
+            return;
+        }
+        switch (n.kind) {
+            case "granted":
+                if (w.latch) {
+                    finish(w, 1L, null);
+                } else {
+                    send(w, w.look()); // collect: the same id replays the grant
+                }
+                break;
+            case "timeout":
+                send(w, w.look());
+                break;
+            default:
+                finish(w, null, new RedisCommandExecutionException(n.detail));
+        }
+    }
+
+    /** A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`. */
+    record Note(String kind, String id, String detail) {
+        static Note parse(String m) {
+            String[] p = m.split(":", 4);
+            if (p.length < 4) {
+                return null;
+            }
+            try {
+                int idLen = Integer.parseInt(p[1]);
+                int ownerLen = Integer.parseInt(p[2]);
+                String rest = p[3];
+                if (idLen < 0 || ownerLen < 0 || rest.length() < idLen + ownerLen) {
+                    return null;
+                }
+                return new Note(p[0], rest.substring(0, idLen), rest.substring(idLen + ownerLen));
+            } catch (NumberFormatException e) {
+                return null;
+            }
+        }
+    }
+
+    private void finish(Waiter w, Object reply, Throwable e) {
+        synchronized (w) {
+            if (w.finished) {
+                return;
+            }
+            w.finished = true;
+        }
+        if (waiters.remove(w.id, w)) {
+            leave(w);
+        }
+        boolean delivered = e == null ? w.result.complete(reply) : w.result.completeExceptionally(Wire.unwrap(e));
+        if (!delivered && e == null) {
+            // Nobody takes this reply any more (the wait was cancelled): give back what it granted.
+            for (List<String> cmd : w.undo.apply(reply)) {
+                wire.sendRetrying(cmd);
+            }
+        }
+    }
+
+    /** The module answers `ASYNC` as unknown: it predates tickets. */
+    static boolean refusesAsync(Throwable e) {
+        String m = Wire.serverError(e);
+        if (m == null) {
+            return false;
+        }
+        m = m.toLowerCase(Locale.ROOT);
+        return m.startsWith("err") && (m.contains("syntax") || m.contains("wrong number") || m.contains("unknown"));
+    }
+
+    // ---- the notification connection ----------------------------------------------------
+
+    private CompletableFuture<Void> join(String channel) {
+        if (pubsub == null) {
+            // Connected outside the lock: Lettuce's event loop calls back into this class.
+            synchronized (connecting) {
+                if (pubsub == null) {
+                    StatefulRedisPubSubConnection<String, String> p;
+                    try {
+                        p = redis.connectPubSub(StringCodec.UTF8);
+                    } catch (RuntimeException e) {
+                        return CompletableFuture.failedFuture(e);
+                    }
+                    seen.add(p);
+                    p.addListener(new RedisPubSubAdapter<>() {
+                        @Override
+                        public void message(String ch, String message) {
+                            onMessage(ch, message);
+                        }
+                    });
+                    p.async().clientSetname(CONNECTION_NAME);
+                    pubsub = p;
+                }
+            }
+        }
+        synchronized (this) {
+            Sub s = subs.computeIfAbsent(channel, c -> new Sub());
+            if (s.refs++ == 0) {
+                // Subscribed before the ticket is sent, so its message cannot be missed.
+                s.ready = pubsub.async().subscribe(channel).toCompletableFuture();
+            }
+            return s.ready;
+        }
+    }
+
+    private void leave(Waiter w) {
+        synchronized (this) {
+            Sub s = subs.get(w.channel);
+            if (s != null && --s.refs == 0) {
+                subs.remove(w.channel);
+                pubsub.async().unsubscribe(w.channel);
+            }
+        }
+    }
+
+    private void resendAll() {
+        for (Waiter w : waiters.values()) {
+            if (!w.finished) {
+                send(w, w.ticketed());
+            }
+        }
+    }
+
+    // ---- the fallback: a blocked connection per waiter ---------------------------------
+
+    private void blockingWait(Waiter w) {
+        if (waitMode == RlockOptions.WaitMode.TICKETS) {
+            w.result.completeExceptionally(new IllegalStateException(
+                    "the server's rlock module does not take ASYNC (queued tickets); use WaitMode.AUTO or BLOCKING"));
+            return;
+        }
+        CompletableFuture.runAsync(() -> {
+            if (w.result.isDone()) {
+                return;
+            }
+            StatefulRedisConnection<String, String> c;
+            try {
+                c = redis.connect(StringCodec.UTF8);
+            } catch (RuntimeException e) {
+                w.result.completeExceptionally(e);
+                return;
+            }
+            // Closing the connection removes the waiter from the server's queue, or makes
+            // the server take back a lock it had just handed over: a cancelled wait leaves
+            // nothing behind.
+            w.result.whenComplete((v, e) -> c.closeAsync());
+            Wire own = new Wire(c, null, RlockOptions.defaults().withRetryAttempts(1));
+            own.send(w.blocking()).whenComplete((reply, e) -> {
+                if (e != null) {
+                    w.result.completeExceptionally(Wire.unwrap(e));
+                } else if (!w.result.complete(reply)) {
+                    for (List<String> cmd : w.undo.apply(reply)) {
+                        wire.sendRetrying(cmd);
+                    }
+                }
+            });
+        }, executor);
+    }
+
+    /** How many waiters this client has registered (tests: nothing left behind). */
+    int registered() {
+        return waiters.size();
+    }
+
+    void close() {
+        redis.removeListener(reconnects);
+        StatefulRedisPubSubConnection<String, String> p;
+        synchronized (this) {
+            p = pubsub;
+            pubsub = null;
+        }
+        if (p != null) {
+            p.close();
+        }
+    }
+}

@@ -1,0 +1,140 @@
+// How the rlock Java client talks to the server (clients/java, internal): one shared
+// Lettuce connection for every command of a client, generic commands read with Reply,
+// retries of transient failures with capped exponential backoff and jitter, request ids.
+package io.rlock;
+
+import io.lettuce.core.RedisCommandExecutionException;
+import io.lettuce.core.RedisCommandTimeoutException;
+import io.lettuce.core.RedisConnectionException;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.protocol.ProtocolKeyword;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Locale;
+import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+final class Wire {
+    private final StatefulRedisConnection<String, String> conn;
+    private final ScheduledExecutorService scheduler;
+    private final RlockOptions options;
+    private static final ConcurrentHashMap<String, ProtocolKeyword> KEYWORDS = new ConcurrentHashMap<>();
+    /** Request ids: this process's random prefix and a counter (unique per client and call). */
+    private static final String ID_PREFIX = UUID.randomUUID().toString().substring(0, 8);
+    private static final AtomicLong ID_SEQ = new AtomicLong();
+
+    Wire(StatefulRedisConnection<String, String> conn, ScheduledExecutorService scheduler, RlockOptions options) {
+        this.conn = conn;
+        this.scheduler = scheduler;
+        this.options = options;
+    }
+
+    StatefulRedisConnection<String, String> connection() {
+        return conn;
+    }
+
+    /** A fresh request id (`ID` argument): names one call, so that its retry is not applied twice. */
+    static String requestId() {
+        return ID_PREFIX + "-" + Long.toString(ID_SEQ.incrementAndGet(), 36);
+    }
+
+    static ProtocolKeyword keyword(String name) {
+        return KEYWORDS.computeIfAbsent(name.toUpperCase(Locale.ROOT), n -> new ProtocolKeyword() {
+            private final byte[] bytes = n.getBytes(StandardCharsets.US_ASCII);
+
+            @Override
+            public byte[] getBytes() {
+                return bytes;
+            }
+
+            @Override
+            public String toString() {
+                return n;
+            }
+        });
+    }
+
+    /** Sends one command once on the connection; its reply as Reply's values. */
+    CompletableFuture<Object> send(List<String> args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        for (int i = 1; i < args.size(); i++) {
+            if (i == 1) {
+                a.addKey(args.get(i));
+            } else {
+                a.add(args.get(i));
+            }
+        }
+        try {
+            return conn.async().dispatch(keyword(args.get(0)), new Reply(), a).toCompletableFuture();
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+    }
+
+    /**
+     * Sends one command, and again after a transient failure (a broken connection, a
+     * timeout, a server still loading), up to the options' attempts with capped
+     * exponential backoff and jitter. Only commands that are safe to repeat come here:
+     * idempotent ones, or ones carrying an `ID` (the server then replays the first reply).
+     */
+    CompletableFuture<Object> sendRetrying(List<String> args) {
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        attempt(args, 1, out);
+        return out;
+    }
+
+    private void attempt(List<String> args, int n, CompletableFuture<Object> out) {
+        send(args).whenComplete((v, e) -> {
+            if (e == null) {
+                out.complete(v);
+            } else if (n < options.retryAttempts() && isTransient(e) && !out.isDone()) {
+                long cap = options.retryMaxDelay().toMillis();
+                long base = Math.min(cap, options.retryBaseDelay().toMillis() << Math.min(n - 1, 20));
+                long delay = base / 2 + ThreadLocalRandom.current().nextLong(base / 2 + 1);
+                scheduler.schedule(() -> attempt(args, n + 1, out), delay, TimeUnit.MILLISECONDS);
+            } else {
+                out.completeExceptionally(unwrap(e));
+            }
+        });
+    }
+
+    static Throwable unwrap(Throwable e) {
+        while ((e instanceof CompletionException || e instanceof ExecutionException) && e.getCause() != null) {
+            e = e.getCause();
+        }
+        return e;
+    }
+
+    /** Failures worth a retry: the command may not have run, or ran and lost its reply. */
+    static boolean isTransient(Throwable e) {
+        e = unwrap(e);
+        if (e instanceof RedisConnectionException || e instanceof RedisCommandTimeoutException
+                || e instanceof IOException) {
+            return true;
+        }
+        if (e instanceof RedisCommandExecutionException) {
+            String m = String.valueOf(e.getMessage());
+            return m.startsWith("LOADING") || m.startsWith("TRYAGAIN") || m.startsWith("CLUSTERDOWN")
+                    || m.startsWith("MASTERDOWN") || m.startsWith("BUSY ");
+        }
+        return e instanceof io.lettuce.core.RedisException
+                && String.valueOf(e.getMessage()).contains("Connection closed");
+    }
+
+    /** A server error's text, or null when the failure is not a server error. */
+    static String serverError(Throwable e) {
+        e = unwrap(e);
+        return e instanceof RedisCommandExecutionException ? String.valueOf(e.getMessage()) : null;
+    }
+}

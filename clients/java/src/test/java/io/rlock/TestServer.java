@@ -1,0 +1,175 @@
+// Test support (clients/java tests): a real module-loaded server on a free port of
+// 127.0.0.1, started by the tests themselves, as tests/conftest.py's RedisServer does. The
+// module comes from RLOCK_MODULE (default ../../target/debug/librlock.so, which `make
+// build` makes), the server from REDIS_SERVER (default redis-server on PATH).
+package io.rlock;
+
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisURI;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.api.sync.RedisCommands;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.output.CommandOutput;
+import io.lettuce.core.protocol.CommandArgs;
+
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.function.BooleanSupplier;
+
+final class TestServer implements AutoCloseable {
+    final int port;
+    final Path dir;
+    private final Process proc;
+    private final RedisClient admin;
+    private final StatefulRedisConnection<String, String> adminConn;
+
+    static Path module() {
+        String env = System.getProperty("rlock.module", System.getenv("RLOCK_MODULE"));
+        Path base = Path.of(System.getenv().getOrDefault("RLOCK_JAVA_DIR", "."));
+        Path p = env != null && !env.isEmpty() ? Path.of(env) : base.resolve("../../target/debug/librlock.so").normalize();
+        if (!Files.isRegularFile(p)) {
+            throw new IllegalStateException("the rlock module is not at " + p.toAbsolutePath()
+                    + ": build it first (`make build` or `cargo build -p rlock` at the repository root),"
+                    + " or set RLOCK_MODULE to the path of librlock.so");
+        }
+        return p.toAbsolutePath();
+    }
+
+    static String serverBinary() {
+        String s = System.getProperty("redis.server", System.getenv("REDIS_SERVER"));
+        return s == null || s.isEmpty() ? "redis-server" : s;
+    }
+
+    /** A free TCP port whose cluster bus port (+10000) is free too. */
+    static int freePort() {
+        for (int i = 0; i < 100; i++) {
+            int p = 20000 + ThreadLocalRandom.current().nextInt(30000);
+            if (free(p) && free(p + 10000)) {
+                return p;
+            }
+        }
+        throw new IllegalStateException("no free port found");
+    }
+
+    private static boolean free(int port) {
+        try (ServerSocket s = new ServerSocket(port, 1, java.net.InetAddress.getByName("127.0.0.1"))) {
+            s.setReuseAddress(true);
+            return true;
+        } catch (IOException e) {
+            return false;
+        }
+    }
+
+    TestServer(String... extra) {
+        this.port = freePort();
+        try {
+            this.dir = Files.createTempDirectory("rlock-java-" + port + "-");
+            List<String> cmd = new ArrayList<>(List.of(serverBinary(), "--port", Integer.toString(port),
+                    "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir.toString(),
+                    "--logfile", dir.resolve("redis.log").toString(), "--enable-module-command", "yes",
+                    "--enable-debug-command", "yes", "--loadmodule", module().toString()));
+            cmd.addAll(List.of(extra));
+            this.proc = new ProcessBuilder(cmd).redirectErrorStream(true)
+                    .redirectOutput(dir.resolve("stdout.log").toFile()).start();
+        } catch (IOException e) {
+            throw new IllegalStateException("cannot start " + serverBinary() + ": " + e, e);
+        }
+        this.admin = RedisClient.create(uri());
+        waitUntil(Duration.ofSeconds(10), "the server answers PING", () -> {
+            if (!proc.isAlive()) {
+                throw new IllegalStateException("the server exited: " + log());
+            }
+            try (var c = admin.connect()) {
+                return "PONG".equals(c.sync().ping());
+            } catch (RuntimeException e) {
+                return false;
+            }
+        });
+        this.adminConn = admin.connect(StringCodec.UTF8);
+    }
+
+    String log() {
+        try {
+            return Files.readString(dir.resolve("stdout.log")) + Files.readString(dir.resolve("redis.log"));
+        } catch (IOException e) {
+            return "(no log: " + e + ")";
+        }
+    }
+
+    RedisURI uri() {
+        return RedisURI.create("redis://127.0.0.1:" + port);
+    }
+
+    String address() {
+        return "redis://127.0.0.1:" + port;
+    }
+
+    /** Plain commands for checks. */
+    RedisCommands<String, String> redis() {
+        return adminConn.sync();
+    }
+
+    /** Any command, its reply as the client's own Reply values. */
+    Object call(String... args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        for (int i = 1; i < args.length; i++) {
+            a.add(args[i]);
+        }
+        CommandOutput<String, String, Object> out = new Reply();
+        return adminConn.sync().dispatch(Wire.keyword(args[0]), out, a);
+    }
+
+    /** One field of INFO section (null when absent). */
+    String info(String section, String field) {
+        for (String line : redis().info(section).split("\r?\n")) {
+            if (line.startsWith(field + ":")) {
+                return line.substring(field.length() + 1).trim();
+            }
+        }
+        return null;
+    }
+
+    /** How many connections the server has open (CLIENT LIST). */
+    int connections() {
+        return redis().clientList().split("\n").length;
+    }
+
+    static void waitUntil(Duration timeout, String what, BooleanSupplier cond) {
+        long end = System.nanoTime() + timeout.toNanos();
+        while (!cond.getAsBoolean()) {
+            if (System.nanoTime() > end) {
+                throw new AssertionError("timed out after " + timeout + " waiting until " + what);
+            }
+            try {
+                Thread.sleep(5);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new AssertionError("interrupted waiting until " + what);
+            }
+        }
+    }
+
+    @Override
+    public void close() {
+        try {
+            adminConn.close();
+        } catch (RuntimeException ignored) {
+            // The server may be gone already.
+        }
+        admin.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+        proc.destroy();
+        try {
+            if (!proc.waitFor(5, java.util.concurrent.TimeUnit.SECONDS)) {
+                proc.destroyForcibly().waitFor();
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+}
