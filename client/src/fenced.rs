@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::cmd::Acquired;
 use crate::error::{Error, Result};
 use crate::options::{AcquireOptions, Wait};
+use crate::proto::cmd::Acquired;
 use crate::{Client, Lock, LockGuard, ReleaseOutcome};
 
 /// The fenced lock's acquire: `RLOCK.ACQUIRE`'s arguments.
@@ -143,7 +143,7 @@ impl FencedLock {
 
     /// Takes the lock, waiting in the server for as long as it takes; watchdog lease.
     pub fn acquire(&self) -> Result<FencedGuard> {
-        crate::logic::taken(
+        crate::proto::logic::taken(
             self.acquire_with(AcquireOptions::new())?,
             "RFENCED.ACQUIRE WAIT 0 timed out",
         )
@@ -265,7 +265,7 @@ pub(crate) mod aio {
 
         /// Takes the lock, waiting in the server for as long as it takes.
         pub async fn acquire(&self) -> Result<FencedGuard> {
-            crate::logic::taken(
+            crate::proto::logic::taken(
                 self.acquire_with(AcquireOptions::new()).await?,
                 "RFENCED.ACQUIRE WAIT 0 timed out",
             )

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use redis::{Cmd, Value};
 
 use crate::blocking::Client;
-use crate::cmd::request_id;
 use crate::error::{Error, Result};
-use crate::logic::WAIT_REPLY_MARGIN;
+use crate::proto::cmd::request_id;
+use crate::proto::logic::WAIT_REPLY_MARGIN;
 
 /// `RLATCH.TRYSETCOUNT key count ID request-id`.
 fn try_set_count_cmd(key: &str, count: u64, id: &str) -> Cmd {
@@ -198,8 +198,8 @@ pub(crate) mod aio {
         try_set_count_cmd,
     };
     use crate::aio::Client;
-    use crate::cmd::request_id;
     use crate::error::{Error, Result};
+    use crate::proto::cmd::request_id;
 
     impl Client {
         /// A handle on the countdown latch `name` (Redisson's `RCountDownLatch` layout).

@@ -52,45 +52,35 @@
 //! ```
 #![warn(missing_docs)]
 
+// Folders by concern (see the crate's README, "Layout"):
+// - `proto`: the sans-IO core: command builders and reply parsers, the decisions of an
+//   acquire and a release, a handle's state and lost signal, the renewal registry, jitter.
+// - `net`: connections (one server or a cluster) and the queued-ticket connection.
+// - `aio`: the implementation (feature `tokio`): client, locks, semaphores, renewal task.
+// - `blocking`: the blocking API, and the combined locks (MultiLock, RedLock).
+// - `fenced`, `latch`: a primitive's commands with both APIs side by side.
 #[cfg(feature = "tokio")]
 pub mod aio;
-// Semaphores, async (RSEMAPHORE.*, RPSEMAPHORE.*).
-#[cfg(feature = "tokio")]
-mod aio_semaphore;
-mod backoff;
 mod blocking;
-mod cmd;
-mod conn;
 mod error;
-mod latch; // countdown latch: Client::latch
-           // Fenced lock (SPEC 4.2): `Client::fenced_lock`, guards with `token()`.
 mod fenced;
-mod logic;
-mod multi;
+mod latch;
+mod net;
 mod options;
-// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
-mod semaphore;
-// Read-write lock (RRWLOCK.*)
-#[cfg(feature = "tokio")]
-mod aio_rwlock;
-mod rwlock;
-mod state;
-// Queued tickets (SPEC 5): waiting calls share one connection.
-mod tickets;
-// Queued tickets on a cluster: one ticket connection per node.
-mod cluster_tickets;
-mod watchdog;
+mod proto;
 
+pub use blocking::multi::{
+    redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard,
+};
+pub use blocking::rwlock::{RwLock, RwLockInfo};
+pub use blocking::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use blocking::{Client, Lock, LockGuard};
-pub use cmd::LockInfo;
 pub use error::{Error, Result};
 pub use fenced::{FencedGuard, FencedLock};
 pub use latch::CountDownLatch;
-pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait, WaitMode};
-pub use rwlock::{RwLock, RwLockInfo};
-pub use semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
-pub use state::{Lost, LostReason};
+pub use proto::cmd::LockInfo;
+pub use proto::state::{Lost, LostReason};
 
 /// What a successful release did.
 ///

@@ -10,6 +10,9 @@
 //! # Ok(()) }
 //! ```
 
+mod rwlock;
+mod semaphore;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,15 +20,15 @@ use redis::{IntoConnectionInfo, RedisResult, Value};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
-pub use crate::aio_rwlock::RwLock;
-use crate::backoff::Jitter;
-use crate::cmd::{self, LockInfo};
-use crate::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
+pub use crate::aio::rwlock::RwLock;
 use crate::error::{poisons_connection, Error, Result};
-use crate::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::net::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
 use crate::options::{AcquireOptions, ClientOptions, Wait};
-use crate::state::{LockShared, Lost, LostReason, OwnerIds};
-use crate::watchdog::{report, Due, Outcome, Registry};
+use crate::proto::backoff::Jitter;
+use crate::proto::cmd::{self, LockInfo};
+use crate::proto::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::proto::state::{LockShared, Lost, LostReason, OwnerIds};
+use crate::proto::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
 
 // Countdown latch (client/src/latch.rs): `client.latch(name)`.
@@ -33,7 +36,7 @@ pub use crate::latch::aio::CountDownLatch;
 // Fenced lock (SPEC 4.2): its async handle and guard.
 pub use crate::fenced::aio::{FencedGuard, FencedLock};
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
-pub use crate::aio_semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
+pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 
 /// An async rlock client: one server or a cluster, one renewal task.
 ///
@@ -77,9 +80,9 @@ pub(crate) struct ClientInner {
     watchdog: Arc<Watchdog>,
     worker: tokio::task::AbortHandle,
     // Queued tickets (SPEC 5): the shared ticket connection (None: a cluster, or blocking mode).
-    tickets: Option<crate::tickets::Tickets>,
+    tickets: Option<crate::net::tickets::Tickets>,
     // Queued tickets on a cluster: one ticket connection per node with waiters.
-    cluster_tickets: Option<crate::cluster_tickets::ClusterTickets>,
+    cluster_tickets: Option<crate::net::cluster_tickets::ClusterTickets>,
 }
 
 struct Watchdog {
@@ -173,12 +176,12 @@ impl Client {
             ))
             .abort_handle();
         let tickets = match &target {
-            Target::Single(c) => crate::tickets::Tickets::new(c, opts.wait_mode),
+            Target::Single(c) => crate::net::tickets::Tickets::new(c, opts.wait_mode),
             Target::Cluster(_) => None,
         };
         let cluster_tickets = match &target {
             Target::Cluster(_) => {
-                crate::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
+                crate::net::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
             }
             Target::Single(_) => None,
         };
@@ -334,7 +337,7 @@ impl ClientInner {
         if let Some(t) = self.cluster_tickets.as_ref().filter(|t| t.enabled()) {
             let slots = || async {
                 let mut conn = self.conn().await?;
-                crate::cluster_tickets::slots_cmd()
+                crate::net::cluster_tickets::slots_cmd()
                     .query_async::<Value>(&mut conn)
                     .await
             };

@@ -3,8 +3,10 @@
 //! `rwlock.rs` (the blocking one) for what the halves share and how they behave.
 
 use crate::aio::{Client, Lock};
+use crate::blocking::rwlock::{
+    force_cmd, info_cmd, parse_force, parse_rw_info, RwLockInfo, READ, WRITE,
+};
 use crate::error::Result;
-use crate::rwlock::{force_cmd, info_cmd, parse_force, parse_rw_info, RwLockInfo, READ, WRITE};
 
 /// A read-write lock as one owner, async: a read half and a write half.
 ///

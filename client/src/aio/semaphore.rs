@@ -9,11 +9,11 @@ use redis::Value;
 use tokio::sync::Notify;
 
 use crate::aio::{Client, ClientInner};
-use crate::cmd::request_id;
+use crate::blocking::semaphore::{hex_ids, int, ms};
 use crate::error::{Error, Result};
-use crate::logic::lock_ignoring_poison;
-use crate::semaphore::{hex_ids, int, ms};
-use crate::state::LostReason;
+use crate::proto::cmd::request_id;
+use crate::proto::logic::lock_ignoring_poison;
+use crate::proto::state::LostReason;
 
 impl Client {
     /// A handle on the semaphore `name` (see [`crate::Client::semaphore`]).

@@ -1,19 +1,23 @@
 //! The blocking API: [`Client`], [`Lock`] and [`LockGuard`].
 
+pub(crate) mod multi;
+pub(crate) mod rwlock;
+pub(crate) mod semaphore;
+
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{IntoConnectionInfo, RedisResult, Value};
 
-use crate::backoff::Jitter;
-use crate::cmd::{self, LockInfo};
-use crate::conn::{record_renewals, renewal_pipelines, unanswered, Conn, Target, WaitPool};
 use crate::error::{poisons_connection, Error, Result};
-use crate::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::net::conn::{record_renewals, renewal_pipelines, unanswered, Conn, Target, WaitPool};
 use crate::options::{AcquireOptions, ClientOptions, Wait};
-use crate::state::{LockShared, Lost, LostReason, OwnerIds};
-use crate::watchdog::{report, Due, Outcome, Registry};
+use crate::proto::backoff::Jitter;
+use crate::proto::cmd::{self, LockInfo};
+use crate::proto::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::proto::state::{LockShared, Lost, LostReason, OwnerIds};
+use crate::proto::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
 
 /// How long the idle renewal worker sleeps when it watches nothing; any new lock wakes it.
@@ -59,9 +63,9 @@ pub(crate) struct ClientInner {
     wait_pool: WaitPool<Conn>,
     watchdog: Arc<Watchdog>,
     // Queued tickets (SPEC 5): the shared ticket connection (None: a cluster, or blocking mode).
-    tickets: Option<crate::tickets::Tickets>,
+    tickets: Option<crate::net::tickets::Tickets>,
     // Queued tickets on a cluster: one ticket connection per node with waiters.
-    cluster_tickets: Option<crate::cluster_tickets::ClusterTickets>,
+    cluster_tickets: Option<crate::net::cluster_tickets::ClusterTickets>,
 }
 
 struct Watchdog {
@@ -163,12 +167,12 @@ impl Client {
     ) -> Self {
         let registry = Registry::new(opts.renew_interval(), opts.retry.clone());
         let tickets = match &target {
-            Target::Single(c) => crate::tickets::Tickets::new(c, opts.wait_mode),
+            Target::Single(c) => crate::net::tickets::Tickets::new(c, opts.wait_mode),
             Target::Cluster(_) => None,
         };
         let cluster_tickets = match &target {
             Target::Cluster(_) => {
-                crate::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
+                crate::net::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
             }
             Target::Single(_) => None,
         };
@@ -329,7 +333,7 @@ impl ClientInner {
             }
         }
         if let Some(t) = self.cluster_tickets.as_ref().filter(|t| t.enabled()) {
-            let slots = || self.run_raw(&crate::cluster_tickets::slots_cmd());
+            let slots = || self.run_raw(&crate::net::cluster_tickets::slots_cmd());
             match t.wait_blocking(cmd, limit, slots) {
                 Ok(r) => return r,
                 // Blocked for what is left of the wait.

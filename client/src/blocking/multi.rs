@@ -11,12 +11,12 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::backoff::Jitter;
 use crate::blocking::{Lock, LockGuard};
 use crate::error::{Error, Result};
-use crate::logic::{lock_ignoring_poison, taken};
 use crate::options::{AcquireOptions, Wait};
-use crate::state::LostReason;
+use crate::proto::backoff::Jitter;
+use crate::proto::logic::{lock_ignoring_poison, taken};
+use crate::proto::state::LostReason;
 
 /// How long one round of a [`MultiLock`] acquired without limit may wait for each of
 /// its locks (times the number of locks), as Redisson's `lock()` does, so that two

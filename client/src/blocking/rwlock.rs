@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use redis::Value;
 
 use crate::blocking::{Client, Lock};
-use crate::cmd::{as_i64, as_string, as_u64, pairs, unexpected};
 use crate::error::Result;
+use crate::proto::cmd::{as_i64, as_string, as_u64, pairs, unexpected};
 
 /// `READ` or `WRITE`, the side word of the `RRWLOCK.*` commands.
 pub(crate) const READ: &str = "READ";

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::blocking::{Client, ClientInner};
-use crate::cmd::request_id;
 use crate::error::{Error, Result};
-use crate::logic::lock_ignoring_poison;
-use crate::state::LostReason;
+use crate::proto::cmd::request_id;
+use crate::proto::logic::lock_ignoring_poison;
+use crate::proto::state::LostReason;
 
 impl Client {
     /// A handle on the semaphore `name` (Redisson's `RSemaphore` layout).

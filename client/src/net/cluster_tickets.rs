@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult, Value};
 
-use crate::logic::lock_ignoring_poison;
+use crate::net::tickets::{Shape, Tickets};
 use crate::options::WaitMode;
-use crate::tickets::{Shape, Tickets};
+use crate::proto::logic::lock_ignoring_poison;
 
 /// A call handed to the blocked path: the command to send there (`None`: the call's
 /// own) and the limit of its wait, both shortened by the time spent as a ticket.
@@ -218,7 +218,7 @@ impl ClusterTickets {
         let Some(shape) = Shape::of(cmd) else {
             return Err((None, limit));
         };
-        let slot = crate::watchdog::slot(shape.key());
+        let slot = crate::proto::watchdog::slot(shape.key());
         let started = Instant::now();
         for _ in 0..MAX_REDIRECTS {
             if self.unknown(slot) {
@@ -252,7 +252,7 @@ impl ClusterTickets {
         let Some(shape) = Shape::of(cmd) else {
             return Err((None, limit));
         };
-        let slot = crate::watchdog::slot(shape.key());
+        let slot = crate::proto::watchdog::slot(shape.key());
         let started = Instant::now();
         for _ in 0..MAX_REDIRECTS {
             if self.unknown(slot) {
@@ -327,14 +327,14 @@ mod tests {
             Some(("127.0.0.1".into(), 7000)),
             "unknown endpoint"
         );
-        let e = crate::tickets::note_error("MOVED 5461 127.0.0.1:7002");
+        let e = crate::net::tickets::note_error("MOVED 5461 127.0.0.1:7002");
         assert!(matches!(ct.judge(Some(Err(e))), Err(true)));
         assert_eq!(node(5461), Some(("127.0.0.1".into(), 7002)));
         assert_eq!(node(5462), Some(("127.0.0.1".into(), 7001)));
-        let ask = crate::tickets::note_error("ASK 5461 127.0.0.1:7000");
+        let ask = crate::net::tickets::note_error("ASK 5461 127.0.0.1:7000");
         assert!(matches!(ct.judge(Some(Err(ask))), Err(false)));
         assert!(ct.enabled());
-        let other = crate::tickets::note_error("ERR too many waiters");
+        let other = crate::net::tickets::note_error("ERR too many waiters");
         assert!(matches!(ct.judge(Some(Err(other))), Ok(Err(_))));
         let gone = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(matches!(ct.judge(Some(Err(gone))), Ok(Err(_))));

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use redis::{Cmd, ConnectionLike, RedisResult, Value};
 
 use crate::error::poisons_connection;
-use crate::logic::lock_ignoring_poison;
-use crate::watchdog::{Due, Outcome};
+use crate::proto::logic::lock_ignoring_poison;
+use crate::proto::watchdog::{Due, Outcome};
 
 /// One server or a cluster.
 #[derive(Clone)]
@@ -208,7 +208,7 @@ pub(crate) fn renewal_pipelines(due: &[Due], cluster: bool) -> Vec<(Vec<usize>, 
     let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
     for (i, d) in due.iter().enumerate() {
         let slot = if cluster {
-            crate::watchdog::slot(d.key.as_bytes())
+            crate::proto::watchdog::slot(d.key.as_bytes())
         } else {
             0
         };
@@ -222,7 +222,7 @@ pub(crate) fn renewal_pipelines(due: &[Due], cluster: bool) -> Vec<(Vec<usize>, 
             // the answers of the others.
             p.ignore_errors();
             for &i in &idx {
-                p.add_command(crate::cmd::renew(
+                p.add_command(crate::proto::cmd::renew(
                     &due[i].key,
                     due[i].side,
                     &due[i].owner,
@@ -263,7 +263,7 @@ pub(crate) fn record_renewals(
 /// What one renewal's reply means for the lock.
 fn renewal_outcome(r: RedisResult<Value>) -> Outcome {
     match r {
-        Ok(v) => match crate::cmd::parse_renew(v) {
+        Ok(v) => match crate::proto::cmd::parse_renew(v) {
             Ok(true) => Outcome::Renewed,
             Ok(false) => Outcome::NotHeld,
             Err(_) => Outcome::Failed,

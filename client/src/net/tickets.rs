@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
-use crate::logic::lock_ignoring_poison;
 use crate::options::WaitMode;
+use crate::proto::logic::lock_ignoring_poison;
 
 /// The name the ticket connection gives itself (`CLIENT LIST` shows it).
 pub(crate) const CONNECTION_NAME: &str = "rlock-tickets";
@@ -157,7 +157,7 @@ impl Shape {
         let wait_ms = std::str::from_utf8(&args[wait_at]).ok()?.parse().ok()?;
         let (id, added_id) = match opt(b"ID") {
             Some(i) => (String::from_utf8(args[i].clone()).ok()?, false),
-            None => (crate::cmd::request_id(), true),
+            None => (crate::proto::cmd::request_id(), true),
         };
         let latch = args[0].eq_ignore_ascii_case(b"RLATCH.AWAIT");
         Some(Shape {
@@ -363,7 +363,7 @@ pub(crate) fn refuses_async(e: &RedisError) -> bool {
 pub(crate) fn undo_commands(args: &[Vec<u8>], reply: &Value) -> Vec<redis::Cmd> {
     let name = String::from_utf8_lossy(args.first().map_or(&[][..], |a| a)).to_ascii_uppercase();
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
-    let id = crate::cmd::request_id();
+    let id = crate::proto::cmd::request_id();
     let mut out = Vec::new();
     match (name.as_str(), reply) {
         ("RLOCK.ACQUIRE", Value::Nil) => {
@@ -1264,7 +1264,7 @@ mod tests {
     }
 
     fn lock_cmd(wait: u64) -> redis::Cmd {
-        crate::cmd::acquire("k", None, "o:1", 30000, Some(wait), "r1")
+        crate::proto::cmd::acquire("k", None, "o:1", 30000, Some(wait), "r1")
     }
 
     #[test]
@@ -1346,7 +1346,7 @@ mod tests {
 
     #[test]
     fn it_leaves_commands_without_wait_alone() {
-        assert!(Shape::of(&crate::cmd::acquire("k", None, "o", 1, None, "r")).is_none());
+        assert!(Shape::of(&crate::proto::cmd::acquire("k", None, "o", 1, None, "r")).is_none());
         assert!(Shape::of(&redis::cmd("PING")).is_none());
     }
 

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, RedisResult, Value};
 
-use crate::backoff::Jitter;
-use crate::cmd::{self, Acquired, Released};
 use crate::error::{Error, Result};
 use crate::options::{millis, AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait};
-use crate::state::{LockShared, LostReason, Start};
+use crate::proto::backoff::Jitter;
+use crate::proto::cmd::{self, Acquired, Released};
+use crate::proto::state::{LockShared, LostReason, Start};
 use crate::ReleaseOutcome;
 
 /// Extra read time a waiting command (a waiting acquire, a replica check) allows

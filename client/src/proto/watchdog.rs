@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backoff::Jitter;
 use crate::options::{millis, RetryPolicy};
-use crate::state::{LockShared, LostReason};
+use crate::proto::backoff::Jitter;
+use crate::proto::state::{LockShared, LostReason};
 
 struct Entry {
     shared: Arc<LockShared>,
