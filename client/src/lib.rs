@@ -59,7 +59,6 @@
 // - `aio`: the implementation (feature `tokio`): client, locks, semaphores, renewal task.
 // - `blocking`: the blocking API, and the combined locks (MultiLock, RedLock).
 // - `fenced`, `latch`: a primitive's commands with both APIs side by side.
-#[cfg(feature = "tokio")]
 pub mod aio;
 mod blocking;
 mod error;
@@ -69,10 +68,11 @@ mod net;
 mod options;
 mod proto;
 
+pub use aio::rwlock::RwLockInfo;
 pub use blocking::multi::{
     redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard,
 };
-pub use blocking::rwlock::{RwLock, RwLockInfo};
+pub use blocking::rwlock::RwLock;
 pub use blocking::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use blocking::{Client, Lock, LockGuard};
 pub use error::{Error, Result};

@@ -10,8 +10,8 @@
 //! # Ok(()) }
 //! ```
 
-mod rwlock;
-mod semaphore;
+pub(crate) mod rwlock;
+pub(crate) mod semaphore;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,7 +34,7 @@ use crate::ReleaseOutcome;
 // Countdown latch (client/src/latch.rs): `client.latch(name)`.
 pub use crate::latch::aio::CountDownLatch;
 // Fenced lock (SPEC 4.2): its async handle and guard.
-pub use crate::fenced::aio::{FencedGuard, FencedLock};
+pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
 pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 
@@ -622,6 +622,22 @@ impl Lock {
     }
 }
 
+impl Lock {
+    /// Another handle on the same owner state, for a thread of a combined lock. Only
+    /// one operation may run on a handle at a time; the caller sees to that.
+    pub(crate) fn same_handle(&self) -> Lock {
+        Lock {
+            client: self.client.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The lease an acquire with `opts` asks for.
+    pub(crate) fn lease_for(&self, opts: &AcquireOptions) -> Duration {
+        opts.lease_or(self.client.opts.watchdog_timeout)
+    }
+}
+
 /// Releases one hold of `epoch`, retrying transient failures (if `retries`) without
 /// releasing twice.
 async fn release_inner(
@@ -749,20 +765,47 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// When the lease must have run out, by this client's clock (None: not held).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.shared.deadline(self.epoch)
+    }
+
+    /// Blocks the calling thread until the lock is lost (`Some(reason)`), `timeout`
+    /// passes, or the lock is released through another guard of the same handle
+    /// (`None`): the blocking API's `wait_lost`, on the handle's own condition variable.
+    pub(crate) fn wait_lost(&self, timeout: Option<Duration>) -> Option<LostReason> {
+        self.shared.wait_lost(self.epoch, timeout)
+    }
+
+    /// Marks the guard done and stops its renewal; what a best-effort release needs.
+    fn give_up(&mut self) -> (Arc<ClientInner>, Arc<LockShared>, u64, Option<u64>) {
+        self.done = true;
+        if self.shared.current(self.epoch) == Some(1) {
+            self.client.unregister(self.shared.handle);
+        }
+        (
+            self.client.clone(),
+            self.shared.clone(),
+            self.epoch,
+            self.release_lease_ms,
+        )
+    }
+
+    /// What dropping the guard does, awaited: stop renewal, one `RLOCK.RELEASE` (no
+    /// retries), outcome ignored. The blocking guard's drop runs this to its end.
+    pub(crate) async fn release_once(mut self) {
+        let (client, shared, epoch, lease) = self.give_up();
+        let _ = release_inner(&client, &shared, epoch, lease, false).await;
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.done {
             return;
         }
-        let (client, shared, epoch, lease) = (
-            self.client.clone(),
-            self.shared.clone(),
-            self.epoch,
-            self.release_lease_ms,
-        );
-        if shared.current(epoch) == Some(1) {
-            client.unregister(shared.handle);
-        }
+        let (client, shared, epoch, lease) = self.give_up();
         let rt = client.runtime.clone();
         drop(rt.spawn(async move {
             let _ = release_inner(&client, &shared, epoch, lease, false).await;

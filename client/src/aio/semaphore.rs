@@ -1,6 +1,14 @@
-//! Semaphores, async (feature `tokio`): the same handles and guards as the blocking
-//! [`crate::Semaphore`] / [`crate::ExpirableSemaphore`], on [`crate::aio::Client`].
-//! Replies are parsed by the blocking file's helpers; only the executor differs.
+//! Semaphores, the implementation (the blocking API wraps it): [`Semaphore`] over `RSEMAPHORE.*` with [`SemaphorePermit`]
+//! guards, and [`ExpirableSemaphore`] over `RPSEMAPHORE.*` with [`ExpirablePermit`]
+//! guards that carry a permit id, a lease renewed by a watchdog when none is given, and
+//! lost-permit reporting like a lost lock's.
+//!
+//! Both keep Redisson's layouts (a Java service using `RSemaphore` /
+//! `RPermitExpirableSemaphore` on the same names interoperates). Waiting is done in the
+//! server (`WAIT`, first come first served, a big request at the head is not starved) on
+//! a connection of its own. Every call that changes something sends a request id, the
+//! same with each of its retries, so a retry after a lost reply never takes or returns
+//! permits twice.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -9,7 +17,6 @@ use redis::Value;
 use tokio::sync::Notify;
 
 use crate::aio::{Client, ClientInner};
-use crate::blocking::semaphore::{hex_ids, int, ms};
 use crate::error::{Error, Result};
 use crate::proto::cmd::request_id;
 use crate::proto::logic::lock_ignoring_poison;
@@ -32,6 +39,31 @@ impl Client {
             name: name.into(),
         }
     }
+}
+
+pub(crate) fn int(v: Value) -> Result<i64> {
+    match v {
+        Value::Int(n) => Ok(n),
+        other => Err(Error::UnexpectedReply(format!("{other:?}"))),
+    }
+}
+
+pub(crate) fn hex_ids(v: Value) -> Result<Option<Vec<String>>> {
+    let one = |v: Value| match v {
+        Value::BulkString(b) => {
+            String::from_utf8(b).map_err(|e| Error::UnexpectedReply(e.to_string()))
+        }
+        other => Err(Error::UnexpectedReply(format!("{other:?}"))),
+    };
+    match v {
+        Value::Nil => Ok(None),
+        Value::Array(items) => items.into_iter().map(one).collect::<Result<_>>().map(Some),
+        other => one(other).map(|id| Some(vec![id])),
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> u64 {
+    d.as_millis().clamp(1, u64::MAX as u128) as u64
 }
 
 async fn call(c: &ClientInner, cmd: redis::Cmd) -> Result<i64> {
@@ -216,15 +248,25 @@ impl SemaphorePermit {
     }
 }
 
+impl SemaphorePermit {
+    /// What dropping the guard does, awaited: one release attempt, outcome ignored.
+    pub(crate) async fn release_once(mut self) {
+        self.done = true;
+        release_permits_once(self.sem.clone(), self.permits).await;
+    }
+}
+
+async fn release_permits_once(sem: Semaphore, permits: u32) {
+    let mut cmd = redis::cmd("RSEMAPHORE.RELEASE");
+    cmd.arg(&sem.name).arg(permits).arg("ID").arg(request_id());
+    let _ = sem.client.run(&cmd).await;
+}
+
 impl Drop for SemaphorePermit {
     fn drop(&mut self) {
         if !self.done {
-            let (sem, n) = (self.sem.clone(), self.permits);
-            self.sem.client.runtime.spawn(async move {
-                let mut cmd = redis::cmd("RSEMAPHORE.RELEASE");
-                cmd.arg(&sem.name).arg(n).arg("ID").arg(request_id());
-                let _ = sem.client.run(&cmd).await;
-            });
+            let release = release_permits_once(self.sem.clone(), self.permits);
+            self.sem.client.runtime.spawn(release);
         }
     }
 }
@@ -508,22 +550,29 @@ impl ExpirablePermit {
     }
 }
 
+impl ExpirablePermit {
+    /// What dropping the guard does, awaited: stop the renewal, one release attempt,
+    /// outcome ignored.
+    pub(crate) async fn release_once(mut self) {
+        self.stop();
+        release_permit_once(self.sem.clone(), self.id.clone()).await;
+    }
+}
+
+async fn release_permit_once(sem: ExpirableSemaphore, id: String) {
+    let mut cmd = redis::cmd("RPSEMAPHORE.RELEASE");
+    cmd.arg(&sem.name).arg(&id).arg("ID").arg(request_id());
+    let _ = sem.client.run(&cmd).await;
+}
+
 impl Drop for ExpirablePermit {
     fn drop(&mut self) {
         if self.done {
             return;
         }
         self.stop();
-        let (c, name, id) = (
-            self.sem.client.clone(),
-            self.sem.name.clone(),
-            self.id.clone(),
-        );
-        self.sem.client.runtime.spawn(async move {
-            let mut cmd = redis::cmd("RPSEMAPHORE.RELEASE");
-            cmd.arg(&name).arg(&id).arg("ID").arg(request_id());
-            let _ = c.run(&cmd).await;
-        });
+        let release = release_permit_once(self.sem.clone(), self.id.clone());
+        self.sem.client.runtime.spawn(release);
     }
 }
 

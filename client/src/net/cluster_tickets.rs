@@ -207,38 +207,8 @@ impl ClusterTickets {
         }
     }
 
-    /// Waits for `cmd` with a ticket on its key's node, blocking the thread; `slots`
-    /// runs `CLUSTER SLOTS`. `Err`: wait the old way (a blocked `WAIT`) for what is left.
-    pub(crate) fn wait_blocking(
-        &self,
-        cmd: &redis::Cmd,
-        limit: Option<Duration>,
-        slots: impl Fn() -> RedisResult<Value>,
-    ) -> Result<RedisResult<Value>, Blocked> {
-        let Some(shape) = Shape::of(cmd) else {
-            return Err((None, limit));
-        };
-        let slot = crate::proto::watchdog::slot(shape.key());
-        let started = Instant::now();
-        for _ in 0..MAX_REDIRECTS {
-            if self.unknown(slot) {
-                match slots() {
-                    Ok(v) => self.learn(&v),
-                    Err(e) => return Ok(Err(e)),
-                }
-            }
-            let Some(t) = self.node(slot) else { break };
-            match self.judge(t.wait_blocking_since(cmd, limit, started)) {
-                Ok(r) => return Ok(r),
-                Err(true) => continue,
-                Err(false) => break,
-            }
-        }
-        Err(rest(&shape, limit, started))
-    }
-
-    /// [`Self::wait_blocking`] for a task.
-    #[cfg(feature = "tokio")]
+    /// Waits for `cmd` with a ticket on its key's node; `slots` runs `CLUSTER SLOTS`.
+    /// `Err`: wait the old way (a blocked `WAIT`) for what is left.
     pub(crate) async fn wait_async<F, Fut>(
         &self,
         cmd: &redis::Cmd,

@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, ConnectionLike, RedisResult, Value};
+use redis::{Cmd, RedisResult, Value};
 
 use crate::error::poisons_connection;
 use crate::proto::logic::lock_ignoring_poison;
@@ -37,18 +37,7 @@ impl Target {
         matches!(self, Target::Cluster(_))
     }
 
-    /// A blocking connection whose reads time out after `read_timeout` (None: never).
-    pub(crate) fn connect(&self, read_timeout: Option<Duration>) -> RedisResult<Conn> {
-        let conn = match self {
-            Target::Single(c) => Conn::Single(c.get_connection()?),
-            Target::Cluster(c) => Conn::Cluster(Box::new(c.get_connection()?)),
-        };
-        conn.set_read_timeout(read_timeout)?;
-        Ok(conn)
-    }
-
     /// An async connection whose requests time out after `timeout` (None: never).
-    #[cfg(feature = "tokio")]
     pub(crate) async fn connect_async(&self, timeout: Option<Duration>) -> RedisResult<AConn> {
         Ok(match self {
             Target::Single(c) => {
@@ -66,78 +55,13 @@ impl Target {
     }
 }
 
-/// A blocking connection to one server or a cluster.
-pub(crate) enum Conn {
-    Single(redis::Connection),
-    Cluster(Box<redis::cluster::ClusterConnection>),
-}
-
-impl Conn {
-    pub(crate) fn set_read_timeout(&self, d: Option<Duration>) -> RedisResult<()> {
-        // A zero timeout is refused by the OS; it would mean "give up at once" anyway.
-        let d = d.map(|d| d.max(Duration::from_millis(1)));
-        match self {
-            Conn::Single(c) => c.set_read_timeout(d),
-            Conn::Cluster(c) => c.set_read_timeout(d),
-        }
-    }
-
-    pub(crate) fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        cmd.query(self)
-    }
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands(
-        &mut self,
-        cmd: &[u8],
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-
-    fn check_connection(&mut self) -> bool {
-        match self {
-            Conn::Single(c) => c.check_connection(),
-            Conn::Cluster(c) => c.check_connection(),
-        }
-    }
-
-    fn is_open(&self) -> bool {
-        match self {
-            Conn::Single(c) => c.is_open(),
-            Conn::Cluster(c) => c.is_open(),
-        }
-    }
-}
-
 /// An async (multiplexed) connection to one server or a cluster.
-#[cfg(feature = "tokio")]
 #[derive(Clone)]
 pub(crate) enum AConn {
     Single(redis::aio::MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-#[cfg(feature = "tokio")]
 impl redis::aio::ConnectionLike for AConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
         match self {

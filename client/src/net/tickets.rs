@@ -28,7 +28,7 @@
 //! it is redirected too, and `cluster_tickets` sends it to the right node.
 //!
 //! Layering: below `cluster_tickets`, `blocking` and `aio` (which call
-//! [`Tickets::wait_blocking`] / [`Tickets::wait_async`]), above `cmd`, `error` and
+//! [`Tickets::wait_async`]), above `cmd`, `error` and
 //! `options`.
 
 use std::collections::{HashMap, VecDeque};
@@ -691,76 +691,14 @@ impl Tickets {
     }
 
     /// Whether a connection is up (an async waiter connects on a blocking thread otherwise).
-    #[cfg(feature = "tokio")]
     fn connected(&self) -> bool {
         lock_ignoring_poison(&self.shared.state).writer.is_some()
     }
 
-    /// Waits for `cmd` (a waiting command) with a ticket, blocking the thread. `None`:
-    /// the module refuses `ASYNC` (or `cmd` is not a waiting command): wait the old way.
-    /// `limit` bounds the wait for the final reply, like a blocked wait's read timeout.
-    pub(crate) fn wait_blocking(
-        &self,
-        cmd: &redis::Cmd,
-        limit: Option<Duration>,
-    ) -> Option<RedisResult<Value>> {
-        self.wait_blocking_since(cmd, limit, Instant::now())
-    }
-
-    /// [`Self::wait_blocking`] for a call that began at `started` (a cluster wait sent
-    /// again to the node its key moved to): its wait and `limit` count from then.
-    pub(crate) fn wait_blocking_since(
-        &self,
-        cmd: &redis::Cmd,
-        limit: Option<Duration>,
-        started: Instant,
-    ) -> Option<RedisResult<Value>> {
-        let shape = Shape::of(cmd)?;
-        let until = limit.map(|l| started + l);
-        let (tx, rx) = std::sync::mpsc::channel::<Event>();
-        let tx = Mutex::new(tx);
-        let sink: Sink = Arc::new(move |ev| {
-            let _ = lock_ignoring_poison(&tx).send(ev);
-        });
-        let (mut member, mut step) = Member::join(self, shape, started, sink);
-        loop {
-            match step {
-                Step::Send(args) => match self.send(member.id(), &args) {
-                    Ok(gen) => {
-                        member.m.sent(gen);
-                        step = Step::Wait;
-                    }
-                    Err(e) => return self.send_failed(&member, e),
-                },
-                Step::Wait => {
-                    let ev = match until {
-                        None => rx.recv().ok(),
-                        Some(u) => rx
-                            .recv_timeout(u.saturating_duration_since(Instant::now()))
-                            .ok(),
-                    };
-                    match ev {
-                        Some(ev) => {
-                            if let (Event::Lost(_), Some(out)) = (&ev, self.refusal()) {
-                                return out;
-                            }
-                            step = member.m.on(ev, Instant::now());
-                        }
-                        None => return Some(Err(no_reply())),
-                    }
-                }
-                Step::Done(r) => return Some(member.finish(r)),
-                Step::Fallback => {
-                    self.give_up();
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// [`Self::wait_blocking`] for a task: cancel safe (a dropped future leaves an
-    /// orphan whose late grant is given back).
-    #[cfg(feature = "tokio")]
+    /// Waits for `cmd` (a waiting command) with a ticket. `None`: the module refuses
+    /// `ASYNC` (or `cmd` is not a waiting command): wait the old way. `limit` bounds the
+    /// wait for the final reply, like a blocked wait's read timeout. Cancel safe (a
+    /// dropped future leaves an orphan whose late grant is given back).
     pub(crate) async fn wait_async(
         &self,
         cmd: &redis::Cmd,
@@ -770,7 +708,6 @@ impl Tickets {
     }
 
     /// [`Self::wait_async`] for a call that began at `started`.
-    #[cfg(feature = "tokio")]
     pub(crate) async fn wait_async_since(
         &self,
         cmd: &redis::Cmd,
