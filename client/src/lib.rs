@@ -30,8 +30,11 @@
 //!   `write()` halves are [`Lock`] handles (module commands `RRWLOCK.*`).
 //! - One server or a Redis Cluster ([`Client::open_cluster`]).
 //!
-//! The blocking API is the default; the async one is [`aio`], behind the `tokio`
-//! feature. Both use the same command builders; only the executor differs.
+//! Two APIs, one implementation: [`aio`] is the async client (tokio), and the blocking
+//! API at the crate root is a thin layer over it, as reqwest's `blocking` client is over
+//! its async one: each blocking client runs the async code on a runtime of its own (one
+//! worker thread, which also renews its locks and dispatches its queued tickets). Any
+//! fix lands once. The `tokio` feature is kept, empty, for manifests that name it.
 //!
 //! # Examples
 //!
@@ -52,13 +55,15 @@
 //! ```
 #![warn(missing_docs)]
 
-// Folders by concern (see the crate's README, "Layout"):
+// Folders by concern, top-down (see the crate's README, "Layout"):
+// - `blocking`: the blocking API, a thin layer over `aio` (handles that run their async
+//   twins on the client's runtime), and the combined locks (MultiLock, RedLock).
+// - `aio`: the implementation: client, lock, read-write lock, semaphores, renewal task.
+// - `fenced`, `latch`: one primitive each: its commands and replies, the async handle
+//   (the implementation, re-exported from `aio`) and its blocking face.
+// - `net`: connections (one server or a cluster) and the queued-ticket connection.
 // - `proto`: the sans-IO core: command builders and reply parsers, the decisions of an
 //   acquire and a release, a handle's state and lost signal, the renewal registry, jitter.
-// - `net`: connections (one server or a cluster) and the queued-ticket connection.
-// - `aio`: the implementation (feature `tokio`): client, locks, semaphores, renewal task.
-// - `blocking`: the blocking API, and the combined locks (MultiLock, RedLock).
-// - `fenced`, `latch`: a primitive's commands with both APIs side by side.
 pub mod aio;
 mod blocking;
 mod error;
