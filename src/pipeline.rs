@@ -134,3 +134,62 @@ pub fn write_command<'a, P>(
     serve_first(ctx, db, name);
     body(db, name, parsed, request.as_ref())
 }
+
+/// How a waiting command may wait, as its parser read it: `WAIT timeout-ms` (`None`:
+/// answer at once) and `ASYNC` (wait as a queued ticket, not a blocked client).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Waiting {
+    pub timeout: Option<i64>,
+    pub queued: bool,
+}
+
+/// What a waiting command's own part found, once its plan is applied.
+pub enum Answer<F> {
+    /// Done: the reply.
+    Now(RedisValue),
+    /// Contended: `reply` for a call that may not wait; for one that may, `ask` builds
+    /// its queued request and the time in ms until the state may change by itself (see
+    /// `engine::wait`). Built only then: a contended call without `WAIT` allocates nothing.
+    Contended { reply: RedisValue, ask: F },
+}
+
+/// A command that may wait (`… [WAIT timeout-ms [ASYNC]] [ID request-id]`), written
+/// once: [`write_command`]'s opening (arity, parsing, request-id replay, the queue served
+/// first), the primitive's own part (`body`: read, plan, write, remember), then waiting
+/// or queueing where the call is contended, asked to wait, and may block; else the reply.
+pub fn waiting_command<'a, P, F>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    arity: std::ops::RangeInclusive<usize>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>, Waiting), &'static str>,
+    body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> Result<Answer<F>, RedisError>,
+) -> RedisResult
+where
+    F: FnOnce() -> (engine::Request, i64),
+{
+    let waiting = std::cell::Cell::new(Waiting::default());
+    let parse = |a: &[&'a [u8]]| {
+        let (parsed, id, w) = parse(a)?;
+        waiting.set(w);
+        Ok((parsed, id))
+    };
+    write_command(
+        ctx,
+        args,
+        arity,
+        parse,
+        |db, name, parsed, request| match body(db, name, parsed, request)? {
+            Answer::Now(reply) => Ok(reply),
+            Answer::Contended { reply, ask } => match waiting.get() {
+                Waiting {
+                    timeout: Some(timeout),
+                    queued,
+                } if may_block(ctx) => {
+                    let (ask, pttl) = ask();
+                    wait_or_queue(ctx, db, name, ask, timeout, queued, pttl)
+                }
+                _ => Ok(reply),
+            },
+        },
+    )
+}

@@ -22,8 +22,7 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use crate::engine::{self, Ask, Check, Grant, KeyTimerKind, Path};
 use crate::expirable::{self, ExpState, ID_BYTES, NO_LEASE};
 use crate::pipeline::{
-    self, args_after_key, err, int_map as map, may_block, remember, replay, request_key,
-    serve_first, wait_or_queue,
+    self, err, int_map as map, remember, request_key, waiting_command, Answer, Waiting,
 };
 use crate::semaphore::{self, Outcome, Plan};
 use crate::server::store::{self, Value};
@@ -250,49 +249,55 @@ pub fn update_lease_time(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms>] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=10).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let (lease, o) = expirable::parse_acquire(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, o.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        serve_first(ctx, db, name);
-        let now = ffi::now_ms();
-        let state = read(ctx, name.as_slice(), now).map_err(err)?;
-        let (permits, many) = (o.permits.unwrap_or(1), o.permits.is_some());
-        let ids = new_ids(permits);
-        let queued = engine::has_waiters(db, name.as_slice());
-        let plan = expirable::acquire(
-            &state,
-            name.as_slice(),
-            permits,
-            lease,
-            &ids,
-            many,
-            now,
-            queued,
-        )
-        .map_err(err)?;
-        finish(ctx, db, name, &plan, request.as_ref(), Path::Command);
-        match (plan.outcome, o.wait) {
-            (Outcome::Contended, Some(timeout)) if may_block(ctx) => {
-                let Check::Wait { pttl } = wait_check(&plan.state, now) else {
-                    unreachable!("wait_check only waits")
+        waiting_command(
+            ctx,
+            &args,
+            3..=10,
+            |a| {
+                let (lease, o) = expirable::parse_acquire(a)?;
+                let waiting = Waiting {
+                    timeout: o.wait,
+                    queued: o.queued,
                 };
-                let ask = ExpAsk {
-                    lease: lease.unwrap_or(NO_LEASE_HERE),
+                Ok(((lease, o.permits, o.id), o.id, waiting))
+            },
+            |db, name, (lease, permits, id), request| {
+                let now = ffi::now_ms();
+                let state = read(ctx, name.as_slice(), now).map_err(err)?;
+                let (permits, many) = (permits.unwrap_or(1), permits.is_some());
+                let ids = new_ids(permits);
+                let queued = engine::has_waiters(db, name.as_slice());
+                let plan = expirable::acquire(
+                    &state,
+                    name.as_slice(),
+                    permits,
+                    lease,
+                    &ids,
                     many,
-                    ids: ids.into_boxed_slice(),
-                    request_id: o.id.map(Into::into),
+                    now,
+                    queued,
+                )
+                .map_err(err)?;
+                finish(ctx, db, name, &plan, request, Path::Command);
+                let reply = ffi::value(plan.reply);
+                if plan.outcome != Outcome::Contended {
+                    return Ok(Answer::Now(reply));
+                }
+                let ask = move || {
+                    let Check::Wait { pttl } = wait_check(&plan.state, now) else {
+                        unreachable!("wait_check only waits")
+                    };
+                    let ask = ExpAsk {
+                        lease: lease.unwrap_or(NO_LEASE_HERE),
+                        many,
+                        ids: ids.into_boxed_slice(),
+                        request_id: id.map(Into::into),
+                    };
+                    (Rc::new(ask) as engine::Request, pttl)
                 };
-                wait_or_queue(ctx, db, name, Rc::new(ask), timeout, o.queued, pttl)
-            }
-            _ => Ok(ffi::value(plan.reply)),
-        }
+                Ok(Answer::Contended { reply, ask })
+            },
+        )
     })
 }
 

@@ -18,8 +18,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::pipeline::{
-    self, args_after_key, err, int_map as map, may_block, remember, replay, request_key,
-    serve_first, wait_or_queue,
+    self, err, int_map as map, remember, request_key, waiting_command, Answer, Waiting,
 };
 use crate::semaphore::{self, Outcome, Plan, SemState};
 use crate::server::store::{self, Value};
@@ -151,37 +150,43 @@ pub fn drain_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms>] [ID <request-id>]
+/// RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=8).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let (permits, o) = semaphore::parse_acquire(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, o.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        serve_first(ctx, db, name);
-        let (state, _) = read(ctx, name).map_err(err)?;
-        let queued = engine::has_waiters(db, name.as_slice());
-        let plan = semaphore::acquire(&state, permits, queued);
-        finish(ctx, db, name, &plan, request.as_ref(), Path::Command);
-        match (plan.outcome, o.wait) {
-            (Outcome::Contended, Some(timeout)) if may_block(ctx) => {
-                let ask = SemAsk {
-                    permits,
-                    request_id: o.id.map(Into::into),
+        waiting_command(
+            ctx,
+            &args,
+            3..=8,
+            |a| {
+                let (permits, o) = semaphore::parse_acquire(a)?;
+                let waiting = Waiting {
+                    timeout: o.wait,
+                    queued: o.queued,
                 };
-                let Check::Wait { pttl } = engine::wait_for_write() else {
-                    unreachable!("wait_for_write only waits")
+                Ok(((permits, o.id), o.id, waiting))
+            },
+            |db, name, (permits, id), request| {
+                let (state, _) = read(ctx, name).map_err(err)?;
+                let queued = engine::has_waiters(db, name.as_slice());
+                let plan = semaphore::acquire(&state, permits, queued);
+                finish(ctx, db, name, &plan, request, Path::Command);
+                let reply = ffi::value(plan.reply);
+                if plan.outcome != Outcome::Contended {
+                    return Ok(Answer::Now(reply));
+                }
+                let ask = move || {
+                    let Check::Wait { pttl } = engine::wait_for_write() else {
+                        unreachable!("wait_for_write only waits")
+                    };
+                    let ask = SemAsk {
+                        permits,
+                        request_id: id.map(Into::into),
+                    };
+                    (Rc::new(ask) as engine::Request, pttl)
                 };
-                wait_or_queue(ctx, db, name, Rc::new(ask), timeout, o.queued, pttl)
-            }
-            _ => Ok(ffi::value(plan.reply)),
-        }
+                Ok(Answer::Contended { reply, ask })
+            },
+        )
     })
 }
 
