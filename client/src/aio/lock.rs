@@ -317,12 +317,15 @@ impl LockGuard {
             self.release_lease_ms,
         )
     }
+}
 
-    /// What dropping the guard does, awaited: stop renewal, one `RLOCK.RELEASE` (no
-    /// retries), outcome ignored. The blocking guard's drop runs this to its end.
-    pub(crate) async fn release_once(mut self) {
+impl ReleaseOnce for LockGuard {
+    /// One `RLOCK.RELEASE` (no retries), outcome ignored.
+    fn release_once(mut self) -> impl Future<Output = ()> + Send + 'static {
         let (client, shared, epoch, lease) = self.give_up();
-        let _ = release_inner(&client, &shared, epoch, lease, false).await;
+        async move {
+            let _ = release_inner(&client, &shared, epoch, lease, false).await;
+        }
     }
 }
 

@@ -14,6 +14,7 @@ mod lock;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,13 @@ pub use crate::latch::aio::CountDownLatch;
 pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
 pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
+
+/// A guard that can give itself up: stop renewal, one release attempt, outcome ignored.
+/// What dropping a guard does; the blocking guards run it to its end when dropped.
+pub(crate) trait ReleaseOnce: Send + 'static {
+    /// The release, as a future the caller awaits or spawns.
+    fn release_once(self) -> impl Future<Output = ()> + Send + 'static;
+}
 
 /// An async rlock client: one server or a cluster, one renewal task.
 ///

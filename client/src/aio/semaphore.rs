@@ -10,13 +10,14 @@
 //! same with each of its retries, so a retry after a lost reply never takes or returns
 //! permits twice.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 use tokio::sync::Notify;
 
-use crate::aio::{Client, ClientInner};
+use crate::aio::{Client, ClientInner, ReleaseOnce};
 use crate::error::{Error, Result};
 use crate::proto::cmd::request_id;
 use crate::proto::logic::lock_ignoring_poison;
@@ -248,11 +249,10 @@ impl SemaphorePermit {
     }
 }
 
-impl SemaphorePermit {
-    /// What dropping the guard does, awaited: one release attempt, outcome ignored.
-    pub(crate) async fn release_once(mut self) {
+impl ReleaseOnce for SemaphorePermit {
+    fn release_once(mut self) -> impl Future<Output = ()> + Send + 'static {
         self.done = true;
-        release_permits_once(self.sem.clone(), self.permits).await;
+        release_permits_once(self.sem.clone(), self.permits)
     }
 }
 
@@ -550,12 +550,10 @@ impl ExpirablePermit {
     }
 }
 
-impl ExpirablePermit {
-    /// What dropping the guard does, awaited: stop the renewal, one release attempt,
-    /// outcome ignored.
-    pub(crate) async fn release_once(mut self) {
+impl ReleaseOnce for ExpirablePermit {
+    fn release_once(mut self) -> impl Future<Output = ()> + Send + 'static {
         self.stop();
-        release_permit_once(self.sem.clone(), self.id.clone()).await;
+        release_permit_once(self.sem.clone(), self.id.clone())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::Rt;
+use super::{Held, Rt};
 use crate::aio;
 use crate::error::Result;
 use crate::options::AcquireOptions;
@@ -153,30 +153,20 @@ impl Lock {
 /// # Ok::<_, rlock_client::Error>(())
 /// ```
 #[must_use = "dropping the guard releases the lock at once"]
+#[derive(Debug)]
 pub struct LockGuard {
-    // `None` once released: the release (or the drop) took it.
-    inner: Option<aio::LockGuard>,
-    rt: Rt,
-}
-
-impl std::fmt::Debug for LockGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.held().fmt(f)
-    }
+    held: Held<aio::LockGuard>,
 }
 
 impl LockGuard {
     pub(crate) fn new(inner: aio::LockGuard, rt: &Rt) -> LockGuard {
         LockGuard {
-            inner: Some(inner),
-            rt: rt.clone(),
+            held: Held::new(inner, rt),
         }
     }
 
     fn held(&self) -> &aio::LockGuard {
-        self.inner
-            .as_ref()
-            .expect("a guard is only taken by its release or drop")
+        self.held.get()
     }
 
     /// The lock's name.
@@ -243,15 +233,7 @@ impl LockGuard {
     /// owner: the critical section ran (at least partly) unprotected. Transport errors
     /// after the retries: renewal has then stopped and the lock expires with its lease.
     pub fn release(mut self) -> Result<ReleaseOutcome> {
-        let guard = self.inner.take().expect("released once");
-        self.rt.block_on(guard.release())
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if let Some(guard) = self.inner.take() {
-            self.rt.finish(guard.release_once());
-        }
+        let guard = self.held.take();
+        self.held.rt.block_on(guard.release())
     }
 }

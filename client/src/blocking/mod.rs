@@ -23,7 +23,7 @@ use std::thread::{self, Thread};
 
 use redis::IntoConnectionInfo;
 
-use crate::aio;
+use crate::aio::{self, ReleaseOnce};
 use crate::error::Result;
 use crate::options::ClientOptions;
 use crate::proto::cmd::LockInfo;
@@ -114,6 +114,49 @@ impl Rt {
             }));
         } else {
             self.block_on(f);
+        }
+    }
+}
+
+/// The async guard inside a blocking one, written once for every blocking guard:
+/// borrowed while held, taken by an explicit release, released best-effort on drop.
+pub(crate) struct Held<G: ReleaseOnce> {
+    // `None` once the explicit release took it.
+    inner: Option<G>,
+    pub(crate) rt: Rt,
+}
+
+impl<G: ReleaseOnce> Held<G> {
+    pub(crate) fn new(inner: G, rt: &Rt) -> Held<G> {
+        Held {
+            inner: Some(inner),
+            rt: rt.clone(),
+        }
+    }
+
+    /// The async guard (only an explicit release takes it, and that consumes the face).
+    pub(crate) fn get(&self) -> &G {
+        self.inner
+            .as_ref()
+            .expect("a guard is only taken by its release")
+    }
+
+    /// The async guard, for an explicit release.
+    pub(crate) fn take(&mut self) -> G {
+        self.inner.take().expect("a guard is released once")
+    }
+}
+
+impl<G: ReleaseOnce + std::fmt::Debug> std::fmt::Debug for Held<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl<G: ReleaseOnce> Drop for Held<G> {
+    fn drop(&mut self) {
+        if let Some(guard) = self.inner.take() {
+            self.rt.finish(guard.release_once());
         }
     }
 }

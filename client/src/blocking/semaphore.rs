@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Client, Rt};
+use super::{Client, Held, Rt};
 use crate::aio;
 use crate::error::Result;
 use crate::proto::state::LostReason;
@@ -120,8 +120,7 @@ impl Semaphore {
 
     fn permit(&self, inner: aio::SemaphorePermit) -> SemaphorePermit {
         SemaphorePermit {
-            inner: Some(inner),
-            rt: self.rt.clone(),
+            held: Held::new(inner, &self.rt),
         }
     }
 }
@@ -132,23 +131,14 @@ impl Semaphore {
 /// Dropping the guard releases its permits best-effort (one attempt; inside a tokio
 /// runtime as a task on the client's runtime, never blocking the caller's).
 #[must_use = "dropping the guard releases the permits at once"]
+#[derive(Debug)]
 pub struct SemaphorePermit {
-    // `None` once released.
-    inner: Option<aio::SemaphorePermit>,
-    rt: Rt,
-}
-
-impl std::fmt::Debug for SemaphorePermit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.held().fmt(f)
-    }
+    held: Held<aio::SemaphorePermit>,
 }
 
 impl SemaphorePermit {
     fn held(&self) -> &aio::SemaphorePermit {
-        self.inner
-            .as_ref()
-            .expect("a permit is only taken by its release or drop")
+        self.held.get()
     }
 
     /// How many permits this guard holds.
@@ -158,16 +148,8 @@ impl SemaphorePermit {
 
     /// Returns the permits (one request id across retries); the count after.
     pub fn release(mut self) -> Result<i64> {
-        let permit = self.inner.take().expect("released once");
-        self.rt.block_on(permit.release())
-    }
-}
-
-impl Drop for SemaphorePermit {
-    fn drop(&mut self) {
-        if let Some(permit) = self.inner.take() {
-            self.rt.finish(permit.release_once());
-        }
+        let permit = self.held.take();
+        self.held.rt.block_on(permit.release())
     }
 }
 
@@ -245,8 +227,7 @@ impl ExpirableSemaphore {
 
     fn permit(&self, inner: aio::ExpirablePermit) -> ExpirablePermit {
         ExpirablePermit {
-            inner: Some(inner),
-            rt: self.rt.clone(),
+            held: Held::new(inner, &self.rt),
         }
     }
 }
@@ -263,23 +244,14 @@ impl ExpirableSemaphore {
 /// # Drop
 /// Dropping stops the renewal and releases the permit best-effort (one attempt).
 #[must_use = "dropping the guard releases the permit at once"]
+#[derive(Debug)]
 pub struct ExpirablePermit {
-    // `None` once released.
-    inner: Option<aio::ExpirablePermit>,
-    rt: Rt,
-}
-
-impl std::fmt::Debug for ExpirablePermit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.held().fmt(f)
-    }
+    held: Held<aio::ExpirablePermit>,
 }
 
 impl ExpirablePermit {
     fn held(&self) -> &aio::ExpirablePermit {
-        self.inner
-            .as_ref()
-            .expect("a permit is only taken by its release or drop")
+        self.held.get()
     }
 
     /// The permit id (32 hex digits).
@@ -299,12 +271,10 @@ impl ExpirablePermit {
 
     /// Blocks until the permit is lost (Some) or `timeout` passes (None).
     pub fn wait_lost(&self, timeout: Option<Duration>) -> Option<LostReason> {
-        let lost = self.held().lost();
+        let (lost, rt) = (self.held().lost(), &self.held.rt);
         match timeout {
-            Some(t) => self
-                .rt
-                .block_on(async { tokio::time::timeout(t, lost).await.ok() }),
-            None => Some(self.rt.block_on(lost)),
+            Some(t) => rt.block_on(async { tokio::time::timeout(t, lost).await.ok() }),
+            None => Some(rt.block_on(lost)),
         }
     }
 
@@ -315,7 +285,7 @@ impl ExpirablePermit {
 
     /// Re-arms a fixed lease to `lease` from now; false when the permit is not held.
     pub fn update_lease(&self, lease: Duration) -> Result<bool> {
-        self.rt.block_on(self.held().update_lease(lease))
+        self.held.rt.block_on(self.held().update_lease(lease))
     }
 
     /// Releases the permit (retried with one request id).
@@ -324,15 +294,7 @@ impl ExpirablePermit {
     /// [`Error::NotHeld`](crate::Error::NotHeld) when the server no longer had it (it
     /// expired or was lost): the work under the guard ran unprotected for a while.
     pub fn release(mut self) -> Result<()> {
-        let permit = self.inner.take().expect("released once");
-        self.rt.block_on(permit.release())
-    }
-}
-
-impl Drop for ExpirablePermit {
-    fn drop(&mut self) {
-        if let Some(permit) = self.inner.take() {
-            self.rt.finish(permit.release_once());
-        }
+        let permit = self.held.take();
+        self.held.rt.block_on(permit.release())
     }
 }
