@@ -1,6 +1,9 @@
-//! What every primitive's command file shares: argument slicing, error mapping, the
-//! request-id record (replay before doing anything, remember after a change), and the
-//! "may this client block?" test.
+//! The command pipeline: what every primitive's command file shares, written once.
+//! [`write_command`] is a changing command's opening (arity, parsing, request-id replay,
+//! the key's queue served first); [`waiting_command`] adds the end of a command that may
+//! wait (wait blocked, queue a ticket, or reply). Beside them the pieces they are made
+//! of: argument slicing, error mapping, the request-id record (replay before doing
+//! anything, remember after a change), and the "may this client block?" test.
 //!
 //! Layer: the top, beside the command files (`lock::commands`, ...) that use it; calls down into
 //! `engine` and `store` only.
