@@ -4,7 +4,10 @@
 //!
 //! A child of `rule.rs`, beside `tests.rs`.
 
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::vocab::args::parse_i64;
 use proptest::prelude::*;
 use std::collections::VecDeque;
 
