@@ -20,11 +20,12 @@
 //! - [`engine`]: one FIFO queue per key of waiters of any primitive (blocked clients and
 //!   queued tickets), the handoff loop that asks the head's `Ask`, deadlines, disconnects,
 //!   grants taken back, key timers, the pending list that serves keys freed by DEL,
-//!   expiry, FLUSH or SWAPDB. It names no primitive; only the unlock message of a freed
+//!   expiry, FLUSH or SWAPDB, and `events`, which turns keyspace and server events into
+//!   engine calls. It names no primitive; only the unlock message of a freed
 //!   plain lock reads the lock's state.
 //! - [`server`]: what talks to Redis: `ffi` (the only unsafe code), `store` (keys into
 //!   states, plans and effects back, replication, notifications, WATCH, messages,
-//!   request-id records), `events`, `tracking`, `cluster`, `config`, `stats`, `guard`.
+//!   request-id records), `tracking`, `cluster`, `config`, `stats`, `guard`.
 //! - [`vocab`]: the shared vocabulary, pure: `args`, `errors`, `reply`, `effects`.
 
 // Top-down: registration (this file) -> one folder per primitive -> the command pipeline
@@ -41,7 +42,8 @@ pub mod pipeline;
 pub mod server;
 pub mod vocab;
 
-use server::{config, events, ffi, stats, tracking};
+use engine::events;
+use server::{config, ffi, stats, tracking};
 
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};

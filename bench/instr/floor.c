@@ -3,7 +3,7 @@
  * 1. The tax floor (bench/instr.py): a module that subscribes to exactly what librlock
  *    subscribes to on this server, with callbacks that do nothing. What it costs a command
  *    is the server's own price for delivering the event to any module, which no module
- *    can go below. Mirrors the choice in src/server/events.rs: where the server reports key
+ *    can go below. Mirrors the choice in src/engine/events.rs: where the server reports key
  *    removal and overwrite (post-notification jobs exist, Redis 7.2+ / Valkey), the key
  *    server event and no keyspace classes; otherwise (7.0) the keyspace classes that can
  *    remove, replace or spoil a hash.

@@ -1,7 +1,8 @@
 //! The waiting engine: clients waiting in the server, and the handoff that serves them.
 //!
-//! Layer: below `commands` and `events` (which only translate keyspace and server events
-//! into calls here), above `store`, `tracking`, `cluster`, `stats` and `ffi`. The pure
+//! Layer: below the commands and the pipeline, above `server` (`store`, `tracking`,
+//! `cluster`, `stats`, `ffi`); `events.rs` here translates keyspace and server events
+//! into engine calls. The pure
 //! rules of each primitive (`lock::rule` for the lock) sit beside it: state in, plan out.
 //!
 //! Each key with waiters has one FIFO queue, whatever primitive its waiters ask for (a
@@ -15,11 +16,12 @@
 //! disconnects, grants taken back from clients that vanished untold, cluster redirection,
 //! and the pending list that serves keys freed by DEL, expiry, overwrite, FLUSH or SWAPDB
 //! once the cause has propagated (a post-notification job, or a zero-delay timer on 7.0;
-//! see server/events.rs for why the handoff is not written from inside the notification).
+//! see events.rs for why the handoff is not written from inside the notification).
 //!
 //! [`Queues`] is the bookkeeping, pure and unit-tested; the functions below it are the
 //! glue that blocks clients, arms timers and performs handoffs.
 
+pub mod events;
 pub mod ticket;
 
 mod pending;

@@ -31,7 +31,7 @@ pub fn schedule(ctx: &Context, db: i32, key: &[u8]) {
 }
 
 /// Puts a key on the pending list served by the zero-delay timer alone, after the
-/// current loop of the server (evictions: see server/events.rs).
+/// current loop of the server (evictions: see engine/events.rs).
 pub fn schedule_after_loop(ctx: &Context, db: i32, key: &[u8]) {
     PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
     arm_sweep(ctx, 0);

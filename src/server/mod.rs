@@ -5,8 +5,6 @@
 //! - `store`: reads keys into the primitives' pure states and writes their plans and
 //!   effects back (replication, keyspace notifications, WATCH), publishes messages,
 //!   remembers request ids.
-//! - `events`: keyspace and server events (DEL, expiry, FLUSH, SWAPDB, role change),
-//!   translated into engine calls.
 //! - `tracking`: the lock keys the module wrote, and the marker for its own writes.
 //! - `cluster`: where a key lives (redirections for waiters whose slot moved).
 //! - `config` (module configs), `stats` (the `INFO rlock` counters), `guard` (a panic
@@ -14,7 +12,6 @@
 
 pub mod cluster;
 pub mod config;
-pub mod events;
 pub mod ffi;
 pub mod guard;
 pub mod stats;

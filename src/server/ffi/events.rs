@@ -49,7 +49,7 @@ extern "C" fn keyspace_cb(
 /// hash: generic (DEL, UNLINK, RENAME, MOVE, COPY, RESTORE), string (SET, BITOP), set
 /// and zset (the *STORE commands), hash (a field written that is no hold count), expired,
 /// evicted. Not list or stream: no command of theirs touches a hash (SORT ... STORE
-/// replaces one, and is noticed lazily, see server/events.rs).
+/// replaces one, and is noticed lazily, see engine/events.rs).
 ///
 /// `watching` is asked first, before the key's name is read: false turns the event away.
 pub fn subscribe_keyspace(ctx: &Context, watching: fn() -> bool, f: KeyHandler) {

@@ -4,9 +4,10 @@
 //! published, as for a release, so pub/sub waiters wake at once instead of at the old
 //! lease's end.
 //!
-//! Layer: beside `commands`, above `engine`: this file only translates events into engine
-//! calls (the pending list, the sweep, the handoff and the unlock message live there). It
-//! knows which keys are locks the module wrote from `tracking`.
+//! Layer: the top of `engine` (its way in from the server's events), above the rest of
+//! it: this file only translates events into engine calls (the pending list, the sweep,
+//! the handoff and the unlock message live there). It knows which keys are locks the
+//! module wrote from `tracking`.
 //!
 //! How removals are noticed costs every other command of the server, so it depends on
 //! what the server offers (checked at run time, never required at load):
