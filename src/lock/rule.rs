@@ -54,14 +54,9 @@ pub enum Write {
     Remove,
 }
 
-/// The reply a command sends when it answers at once: the lock only ever answers nil or
-/// an integer, so its plans stay `Copy`; `reply::Reply` (which converts from it) is every
-/// primitive's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
-    Nil,
-    Int(i64),
-}
+/// The reply a lock command sends when it answers at once: nil or an integer (the shared
+/// vocabulary's [`ShortReply`]), so its plans stay `Copy`.
+pub use crate::vocab::reply::ShortReply as Reply;
 
 /// What happened, for the `INFO rlock` counters and for the glue's next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

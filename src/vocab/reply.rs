@@ -2,10 +2,9 @@
 //! told, and what a request id remembers (encoded into a string key, see
 //! [`encode`]/[`decode`]).
 //!
-//! Layer: pure, beside the rules (`lock::rule`, `rwlock`, `fenced`, `semaphore`, `expirable`,
+//! Layer: pure, under the rules (`lock::rule`, `rwlock`, `fenced`, `semaphore`, `expirable`,
 //! `latch`), which all answer with it; `ffi` turns it into a RESP reply.
 
-use crate::lock;
 use crate::vocab::args::parse_i64;
 
 /// One RESP reply: nil, an integer, a bulk string (a permit id, a mode), or an array of
@@ -18,12 +17,20 @@ pub enum Reply {
     Array(Vec<Reply>),
 }
 
-/// The lock's own `Copy` reply (its plans are `Copy`), as any primitive's.
-impl From<lock::Reply> for Reply {
-    fn from(reply: lock::Reply) -> Reply {
+/// The reply of a command that only ever answers nil or an integer (the lock's, the RW
+/// lock's), small and `Copy` so that their plans are; [`Reply`] converts from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShortReply {
+    Nil,
+    Int(i64),
+}
+
+/// A short reply (the lock's own, `Copy`: its plans are `Copy`), as any primitive's.
+impl From<ShortReply> for Reply {
+    fn from(reply: ShortReply) -> Reply {
         match reply {
-            lock::Reply::Nil => Reply::Nil,
-            lock::Reply::Int(n) => Reply::Int(n),
+            ShortReply::Nil => Reply::Nil,
+            ShortReply::Int(n) => Reply::Int(n),
         }
     }
 }
@@ -117,7 +124,7 @@ mod tests {
     fn it_keeps_the_lock_records_written_before_arrays() {
         assert_eq!(decode(b"nil"), Some(Reply::Nil));
         assert_eq!(decode(b"42"), Some(Reply::Int(42)));
-        for reply in [lock::Reply::Nil, lock::Reply::Int(0), lock::Reply::Int(-1)] {
+        for reply in [ShortReply::Nil, ShortReply::Int(0), ShortReply::Int(-1)] {
             let any = Reply::from(reply);
             assert_eq!(decode(&encode(&any)), Some(any));
         }
