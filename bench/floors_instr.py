@@ -129,7 +129,7 @@ def tables(r, version):
               "Cheaper ways to do FLOOR.LOCK's work (same server process as FLOOR.LOCK):", "",
               "| command | what | instructions | vs FLOOR.LOCK |", "|---|---|---:|---:|",
               f"| FLOOR.LOCK | key API write, RM_Replicate \"ssl\" + \"sl\", 2 notifications, "
-              f"signal (as src/store.rs) | {lock_fl:.0f} | |"]
+              f"signal (as src/server/store.rs) | {lock_fl:.0f} | |"]
     for name, what in VARIANTS:
         v = r[("variant", name)]
         lines.append(f"| {name} | {what} | {v:.0f} | {v - lock_fl:+.0f} |")
@@ -154,7 +154,7 @@ def main():
         "*floor* is a command of bench/instr/floor.c doing only what SPEC 1.4 makes an "
         "rlock command do for that case, with no logic: open the key, write it with the "
         "key API, replicate each effect as its plain command with the absolute expiry "
-        "(RM_Replicate, as src/store.rs), fire the keyspace notifications that command "
+        "(RM_Replicate, as src/server/store.rs), fire the keyspace notifications that command "
         "fires, signal WATCH, reply. FLOOR.LOCK: HSET key owner 1 + PEXPIREAT ('hset', "
         "'expire'); FLOOR.RENEW: the owner's field exists? then PEXPIREAT ('expire'); "
         "FLOOR.RWREAD: HSET key mode read owner 1, SET {key}:owner:rwlock_timeout:1 1 PXAT "

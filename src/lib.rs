@@ -5,57 +5,45 @@
 //! semaphores and countdown latch likewise) and publish Redisson's messages, but run the
 //! logic in the server, and let contended clients wait there, first come first served.
 //!
-//! Layout, top-down (a module imports only modules below it; `grep 'crate::' src/*.rs`):
-//! - `lib` (this file): registration, callbacks wired to the engine, INFO's gauges.
-//! - One command file per primitive: `cmd_lock` (RLOCK.*), `cmd_fenced` (RFENCED.*, above
-//!   `cmd_lock`, whose lock half it reuses), `cmd_rwlock` (RRWLOCK.*), `cmd_semaphore`
-//!   (RSEMAPHORE.*), `cmd_expirable` (RPSEMAPHORE.*), `cmd_latch` (RLATCH.*); each also
-//!   holds its queued request (an `engine::Ask`). Beside them `cmd` (what they share) and
-//!   `events` (keyspace and server events, translated into engine calls).
-//! - `engine`: one FIFO queue per key of waiters of any primitive, blocking, deadlines,
-//!   the handoff loop, grants taken back, cluster redirection, key timers, the pending
-//!   list and the sweep that serve keys freed by DEL, expiry, FLUSH or SWAPDB. Its queues
-//!   and handoff name no primitive (they ask the head's `Ask`); only the unlock message
-//!   of a freed plain lock (`freed`, `settle`) reads the lock's state.
-//! - `store`: reads keys into pure states and writes plans and effects back (replication
-//!   as effects, keyspace notifications, WATCH signal), publishes messages, remembers
-//!   request ids.
-//! - `tracking`: the lock keys the module wrote, and the marker for its own writes.
-//! - `cluster` (where a key lives), `stats` (counters), `config`, `guard` (panics become
-//!   error replies), `errors`, and `ffi`, the only unsafe code.
-//! - Beside them, pure (no Redis): one core per primitive, state in, plan out: `core`
-//!   (the lock), `fenced`, `rwlock`, `semaphore` (with the plan vocabulary the sync cores
-//!   share), `expirable`, `latch`; `effects` (their writes as plain commands) and `reply`;
-//!   `ticket` (a queued ticket's channel, message and names, SPEC 5).
+//! Layout: folders by layer, top-down; a layer imports only the layers below it
+//! (`grep -rn 'crate::' src` shows every arrow).
+//! - `lib` (this file): the registration table (every command with its flags and key
+//!   positions), callbacks wired to the engine, INFO's gauges.
+//! - One folder per primitive, each with the same two rooms: `rule` (the pure algorithm,
+//!   state in, plan out, no Redis) and `commands` (its handlers, and its queued request,
+//!   an `engine::Ask`, whose `check` is the grant rule): [`lock`] (RLOCK.*), [`fenced`]
+//!   (RFENCED.*, on the lock's rule), [`rwlock`] (RRWLOCK.*), [`semaphore`] (RSEMAPHORE.*,
+//!   and the plan vocabulary the two below share), [`expirable`] (RPSEMAPHORE.*), [`latch`]
+//!   (RLATCH.*). `docs/adding-a-primitive.md` walks through adding one.
+//! - [`pipeline`]: what every command shares: request-id replay, serving the queue first,
+//!   the opening of a changing command, waiting or queueing.
+//! - [`engine`]: one FIFO queue per key of waiters of any primitive (blocked clients and
+//!   queued tickets), the handoff loop that asks the head's `Ask`, deadlines, disconnects,
+//!   grants taken back, key timers, the pending list that serves keys freed by DEL,
+//!   expiry, FLUSH or SWAPDB, and `events`, which turns keyspace and server events into
+//!   engine calls. It names no primitive; only the unlock message of a freed
+//!   plain lock reads the lock's state.
+//! - [`server`]: what talks to Redis: `ffi` (the only unsafe code), `store` (keys into
+//!   states, plans and effects back, replication, notifications, WATCH, messages,
+//!   request-id records), `tracking`, `cluster`, `config`, `stats`, `guard`.
+//! - [`vocab`]: the shared vocabulary, pure: `args`, `errors`, `reply`, `effects`.
 
-pub mod cluster;
-pub mod cmd;
-pub mod cmd_expirable;
-pub mod cmd_fenced;
-pub mod cmd_latch;
-pub mod cmd_lock;
-pub mod cmd_rwlock;
-pub mod cmd_semaphore;
-pub mod config;
-pub mod core;
-pub mod engine;
-pub mod errors;
-pub mod events;
-pub mod ffi;
-pub mod guard;
-pub mod reply;
-pub mod stats;
-pub mod store;
-pub mod tracking;
-
-// Pure cores of the other Redisson synchronizers (SPEC 4), and their write vocabulary.
-pub mod effects;
+// Top-down: registration (this file) -> one folder per primitive -> the command pipeline
+// -> the waiting engine -> what talks to Redis -> the shared vocabulary.
 pub mod expirable;
 pub mod fenced;
 pub mod latch;
+pub mod lock;
 pub mod rwlock;
 pub mod semaphore;
-pub mod ticket;
+
+pub mod engine;
+pub mod pipeline;
+pub mod server;
+pub mod vocab;
+
+use engine::events;
+use server::{config, ffi, stats, tracking};
 
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
@@ -80,7 +68,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     });
     ffi::set_timer_handler(engine::on_timer);
     // The permit-expirable semaphore's lease timer (engine key timers name no primitive).
-    cmd_expirable::init();
+    expirable::commands::init();
     ffi::on_swapdb(ctx, events::on_swapdb);
     // Queued tickets live as long as the connection that queued them.
     ffi::on_client_gone(ctx, engine::on_client_gone);
@@ -113,47 +101,47 @@ redis_module! {
     commands: [
         // Key at position 1 and nowhere else, so Redis Cluster routes every command.
         // On 7.0 module commands get no ACL category (see the README's ACL note).
-        ["rlock.acquire", cmd_lock::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rlock.release", cmd_lock::release, "write", 1, 1, 1, ""],
-        ["rlock.renew", cmd_lock::renew, "write", 1, 1, 1, ""],
-        ["rlock.forcerelease", cmd_lock::force_release, "write", 1, 1, 1, ""],
-        ["rlock.info", cmd_lock::info, "readonly", 1, 1, 1, ""],
+        ["rlock.acquire", lock::commands::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rlock.release", lock::commands::release, "write", 1, 1, 1, ""],
+        ["rlock.renew", lock::commands::renew, "write", 1, 1, 1, ""],
+        ["rlock.forcerelease", lock::commands::force_release, "write", 1, 1, 1, ""],
+        ["rlock.info", lock::commands::info, "readonly", 1, 1, 1, ""],
         // Countdown latch (SPEC 4.5). AWAIT changes nothing: readonly (a replica answers
         // it at once, never queues it).
-        ["rlatch.trysetcount", cmd_latch::try_set_count, "write deny-oom", 1, 1, 1, ""],
-        ["rlatch.countdown", cmd_latch::count_down, "write", 1, 1, 1, ""],
-        ["rlatch.getcount", cmd_latch::get_count, "readonly", 1, 1, 1, ""],
-        ["rlatch.await", cmd_latch::await_open, "readonly", 1, 1, 1, ""],
-        ["rlatch.delete", cmd_latch::delete, "write", 1, 1, 1, ""],
-        ["rlatch.info", cmd_latch::info, "readonly", 1, 1, 1, ""],
+        ["rlatch.trysetcount", latch::commands::try_set_count, "write deny-oom", 1, 1, 1, ""],
+        ["rlatch.countdown", latch::commands::count_down, "write", 1, 1, 1, ""],
+        ["rlatch.getcount", latch::commands::get_count, "readonly", 1, 1, 1, ""],
+        ["rlatch.await", latch::commands::await_open, "readonly", 1, 1, 1, ""],
+        ["rlatch.delete", latch::commands::delete, "write", 1, 1, 1, ""],
+        ["rlatch.info", latch::commands::info, "readonly", 1, 1, 1, ""],
         // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
-        ["rfenced.acquire", cmd_fenced::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rfenced.gettoken", cmd_fenced::get_token, "readonly", 1, 1, 1, ""],
+        ["rfenced.acquire", fenced::commands::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rfenced.gettoken", fenced::commands::get_token, "readonly", 1, 1, 1, ""],
         // Semaphore (SPEC 4.3, docs/sync-commands.md).
-        ["rsemaphore.trysetpermits", cmd_semaphore::try_set_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rsemaphore.addpermits", cmd_semaphore::add_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rsemaphore.acquire", cmd_semaphore::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rsemaphore.release", cmd_semaphore::release, "write", 1, 1, 1, ""],
-        ["rsemaphore.drainpermits", cmd_semaphore::drain_permits, "write", 1, 1, 1, ""],
-        ["rsemaphore.availablepermits", cmd_semaphore::available_permits, "readonly", 1, 1, 1, ""],
-        ["rsemaphore.info", cmd_semaphore::info, "readonly", 1, 1, 1, ""],
+        ["rsemaphore.trysetpermits", semaphore::commands::try_set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.addpermits", semaphore::commands::add_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.acquire", semaphore::commands::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rsemaphore.release", semaphore::commands::release, "write", 1, 1, 1, ""],
+        ["rsemaphore.drainpermits", semaphore::commands::drain_permits, "write", 1, 1, 1, ""],
+        ["rsemaphore.availablepermits", semaphore::commands::available_permits, "readonly", 1, 1, 1, ""],
+        ["rsemaphore.info", semaphore::commands::info, "readonly", 1, 1, 1, ""],
         // Permit-expirable semaphore (SPEC 4.4, docs/sync-commands.md).
-        ["rpsemaphore.trysetpermits", cmd_expirable::try_set_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.setpermits", cmd_expirable::set_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.addpermits", cmd_expirable::add_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.acquire", cmd_expirable::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.release", cmd_expirable::release, "write", 1, 1, 1, ""],
-        ["rpsemaphore.updateleasetime", cmd_expirable::update_lease_time, "write", 1, 1, 1, ""],
-        ["rpsemaphore.leasetime", cmd_expirable::lease_time, "readonly", 1, 1, 1, ""],
-        ["rpsemaphore.availablepermits", cmd_expirable::available_permits, "readonly", 1, 1, 1, ""],
-        ["rpsemaphore.acquiredpermits", cmd_expirable::acquired_permits, "readonly", 1, 1, 1, ""],
-        ["rpsemaphore.info", cmd_expirable::info, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.trysetpermits", expirable::commands::try_set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.setpermits", expirable::commands::set_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.addpermits", expirable::commands::add_permits, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.acquire", expirable::commands::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rpsemaphore.release", expirable::commands::release, "write", 1, 1, 1, ""],
+        ["rpsemaphore.updateleasetime", expirable::commands::update_lease_time, "write", 1, 1, 1, ""],
+        ["rpsemaphore.leasetime", expirable::commands::lease_time, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.availablepermits", expirable::commands::available_permits, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.acquiredpermits", expirable::commands::acquired_permits, "readonly", 1, 1, 1, ""],
+        ["rpsemaphore.info", expirable::commands::info, "readonly", 1, 1, 1, ""],
         // Read-write lock (SPEC 4.1)
-        ["rrwlock.acquire", cmd_rwlock::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rrwlock.release", cmd_rwlock::release, "write", 1, 1, 1, ""],
-        ["rrwlock.renew", cmd_rwlock::renew, "write", 1, 1, 1, ""],
-        ["rrwlock.forcerelease", cmd_rwlock::force_release, "write", 1, 1, 1, ""],
-        ["rrwlock.info", cmd_rwlock::info, "readonly", 1, 1, 1, ""],
+        ["rrwlock.acquire", rwlock::commands::acquire, "write deny-oom", 1, 1, 1, ""],
+        ["rrwlock.release", rwlock::commands::release, "write", 1, 1, 1, ""],
+        ["rrwlock.renew", rwlock::commands::renew, "write", 1, 1, 1, ""],
+        ["rrwlock.forcerelease", rwlock::commands::force_release, "write", 1, 1, 1, ""],
+        ["rrwlock.info", rwlock::commands::info, "readonly", 1, 1, 1, ""],
     ],
     configurations: [
         i64: [

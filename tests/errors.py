@@ -1,4 +1,4 @@
-"""The module's error replies, exactly as src/errors.rs defines them, in one place."""
+"""The module's error replies, exactly as src/vocab/errors.rs defines them, in one place."""
 
 SYNTAX = "ERR syntax error"
 LEASE = "ERR lease-ms must be an integer from 1 to 3153600000000"

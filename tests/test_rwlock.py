@@ -19,7 +19,7 @@ from cluster_helpers import snapshot, wait_replicated
 from conftest import wait_until
 from redisson_rw import rw_channel, timeout_key
 
-# src/errors.rs, the read-write lock's texts (redis-py drops the "ERR " code).
+# src/vocab/errors.rs, the read-write lock's texts (redis-py drops the "ERR " code).
 RW_SIDE = "lock side must be READ or WRITE"
 RW_OWNER_SUFFIX = "owner must not end with ':write' (the suffix of the write lock's field)"
 NOT_A_RWLOCK = ("key holds a hash that is not a read-write lock (a 'mode' field of read or "

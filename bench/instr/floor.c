@@ -3,7 +3,7 @@
  * 1. The tax floor (bench/instr.py): a module that subscribes to exactly what librlock
  *    subscribes to on this server, with callbacks that do nothing. What it costs a command
  *    is the server's own price for delivering the event to any module, which no module
- *    can go below. Mirrors the choice in src/events.rs: where the server reports key
+ *    can go below. Mirrors the choice in src/engine/events.rs: where the server reports key
  *    removal and overwrite (post-notification jobs exist, Redis 7.2+ / Valkey), the key
  *    server event and no keyspace classes; otherwise (7.0) the keyspace classes that can
  *    remove, replace or spoil a hash.
@@ -12,7 +12,7 @@
  *    SPEC makes an rlock command do for one case, with no logic, no parsing beyond the
  *    lease and no read beyond the key's type: write with the key API, replicate each
  *    effect as its plain command with absolute expiries (SPEC 1.4), fire the keyspace
- *    notifications the plain command fires, signal WATCH (src/store.rs does the same, in
+ *    notifications the plain command fires, signal WATCH (src/server/store.rs does the same, in
  *    the same order; the module also turns off the implicit signal as librlock does).
  *    What such a command costs is the least any module command that keeps those promises
  *    can cost. Variants (FLOOR.LOCK.*) try cheaper ways to do the same.

@@ -1,5 +1,5 @@
-//! The fenced lock (SPEC 4.2): [`FencedLock`] and [`FencedGuard`], blocking, and their
-//! async twins in [`crate::aio`].
+//! The fenced lock (SPEC 4.2): [`FencedLock`] and [`FencedGuard`], async (the
+//! implementation, re-exported from [`crate::aio`]) and their blocking faces.
 //!
 //! A fenced lock is the plain lock (same key, same `RLOCK.RENEW` watchdog, same lost
 //! signal, same `RLOCK.RELEASE`) whose acquire is `RFENCED.ACQUIRE`: every acquire,
@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::cmd::Acquired;
 use crate::error::{Error, Result};
 use crate::options::{AcquireOptions, Wait};
-use crate::{Client, Lock, LockGuard, ReleaseOutcome};
+use crate::proto::cmd::Acquired;
+use crate::{Client, LockGuard, ReleaseOutcome};
+
+use self::aio_fenced as aio;
 
 /// The fenced lock's acquire: `RLOCK.ACQUIRE`'s arguments.
 const ACQUIRE: &str = "RFENCED.ACQUIRE";
@@ -96,7 +98,8 @@ impl Client {
     /// ```
     pub fn fenced_lock(&self, name: impl Into<String>) -> FencedLock {
         FencedLock {
-            lock: self.lock(name),
+            inner: self.inner.fenced_lock(name),
+            client: self.clone(),
         }
     }
 
@@ -107,46 +110,46 @@ impl Client {
         owner: impl Into<String>,
     ) -> FencedLock {
         FencedLock {
-            lock: self.lock_with_owner(name, owner),
+            inner: self.inner.fenced_lock_with_owner(name, owner),
+            client: self.clone(),
         }
     }
 
     /// The last fencing token issued for lock `name` (`RFENCED.GETTOKEN`, Redisson's
     /// `getToken`); `None` before the first.
     pub fn fenced_token(&self, name: &str) -> Result<Option<i64>> {
-        parse_token(self.query_retried(&get_token_cmd(name))?)
+        self.rt.block_on(self.inner.fenced_token(name))
     }
 }
 
-/// A handle on one fenced lock, as one owner: a [`Lock`] whose every acquire returns a
-/// fencing token.
+/// A handle on one fenced lock, as one owner: a [`Lock`](crate::Lock) whose every acquire returns a
+/// fencing token. The blocking face of [`crate::aio::FencedLock`].
 #[derive(Debug)]
 pub struct FencedLock {
-    lock: Lock,
+    inner: aio::FencedLock,
+    client: Client,
 }
 
 impl FencedLock {
     /// The lock's name (its key; the token lives at `redisson_lock_token:{name}`).
     pub fn name(&self) -> &str {
-        self.lock.name()
+        self.inner.name()
     }
 
     /// This handle's owner id.
     pub fn owner(&self) -> &str {
-        self.lock.owner()
+        self.inner.owner()
     }
 
     /// This handle's hold count as the client knows it (0: not held).
     pub fn hold_count(&self) -> u64 {
-        self.lock.hold_count()
+        self.inner.hold_count()
     }
 
     /// Takes the lock, waiting in the server for as long as it takes; watchdog lease.
     pub fn acquire(&self) -> Result<FencedGuard> {
-        crate::logic::taken(
-            self.acquire_with(AcquireOptions::new())?,
-            "RFENCED.ACQUIRE WAIT 0 timed out",
-        )
+        let guard = self.client.rt.block_on(self.inner.acquire())?;
+        Ok(self.guard(guard))
     }
 
     /// Takes the lock if it is free (or already ours); never waits.
@@ -160,14 +163,17 @@ impl FencedLock {
     }
 
     /// Takes the lock with explicit options (wait limit, fixed lease), as
-    /// [`Lock::acquire_with`]; the guard carries the token this acquire was given.
+    /// [`Lock::acquire_with`](crate::Lock::acquire_with); the guard carries the token this acquire was given.
     pub fn acquire_with(&self, opts: AcquireOptions) -> Result<Option<FencedGuard>> {
-        let mut tokens = Tokens::default();
-        let Some(guard) = self.lock.acquire_as(opts, ACQUIRE, |v| tokens.read(v))? else {
-            return Ok(None);
-        };
-        let token = tokens.taken()?;
-        Ok(Some(FencedGuard { guard, token }))
+        let taken = self.client.rt.block_on(self.inner.acquire_with(opts))?;
+        Ok(taken.map(|g| self.guard(g)))
+    }
+
+    fn guard(&self, g: aio::FencedGuard) -> FencedGuard {
+        FencedGuard {
+            token: g.token(),
+            guard: LockGuard::new(g.into_guard(), &self.client.rt),
+        }
     }
 }
 
@@ -205,9 +211,8 @@ impl std::ops::Deref for FencedGuard {
     }
 }
 
-/// The async fenced lock, re-exported from [`crate::aio`].
-#[cfg(feature = "tokio")]
-pub(crate) mod aio {
+/// The async fenced lock, re-exported from [`crate::aio`]: the implementation.
+pub(crate) mod aio_fenced {
     use std::time::Duration;
 
     use super::{get_token_cmd, parse_token, Tokens, ACQUIRE};
@@ -265,7 +270,7 @@ pub(crate) mod aio {
 
         /// Takes the lock, waiting in the server for as long as it takes.
         pub async fn acquire(&self) -> Result<FencedGuard> {
-            crate::logic::taken(
+            crate::proto::logic::taken(
                 self.acquire_with(AcquireOptions::new()).await?,
                 "RFENCED.ACQUIRE WAIT 0 timed out",
             )

@@ -1,6 +1,6 @@
-//! The countdown latch (SPEC 4.5, `RLATCH.*`): [`CountDownLatch`] for the blocking
-//! client and [`aio::CountDownLatch`] for the async one, both on the command builders and
-//! reply parsers below.
+//! The countdown latch (SPEC 4.5, `RLATCH.*`): [`aio::CountDownLatch`], the
+//! implementation, on the command builders and reply parsers below, and
+//! [`CountDownLatch`], its blocking face.
 //!
 //! The latch lives in Redisson's layout (a string count at the name; missing = 0 = open),
 //! so a Java `RCountDownLatch` on the same name counts down the same latch and wakes on
@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 use redis::{Cmd, Value};
 
 use crate::blocking::Client;
-use crate::cmd::request_id;
 use crate::error::{Error, Result};
-use crate::logic::WAIT_REPLY_MARGIN;
+use crate::proto::logic::WAIT_REPLY_MARGIN;
 
 /// `RLATCH.TRYSETCOUNT key count ID request-id`.
 fn try_set_count_cmd(key: &str, count: u64, id: &str) -> Cmd {
@@ -107,87 +106,62 @@ impl Client {
     /// ```
     pub fn latch(&self, name: impl Into<String>) -> CountDownLatch {
         CountDownLatch {
+            inner: self.inner.latch(name),
             client: self.clone(),
-            name: name.into(),
         }
     }
 }
 
 /// A countdown latch (blocking API): set a count, count it down, wait until it is zero.
+/// The blocking face of [`crate::aio::CountDownLatch`].
 #[derive(Debug, Clone)]
 pub struct CountDownLatch {
+    inner: aio::CountDownLatch,
     client: Client,
-    name: String,
 }
 
 impl CountDownLatch {
     /// The latch's name (its key).
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn run_retried(&self, c: &Cmd) -> Result<Value> {
-        let inner = &self.client.inner;
-        inner.with_retries(inner.retries(), || inner.run(c))
+        self.inner.name()
     }
 
     /// Sets the count if no latch exists (Redisson's `trySetCount`); whether it was set.
     /// `count` must be 1 to `i64::MAX` (the server refuses others).
     pub fn try_set_count(&self, count: u64) -> Result<bool> {
-        let c = try_set_count_cmd(&self.name, count, &request_id());
-        flag("RLATCH.TRYSETCOUNT", self.run_retried(&c)?)
+        self.client.rt.block_on(self.inner.try_set_count(count))
     }
 
     /// Counts down by one; the count after (0 once open, or when there was no latch).
     /// Retried with one request id: a count-down is never applied twice.
     pub fn count_down(&self) -> Result<i64> {
-        let c = count_down_cmd(&self.name, &request_id());
-        int("RLATCH.COUNTDOWN", self.run_retried(&c)?)
+        self.client.rt.block_on(self.inner.count_down())
     }
 
     /// The current count (0 without latch).
     pub fn count(&self) -> Result<i64> {
-        int(
-            "RLATCH.GETCOUNT",
-            self.run_retried(&get_count_cmd(&self.name))?,
-        )
+        self.client.rt.block_on(self.inner.count())
     }
 
     /// Deletes the latch, which opens it (module awaiters return; Redisson's own stay
     /// asleep, as with Redisson); whether there was one.
     pub fn delete(&self) -> Result<bool> {
-        let c = delete_cmd(&self.name, &request_id());
-        flag("RLATCH.DELETE", self.run_retried(&c)?)
+        self.client.rt.block_on(self.inner.delete())
     }
 
     /// Waits in the server until the count is zero (or the latch gone).
     pub fn await_zero(&self) -> Result<()> {
-        self.await_until(None).map(|_| ())
+        self.client.rt.block_on(self.inner.await_zero())
     }
 
     /// Waits at most `wait` for the count to reach zero; whether it did.
     /// `Duration::ZERO` only looks.
     pub fn await_timeout(&self, wait: Duration) -> Result<bool> {
-        self.await_until(Some(Instant::now() + wait))
-    }
-
-    fn await_until(&self, until: Option<Instant>) -> Result<bool> {
-        let inner = &self.client.inner;
-        let timeout = inner.opts.response_timeout;
-        inner.with_retries(inner.retries(), || {
-            let (wait, limit) = await_attempt(until, timeout);
-            let c = await_cmd(&self.name, wait);
-            let reply = match wait {
-                None => inner.run(&c)?,
-                Some(_) => inner.wait_query(limit, &c)?,
-            };
-            flag("RLATCH.AWAIT", reply)
-        })
+        self.client.rt.block_on(self.inner.await_timeout(wait))
     }
 }
 
 /// The async latch ([`crate::aio::CountDownLatch`]).
-#[cfg(feature = "tokio")]
 pub(crate) mod aio {
     use std::time::{Duration, Instant};
 
@@ -198,8 +172,8 @@ pub(crate) mod aio {
         try_set_count_cmd,
     };
     use crate::aio::Client;
-    use crate::cmd::request_id;
     use crate::error::{Error, Result};
+    use crate::proto::cmd::request_id;
 
     impl Client {
         /// A handle on the countdown latch `name` (Redisson's `RCountDownLatch` layout).

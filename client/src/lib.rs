@@ -30,8 +30,11 @@
 //!   `write()` halves are [`Lock`] handles (module commands `RRWLOCK.*`).
 //! - One server or a Redis Cluster ([`Client::open_cluster`]).
 //!
-//! The blocking API is the default; the async one is [`aio`], behind the `tokio`
-//! feature. Both use the same command builders; only the executor differs.
+//! Two APIs, one implementation: [`aio`] is the async client (tokio), and the blocking
+//! API at the crate root is a thin layer over it, as reqwest's `blocking` client is over
+//! its async one: each blocking client runs the async code on a runtime of its own (one
+//! worker thread, which also renews its locks and dispatches its queued tickets). Any
+//! fix lands once. The `tokio` feature is kept, empty, for manifests that name it.
 //!
 //! # Examples
 //!
@@ -52,45 +55,37 @@
 //! ```
 #![warn(missing_docs)]
 
-#[cfg(feature = "tokio")]
+// Folders by concern, top-down (see the crate's README, "Layout"):
+// - `blocking`: the blocking API, a thin layer over `aio` (handles that run their async
+//   twins on the client's runtime), and the combined locks (MultiLock, RedLock).
+// - `aio`: the implementation: client, lock, read-write lock, semaphores, renewal task.
+// - `fenced`, `latch`: one primitive each: its commands and replies, the async handle
+//   (the implementation, re-exported from `aio`) and its blocking face.
+// - `net`: connections (one server or a cluster) and the queued-ticket connection.
+// - `proto`: the sans-IO core: command builders and reply parsers, the decisions of an
+//   acquire and a release, a handle's state and lost signal, the renewal registry, jitter.
 pub mod aio;
-// Semaphores, async (RSEMAPHORE.*, RPSEMAPHORE.*).
-#[cfg(feature = "tokio")]
-mod aio_semaphore;
-mod backoff;
 mod blocking;
-mod cmd;
-mod conn;
 mod error;
-mod latch; // countdown latch: Client::latch
-           // Fenced lock (SPEC 4.2): `Client::fenced_lock`, guards with `token()`.
 mod fenced;
-mod logic;
-mod multi;
+mod latch;
+mod net;
 mod options;
-// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*).
-mod semaphore;
-// Read-write lock (RRWLOCK.*)
-#[cfg(feature = "tokio")]
-mod aio_rwlock;
-mod rwlock;
-mod state;
-// Queued tickets (SPEC 5): waiting calls share one connection.
-mod tickets;
-// Queued tickets on a cluster: one ticket connection per node.
-mod cluster_tickets;
-mod watchdog;
+mod proto;
 
+pub use aio::rwlock::RwLockInfo;
+pub use blocking::multi::{
+    redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard,
+};
+pub use blocking::rwlock::RwLock;
+pub use blocking::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use blocking::{Client, Lock, LockGuard};
-pub use cmd::LockInfo;
 pub use error::{Error, Result};
 pub use fenced::{FencedGuard, FencedLock};
 pub use latch::CountDownLatch;
-pub use multi::{redlock_drift, redlock_validity, MultiGuard, MultiLock, RedLock, RedLockGuard};
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait, WaitMode};
-pub use rwlock::{RwLock, RwLockInfo};
-pub use semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
-pub use state::{Lost, LostReason};
+pub use proto::cmd::LockInfo;
+pub use proto::state::{Lost, LostReason};
 
 /// What a successful release did.
 ///

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backoff::Jitter;
+use crate::proto::backoff::Jitter;
 
 /// How operations that fail transiently (connection loss, timeout, `LOADING`,
 /// `TRYAGAIN`, ...) are retried: capped exponential backoff with jitter.

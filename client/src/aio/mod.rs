@@ -1,0 +1,497 @@
+//! The async API (feature `tokio`): [`Client`], [`Lock`] and [`LockGuard`], the
+//! same shape as the blocking ones, built on the same command builders.
+//!
+//! ```no_run
+//! # async fn run() -> rlock_client::Result<()> {
+//! let client = rlock_client::aio::Client::open("redis://127.0.0.1/").await?;
+//! let guard = client.lock("orders:42").acquire().await?;
+//! // ... the critical section ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod lock;
+pub(crate) mod rwlock;
+pub(crate) mod semaphore;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::{IntoConnectionInfo, RedisResult, Value};
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+
+pub use crate::aio::rwlock::RwLock;
+use crate::error::{poisons_connection, Error, Result};
+use crate::net::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
+use crate::options::{AcquireOptions, ClientOptions, Wait};
+use crate::proto::backoff::Jitter;
+use crate::proto::cmd::{self, LockInfo};
+use crate::proto::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::proto::state::{LockShared, Lost, LostReason, OwnerIds};
+use crate::proto::watchdog::{report, Due, Outcome, Registry};
+use crate::ReleaseOutcome;
+pub use lock::{Lock, LockGuard};
+
+// Countdown latch (client/src/latch.rs): `client.latch(name)`.
+pub use crate::latch::aio::CountDownLatch;
+// Fenced lock (SPEC 4.2): its async handle and guard.
+pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
+// Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
+pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
+
+/// A guard that can give itself up: stop renewal, one release attempt, outcome ignored.
+/// What dropping a guard does; the blocking guards run it to its end when dropped.
+pub(crate) trait ReleaseOnce: Send + 'static {
+    /// The release, as a future the caller awaits or spawns.
+    fn release_once(self) -> impl Future<Output = ()> + Send + 'static;
+}
+
+/// An async rlock client: one server or a cluster, one renewal task.
+///
+/// Must be created inside a tokio runtime; its renewal task and the best-effort
+/// releases of dropped guards run on that runtime. Cloning is cheap and shares
+/// everything.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> rlock_client::Result<()> {
+/// use std::time::Duration;
+/// let client = rlock_client::aio::Client::open("redis://127.0.0.1/").await?;
+/// if let Some(guard) = client.lock("k").acquire_timeout(Duration::from_secs(1)).await? {
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.inner.ids.client_id())
+            .field("target", &self.inner.target)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct ClientInner {
+    target: Target,
+    pub(crate) opts: ClientOptions,
+    ids: OwnerIds,
+    jitter: Jitter,
+    pub(crate) runtime: Handle,
+    cmd_conn: tokio::sync::Mutex<Option<AConn>>,
+    wait_pool: WaitPool<AConn>,
+    watchdog: Arc<Watchdog>,
+    worker: tokio::task::AbortHandle,
+    // Queued tickets (SPEC 5): the shared ticket connection (None: a cluster, or blocking mode).
+    tickets: Option<crate::net::tickets::Tickets>,
+    // Queued tickets on a cluster: one ticket connection per node with waiters.
+    cluster_tickets: Option<crate::net::cluster_tickets::ClusterTickets>,
+}
+
+struct Watchdog {
+    registry: Mutex<Registry>,
+    notify: Notify,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // Guards hold the client too: when it goes, no lock is left to renew.
+        self.worker.abort();
+    }
+}
+
+impl Client {
+    /// A client of one server, with default options.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub async fn open<T: IntoConnectionInfo>(info: T) -> Result<Self> {
+        Self::open_with(info, ClientOptions::new()).await
+    }
+
+    /// A client of one server, with options.
+    pub async fn open_with<T: IntoConnectionInfo>(info: T, opts: ClientOptions) -> Result<Self> {
+        Ok(Self::new(Target::Single(redis::Client::open(info)?), opts))
+    }
+
+    /// A client of a Redis Cluster, given some of its nodes.
+    pub async fn open_cluster<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<Self> {
+        Self::open_cluster_with(nodes, ClientOptions::new()).await
+    }
+
+    /// A client of a Redis Cluster, with options.
+    pub async fn open_cluster_with<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+        opts: ClientOptions,
+    ) -> Result<Self> {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let template = nodes.first().cloned();
+        let c = redis::cluster::ClusterClient::new(nodes)?;
+        Ok(Self::new_with_template(
+            Target::Cluster(Box::new(c)),
+            opts,
+            template,
+        ))
+    }
+
+    /// A client over an existing redis-rs client. Must be called inside a tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn from_redis(client: redis::Client, opts: ClientOptions) -> Self {
+        Self::new(Target::Single(client), opts)
+    }
+
+    /// A client over an existing redis-rs cluster client. Must be called inside a
+    /// tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn from_cluster(client: redis::cluster::ClusterClient, opts: ClientOptions) -> Self {
+        Self::new(Target::Cluster(Box::new(client)), opts)
+    }
+
+    fn new(target: Target, opts: ClientOptions) -> Self {
+        Self::new_with_template(target, opts, None)
+    }
+
+    /// `template`: the settings of a cluster's nodes (for its ticket connections).
+    fn new_with_template(
+        target: Target,
+        opts: ClientOptions,
+        template: Option<redis::ConnectionInfo>,
+    ) -> Self {
+        let runtime = Handle::current();
+        let watchdog = Arc::new(Watchdog {
+            registry: Mutex::new(Registry::new(opts.renew_interval(), opts.retry.clone())),
+            notify: Notify::new(),
+        });
+        let worker = runtime
+            .spawn(renewal_task(
+                watchdog.clone(),
+                target.clone(),
+                logic::renewal_timeout(&opts),
+            ))
+            .abort_handle();
+        let tickets = match &target {
+            Target::Single(c) => crate::net::tickets::Tickets::new(c, opts.wait_mode),
+            Target::Cluster(_) => None,
+        };
+        let cluster_tickets = match &target {
+            Target::Cluster(_) => {
+                crate::net::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
+            }
+            Target::Single(_) => None,
+        };
+        Client {
+            inner: Arc::new(ClientInner {
+                tickets,
+                cluster_tickets,
+                target,
+                ids: OwnerIds::new(),
+                jitter: Jitter::new(),
+                runtime,
+                cmd_conn: tokio::sync::Mutex::new(None),
+                wait_pool: WaitPool::new(opts.idle_wait_connections),
+                watchdog,
+                worker,
+                opts,
+            }),
+        }
+    }
+
+    /// This client's uuid, the first part of its owner ids.
+    pub fn id(&self) -> &str {
+        self.inner.ids.client_id()
+    }
+
+    /// The options the client was made with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// A handle on lock `name` with a new owner id; see [`crate::Client::lock`].
+    pub fn lock(&self, name: impl Into<String>) -> Lock {
+        let owner = self.inner.ids.next_owner();
+        self.lock_with_owner(name, owner)
+    }
+
+    /// A handle on lock `name` with the caller's owner id.
+    pub fn lock_with_owner(&self, name: impl Into<String>, owner: impl Into<String>) -> Lock {
+        Lock {
+            client: self.inner.clone(),
+            shared: Arc::new(LockShared::new(
+                name.into(),
+                owner.into(),
+                self.inner.ids.next_handle(),
+            )),
+        }
+    }
+
+    /// What the server knows about lock `name`; `None` if it is free.
+    pub async fn info(&self, name: &str) -> Result<Option<LockInfo>> {
+        let (c, info) = (&self.inner, cmd::info(name));
+        cmd::parse_info(c.with_retries(c.retries(), || c.run(&info)).await?)
+    }
+
+    /// Frees lock `name` whoever holds it; whether there was one.
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        let (c, force) = (&self.inner, cmd::force_release(name));
+        cmd::parse_force_release(c.with_retries(c.retries(), || c.run(&force)).await?)
+    }
+}
+
+// Read-write lock (client/src/rwlock.rs): a handle on one side of it, and a plain
+// command with the client's retries.
+impl Client {
+    pub(crate) fn side_lock(&self, name: String, side: &'static str, owner: String) -> Lock {
+        Lock {
+            client: self.inner.clone(),
+            shared: Arc::new(LockShared::with_side(
+                name,
+                Some(side),
+                owner,
+                self.inner.ids.next_handle(),
+            )),
+        }
+    }
+
+    pub(crate) fn next_owner(&self) -> String {
+        self.inner.ids.next_owner()
+    }
+
+    pub(crate) async fn query_with_retries(&self, command: &redis::Cmd) -> Result<Value> {
+        let c = &self.inner;
+        c.with_retries(c.retries(), || c.run(command)).await
+    }
+}
+
+impl ClientInner {
+    async fn conn(&self) -> RedisResult<AConn> {
+        let mut slot = self.cmd_conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = self
+            .target
+            .connect_async(self.opts.response_timeout)
+            .await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// One quick command on the shared multiplexed connection.
+    pub(crate) async fn run(&self, c: &redis::Cmd) -> Result<Value> {
+        let mut conn = self.conn().await?;
+        let r = c.query_async::<Value>(&mut conn).await;
+        if let Err(e) = &r {
+            if poisons_connection(e) {
+                *self.cmd_conn.lock().await = None;
+            }
+        }
+        Ok(r?)
+    }
+
+    /// As many attempts as the client's retry policy allows.
+    pub(crate) fn retries(&self) -> Retries<'_> {
+        Retries::new(&self.opts.retry, &self.jitter)
+    }
+
+    /// Runs `attempt` until it succeeds or `retries` says to give up, sleeping between.
+    pub(crate) async fn with_retries<T, F, Fut>(
+        &self,
+        mut retries: Retries<'_>,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        loop {
+            match attempt().await {
+                Err(e) => match retries.backoff(&e) {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => return Err(e),
+                },
+                ok => return ok,
+            }
+        }
+    }
+
+    /// Runs a waiting command (one with `WAIT`): with a queued ticket on the shared
+    /// ticket connection where the module supports it (SPEC 5), else blocked on a
+    /// connection of its own. `limit` bounds the wait for the answer. Cancel safe: a
+    /// ticket granted after its future was dropped is collected and given back.
+    pub(crate) async fn wait_query(
+        &self,
+        limit: Option<Duration>,
+        cmd: &redis::Cmd,
+    ) -> RedisResult<Value> {
+        if let Some(t) = self.tickets.as_ref().filter(|t| t.enabled()) {
+            if let Some(r) = t.wait_async(cmd, limit).await {
+                return r;
+            }
+        }
+        if let Some(t) = self.cluster_tickets.as_ref().filter(|t| t.enabled()) {
+            let slots = || async {
+                let mut conn = self.conn().await?;
+                crate::net::cluster_tickets::slots_cmd()
+                    .query_async::<Value>(&mut conn)
+                    .await
+            };
+            match t.wait_async(cmd, limit, slots).await {
+                Ok(r) => return r,
+                // Blocked for what is left of the wait.
+                Err((Some(rest), left)) => {
+                    return self
+                        .on_wait_conn(left, |mut conn| async move {
+                            let r = rest.query_async::<Value>(&mut conn).await;
+                            (conn, r)
+                        })
+                        .await
+                }
+                Err((None, _)) => {}
+            }
+        }
+        let cmd = cmd.clone();
+        self.on_wait_conn(limit, |mut conn| async move {
+            let r = cmd.query_async::<Value>(&mut conn).await;
+            (conn, r)
+        })
+        .await
+    }
+
+    /// Runs a blocking command on a connection of its own, bounded by `limit`.
+    pub(crate) async fn on_wait_conn<T, F, Fut>(
+        &self,
+        limit: Option<Duration>,
+        f: F,
+    ) -> RedisResult<T>
+    where
+        F: FnOnce(AConn) -> Fut,
+        Fut: std::future::Future<Output = (AConn, RedisResult<T>)>,
+    {
+        let conn = match self.wait_pool.take() {
+            Some(c) => c,
+            // No response timeout on these: the wait is bounded by the server and by `limit`.
+            None => self.target.connect_async(None).await?,
+        };
+        let run = f(conn);
+        let (conn, r) = match limit {
+            Some(l) => match tokio::time::timeout(l, run).await {
+                Ok(x) => x,
+                // The connection went with the timed-out future; the server drops the
+                // waiter when the connection closes.
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no reply to a waiting command",
+                    )
+                    .into())
+                }
+            },
+            None => run.await,
+        };
+        self.wait_pool.give_back(conn, &r);
+        r
+    }
+}
+
+impl Renewals for ClientInner {
+    fn register(
+        &self,
+        shared: &Arc<LockShared>,
+        epoch: u64,
+        lease: Duration,
+        renew: bool,
+        at: Instant,
+    ) {
+        lock_ignoring_poison(&self.watchdog.registry).insert(
+            shared.clone(),
+            epoch,
+            lease,
+            renew,
+            at,
+        );
+        self.watchdog.notify.notify_one();
+    }
+
+    fn rearmed(&self, handle: u64, epoch: u64, lease: Duration, at: Instant) {
+        lock_ignoring_poison(&self.watchdog.registry).rearmed(handle, epoch, lease, at);
+    }
+
+    fn unregister(&self, handle: u64) {
+        lock_ignoring_poison(&self.watchdog.registry).remove(handle);
+    }
+}
+
+/// The renewal task: one per client, every due renewal pipelined (per cluster slot)
+/// on a connection of its own.
+async fn renewal_task(wd: Arc<Watchdog>, target: Target, timeout: Option<Duration>) {
+    let mut conn: Option<AConn> = None;
+    loop {
+        let (due, lost, wake) = {
+            let mut reg = lock_ignoring_poison(&wd.registry);
+            let (due, lost) = reg.plan(Instant::now());
+            (due, lost, reg.next_wake())
+        };
+        report(lost);
+        if due.is_empty() {
+            // notify_one stores a permit, so a lock registered between plan() and
+            // here still wakes us.
+            match wake {
+                Some(w) => {
+                    let _ = tokio::time::timeout_at(w.into(), wd.notify.notified()).await;
+                }
+                None => wd.notify.notified().await,
+            }
+            continue;
+        }
+        let results = renew_batch(&target, &mut conn, timeout, &due).await;
+        let lost = lock_ignoring_poison(&wd.registry).apply_all(&due, results);
+        report(lost);
+    }
+}
+
+async fn renew_batch(
+    target: &Target,
+    conn: &mut Option<AConn>,
+    timeout: Option<Duration>,
+    due: &[Due],
+) -> Vec<(Outcome, Instant)> {
+    let mut out = unanswered(due);
+    for (idx, pipe) in renewal_pipelines(due, target.is_cluster()) {
+        if conn.is_none() {
+            match target.connect_async(timeout).await {
+                Ok(c) => *conn = Some(c),
+                Err(_) => continue,
+            }
+        }
+        let c = conn.as_mut().expect("connected above");
+        let sent_at = Instant::now();
+        if !record_renewals(&mut out, &idx, pipe.query_async(c).await, sent_at) {
+            *conn = None;
+        }
+    }
+    out
+}
+
+// Fenced lock (SPEC 4.2): one quick command with the client's retries, for fenced.rs.
+impl Client {
+    pub(crate) async fn query_retried(&self, command: &redis::Cmd) -> Result<Value> {
+        let c = &self.inner;
+        c.with_retries(c.retries(), || c.run(command)).await
+    }
+}

@@ -1,0 +1,375 @@
+//! The pure parts of waiting with tickets: the ticket channel and its messages, the
+//! shape of a waiting command, the state machine of one waiter, and what undoes a grant
+//! nobody collected. No I/O; a child of `tickets`.
+
+use super::*;
+
+/// The ticket channel of `key`: `rlock_ticket:{key}`, or `rlock_ticket:key` when the key
+/// already has a `{` (Redisson's `prefixName`).
+pub(crate) fn channel(key: &[u8]) -> Vec<u8> {
+    let mut out = b"rlock_ticket:".to_vec();
+    if key.contains(&b'{') {
+        out.extend_from_slice(key);
+    } else {
+        out.push(b'{');
+        out.extend_from_slice(key);
+        out.push(b'}');
+    }
+    out
+}
+
+/// How a ticket left its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Note {
+    Granted,
+    Timeout,
+    /// It can never be granted here; the server's error text (`MOVED ...`, ...).
+    Error(String),
+}
+
+/// A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`: the note and the
+/// request id. `None` if it is not one.
+pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, String)> {
+    let mut parts = payload.splitn(4, |&b| b == b':');
+    let kind = parts.next()?;
+    let num = |p: Option<&[u8]>| -> Option<usize> {
+        let p = p?;
+        if p.is_empty() || !p.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(p).ok()?.parse().ok()
+    };
+    let id_len = num(parts.next())?;
+    let owner_len = num(parts.next())?;
+    let rest = parts.next()?;
+    if rest.len() < id_len.checked_add(owner_len)? {
+        return None;
+    }
+    let id = String::from_utf8(rest[..id_len].to_vec()).ok()?;
+    let detail = &rest[id_len + owner_len..];
+    let note = match kind {
+        b"granted" if detail.is_empty() => Note::Granted,
+        b"timeout" if detail.is_empty() => Note::Timeout,
+        b"error" => Note::Error(String::from_utf8_lossy(detail).into_owned()),
+        _ => return None,
+    };
+    Some((note, id))
+}
+
+/// The error an `error` note stands for, as if the server had answered it.
+pub(crate) fn note_error(detail: &str) -> RedisError {
+    let mut wire = b"-".to_vec();
+    wire.extend_from_slice(detail.replace(['\r', '\n'], " ").as_bytes());
+    wire.extend_from_slice(b"\r\n");
+    match redis::parse_redis_value(&wire).and_then(Value::extract_error) {
+        Err(e) => e,
+        Ok(_) => RedisError::from((
+            ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "ticket error",
+            detail.to_owned(),
+        )),
+    }
+}
+
+/// A waiting command taken apart: what it is, its key, its wait and its request id.
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    args: Vec<Vec<u8>>,
+    /// Index of the value after `WAIT`.
+    wait_at: usize,
+    wait_ms: u64,
+    id: String,
+    /// Index of the value after `ID` in the caller's command; `None` when it had none
+    /// (the latch): one is added for `ASYNC` only.
+    id_at: Option<usize>,
+    /// The caller's command had no `ID` (the latch): one is added for `ASYNC` only.
+    added_id: bool,
+    /// `RLATCH.AWAIT`: a `granted` note is the whole answer.
+    pub(super) latch: bool,
+}
+
+impl Shape {
+    /// `None` for a command that does not wait (no `WAIT`) or has no key.
+    pub(crate) fn of(cmd: &redis::Cmd) -> Option<Shape> {
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        if args.len() < 2 {
+            return None;
+        }
+        let opt = |name: &[u8]| {
+            (2..args.len().saturating_sub(1))
+                .rev()
+                .find(|&i| args[i].eq_ignore_ascii_case(name))
+                .map(|i| i + 1)
+        };
+        let wait_at = opt(b"WAIT")?;
+        let wait_ms = std::str::from_utf8(&args[wait_at]).ok()?.parse().ok()?;
+        let id_at = opt(b"ID");
+        let (id, added_id) = match id_at {
+            Some(i) => (String::from_utf8(args[i].clone()).ok()?, false),
+            None => (crate::proto::cmd::request_id(), true),
+        };
+        let latch = args[0].eq_ignore_ascii_case(b"RLATCH.AWAIT");
+        Some(Shape {
+            args,
+            wait_at,
+            wait_ms,
+            id,
+            id_at,
+            added_id,
+            latch,
+        })
+    }
+
+    /// Gives the call a new request id: its old one names a grant that was given back
+    /// (see `Tickets::join`), which the server would replay as granted.
+    pub(crate) fn renew_id(&mut self) {
+        self.id = crate::proto::cmd::request_id();
+        if let Some(i) = self.id_at {
+            self.args[i] = self.id.clone().into_bytes();
+        }
+    }
+
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.args[1]
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The command with `ASYNC` (and an `ID`), waiting `wait_ms` (0: no limit).
+    pub(crate) fn ticketed(&self, wait_ms: u64) -> Vec<Vec<u8>> {
+        let mut a = self.args.clone();
+        a[self.wait_at] = wait_ms.to_string().into_bytes();
+        a.push(b"ASYNC".to_vec());
+        if self.added_id {
+            a.push(b"ID".to_vec());
+            a.push(self.id.clone().into_bytes());
+        }
+        a
+    }
+
+    /// The command without `WAIT`: answers at once, the ordinary reply (a replay of a
+    /// remembered grant under the same id, or the reply of a timed-out wait).
+    pub(crate) fn look(&self) -> Vec<Vec<u8>> {
+        let mut a = self.args.clone();
+        a.drain(self.wait_at - 1..=self.wait_at);
+        a
+    }
+
+    /// The command (without `ASYNC`) for the wait left after `elapsed`: a blocked wait
+    /// taking over from a ticket (a cluster slot half-way through a migration).
+    pub(crate) fn rewaited(&self, elapsed: Duration) -> redis::Cmd {
+        let args = match self.wait_left(elapsed) {
+            Some(left) => {
+                let mut a = self.args.clone();
+                a[self.wait_at] = left.to_string().into_bytes();
+                a
+            }
+            None => self.look(),
+        };
+        let mut c = redis::Cmd::new();
+        for a in &args {
+            c.arg(a.as_slice());
+        }
+        c
+    }
+
+    /// The wait left after `elapsed`: `Some(0)` for no limit, `None` when it is over.
+    pub(super) fn wait_left(&self, elapsed: Duration) -> Option<u64> {
+        if self.wait_ms == 0 {
+            return Some(0);
+        }
+        let spent = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        self.wait_ms.checked_sub(spent).filter(|&l| l > 0)
+    }
+}
+
+/// What happened to a waiter.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// The reply to its last command.
+    Reply(RedisResult<Value>),
+    /// Its ticket's message.
+    Note(Note),
+    /// The ticket connection of generation `.0` broke: anything queued there is gone.
+    Lost(u64),
+}
+
+/// What a waiter does next.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Step {
+    /// Send these arguments on the ticket connection.
+    Send(Vec<Vec<u8>>),
+    /// Wait for the next event.
+    Wait,
+    /// The call's outcome.
+    Done(Result<Value, String>),
+    /// The module does not know `ASYNC`: wait the old way (a blocked `WAIT`).
+    Fallback,
+}
+
+/// One ticketed wait, as a state machine over [`Event`]s; no I/O.
+pub(crate) struct Machine {
+    shape: Shape,
+    started: Instant,
+    /// A ticket of ours may be queued, granted and uncollected, or a command in flight.
+    pub(crate) outstanding: bool,
+    /// The generation of the connection that carried our last command.
+    gen: u64,
+    /// Whether the module is already known to take `ASYNC`.
+    pub(super) known: bool,
+    /// The last error, kept as a `RedisError` for the caller ([`Machine::take_error`]).
+    error: Option<RedisError>,
+}
+
+impl Machine {
+    pub(crate) fn new(shape: Shape, started: Instant, known: bool) -> Self {
+        Machine {
+            shape,
+            started,
+            outstanding: false,
+            gen: 0,
+            known,
+            error: None,
+        }
+    }
+
+    pub(crate) fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The first command.
+    pub(crate) fn start(&mut self, now: Instant) -> Step {
+        self.resend(now)
+    }
+
+    /// Our command went out on connection generation `gen`.
+    pub(crate) fn sent(&mut self, gen: u64) {
+        self.gen = gen;
+        self.outstanding = true;
+    }
+
+    /// The error of a `Done(Err(..))`.
+    pub(crate) fn take_error(&mut self) -> Option<RedisError> {
+        self.error.take()
+    }
+
+    fn resend(&self, now: Instant) -> Step {
+        match self
+            .shape
+            .wait_left(now.saturating_duration_since(self.started))
+        {
+            Some(left) => Step::Send(self.shape.ticketed(left)),
+            None => Step::Send(self.shape.look()),
+        }
+    }
+
+    pub(crate) fn on(&mut self, ev: Event, now: Instant) -> Step {
+        match ev {
+            Event::Reply(Ok(Value::SimpleString(s))) if s == "QUEUED" => {
+                self.known = true;
+                Step::Wait
+            }
+            Event::Reply(Ok(v)) => {
+                self.known = true;
+                self.outstanding = false;
+                Step::Done(Ok(v))
+            }
+            Event::Reply(Err(e)) => {
+                self.outstanding = false;
+                if !self.known && refuses_async(&e) {
+                    return Step::Fallback;
+                }
+                let text = e.to_string();
+                self.error = Some(e);
+                Step::Done(Err(text))
+            }
+            Event::Note(Note::Granted) if self.shape.latch => {
+                self.outstanding = false;
+                Step::Done(Ok(Value::Int(1)))
+            }
+            // Collect: the same command and id again; the server replays the grant.
+            Event::Note(Note::Granted) => Step::Send(self.shape.look()),
+            // The ordinary reply of a timed-out wait: look once.
+            Event::Note(Note::Timeout) => Step::Send(self.shape.look()),
+            Event::Note(Note::Error(detail)) => {
+                self.outstanding = false;
+                self.error = Some(note_error(&detail));
+                Step::Done(Err(detail))
+            }
+            Event::Lost(gen) if gen == self.gen => {
+                self.outstanding = false;
+                self.resend(now)
+            }
+            // A connection our last command never went on.
+            Event::Lost(_) => Step::Wait,
+        }
+    }
+}
+
+/// Whether `e` is how a module without tickets answers `ASYNC`.
+pub(crate) fn refuses_async(e: &RedisError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    e.code() == Some("ERR")
+        && (text.contains("syntax")
+            || text.contains("wrong number of arguments")
+            || text.contains("unknown"))
+}
+
+/// The commands that give back what `reply` (to the command `args`) granted, for a
+/// grant nobody will use (its waiter left).
+pub(crate) fn undo_commands(args: &[Vec<u8>], reply: &Value) -> Vec<redis::Cmd> {
+    let name = String::from_utf8_lossy(args.first().map_or(&[][..], |a| a)).to_ascii_uppercase();
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    let id = crate::proto::cmd::request_id();
+    let mut out = Vec::new();
+    match (name.as_str(), reply) {
+        ("RLOCK.ACQUIRE", Value::Nil) => {
+            let mut c = redis::cmd("RLOCK.RELEASE");
+            c.arg(arg(1)).arg(arg(2)).arg("ID").arg(&id);
+            out.push(c);
+        }
+        ("RFENCED.ACQUIRE", Value::Array(items)) if items.first() == Some(&Value::Nil) => {
+            let mut c = redis::cmd("RLOCK.RELEASE");
+            c.arg(arg(1)).arg(arg(2)).arg("ID").arg(&id);
+            out.push(c);
+        }
+        ("RRWLOCK.ACQUIRE", Value::Nil) => {
+            let mut c = redis::cmd("RRWLOCK.RELEASE");
+            c.arg(arg(1)).arg(arg(2)).arg(arg(3)).arg("ID").arg(&id);
+            out.push(c);
+        }
+        ("RSEMAPHORE.ACQUIRE", Value::Int(1)) => {
+            let mut c = redis::cmd("RSEMAPHORE.RELEASE");
+            c.arg(arg(1)).arg(arg(2)).arg("ID").arg(&id);
+            out.push(c);
+        }
+        ("RPSEMAPHORE.ACQUIRE", _) => {
+            let ids: Vec<Vec<u8>> = match reply {
+                Value::BulkString(b) => vec![b.clone()],
+                Value::Array(items) => items
+                    .iter()
+                    .filter_map(|v| match v {
+                        Value::BulkString(b) => Some(b.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for (n, permit) in ids.into_iter().enumerate() {
+                let mut c = redis::cmd("RPSEMAPHORE.RELEASE");
+                c.arg(arg(1)).arg(permit).arg("ID").arg(format!("{id}-{n}"));
+                out.push(c);
+            }
+        }
+        _ => {}
+    }
+    out
+}

@@ -1,0 +1,775 @@
+//! Waiting with queued tickets (SPEC 5, docs/tickets.md), used by the client (the
+//! blocking API through the async one): instead of blocking a connection of its own in the server (`WAIT`),
+//! a waiting call sends its command with `WAIT t ASYNC ID id` on the client's one
+//! **ticket connection**, gets `QUEUED` (or the ordinary reply), and waits for the
+//! `granted` / `timeout` / `error` message of its request id on the same connection.
+//!
+//! The ticket connection speaks RESP3 (`HELLO 3`), so it is a subscriber and a command
+//! connection at once: the `SUBSCRIBE` of a key's ticket channel is written before the
+//! `ASYNC` command on the same socket, which makes a missed grant impossible without any
+//! round trip to confirm the subscription. Channels are refcounted per key (subscribed
+//! for the first waiter, unsubscribed after the last). One reader thread per client
+//! routes replies (in order) and messages (by request id) to the waiters' event sinks.
+//!
+//! Tickets live as long as that connection: when it breaks, the server drops them and
+//! takes back the grants not yet collected. Every waiter is then told `Lost` and re-sends
+//! its command with the same request id on a new connection (resubscribed first): a
+//! grant collected meanwhile is replayed, anything else is queued again.
+//!
+//! A waiter that leaves while its ticket may still be queued (a dropped future, a
+//! client-side limit) stays registered as an *orphan*: if its grant comes after all, a
+//! helper thread collects it and releases what was granted (`undo_commands`).
+//!
+//! On a Redis Cluster each node that has waiters gets a ticket connection of its own
+//! ([`Tickets::for_node`], made and routed by `cluster_tickets`): the same machinery on
+//! shard channels (`SSUBSCRIBE`/`SUNSUBSCRIBE`, one channel per command since channels
+//! of one command must share a slot; messages come as `smessage`). A shard channel
+//! refused with a redirection is not a refusal of tickets: the waiter's command behind
+//! it is redirected too, and `cluster_tickets` sends it to the right node.
+//!
+//! Files: `machine.rs`, the pure parts (channel, message, command shape, the waiter's
+//! state machine, undo); this one, the connection and its reader thread.
+//!
+//! Layering: below `cluster_tickets` and `aio` (which call
+//! [`Tickets::wait_async`]), above `cmd`, `error` and
+//! `options`.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
+
+use crate::options::WaitMode;
+use crate::proto::logic::lock_ignoring_poison;
+
+/// The name the ticket connection gives itself (`CLIENT LIST` shows it).
+pub(crate) const CONNECTION_NAME: &str = "rlock-tickets";
+
+/// How long connecting and the handshake of the ticket connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+mod machine;
+mod stream;
+pub(crate) use machine::*;
+use stream::*;
+
+// ---- the ticket connection --------------------------------------------------------------
+
+/// Where an event for a waiter goes (a channel's sender).
+pub(crate) type Sink = Arc<dyn Fn(Event) + Send + Sync>;
+/// A waiter's registration.
+enum Slot {
+    Live {
+        sink: Sink,
+        channel: Vec<u8>,
+    },
+    /// Its waiter left with a ticket possibly queued: a grant is collected and undone.
+    Orphan {
+        channel: Vec<u8>,
+        look: Vec<Vec<u8>>,
+        latch: bool,
+    },
+}
+
+impl Slot {
+    fn channel(&self) -> &[u8] {
+        match self {
+            Slot::Live { channel, .. } | Slot::Orphan { channel, .. } => channel,
+        }
+    }
+}
+
+/// What the ticket connection owes an answer to, in order.
+#[derive(Debug, PartialEq)]
+enum Pending {
+    /// A waiter's command: one reply.
+    Reply(String),
+    /// A `SUBSCRIBE` of this many channels: as many `subscribe` pushes, or one error
+    /// (ACL: a user without access to the channel), which must not be taken for the next
+    /// waiter's reply.
+    Subscribe(usize),
+    /// An `UNSUBSCRIBE` of this many channels: as many `unsubscribe` pushes.
+    Unsubscribe(usize),
+}
+
+#[derive(Default)]
+struct State {
+    /// Shard channels (`SSUBSCRIBE`, `smessage`): a cluster node's ticket connection.
+    shard: bool,
+    writer: Option<Stream>,
+    gen: u64,
+    pending: VecDeque<Pending>,
+    channels: HashMap<Vec<u8>, usize>,
+    waiters: HashMap<String, Slot>,
+    /// Request ids whose late grant was given back (their waiter had left), newest last,
+    /// at most [`GIVEN_BACK_KEPT`]. A retry of that call must not use the id again: the
+    /// server would replay the grant, and the permit or lock would be both given back
+    /// and used (found by the fault harness: a waiter paused past its limit).
+    given_back: VecDeque<String>,
+}
+
+/// How many given-back ids are remembered: a retry follows its failed attempt within
+/// the client's retry delays, so only recent ones matter.
+const GIVEN_BACK_KEPT: usize = 1024;
+
+impl State {
+    fn gave_back(&mut self, id: &str) {
+        if self.given_back.len() >= GIVEN_BACK_KEPT {
+            self.given_back.pop_front();
+        }
+        self.given_back.push_back(id.to_owned());
+    }
+}
+
+/// Modes of [`Tickets::mode`].
+const UNKNOWN: u8 = 0;
+const ON: u8 = 1;
+const OFF: u8 = 2;
+
+pub(crate) struct Shared {
+    client: redis::Client,
+    state: Mutex<State>,
+    mode: AtomicU8,
+    /// `WaitMode::Tickets`: never fall back.
+    forced: bool,
+    /// Why the server refused a ticket channel (`SUBSCRIBE` answered an error).
+    refused: Mutex<Option<RedisError>>,
+}
+
+/// One client's ticket connection and waiters. Dropping it closes the connection.
+pub(crate) struct Tickets {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Tickets {
+    fn drop(&mut self) {
+        if let Some(w) = lock_ignoring_poison(&self.shared.state).writer.take() {
+            w.shutdown();
+        }
+    }
+}
+
+fn pack(args: &[Vec<u8>]) -> Vec<u8> {
+    let mut c = redis::Cmd::new();
+    for a in args {
+        c.arg(a.as_slice());
+    }
+    c.get_packed_command()
+}
+
+fn io_err(what: &'static str, detail: String) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        format!("{what}: {detail}"),
+    ))
+}
+
+impl Tickets {
+    /// Tickets for a single-server client, per `mode` (None for `Blocking`).
+    pub(crate) fn new(client: &redis::Client, mode: WaitMode) -> Option<Tickets> {
+        Self::with_channels(client, mode, false)
+    }
+
+    /// Tickets on one cluster node (`client`), heard on shard channels.
+    pub(crate) fn for_node(client: &redis::Client, mode: WaitMode) -> Option<Tickets> {
+        Self::with_channels(client, mode, true)
+    }
+
+    fn with_channels(client: &redis::Client, mode: WaitMode, shard: bool) -> Option<Tickets> {
+        let start = match mode {
+            WaitMode::Blocking => return None,
+            WaitMode::Tickets => ON,
+            WaitMode::Auto => UNKNOWN,
+        };
+        Some(Tickets {
+            shared: Arc::new(Shared {
+                client: client.clone(),
+                state: Mutex::new(State {
+                    shard,
+                    ..State::default()
+                }),
+                mode: AtomicU8::new(start),
+                forced: mode == WaitMode::Tickets,
+                refused: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Whether waits should try tickets (not known to be unsupported).
+    pub(crate) fn enabled(&self) -> bool {
+        self.shared.mode.load(Ordering::Relaxed) != OFF
+    }
+
+    fn known(&self) -> bool {
+        self.shared.mode.load(Ordering::Relaxed) == ON
+    }
+
+    fn learned(&self, m: &Machine) {
+        if m.known {
+            let _ = self.shared.mode.compare_exchange(
+                UNKNOWN,
+                ON,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn give_up(&self) {
+        let _ =
+            self.shared
+                .mode
+                .compare_exchange(UNKNOWN, OFF, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Registers the waiter of `shape` on its key's channel with `sink`, subscribing to
+    /// the channel if it is new. A retry of a call that left (same id) takes over its
+    /// orphan: its ticket is still queued on the current connection, whose generation is
+    /// returned, and the retry waits for it instead of queueing a second one. A retry
+    /// whose orphan's grant was already given back gets a new id first (in the same
+    /// critical section as the check, so no grant slips in between): it then waits anew.
+    fn join(&self, shape: &mut Shape, sink: Sink) -> Option<u64> {
+        let channel = channel(shape.key());
+        let mut st = lock_ignoring_poison(&self.shared.state);
+        if let Some(at) = st.given_back.iter().position(|g| g == shape.id()) {
+            st.given_back.remove(at);
+            shape.renew_id();
+        }
+        let id = shape.id();
+        let resumed = match st.waiters.remove(id) {
+            // The channel is still counted for the old registration.
+            Some(Slot::Orphan { .. }) => Some(st.gen),
+            Some(Slot::Live { .. }) => None,
+            None => {
+                let n = st.channels.entry(channel.clone()).or_insert(0);
+                *n += 1;
+                if *n == 1 && st.writer.is_some() {
+                    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), channel.clone()]);
+                    st.pending.push_back(Pending::Subscribe(1));
+                    write_locked(&mut st, &packed);
+                }
+                None
+            }
+        };
+        st.waiters
+            .insert(id.to_owned(), Slot::Live { sink, channel });
+        resumed
+    }
+
+    /// Unregisters waiter `id`; with `orphan` (its ticket may still be queued) it stays
+    /// registered until its ticket's fate is known.
+    fn leave(&self, id: &str, orphan: Option<(Vec<Vec<u8>>, bool)>) {
+        let mut st = lock_ignoring_poison(&self.shared.state);
+        let Some(slot) = st.waiters.remove(id) else {
+            return;
+        };
+        match orphan {
+            Some((look, latch)) if st.writer.is_some() => {
+                let channel = slot.channel().to_vec();
+                st.waiters.insert(
+                    id.to_owned(),
+                    Slot::Orphan {
+                        channel,
+                        look,
+                        latch,
+                    },
+                );
+            }
+            _ => release_channel(&mut st, slot.channel()),
+        }
+    }
+
+    /// Sends `args` for waiter `id`, connecting first if needed; the connection's
+    /// generation. A write error closes the connection: every waiter then gets `Lost`.
+    fn send(&self, id: &str, args: &[Vec<u8>]) -> RedisResult<u64> {
+        let mut st = lock_ignoring_poison(&self.shared.state);
+        if st.writer.is_none() {
+            connect_locked(&self.shared, &mut st)?;
+        }
+        st.pending.push_back(Pending::Reply(id.to_owned()));
+        write_locked(&mut st, &pack(args));
+        Ok(st.gen)
+    }
+
+    /// Whether a connection is up (an async waiter connects on a blocking thread otherwise).
+    fn connected(&self) -> bool {
+        lock_ignoring_poison(&self.shared.state).writer.is_some()
+    }
+
+    /// Waits for `cmd` (a waiting command) with a ticket. `None`: the module refuses
+    /// `ASYNC` (or `cmd` is not a waiting command): wait the old way. `limit` bounds the
+    /// wait for the final reply, like a blocked wait's read timeout. Cancel safe (a
+    /// dropped future leaves an orphan whose late grant is given back).
+    pub(crate) async fn wait_async(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Option<Duration>,
+    ) -> Option<RedisResult<Value>> {
+        self.wait_async_since(cmd, limit, Instant::now()).await
+    }
+
+    /// [`Self::wait_async`] for a call that began at `started`.
+    pub(crate) async fn wait_async_since(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Option<Duration>,
+        started: Instant,
+    ) -> Option<RedisResult<Value>> {
+        let shape = Shape::of(cmd)?;
+        let until = limit.map(|l| tokio::time::Instant::from_std(started + l));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let sink: Sink = Arc::new(move |ev| {
+            let _ = tx.send(ev);
+        });
+        let (mut member, mut step) = Member::join(self, shape, started, sink);
+        loop {
+            match step {
+                Step::Send(args) => {
+                    if !self.connected() {
+                        // Connecting blocks: not on a runtime thread.
+                        let shared = self.shared.clone();
+                        let r = tokio::task::spawn_blocking(move || {
+                            let mut st = lock_ignoring_poison(&shared.state);
+                            match st.writer {
+                                Some(_) => Ok(()),
+                                None => connect_locked(&shared, &mut st),
+                            }
+                        })
+                        .await;
+                        match r {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => return self.send_failed(&member, e),
+                            Err(e) => return Some(Err(io_err("connect", e.to_string()))),
+                        }
+                    }
+                    match self.send(member.id(), &args) {
+                        Ok(gen) => {
+                            member.m.sent(gen);
+                            step = Step::Wait;
+                        }
+                        Err(e) => return self.send_failed(&member, e),
+                    }
+                }
+                Step::Wait => {
+                    let ev = match until {
+                        None => rx.recv().await,
+                        Some(u) => tokio::time::timeout_at(u, rx.recv()).await.ok().flatten(),
+                    };
+                    match ev {
+                        Some(ev) => {
+                            if let (Event::Lost(_), Some(out)) = (&ev, self.refusal()) {
+                                return out;
+                            }
+                            step = member.m.on(ev, Instant::now());
+                        }
+                        None => return Some(Err(no_reply())),
+                    }
+                }
+                Step::Done(r) => return Some(member.finish(r)),
+                Step::Fallback => {
+                    self.give_up();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// After a `Lost`: when the server refused a ticket channel (ACL), the wait's
+    /// outcome: wait the old way from now on (`Some(None)`), or with forced tickets the
+    /// refusal itself.
+    fn refusal(&self) -> Option<Option<RedisResult<Value>>> {
+        let e = lock_ignoring_poison(&self.shared.refused).clone()?;
+        if self.shared.forced {
+            return Some(Some(Err(e)));
+        }
+        self.shared.mode.store(OFF, Ordering::Relaxed);
+        Some(None)
+    }
+
+    /// A send that could not connect: a transport error is the call's (its retries
+    /// try again); a server refusing the handshake (no `HELLO 3`, no TLS support here)
+    /// turns tickets off for a client not yet known to use them: `None`, wait the old way.
+    fn send_failed(&self, member: &Member<'_>, e: RedisError) -> Option<RedisResult<Value>> {
+        if member.m.known || e.is_io_error() || e.is_timeout() || e.is_connection_refusal() {
+            return Some(Err(e));
+        }
+        self.give_up();
+        None
+    }
+
+    /// Registered waiters and subscribed channels (tests).
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        let st = lock_ignoring_poison(&self.shared.state);
+        (st.waiters.len(), st.channels.len())
+    }
+}
+
+fn no_reply() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer to a ticketed wait",
+    ))
+}
+
+/// A waiter's registration for the length of one wait: leaving (also by a dropped
+/// future) unregisters it, as an orphan if its ticket may still be queued.
+struct Member<'a> {
+    t: &'a Tickets,
+    m: Machine,
+}
+
+impl<'a> Member<'a> {
+    /// Registers a waiter; its first step (a send, or waiting for the ticket an orphan
+    /// of the same id left queued).
+    fn join(t: &'a Tickets, mut shape: Shape, started: Instant, sink: Sink) -> (Self, Step) {
+        let resumed = t.join(&mut shape, sink);
+        let mut m = Machine::new(shape, started, t.known());
+        let step = match resumed {
+            Some(gen) => {
+                m.sent(gen);
+                Step::Wait
+            }
+            None => m.start(started),
+        };
+        (Member { t, m }, step)
+    }
+
+    fn id(&self) -> &str {
+        self.m.shape().id()
+    }
+
+    fn finish(&mut self, r: Result<Value, String>) -> RedisResult<Value> {
+        self.t.learned(&self.m);
+        match r {
+            Ok(v) => Ok(v),
+            Err(text) => Err(self
+                .m
+                .take_error()
+                .unwrap_or_else(|| io_err("ticket", text))),
+        }
+    }
+}
+
+impl Drop for Member<'_> {
+    fn drop(&mut self) {
+        let shape = self.m.shape();
+        let orphan = self.m.outstanding.then(|| (shape.look(), shape.latch));
+        self.t.leave(shape.id(), orphan);
+    }
+}
+
+/// One reference less on `channel`; unsubscribes after the last.
+fn release_channel(st: &mut State, channel: &[u8]) {
+    if let Some(n) = st.channels.get_mut(channel) {
+        *n -= 1;
+        if *n == 0 {
+            st.channels.remove(channel);
+            if st.writer.is_some() {
+                let verb: &[u8] = if st.shard {
+                    b"SUNSUBSCRIBE"
+                } else {
+                    b"UNSUBSCRIBE"
+                };
+                let packed = pack(&[verb.to_vec(), channel.to_vec()]);
+                st.pending.push_back(Pending::Unsubscribe(1));
+                write_locked(st, &packed);
+            }
+        }
+    }
+}
+
+/// Writes on the current connection, if any; a failed write closes it (the reader then
+/// reports it lost).
+fn write_locked(st: &mut State, bytes: &[u8]) {
+    if let Some(w) = st.writer.as_mut() {
+        if w.write_all(bytes).is_err() {
+            w.shutdown();
+        }
+    }
+}
+/// Opens a connection (`HELLO 3`, `SELECT`), subscribes to every channel with waiters,
+/// and starts its reader. Orphans of the previous connection are gone with it.
+fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
+    let info = shared.client.get_connection_info();
+    let mut stream = open_stream(info)?;
+    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    // Writes happen under the state lock (an async task's too): a server that stops
+    // reading must not hold every waiter; a timed-out write closes the connection.
+    stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
+    let settings = info.redis_settings();
+    let mut hello: Vec<Vec<u8>> = vec![b"HELLO".to_vec(), b"3".to_vec()];
+    if let Some(pw) = settings.password() {
+        hello.push(b"AUTH".to_vec());
+        hello.push(settings.username().unwrap_or("default").as_bytes().to_vec());
+        hello.push(pw.as_bytes().to_vec());
+    }
+    hello.push(b"SETNAME".to_vec());
+    hello.push(CONNECTION_NAME.as_bytes().to_vec());
+    let mut setup = pack(&hello);
+    let mut replies = 1;
+    if settings.db() != 0 {
+        setup.extend(pack(&[
+            b"SELECT".to_vec(),
+            settings.db().to_string().into_bytes(),
+        ]));
+        replies += 1;
+    }
+    stream.write_all(&setup)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut parser = redis::Parser::new();
+    for _ in 0..replies {
+        parser.parse_value(&mut reader)?.extract_error()?;
+    }
+    stream.set_read_timeout(None)?;
+    // A new connection: a channel refused on the old one may be allowed now.
+    *lock_ignoring_poison(&shared.refused) = None;
+    st.gen += 1;
+    st.pending.clear();
+    // Orphans lived on the old connection: their tickets and grants went with it.
+    let orphans: Vec<String> = st
+        .waiters
+        .iter()
+        .filter(|(_, s)| matches!(s, Slot::Orphan { .. }))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in orphans {
+        if let Some(slot) = st.waiters.remove(&id) {
+            drop_channel_ref(st, slot.channel());
+        }
+    }
+    if st.shard {
+        // One `SSUBSCRIBE` per channel: the channels of one command must share a slot.
+        for ch in st.channels.keys() {
+            stream.write_all(&pack(&[b"SSUBSCRIBE".to_vec(), ch.clone()]))?;
+            st.pending.push_back(Pending::Subscribe(1));
+        }
+    } else if !st.channels.is_empty() {
+        let mut sub = vec![b"SUBSCRIBE".to_vec()];
+        sub.extend(st.channels.keys().cloned());
+        stream.write_all(&pack(&sub))?;
+        st.pending.push_back(Pending::Subscribe(st.channels.len()));
+    }
+    st.writer = Some(stream);
+    let (shared2, gen) = (shared.clone(), st.gen);
+    std::thread::Builder::new()
+        .name("rlock-tickets".into())
+        .spawn(move || reader_loop(shared2, gen, reader, parser))
+        .map_err(|e| io_err("spawn", e.to_string()))?;
+    Ok(())
+}
+
+/// Reads the connection of generation `gen` until it breaks, routing replies and notes.
+fn reader_loop(
+    shared: Arc<Shared>,
+    gen: u64,
+    mut reader: BufReader<Stream>,
+    mut parser: redis::Parser,
+) {
+    loop {
+        let v = match parser.parse_value(&mut reader) {
+            Ok(v) => v,
+            Err(_) => break,
+        };
+        let mut st = lock_ignoring_poison(&shared.state);
+        if st.gen != gen {
+            return;
+        }
+        match v {
+            Value::Push {
+                kind: redis::PushKind::Message | redis::PushKind::SMessage,
+                data,
+            } => {
+                let Some(Value::BulkString(payload)) = data.get(1) else {
+                    continue;
+                };
+                if let Some((note, id)) = parse_message(payload) {
+                    route_note(&shared, &mut st, &id, note);
+                }
+            }
+            Value::Push {
+                kind: redis::PushKind::Subscribe | redis::PushKind::SSubscribe,
+                ..
+            } => count_down(&mut st.pending, true),
+            Value::Push {
+                kind: redis::PushKind::Unsubscribe | redis::PushKind::SUnsubscribe,
+                ..
+            } => count_down(&mut st.pending, false),
+            Value::Push { .. } => {}
+            other => match st.pending.pop_front() {
+                Some(Pending::Reply(id)) => {
+                    route_reply(&shared, &mut st, &id, other.extract_error())
+                }
+                // A cluster node that does not serve the channel's slot (any more): the
+                // command written after it is redirected too, and its waiter re-routes.
+                Some(Pending::Subscribe(_)) if st.shard && redirected(&other) => {}
+                Some(Pending::Subscribe(_)) => {
+                    // A channel we may not hear: no waiter on it could ever be told of
+                    // its grant. Close the connection; every waiter is told `Lost` and
+                    // finds the refusal (see `Tickets::refusal`).
+                    let e = other.extract_error().err().unwrap_or_else(|| {
+                        io_err("ticket channel", "SUBSCRIBE refused".to_owned())
+                    });
+                    *lock_ignoring_poison(&shared.refused) = Some(e);
+                    if let Some(w) = st.writer.as_ref() {
+                        w.shutdown();
+                    }
+                }
+                Some(Pending::Unsubscribe(_)) | None => {}
+            },
+        }
+    }
+    let mut st = lock_ignoring_poison(&shared.state);
+    if st.gen != gen {
+        return;
+    }
+    if let Some(w) = st.writer.take() {
+        w.shutdown();
+    }
+    st.pending.clear();
+    for slot in st.waiters.values() {
+        if let Slot::Live { sink, .. } = slot {
+            sink(Event::Lost(gen));
+        }
+    }
+    // Orphans' tickets and uncollected grants went with the connection.
+    let orphans: Vec<String> = st
+        .waiters
+        .iter()
+        .filter(|(_, s)| matches!(s, Slot::Orphan { .. }))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in orphans {
+        if let Some(slot) = st.waiters.remove(&id) {
+            drop_channel_ref(&mut st, slot.channel());
+        }
+    }
+}
+
+fn subscribe_cmd(shard: bool) -> &'static [u8] {
+    if shard {
+        b"SSUBSCRIBE"
+    } else {
+        b"SUBSCRIBE"
+    }
+}
+
+/// Whether `v` is a cluster redirection (or the cluster being down or reshaped).
+fn redirected(v: &Value) -> bool {
+    match v.clone().extract_error() {
+        Err(e) => matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")),
+        Ok(_) => false,
+    }
+}
+
+/// One `subscribe` (or `unsubscribe`) push answered: counts down the pending
+/// `SUBSCRIBE` (`UNSUBSCRIBE`) at the front.
+fn count_down(pending: &mut VecDeque<Pending>, subscribe: bool) {
+    let done = match pending.front_mut() {
+        Some(Pending::Subscribe(n)) if subscribe => {
+            *n = n.saturating_sub(1);
+            *n == 0
+        }
+        Some(Pending::Unsubscribe(n)) if !subscribe => {
+            *n = n.saturating_sub(1);
+            *n == 0
+        }
+        _ => false,
+    };
+    if done {
+        pending.pop_front();
+    }
+}
+
+/// One reference less on `channel`, without a connection to unsubscribe on.
+fn drop_channel_ref(st: &mut State, channel: &[u8]) {
+    if let Some(n) = st.channels.get_mut(channel) {
+        *n -= 1;
+        if *n == 0 {
+            st.channels.remove(channel);
+        }
+    }
+}
+
+fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Value>) {
+    match st.waiters.get(id) {
+        Some(Slot::Live { sink, .. }) => sink(Event::Reply(r)),
+        Some(Slot::Orphan { .. }) => match r {
+            Ok(Value::SimpleString(s)) if s == "QUEUED" => {}
+            Ok(v) => {
+                // Granted at once to a waiter that had left: give it back.
+                let slot = st.waiters.remove(id).expect("just seen");
+                release_channel(st, slot.channel());
+                if let Slot::Orphan { look, .. } = slot {
+                    st.gave_back(id);
+                    undo_later(shared, look, Some(v));
+                }
+            }
+            Err(_) => {
+                let slot = st.waiters.remove(id).expect("just seen");
+                release_channel(st, slot.channel());
+            }
+        },
+        None => {}
+    }
+}
+
+fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
+    match st.waiters.get(id) {
+        Some(Slot::Live { sink, .. }) => sink(Event::Note(note)),
+        Some(Slot::Orphan { .. }) => {
+            let slot = st.waiters.remove(id).expect("just seen");
+            release_channel(st, slot.channel());
+            if let (
+                Note::Granted,
+                Slot::Orphan {
+                    look, latch: false, ..
+                },
+            ) = (note, slot)
+            {
+                st.gave_back(id);
+                undo_later(shared, look, None);
+            }
+        }
+        None => {}
+    }
+}
+
+/// On a thread of its own (rare: a grant whose waiter left): collects the grant with
+/// `look` unless its `reply` is known, then releases what it granted.
+fn undo_later(shared: &Arc<Shared>, look: Vec<Vec<u8>>, reply: Option<Value>) {
+    let client = shared.client.clone();
+    let _ = std::thread::Builder::new()
+        .name("rlock-tickets-undo".into())
+        .spawn(move || {
+            let Ok(mut conn) = client.get_connection() else {
+                return;
+            };
+            let _ = conn.set_read_timeout(Some(CONNECT_TIMEOUT));
+            let reply = match reply {
+                Some(v) => v,
+                None => {
+                    let mut c = redis::Cmd::new();
+                    for a in &look {
+                        c.arg(a.as_slice());
+                    }
+                    match c.query::<Value>(&mut conn) {
+                        Ok(v) => v,
+                        Err(_) => return,
+                    }
+                }
+            };
+            for c in undo_commands(&look, &reply) {
+                let _ = c.query::<Value>(&mut conn);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests;

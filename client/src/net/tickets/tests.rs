@@ -1,0 +1,399 @@
+//! Unit tests of the ticket machinery (`machine.rs` and the connection's bookkeeping).
+
+use super::*;
+
+fn args(v: &[Vec<u8>]) -> Vec<String> {
+    v.iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+fn lock_cmd(wait: u64) -> redis::Cmd {
+    crate::proto::cmd::acquire("k", None, "o:1", 30000, Some(wait), "r1")
+}
+
+#[test]
+fn it_names_the_channel_like_redissons_prefix_name() {
+    assert_eq!(channel(b"lock"), b"rlock_ticket:{lock}".to_vec());
+    assert_eq!(channel(b"{app}:lock"), b"rlock_ticket:{app}:lock".to_vec());
+}
+
+#[test]
+fn it_parses_ticket_messages() {
+    // Table: payload -> (note, id) or None.
+    for (payload, want) in [
+        (&b"granted:2:8:r1client-1"[..], Some((Note::Granted, "r1"))),
+        (b"timeout:2:0:r9", Some((Note::Timeout, "r9"))),
+        (
+            b"error:1:1:xoMOVED 12 127.0.0.1:7001",
+            Some((Note::Error("MOVED 12 127.0.0.1:7001".into()), "x")),
+        ),
+        // Ids and owners may contain the separator.
+        (b"granted:3:3:a:bc:d", Some((Note::Granted, "a:b"))),
+        (b"granted:2:8:r1client-", None),
+        (b"granted:2:0:r1extra", None),
+        (b"granted:x:0:r1", None),
+        (b"granted:-1:0:r1", None),
+        (b"bogus:2:0:r1", None),
+        (b"granted", None),
+        (b"", None),
+    ] {
+        let got = parse_message(payload);
+        let want = want.map(|(n, id)| (n, id.to_owned()));
+        assert_eq!(got, want, "{}", String::from_utf8_lossy(payload));
+    }
+}
+
+#[test]
+fn it_turns_an_error_note_into_the_servers_error() {
+    let e = note_error("MOVED 12 127.0.0.1:7001");
+    assert_eq!(e.code(), Some("MOVED"));
+    let e = note_error("ERR too many waiters");
+    assert_eq!(e.code(), Some("ERR"));
+}
+
+#[test]
+fn it_adds_async_and_keeps_the_id() {
+    let s = Shape::of(&lock_cmd(250)).unwrap();
+    assert_eq!(s.key(), b"k");
+    assert_eq!(s.id(), "r1");
+    assert_eq!(
+        args(&s.ticketed(100)),
+        [
+            "RLOCK.ACQUIRE",
+            "k",
+            "o:1",
+            "30000",
+            "WAIT",
+            "100",
+            "ID",
+            "r1",
+            "ASYNC"
+        ]
+    );
+    assert_eq!(
+        args(&s.look()),
+        ["RLOCK.ACQUIRE", "k", "o:1", "30000", "ID", "r1"]
+    );
+}
+
+#[test]
+fn it_adds_an_id_to_the_latch_for_async_only() {
+    let mut c = redis::cmd("RLATCH.AWAIT");
+    c.arg("l").arg("WAIT").arg(0);
+    let s = Shape::of(&c).unwrap();
+    let t = args(&s.ticketed(0));
+    assert_eq!(t[..5], ["RLATCH.AWAIT", "l", "WAIT", "0", "ASYNC"]);
+    assert_eq!(t[5], "ID");
+    assert_eq!(t[6], s.id());
+    assert_eq!(args(&s.look()), ["RLATCH.AWAIT", "l"]);
+}
+
+#[test]
+fn it_leaves_commands_without_wait_alone() {
+    assert!(Shape::of(&crate::proto::cmd::acquire("k", None, "o", 1, None, "r")).is_none());
+    assert!(Shape::of(&redis::cmd("PING")).is_none());
+}
+
+#[test]
+fn it_counts_down_the_wait_of_a_resend() {
+    let s = Shape::of(&lock_cmd(1000)).unwrap();
+    assert_eq!(s.wait_left(Duration::from_millis(400)), Some(600));
+    assert_eq!(s.wait_left(Duration::from_millis(1000)), None);
+    let forever = Shape::of(&lock_cmd(0)).unwrap();
+    assert_eq!(forever.wait_left(Duration::from_secs(99)), Some(0));
+}
+
+#[test]
+fn it_rewrites_the_wait_left_for_a_blocked_wait_taking_over() {
+    let cmd_args = |c: redis::Cmd| {
+        c.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let s = Shape::of(&lock_cmd(1000)).unwrap();
+    let left = cmd_args(s.rewaited(Duration::from_millis(300)));
+    assert_eq!(
+        left,
+        [
+            "RLOCK.ACQUIRE",
+            "k",
+            "o:1",
+            "30000",
+            "WAIT",
+            "700",
+            "ID",
+            "r1"
+        ]
+    );
+    let over = cmd_args(s.rewaited(Duration::from_secs(2)));
+    assert_eq!(over, ["RLOCK.ACQUIRE", "k", "o:1", "30000", "ID", "r1"]);
+    let forever = Shape::of(&lock_cmd(0)).unwrap();
+    assert_eq!(cmd_args(forever.rewaited(Duration::from_secs(9)))[5], "0");
+}
+
+fn machine(wait: u64, known: bool) -> (Machine, Instant) {
+    let now = Instant::now();
+    (
+        Machine::new(Shape::of(&lock_cmd(wait)).unwrap(), now, known),
+        now,
+    )
+}
+
+fn sent(step: &Step) -> Vec<String> {
+    match step {
+        Step::Send(a) => args(a),
+        other => panic!("expected a send, got {other:?}"),
+    }
+}
+
+#[test]
+fn it_collects_a_grant_with_the_same_id() {
+    let (mut m, now) = machine(0, false);
+    assert!(sent(&m.start(now)).contains(&"ASYNC".to_owned()));
+    m.sent(1);
+    let queued = Event::Reply(Ok(Value::SimpleString("QUEUED".into())));
+    assert_eq!(m.on(queued, now), Step::Wait);
+    assert!(m.outstanding, "a queued ticket is outstanding");
+    let collect = sent(&m.on(Event::Note(Note::Granted), now));
+    assert_eq!(collect, ["RLOCK.ACQUIRE", "k", "o:1", "30000", "ID", "r1"]);
+    m.sent(1);
+    assert_eq!(
+        m.on(Event::Reply(Ok(Value::Nil)), now),
+        Step::Done(Ok(Value::Nil))
+    );
+    assert!(!m.outstanding);
+    assert!(m.known);
+}
+
+#[test]
+fn it_takes_an_ordinary_reply_at_once() {
+    let (mut m, now) = machine(0, false);
+    m.start(now);
+    m.sent(1);
+    assert_eq!(
+        m.on(Event::Reply(Ok(Value::Int(5))), now),
+        Step::Done(Ok(Value::Int(5)))
+    );
+}
+
+#[test]
+fn it_looks_once_after_a_timeout() {
+    let (mut m, now) = machine(500, true);
+    m.start(now);
+    m.sent(1);
+    m.on(Event::Reply(Ok(Value::SimpleString("QUEUED".into()))), now);
+    let look = sent(&m.on(Event::Note(Note::Timeout), now));
+    assert!(!look.contains(&"WAIT".to_owned()) && !look.contains(&"ASYNC".to_owned()));
+    m.sent(1);
+    assert_eq!(
+        m.on(Event::Reply(Ok(Value::Int(80))), now),
+        Step::Done(Ok(Value::Int(80)))
+    );
+}
+
+#[test]
+fn it_reports_an_error_note_as_the_servers_error() {
+    let (mut m, now) = machine(0, true);
+    m.start(now);
+    m.sent(1);
+    let step = m.on(Event::Note(Note::Error("MOVED 1 h:1".into())), now);
+    assert!(matches!(step, Step::Done(Err(_))));
+    assert_eq!(m.take_error().unwrap().code(), Some("MOVED"));
+}
+
+#[test]
+fn it_resends_after_its_connection_is_lost_with_the_wait_left() {
+    let (mut m, t0) = machine(1000, true);
+    m.start(t0);
+    m.sent(3);
+    m.on(Event::Reply(Ok(Value::SimpleString("QUEUED".into()))), t0);
+    // A connection it never used: nothing of ours was lost.
+    assert_eq!(m.on(Event::Lost(2), t0), Step::Wait);
+    let again = sent(&m.on(Event::Lost(3), t0 + Duration::from_millis(300)));
+    assert_eq!(again[5], "700");
+    assert_eq!(again[7], "r1", "the same id");
+    // The wait ran out while disconnected: look once.
+    m.sent(4);
+    let look = sent(&m.on(Event::Lost(4), t0 + Duration::from_secs(2)));
+    assert!(!look.contains(&"WAIT".to_owned()));
+}
+
+#[test]
+fn it_falls_back_when_the_module_refuses_async_before_it_was_seen_to_work() {
+    let (mut m, now) = machine(0, false);
+    m.start(now);
+    m.sent(1);
+    let e = note_error("ERR syntax error");
+    assert!(refuses_async(&e));
+    assert!(!refuses_async(&note_error(
+        "WRONGTYPE Operation against a key"
+    )));
+    assert_eq!(m.on(Event::Reply(Err(e)), now), Step::Fallback);
+    let (mut known, now) = machine(0, true);
+    known.start(now);
+    known.sent(1);
+    let step = known.on(Event::Reply(Err(note_error("ERR syntax error"))), now);
+    assert!(
+        matches!(step, Step::Done(Err(_))),
+        "known to work: a real error"
+    );
+}
+
+#[test]
+fn it_releases_what_an_abandoned_grant_took() {
+    let a = |v: &[&str]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+    let packed = |cs: Vec<redis::Cmd>| {
+        cs.iter()
+            .map(|c| {
+                let s = Shape::of(c);
+                assert!(s.is_none());
+                c.args_iter()
+                    .take(4)
+                    .map(|x| match x {
+                        redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                        _ => String::new(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let lock = a(&["RLOCK.ACQUIRE", "k", "o", "100", "ID", "r"]);
+    assert_eq!(
+        packed(undo_commands(&lock, &Value::Nil))[0],
+        ["RLOCK.RELEASE", "k", "o", "ID"]
+    );
+    assert!(
+        undo_commands(&lock, &Value::Int(50)).is_empty(),
+        "not granted"
+    );
+    let fenced = a(&["RFENCED.ACQUIRE", "k", "o", "100", "ID", "r"]);
+    let tok = Value::Array(vec![Value::Nil, Value::Int(7)]);
+    assert_eq!(packed(undo_commands(&fenced, &tok))[0][0], "RLOCK.RELEASE");
+    let rw = a(&["RRWLOCK.ACQUIRE", "k", "READ", "o", "100", "ID", "r"]);
+    assert_eq!(
+        packed(undo_commands(&rw, &Value::Nil))[0],
+        ["RRWLOCK.RELEASE", "k", "READ", "o"]
+    );
+    let sem = a(&["RSEMAPHORE.ACQUIRE", "s", "3", "ID", "r"]);
+    assert_eq!(
+        packed(undo_commands(&sem, &Value::Int(1)))[0],
+        ["RSEMAPHORE.RELEASE", "s", "3", "ID"]
+    );
+    assert!(undo_commands(&sem, &Value::Int(0)).is_empty());
+    let exp = a(&["RPSEMAPHORE.ACQUIRE", "e", "100", "ID", "r"]);
+    let ids = Value::Array(vec![
+        Value::BulkString(b"aa".to_vec()),
+        Value::BulkString(b"bb".to_vec()),
+    ]);
+    let got = packed(undo_commands(&exp, &ids));
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1][..3], ["RPSEMAPHORE.RELEASE", "e", "bb"]);
+    assert!(undo_commands(&a(&["RLATCH.AWAIT", "l"]), &Value::Int(1)).is_empty());
+}
+
+#[test]
+fn it_counts_subscribe_pushes_apart_from_replies() {
+    let mut p: VecDeque<Pending> = [
+        Pending::Subscribe(2),
+        Pending::Reply("r".into()),
+        Pending::Unsubscribe(1),
+    ]
+    .into();
+    count_down(&mut p, false);
+    assert_eq!(
+        p.len(),
+        3,
+        "an unsubscribe push does not answer a SUBSCRIBE"
+    );
+    count_down(&mut p, true);
+    assert_eq!(p.front(), Some(&Pending::Subscribe(1)));
+    count_down(&mut p, true);
+    assert_eq!(p.front(), Some(&Pending::Reply("r".into())));
+    count_down(&mut p, true);
+    assert_eq!(p.len(), 2, "a reply is owed first");
+    p.pop_front();
+    count_down(&mut p, false);
+    assert!(p.is_empty());
+}
+
+/// The shape of a lock wait on `key` with request id `id`.
+fn shape(key: &str, id: &str) -> Shape {
+    Shape::of(&crate::proto::cmd::acquire(
+        key,
+        None,
+        "o:1",
+        30000,
+        Some(100),
+        id,
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_retry_whose_late_grant_was_given_back_waits_under_a_new_id() {
+    // The orphan of "f" was granted and its grant given back; the server remembers "f"
+    // as granted. The retry must not send "f" again: it would be told "granted" for
+    // what was given back (one permit used twice).
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto).unwrap();
+    let sink: Sink = Arc::new(|_| {});
+    lock_ignoring_poison(&t.shared.state).gave_back("f");
+    let mut retry = shape("k", "f");
+    assert_eq!(t.join(&mut retry, sink.clone()), None);
+    assert_ne!(retry.id(), "f");
+    let sent = args(&retry.ticketed(100));
+    assert!(!sent.contains(&"f".to_string()), "{sent:?}");
+    assert!(sent.contains(&retry.id().to_string()), "{sent:?}");
+    t.leave(retry.id(), None);
+    // Only once: a later call that happens to reuse the id is not renewed again.
+    let mut again = shape("k", "f");
+    t.join(&mut again, sink);
+    assert_eq!(again.id(), "f");
+}
+
+#[test]
+fn it_refcounts_channels_and_keeps_orphans_until_their_fate_is_known() {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto).unwrap();
+    let sink: Sink = Arc::new(|_| {});
+    t.join(&mut shape("k", "a"), sink.clone());
+    t.join(&mut shape("k", "b"), sink.clone());
+    t.join(&mut shape("j", "c"), sink.clone());
+    assert_eq!(t.counts(), (3, 2));
+    t.leave("a", None);
+    assert_eq!(t.counts(), (2, 2), "k still has b");
+    t.leave("b", None);
+    assert_eq!(t.counts(), (1, 1), "k unsubscribed");
+    // Without a connection nothing can be queued: no orphan is kept.
+    t.leave("c", Some((vec![], false)));
+    assert_eq!(t.counts(), (0, 0));
+    // A retry of the same id takes over its registration without a second reference.
+    assert_eq!(t.join(&mut shape("k", "d"), sink.clone()), None);
+    assert_eq!(t.join(&mut shape("k", "d"), sink.clone()), None);
+    t.leave("d", None);
+    assert_eq!(t.counts(), (0, 0));
+    // ... and an orphan's queued ticket, on the current connection.
+    t.join(&mut shape("k", "e"), sink.clone());
+    {
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        st.gen = 7;
+        let slot = st.waiters.remove("e").unwrap();
+        let channel = slot.channel().to_vec();
+        st.waiters.insert(
+            "e".into(),
+            Slot::Orphan {
+                channel,
+                look: vec![],
+                latch: false,
+            },
+        );
+    }
+    assert_eq!(t.join(&mut shape("k", "e"), sink), Some(7));
+    assert_eq!(t.counts(), (1, 1));
+    t.leave("e", None);
+    assert_eq!(t.counts(), (0, 0));
+}

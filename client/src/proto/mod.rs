@@ -1,0 +1,14 @@
+//! The sans-IO core of the client: what to send, what a reply means, what a handle knows.
+//! No connection and no clock of its own here; `aio` (and through it `blocking`) runs it.
+//!
+//! - `cmd`: command builders and reply parsers.
+//! - `logic`: the decisions of an acquire and a release (route, retry, backoff).
+//! - `state`: one handle's hold state and the lost-lock signal.
+//! - `watchdog`: the renewal registry (what is due, what an outcome means).
+//! - `backoff`: jitter for retry delays and owner ids.
+
+pub(crate) mod backoff;
+pub(crate) mod cmd;
+pub(crate) mod logic;
+pub(crate) mod state;
+pub(crate) mod watchdog;

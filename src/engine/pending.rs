@@ -1,0 +1,300 @@
+//! Work done after the current command: the pending list and sweep that serve keys freed
+//! by DEL, expiry, overwrite, FLUSH or SWAPDB once the cause has propagated, grants taken
+//! back, and key timers (a primitive's state that changes by itself). A child of `engine`.
+
+use super::*;
+
+// ---- The pending list: keys to look at once the current command has propagated ----
+
+/// The tag of the pending-list timer; expiry timers use tags from 1 up.
+const SWEEP_TAG: u64 = 0;
+
+thread_local! {
+    pub(super) static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+    static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
+    static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
+    static REVOKES: RefCell<Vec<Untold>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Puts a key on the pending list, served by a post-notification job where the server
+/// has them, else by a zero-delay timer.
+pub fn schedule(ctx: &Context, db: i32, key: &[u8]) {
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    if JOB_ARMED.with(Cell::get) {
+        return;
+    }
+    if ffi::add_post_job(ctx) {
+        JOB_ARMED.with(|a| a.set(true));
+    } else {
+        arm_sweep(ctx, 0);
+    }
+}
+
+/// Puts a key on the pending list served by the zero-delay timer alone, after the
+/// current loop of the server (evictions: see engine/events.rs).
+pub fn schedule_after_loop(ctx: &Context, db: i32, key: &[u8]) {
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    arm_sweep(ctx, 0);
+}
+
+fn arm_sweep(ctx: &Context, delay_ms: i64) {
+    if !SWEEP_ARMED.with(|a| a.replace(true)) {
+        ffi::create_timer(ctx, delay_ms, SWEEP_TAG);
+    }
+}
+
+/// While writes are paused, look at the key again a little later (not at once: that
+/// would spin the event loop for the whole pause).
+pub(super) fn retry_later(ctx: &Context, db: i32, key: &[u8]) {
+    PENDING.with(|p| p.borrow_mut().push((db, key.to_vec())));
+    arm_sweep(ctx, PAUSED_RETRY_MS);
+}
+
+const PAUSED_RETRY_MS: i64 = 10;
+
+/// Takes back, on the next sweep, a grant handed to a client that vanished untold.
+pub(super) fn revoke_later(ctx: &Context, granted: Untold) {
+    REVOKES.with(|r| r.borrow_mut().push(granted));
+    arm_sweep(ctx, 0);
+}
+
+/// Every module timer lands here: the sweep, a wait's deadline, a key timer, or a key's
+/// expiry timer.
+pub fn on_timer(ctx: &Context, tag: u64) {
+    if tag == SWEEP_TAG {
+        sweep(ctx);
+    } else if tag & DEADLINE_BIT != 0 {
+        on_deadline(ctx, Blocked((tag & !DEADLINE_BIT) as usize));
+    } else if tag & KEY_TIMER_BIT != 0 {
+        on_key_timer(ctx, tag);
+    } else {
+        on_queue_timer(ctx, tag);
+    }
+}
+
+// ---- Key timers: a primitive's state that changes by itself, waiters or not ----
+//
+// The expiry timer above serves waiters. Some state changes at a time of its own even when
+// nobody waits, and must be written then for clients that only read the keys or listen on
+// pub/sub (a permit-expirable semaphore's permit returns to the pool at its lease end, with
+// Redisson's message). A primitive registers one callback at init (lib.rs) and arms a key
+// timer with it; the engine keeps at most one timer per (callback, db, key), the earliest,
+// and calls the callback with `db` selected where writes are allowed: not on a replica
+// (its keys are its master's), and not while writes are paused (it retries shortly).
+// The callback does its write and arms again for its next time, if any. Timers live in
+// memory only: after a restart or a failover the state is brought up to date by the next
+// command on the key (every primitive that uses them reads its state that way).
+
+/// Timer tags with this bit (and not [`DEADLINE_BIT`]) are key timers; the other bits
+/// count up. Expiry timers' counters stay far below it.
+pub const KEY_TIMER_BIT: u64 = 1 << 62;
+
+/// A key timer's callback: `db` is selected, `name` is the key it was armed for.
+pub type KeyTimerFn = fn(&Context, i32, &RedisString);
+
+/// Which registered callback a key timer runs (an index handed out by
+/// [`register_key_timer`]).
+pub type KeyTimerKind = usize;
+
+type KeyTimerKey = (KeyTimerKind, i32, Vec<u8>);
+
+#[derive(Default)]
+struct KeyTimers {
+    kinds: Vec<KeyTimerFn>,
+    armed: HashMap<KeyTimerKey, ArmedTimer>,
+    tags: HashMap<u64, KeyTimerKey>,
+    next_tag: u64,
+}
+
+thread_local! {
+    static KEY_TIMERS: RefCell<KeyTimers> = RefCell::new(KeyTimers::default());
+}
+
+/// Registers a primitive's key timer callback (once, at init); returns its kind.
+pub fn register_key_timer(f: KeyTimerFn) -> KeyTimerKind {
+    KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.kinds.push(f);
+        t.kinds.len() - 1
+    })
+}
+
+/// Makes sure `kind`'s callback runs for `key` in `db` at `fire_at` (ms since the epoch)
+/// or earlier. An earlier timer already armed is kept: it fires, finds nothing due yet
+/// and arms again, which costs less than stopping a timer on every renewal.
+pub fn arm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8], fire_at: i64) {
+    let slot = (kind, db, key.to_vec());
+    let old = KEY_TIMERS.with(|t| {
+        let t = t.borrow();
+        t.armed.get(&slot).copied()
+    });
+    if matches!(old, Some(t) if t.fire_at <= fire_at) {
+        return;
+    }
+    if let Some(old) = old {
+        ffi::stop_timer(ctx, old.id);
+    }
+    // Rounded up from the wall clock's microseconds: Redis fires a timer once its delay
+    // has passed, and the callback must then read `now_ms() >= fire_at` (a permit expires
+    // when its score <= now), not a millisecond short of it, which would cost a re-arm.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    let delay = (fire_at.saturating_mul(1000) - now_us + 999).div_euclid(1000);
+    let tag = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        if let Some(old) = old {
+            t.tags.remove(&old.tag);
+        }
+        t.next_tag += 1;
+        KEY_TIMER_BIT | t.next_tag
+    });
+    let id = ffi::create_timer(ctx, delay, tag);
+    KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.tags.insert(tag, slot.clone());
+        t.armed.insert(slot, ArmedTimer { id, tag, fire_at });
+    });
+}
+
+/// Stops `kind`'s timer for `key` in `db`, if one is armed (the state has no time of its
+/// own left, say every leased permit was released): no timer outlives its reason.
+pub fn disarm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8]) {
+    let old = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let old = t.armed.remove(&(kind, db, key.to_vec()))?;
+        t.tags.remove(&old.tag);
+        Some(old)
+    });
+    if let Some(old) = old {
+        ffi::stop_timer(ctx, old.id);
+    }
+}
+
+/// SWAPDB exchanged two dbs' contents: the key timers armed for keys of either db now
+/// belong to the other number, where their keys went (else a permit's lease end would be
+/// looked for in the db it left, and only the next command on the key would reclaim it).
+pub fn swap_key_timers(a: i32, b: i32) {
+    let other = |db: i32| {
+        if db == a {
+            b
+        } else if db == b {
+            a
+        } else {
+            db
+        }
+    };
+    KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let armed = std::mem::take(&mut t.armed);
+        t.armed = armed
+            .into_iter()
+            .map(|((kind, db, key), timer)| ((kind, other(db), key), timer))
+            .collect();
+        for slot in t.tags.values_mut() {
+            slot.1 = other(slot.1);
+        }
+    });
+}
+
+/// How many key timers are armed (INFO, leak tests).
+pub fn key_timers_armed() -> usize {
+    KEY_TIMERS.with(|t| t.borrow().armed.len())
+}
+
+fn on_key_timer(ctx: &Context, tag: u64) {
+    let Some(((kind, db, key), f)) = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        let slot = t.tags.remove(&tag)?;
+        if matches!(t.armed.get(&slot), Some(a) if a.tag == tag) {
+            t.armed.remove(&slot);
+        }
+        let f = *t.kinds.get(slot.0)?;
+        Some((slot, f))
+    }) else {
+        return;
+    };
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        return; // a replica's keys are its master's to change
+    }
+    if ffi::writes_paused() {
+        arm_key_timer(ctx, kind, db, &key, ffi::now_ms() + PAUSED_RETRY_MS);
+        return;
+    }
+    if ffi::select_db(ctx, db) {
+        let name = RedisString::create_from_slice(std::ptr::null_mut(), &key);
+        f(ctx, db, &name);
+    }
+}
+
+/// The pending list's server: a timer's callback, or a post-notification job's.
+pub fn sweep(ctx: &Context) {
+    SWEEP_ARMED.with(|a| a.set(false));
+    JOB_ARMED.with(|a| a.set(false));
+    if ctx.get_flags().contains(ContextFlags::SLAVE) {
+        // A replica's keys are its master's to change.
+        PENDING.with(|p| p.borrow_mut().clear());
+        REVOKES.with(|r| r.borrow_mut().clear());
+        return;
+    }
+    for granted in REVOKES.with(|r| std::mem::take(&mut *r.borrow_mut())) {
+        if ffi::select_db(ctx, granted.db) {
+            revoke(ctx, &granted);
+        }
+    }
+    let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    pending.sort_unstable();
+    pending.dedup();
+    for (db, key) in pending {
+        if ffi::select_db(ctx, db) {
+            let name = RedisString::create_from_slice(std::ptr::null_mut(), &key);
+            settle(ctx, db, &name);
+        }
+    }
+}
+
+/// Takes back a grant handed to a waiter that vanished before being told (its primitive
+/// checks the key still holds what the grant wrote), then serves the next waiter.
+fn revoke(ctx: &Context, untold: &Untold) {
+    if ffi::writes_paused() {
+        REVOKES.with(|r| r.borrow_mut().push(untold.clone()));
+        arm_sweep(ctx, PAUSED_RETRY_MS);
+        return;
+    }
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), &untold.key);
+    untold.request.take_back(ctx, untold.db, &name);
+}
+
+/// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
+/// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
+pub fn freed(ctx: &Context, db: i32, name: &RedisString, path: Path) {
+    match serve(ctx, db, name, path) {
+        Served::Handed | Served::Redirected => {}
+        // Writes paused: the sweep serves the key once they resume.
+        Served::StillHeld if ffi::writes_paused() => {}
+        _ => {
+            tracking::untrack(db, name.as_slice());
+            store::publish_unlock(ctx, name);
+        }
+    }
+}
+
+/// Looks at a lock key after something touched it: a freed lock goes to the first waiter,
+/// or, with nobody waiting, its unlock message is published (once: the key is forgotten).
+/// Runs where writes propagate (a command or a timer), with `db` selected.
+pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
+    if serve(ctx, db, name, Path::Event) != Served::NoWaiters {
+        return;
+    }
+    if ffi::writes_paused() {
+        retry_later(ctx, db, name.as_slice());
+        return;
+    }
+    let held = matches!(
+        store::read(&LockKey::open(ctx, name, false)),
+        Ok(LockState::Held { .. })
+    );
+    if !held && tracking::untrack(db, name.as_slice()) {
+        store::publish_unlock(ctx, name);
+    }
+}

@@ -1,0 +1,172 @@
+//! The fenced lock's commands (RFENCED.*, SPEC 4.2): `RFENCED.ACQUIRE` and
+//! `RFENCED.GETTOKEN`; and [`FencedAsk`], what a queued `RFENCED.ACQUIRE` asks of the
+//! engine.
+//!
+//! The fenced lock is the plain lock (Redisson's RFencedLock extends RedissonLock): the
+//! same hash, lease, channel and message, plus the token key
+//! `redisson_lock_token:{name}`. So the lock half is `lock::commands`'s, reused as is (its key
+//! read, its writes with `store::apply`, its counters, its take-back), and release,
+//! renew, force release and info are the `RLOCK.*` commands on the same key; this file
+//! adds the token (`fenced`'s pure rule, written with `store::apply_effects`).
+//!
+//! Layer: the top, above `lock::commands` (which it reuses; `lock::commands` never names it), beside
+//! `pipeline` and `events`. Calls down into `engine`, `store` and the pure `fenced`/`lock::rule`.
+
+use std::rc::Rc;
+
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::engine::{self, Ask, Check, Grant};
+use crate::fenced::{self, FencedPlan, FencedReply, Head};
+use crate::lock;
+use crate::lock::commands::{self as lock_commands, LockAsk};
+use crate::pipeline::{
+    args_after_key, err, may_block, remember, replay, request_key, wait_or_queue,
+};
+use crate::server::ffi::{self, LockKey};
+use crate::server::store::{self, Value};
+use crate::server::{guard, stats};
+use crate::vocab::args;
+use crate::vocab::errors::ERR_NOT_A_TOKEN;
+use crate::vocab::reply::Reply;
+
+/// The last token issued for `name` (0 before the first), from its token key. A key of
+/// another type, or a string that is no integer, is somebody else's data: refused.
+fn last_token(ctx: &Context, name: &[u8]) -> Result<Option<i64>, &'static str> {
+    match store::read_any(ctx, &fenced::token_key(name)).0 {
+        Value::Missing => Ok(None),
+        Value::String(bytes) => fenced::parse_token(Some(&bytes)).map(Some),
+        _ => Err(ERR_NOT_A_TOKEN),
+    }
+}
+
+/// Writes the token of a plan that issues one (`SET`, replicated as such: a replica or
+/// the AOF holds the value itself, never an increment to redo).
+fn write_token(ctx: &Context, name: &RedisString, plan: &FencedPlan) {
+    if let Some(effect) = plan.token_effect(name.as_slice()) {
+        store::apply_effects(ctx, name, &[effect]);
+        stats::bump(|s| &s.fenced_tokens_issued);
+    }
+}
+
+/// RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
+///
+/// `[nil, token]` when acquired or re-entered (a new token each time, as Redisson's
+/// lockAndGetToken), `[pttl, nil]` when another owner holds it; with WAIT the caller
+/// queues and a handoff answers `[nil, token]` with a token issued at the handoff.
+pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() < 4 {
+            return Err(RedisError::WrongArity);
+        }
+        let a = args::parse_acquire(&args_after_key(&args)).map_err(err)?;
+        let (name, owner) = (&args[1], &args[2]);
+        let request = request_key(name, a.id);
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
+        }
+        let db = ffi::selected_db(ctx);
+        let now = ffi::now_ms();
+        let (key, state) = lock_commands::open_for_write(ctx, db, name, Some(owner));
+        let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
+        let plan =
+            fenced::acquire(&state.map_err(err)?, last, a.owner, a.lease, now).map_err(err)?;
+        store::apply(ctx, &key, name, owner, &plan.lock);
+        drop(key);
+        write_token(ctx, name, &plan);
+        lock_commands::count(plan.lock.outcome);
+        let reply: Reply = plan.reply.into();
+        remember(
+            ctx,
+            request.as_ref(),
+            lock::remembers(plan.lock.outcome),
+            &reply,
+        );
+        match (plan.reply, a.wait) {
+            (FencedReply::Contended(pttl), Some(timeout)) if may_block(ctx) => {
+                let ask = Rc::new(FencedAsk(LockAsk::new(a.owner, a.lease, a.id)));
+                wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl)
+            }
+            _ => {
+                engine::note_expiry(ctx, db, name.as_slice(), a.lease);
+                Ok(ffi::value(reply))
+            }
+        }
+    })
+}
+
+/// RFENCED.GETTOKEN <key>
+///
+/// The last token issued for the lock (Redisson's getToken), nil before the first.
+pub fn get_token(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 2 {
+            return Err(RedisError::WrongArity);
+        }
+        Ok(match last_token(ctx, args[1].as_slice()).map_err(err)? {
+            Some(token) => RedisValue::Integer(token),
+            None => RedisValue::Null,
+        })
+    })
+}
+
+/// A queued `RFENCED.ACQUIRE ... WAIT`: the lock's request ([`LockAsk`]), granted with a
+/// token. Taking back a grant is the lock's: the token it issued stays spent (tokens may
+/// skip numbers, never repeat them).
+#[derive(Debug, Clone)]
+pub struct FencedAsk(pub LockAsk);
+
+impl Ask for FencedAsk {
+    fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
+        let state = store::read(&LockKey::open(ctx, name, false));
+        let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
+        match fenced::grant_head(&state, last, self.0.lease, now) {
+            Head::Grant(plan) => {
+                let ask = self.clone();
+                Check::Grant(Box::new(move |ctx, name| {
+                    ask.write_grant(ctx, name, &plan, now)
+                }))
+            }
+            Head::Wait(pttl) => Check::Wait { pttl },
+            Head::Refuse(error) => Check::Refuse(error),
+        }
+    }
+
+    /// `[pttl, nil]`, as a non-waiting acquire that found the lock held.
+    fn timed_out(&self, ctx: &Context, name: &RedisString) -> Reply {
+        FencedReply::Contended(LockKey::open(ctx, name, false).pttl()).into()
+    }
+
+    fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
+        self.0.take_back(ctx, db, name);
+    }
+
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        self.0.names()
+    }
+}
+
+impl FencedAsk {
+    /// Writes the handoff (the lock, then the token) and remembers its reply under the
+    /// request's id. Nobody behind the new holder can be granted before its lease ends.
+    fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &FencedPlan, now: i64) -> Grant {
+        let key = LockKey::open(ctx, name, true);
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.0.owner());
+        store::apply(ctx, &key, name, &owner, &plan.lock);
+        drop(key);
+        write_token(ctx, name, plan);
+        let reply: Reply = plan.reply.into();
+        if let Some(id) = self.0.request_id() {
+            let request = RedisString::create_from_slice(
+                std::ptr::null_mut(),
+                &args::request_key(name.as_slice(), id),
+            );
+            store::remember(ctx, &request, &reply, now);
+        }
+        Grant {
+            memo: 0,
+            reply,
+            look_again: Some(self.0.lease),
+        }
+    }
+}

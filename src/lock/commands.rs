@@ -1,0 +1,324 @@
+//! The re-entrant lock's commands (RLOCK.*): parse -> read -> core -> write/replicate/
+//! notify -> reply; and [`LockAsk`], what a queued RLOCK.ACQUIRE asks of the engine.
+//!
+//! Layer: the top, one file per primitive beside `pipeline` (what they share) and `events`.
+//! Calls down into `engine` (waiting, handoff, freeing), `store` (reads and writes) and
+//! the pure `lock::rule`; nothing calls up into it.
+
+use std::rc::Rc;
+
+use redis_module::redisvalue::RedisValueKey;
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::engine::ticket::Names;
+use crate::engine::{self, Ask, Check, Grant, Path};
+use crate::lock::{self, LockState, Outcome, Plan, Reply};
+use crate::pipeline::{args_after_key, err, may_block, replay, request_key, wait_or_queue};
+use crate::server::ffi::{self, LockKey};
+use crate::server::{guard, stats, store, tracking};
+use crate::vocab::args;
+use crate::vocab::reply;
+
+/// Bumps the `INFO rlock` counter of a lock outcome (also the fenced lock's, `fenced::commands`).
+pub fn count(outcome: Outcome) {
+    match outcome {
+        Outcome::Acquired => stats::bump(|s| &s.acquisitions),
+        Outcome::Reentered => stats::bump(|s| &s.reentries),
+        Outcome::Contended => stats::bump(|s| &s.contended),
+        Outcome::Released | Outcome::Decremented => stats::bump(|s| &s.releases),
+        Outcome::ForceReleased => stats::bump(|s| &s.forced_releases),
+        Outcome::Renewed => stats::bump(|s| &s.renewals),
+        Outcome::NotHeld | Outcome::NoLock => {}
+    }
+}
+
+fn value(reply: Reply) -> RedisValue {
+    match reply {
+        Reply::Nil => RedisValue::Null,
+        Reply::Int(n) => RedisValue::Integer(n),
+    }
+}
+
+/// Opens the lock key for writing and reads it. If it holds no lock but clients wait for
+/// it (freed by DEL, expiry, overwrite... a moment ago, with the handoff still pending),
+/// the first waiter is served before the caller looks: nobody barges past the queue.
+pub fn open_for_write(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    owner: Option<&RedisString>,
+) -> (LockKey, Result<LockState, &'static str>) {
+    let read = |key: &LockKey| match owner {
+        Some(owner) => store::read_for(key, owner),
+        None => store::read(key),
+    };
+    let key = LockKey::open(ctx, name, true);
+    let state = read(&key);
+    if !matches!(state, Ok(LockState::Held { .. })) && engine::has_waiters(db, name.as_slice()) {
+        drop(key);
+        engine::serve(ctx, db, name, Path::Command);
+        let key = LockKey::open(ctx, name, true);
+        let state = read(&key);
+        return (key, state);
+    }
+    if state.is_err() && tracking::is_tracked(db, name.as_slice()) {
+        // A lock of ours replaced by something that is no lock, by a command whose
+        // events the module does not watch on this server (SORT ... STORE on 7.0): its
+        // unlock message goes out now, lazily (README, "Freeing and handoff").
+        drop(key);
+        engine::settle(ctx, db, name);
+        let key = LockKey::open(ctx, name, true);
+        let state = read(&key);
+        return (key, state);
+    }
+    (key, state)
+}
+
+/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
+pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() < 4 {
+            return Err(RedisError::WrongArity);
+        }
+        let a = args::parse_acquire(&args_after_key(&args)).map_err(err)?;
+        let (name, owner) = (&args[1], &args[2]);
+        let request = request_key(name, a.id);
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
+        }
+        let db = ffi::selected_db(ctx);
+        let now = ffi::now_ms();
+        let (key, state) = open_for_write(ctx, db, name, Some(owner));
+        let plan = lock::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
+        store::apply(ctx, &key, name, owner, &plan);
+        drop(key);
+        count(plan.outcome);
+        if let Some(req) = request.as_ref().filter(|_| lock::remembers(plan.outcome)) {
+            store::remember(ctx, req, &plan.reply.into(), now);
+        }
+        match (plan.outcome, plan.reply, a.wait) {
+            (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
+                let ask = Rc::new(LockAsk::new(a.owner, a.lease, a.id));
+                wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl)
+            }
+            _ => {
+                engine::note_expiry(ctx, db, name.as_slice(), a.lease);
+                Ok(value(plan.reply))
+            }
+        }
+    })
+}
+
+/// RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]
+pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if !(3..=6).contains(&args.len()) {
+            return Err(RedisError::WrongArity);
+        }
+        let a = args::parse_release(&args_after_key(&args)).map_err(err)?;
+        let (name, lease) = (&args[1], a.lease);
+        let request = request_key(name, a.id);
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
+        }
+        let db = ffi::selected_db(ctx);
+        let now = ffi::now_ms();
+        let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
+        let plan = lock::release(&state.map_err(err)?, a.owner, lease, now);
+        store::apply(ctx, &key, name, &args[2], &plan);
+        drop(key);
+        count(plan.outcome);
+        if let Some(req) = request.as_ref().filter(|_| lock::remembers(plan.outcome)) {
+            store::remember(ctx, req, &plan.reply.into(), now);
+        }
+        if plan.freed {
+            engine::freed(ctx, db, name, Path::Command);
+        } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
+            engine::note_expiry(ctx, db, name.as_slice(), lease);
+        }
+        Ok(value(plan.reply))
+    })
+}
+
+/// RLOCK.RENEW <key> <owner> <lease-ms>
+pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 4 {
+            return Err(RedisError::WrongArity);
+        }
+        let (owner, lease) = args::parse_renew(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
+        let plan = lock::renew(&state.map_err(err)?, owner, lease, ffi::now_ms());
+        store::apply(ctx, &key, name, &args[2], &plan);
+        drop(key);
+        count(plan.outcome);
+        if plan.expire_at.is_some() {
+            engine::note_expiry(ctx, db, name.as_slice(), lease);
+        }
+        Ok(value(plan.reply))
+    })
+}
+
+/// RLOCK.FORCERELEASE <key>
+pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 2 {
+            return Err(RedisError::WrongArity);
+        }
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (key, state) = open_for_write(ctx, db, name, None);
+        let plan = lock::force_release(&state.map_err(err)?);
+        store::apply(ctx, &key, name, name, &plan);
+        drop(key);
+        count(plan.outcome);
+        if plan.freed {
+            engine::freed(ctx, db, name, Path::Command);
+        }
+        Ok(value(plan.reply))
+    })
+}
+
+/// RLOCK.INFO <key>
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 2 {
+            return Err(RedisError::WrongArity);
+        }
+        let name = &args[1];
+        let key = LockKey::open(ctx, name, false);
+        let (holders, pttl) = match store::read(&key).map_err(err)? {
+            LockState::Free => return Ok(RedisValue::Null),
+            LockState::Held { holders, pttl } => (holders, pttl),
+        };
+        let waiting = engine::with(|q| q.len(ffi::selected_db(ctx), name.as_slice()));
+        let owners = holders
+            .into_iter()
+            .map(|h| {
+                (
+                    RedisValueKey::BulkString(h.owner),
+                    RedisValue::Integer(h.count),
+                )
+            })
+            .collect();
+        // An ordered map: a map under RESP3, flat pairs under RESP2, keys in a stable order.
+        Ok(RedisValue::OrderedMap(
+            [
+                (
+                    RedisValueKey::String("owners".into()),
+                    RedisValue::OrderedMap(owners),
+                ),
+                (
+                    RedisValueKey::String("pttl".into()),
+                    RedisValue::Integer(pttl),
+                ),
+                (
+                    RedisValueKey::String("waiters".into()),
+                    RedisValue::Integer(waiting as i64),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        ))
+    })
+}
+
+/// A queued `RLOCK.ACQUIRE ... WAIT`: `owner` takes the lock for `lease` ms.
+#[derive(Debug, Clone)]
+pub struct LockAsk {
+    /// The owner and the call's request id (a handoff remembers its reply under it).
+    names: Names,
+    pub lease: i64,
+}
+
+impl LockAsk {
+    pub fn new(owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> LockAsk {
+        LockAsk {
+            names: Names::new(owner, request_id),
+            lease,
+        }
+    }
+
+    pub fn owner(&self) -> &[u8] {
+        self.names.owner()
+    }
+
+    /// The call's request id: a handoff remembers its reply like an immediate acquire.
+    pub fn request_id(&self) -> Option<&[u8]> {
+        self.names.id()
+    }
+}
+
+impl Ask for LockAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (self.owner(), self.request_id())
+    }
+
+    fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
+        let state = store::read(&LockKey::open(ctx, name, false));
+        match lock::grant_head(&state, self.lease, now) {
+            Ok(plan) => {
+                let ask = self.clone();
+                Check::Grant(Box::new(move |ctx, name| {
+                    ask.write_grant(ctx, name, &plan, now)
+                }))
+            }
+            Err(pttl) => Check::Wait { pttl },
+        }
+    }
+
+    fn timed_out(&self, ctx: &Context, name: &RedisString) -> reply::Reply {
+        reply::Reply::Int(LockKey::open(ctx, name, false).pttl())
+    }
+
+    /// Released as its owner would, if still that owner alone with count 1.
+    fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
+        let key = LockKey::open(ctx, name, true);
+        let Ok(state) = store::read(&key) else { return };
+        let count = state.count_of(self.owner());
+        // Still exactly what the handoff wrote: that owner alone, count 1.
+        let untold = count == Some(1)
+            && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
+        if untold || count.is_none() {
+            // The client was never told: a retry with its request id must not be answered
+            // "acquired" from the record the handoff wrote.
+            if let Some(id) = self.request_id() {
+                store::forget_request(ctx, &args::request_key(name.as_slice(), id));
+            }
+        }
+        if !untold {
+            return; // re-entered since by the same owner elsewhere, or already gone
+        }
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.owner());
+        let plan = lock::release(&state, self.owner(), None, ffi::now_ms());
+        store::apply(ctx, &key, name, &owner, &plan);
+        drop(key);
+        stats::bump(|s| &s.revoked_handoffs);
+        engine::freed(ctx, db, name, Path::Event);
+    }
+}
+
+impl LockAsk {
+    /// Writes the handoff and remembers its reply under the request's id. Nobody behind
+    /// the new holder can be granted before its lease runs out.
+    fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &Plan, now: i64) -> Grant {
+        let key = LockKey::open(ctx, name, true);
+        let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.owner());
+        store::apply(ctx, &key, name, &owner, plan);
+        drop(key);
+        if let Some(id) = self.request_id() {
+            let request = RedisString::create_from_slice(
+                std::ptr::null_mut(),
+                &args::request_key(name.as_slice(), id),
+            );
+            store::remember(ctx, &request, &plan.reply.into(), now);
+        }
+        Grant {
+            memo: 0,
+            reply: plan.reply.into(),
+            look_again: Some(self.lease),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The command pipeline: what every primitive's command file shares, written once.
+//! [`write_command`] is a changing command's opening (arity, parsing, request-id replay,
+//! the key's queue served first); [`waiting_command`] adds the end of a command that may
+//! wait (wait blocked, queue a ticket, or reply). Beside them the pieces they are made
+//! of: argument slicing, error mapping, the request-id record (replay before doing
+//! anything, remember after a change), and the "may this client block?" test.
+//!
+//! Layer: the top, beside the command files (`lock::commands`, ...) that use it; calls down into
+//! `engine` and `store` only.
+
+use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::engine;
+use crate::server::ffi;
+use crate::server::store;
+use crate::vocab::args;
+use crate::vocab::reply::Reply;
+
+/// A named error constant (`errors.rs`) as a command's error reply.
+pub fn err(msg: &'static str) -> RedisError {
+    RedisError::Str(msg)
+}
+
+/// The arguments after the key, as bytes, for the cores' parsers.
+pub fn args_after_key(args: &[RedisString]) -> Vec<&[u8]> {
+    args[2..].iter().map(RedisString::as_slice).collect()
+}
+
+/// The key remembering a request id's reply, if the call has an id. It is named after the
+/// primitive's key, so it lives in the key's cluster slot.
+pub fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString> {
+    id.map(|id| {
+        RedisString::create_from_slice(
+            std::ptr::null_mut(),
+            &args::request_key(name.as_slice(), id),
+        )
+    })
+}
+
+/// The first reply of a call retried with the same request id, if it is remembered. A
+/// queued ticket's grant is collected this way (docs/tickets.md): from then on it is its
+/// client's, not taken back when the ticket's connection closes.
+pub fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisValue> {
+    let request = request?;
+    let first = store::remembered(ctx, request)?;
+    engine::collected(request.as_slice());
+    Some(ffi::value(first))
+}
+
+/// How a call that cannot be served now waits: blocked in the server (`WAIT`), or as a
+/// queued ticket (`WAIT … ASYNC`), answered `QUEUED` at once while the connection goes on.
+/// `pttl`: when the state may change by itself (see `engine::wait`).
+pub fn wait_or_queue(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    request: engine::Request,
+    timeout: i64,
+    queued: bool,
+    pttl: i64,
+) -> RedisResult {
+    if queued {
+        engine::queue_ticket(ctx, db, name, request, timeout, pttl).map_err(err)?;
+        Ok(RedisValue::SimpleStringStatic("QUEUED"))
+    } else {
+        engine::wait(ctx, db, name, engine::Waiter::new(request), timeout, pttl).map_err(err)?;
+        Ok(RedisValue::NoReply)
+    }
+}
+
+/// Remembers a call's reply under its request id (when it has one and `changed` says the
+/// call changed something: re-running a call that changed nothing is as good as a replay).
+pub fn remember(ctx: &Context, request: Option<&RedisString>, changed: bool, reply: &Reply) {
+    if let Some(req) = request.filter(|_| changed) {
+        store::remember(ctx, req, reply, ffi::now_ms());
+    }
+}
+
+/// Where a client may not block (MULTI/EXEC, scripts, replicated or loading streams,
+/// deny-blocking contexts), WAIT is ignored and the command answers at once.
+pub fn may_block(ctx: &Context) -> bool {
+    let no = ContextFlags::MULTI
+        | ContextFlags::LUA
+        | ContextFlags::DENY_BLOCKING
+        | ContextFlags::REPLICATED
+        | ContextFlags::LOADING;
+    !ctx.get_flags().intersects(no)
+}
+
+/// Serves a key's queue before a command looks at it, if anybody waits: a key freed a
+/// moment ago (DEL, expiry, a permit's lease) whose handoff is still pending goes to the
+/// first waiter, so no command barges past the queue.
+pub fn serve_first(ctx: &Context, db: i32, name: &RedisString) {
+    if engine::has_waiters(db, name.as_slice()) {
+        engine::serve(ctx, db, name, engine::Path::Command);
+    }
+}
+
+/// An `…INFO` reply of integers (semaphores): an ordered map, a map under RESP3 and flat
+/// pairs under RESP2, keys in a stable order.
+pub fn int_map(fields: &[(&str, i64)]) -> RedisValue {
+    RedisValue::OrderedMap(
+        fields
+            .iter()
+            .map(|&(k, v)| {
+                (
+                    redis_module::redisvalue::RedisValueKey::String(k.into()),
+                    RedisValue::Integer(v),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// The opening every changing command of the synchronizers shares, written once: the
+/// arity, the arguments after the key parsed (with the call's request id), the first
+/// reply of a retried call replayed, and a pending queue served before anything is read.
+/// `body` gets the db, the key, the parsed arguments and the request-id key, and does the
+/// primitive's own part (read, plan, write, reply).
+pub fn write_command<'a, P>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    arity: std::ops::RangeInclusive<usize>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
+    body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
+) -> RedisResult {
+    if !arity.contains(&args.len()) {
+        return Err(RedisError::WrongArity);
+    }
+    let (parsed, id) = parse(&args_after_key(args)).map_err(err)?;
+    let name = &args[1];
+    let request = request_key(name, id);
+    if let Some(first) = replay(ctx, request.as_ref()) {
+        return Ok(first);
+    }
+    let db = ffi::selected_db(ctx);
+    serve_first(ctx, db, name);
+    body(db, name, parsed, request.as_ref())
+}
+
+/// How a waiting command may wait, as its parser read it: `WAIT timeout-ms` (`None`:
+/// answer at once) and `ASYNC` (wait as a queued ticket, not a blocked client).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Waiting {
+    pub timeout: Option<i64>,
+    pub queued: bool,
+}
+
+/// What a waiting command's own part found, once its plan is applied.
+pub enum Answer<F> {
+    /// Done: the reply.
+    Now(RedisValue),
+    /// Contended: `reply` for a call that may not wait; for one that may, `ask` builds
+    /// its queued request and the time in ms until the state may change by itself (see
+    /// `engine::wait`). Built only then: a contended call without `WAIT` allocates nothing.
+    Contended { reply: RedisValue, ask: F },
+}
+
+/// A command that may wait (`… [WAIT timeout-ms [ASYNC]] [ID request-id]`), written
+/// once: [`write_command`]'s opening (arity, parsing, request-id replay, the queue served
+/// first), the primitive's own part (`body`: read, plan, write, remember), then waiting
+/// or queueing where the call is contended, asked to wait, and may block; else the reply.
+pub fn waiting_command<'a, P, F>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    arity: std::ops::RangeInclusive<usize>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>, Waiting), &'static str>,
+    body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> Result<Answer<F>, RedisError>,
+) -> RedisResult
+where
+    F: FnOnce() -> (engine::Request, i64),
+{
+    let waiting = std::cell::Cell::new(Waiting::default());
+    let parse = |a: &[&'a [u8]]| {
+        let (parsed, id, w) = parse(a)?;
+        waiting.set(w);
+        Ok((parsed, id))
+    };
+    write_command(
+        ctx,
+        args,
+        arity,
+        parse,
+        |db, name, parsed, request| match body(db, name, parsed, request)? {
+            Answer::Now(reply) => Ok(reply),
+            Answer::Contended { reply, ask } => match waiting.get() {
+                Waiting {
+                    timeout: Some(timeout),
+                    queued,
+                } if may_block(ctx) => {
+                    let (ask, pttl) = ask();
+                    wait_or_queue(ctx, db, name, ask, timeout, queued, pttl)
+                }
+                _ => Ok(reply),
+            },
+        },
+    )
+}

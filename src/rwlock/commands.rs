@@ -1,0 +1,470 @@
+//! The read-write lock's commands (RRWLOCK.*, SPEC 4.1): parse -> serve a pending queue
+//! -> read the hash and its timeout keys -> `rwlock` plan -> write/replicate/notify ->
+//! serve waiters and publish Redisson's message -> reply; and [`RwAsk`], what a queued
+//! RRWLOCK.ACQUIRE asks of the engine.
+//!
+//! Layer: the top, beside `lock::commands` (the model) and `pipeline`; calls down into `engine`,
+//! `store` and the pure `rwlock`; nothing calls up into it.
+//!
+//! Every command first serves the key's queue if it has one (a key freed by DEL or expiry
+//! whose handoff is pending goes to the first waiter) and then works on the state with
+//! the read holds past their own lease dropped (`rwlock`'s plans all start with that), so
+//! a dead reader loses its hold at its lease end even while other readers renew.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use redis_module::redisvalue::RedisValueKey;
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+
+use crate::engine::ticket::Names;
+use crate::engine::{self, Ask, Check, Grant, Path};
+use crate::pipeline::{
+    args_after_key, err, may_block, remember, replay, request_key, serve_first, wait_or_queue,
+};
+use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
+use crate::server::ffi::{self, LockKey};
+use crate::server::store::{self, Value};
+use crate::server::{guard, stats};
+use crate::vocab::args;
+use crate::vocab::effects::{Effect, KeyRef};
+use crate::vocab::errors::ERR_WRONGTYPE;
+use crate::vocab::reply;
+
+fn count(plan: &Plan, side: Option<Side>) {
+    match (plan.outcome, side) {
+        (Outcome::Acquired | Outcome::Reentered, Some(Side::Read)) => {
+            stats::bump(|s| &s.rw_read_acquisitions)
+        }
+        (Outcome::Acquired | Outcome::Reentered, _) => stats::bump(|s| &s.rw_write_acquisitions),
+        (Outcome::Contended, _) => stats::bump(|s| &s.rw_contended),
+        (Outcome::Released | Outcome::Decremented, _) => stats::bump(|s| &s.rw_releases),
+        (Outcome::ForceReleased, _) => stats::bump(|s| &s.rw_forced_releases),
+        (Outcome::Renewed, _) => stats::bump(|s| &s.rw_renewals),
+        (Outcome::NotHeld | Outcome::NoLock | Outcome::Expired, _) => {}
+    }
+    for _ in 0..plan.dropped {
+        stats::bump(|s| &s.rw_read_leases_ended);
+    }
+}
+
+fn rs(bytes: &[u8]) -> RedisString {
+    RedisString::create_from_slice(std::ptr::null_mut(), bytes)
+}
+
+/// An absolute expiry as PTTL answers it (-1 none, -2 no key), for `HashView::into_state`.
+fn abs_to_pttl(at: i64, now: i64) -> i64 {
+    if at < 0 {
+        at
+    } else {
+        (at - now).max(0)
+    }
+}
+
+/// Reads the lock: the hash, its expiry and the expiry of every read hold's timeout key.
+/// A missing key is a free lock; a hash not in Redisson's RW layout (a plain RLOCK lock
+/// among them) is `ERR_NOT_A_RWLOCK`; any other type `WRONGTYPE`.
+fn read_state(ctx: &Context, name: &[u8], now: i64) -> Result<RwState, &'static str> {
+    let (value, at) = store::read_any(ctx, name);
+    let fields = match value {
+        Value::Missing => return Ok(RwState::free()),
+        Value::Hash(fields) => fields,
+        _ => return Err(ERR_WRONGTYPE),
+    };
+    let view = rwlock::parse_hash(fields)?;
+    let pttls: Vec<i64> = view
+        .timeout_keys(name)
+        .iter()
+        .map(|k| abs_to_pttl(LockKey::open(ctx, &rs(k), false).abs_expire(), now))
+        .collect();
+    Ok(view.into_state(abs_to_pttl(at, now), &pttls, now))
+}
+
+/// How long a waiter of `side` may wait before the state can change by itself: the next
+/// read lease end or hash expiry; for a reader also the poll where the server does not
+/// report a foreign write in place (a Redisson writer leaving while it still reads turns
+/// the lock to read mode without removing the hash). Negative: only an event can help.
+fn wait_pttl(state: &RwState, side: Side, now: i64) -> i64 {
+    let deadline = state
+        .next_deadline()
+        .map_or(-1, |at| (at.saturating_sub(now)).max(0));
+    let poll = match (side, engine::wait_for_write()) {
+        (Side::Read, Check::Wait { pttl }) => pttl,
+        _ => -1,
+    };
+    match (deadline, poll) {
+        (d, p) if p < 0 => d,
+        (d, p) if d < 0 => p,
+        (d, p) => d.min(p),
+    }
+}
+
+/// After a plan: waiters are served if it may have let them in, then Redisson's message
+/// goes out unless a queued writer took the lock (nobody else could have); a key still
+/// with waiters gets its timer at the next deadline.
+fn settle_after(ctx: &Context, db: i32, name: &RedisString, plan: &Plan, now: i64) {
+    let mut message = plan.message;
+    if plan.wake && engine::has_waiters(db, name.as_slice()) {
+        engine::serve(ctx, db, name, Path::Command);
+        let state = read_state(ctx, name.as_slice(), ffi::now_ms()).unwrap_or_default();
+        message = rwlock::message_after_grants(message, &state);
+    }
+    if let Some(message) = message {
+        store::publish(ctx, &rwlock::channel(name.as_slice()), message);
+    }
+    if engine::has_waiters(db, name.as_slice()) {
+        if let Some(at) = plan.state.next_deadline() {
+            engine::note_expiry(ctx, db, name.as_slice(), (at - now).max(0));
+        }
+    }
+}
+
+/// Serves a pending queue, then reads the lock with the clock the plan will use.
+fn open(ctx: &Context, db: i32, name: &RedisString) -> (i64, Result<RwState, &'static str>) {
+    serve_first(ctx, db, name);
+    let now = ffi::now_ms();
+    (now, read_state(ctx, name.as_slice(), now))
+}
+
+/// RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
+pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() < 5 {
+            return Err(RedisError::WrongArity);
+        }
+        let (side, a) = rwlock::parse_rw_acquire(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let request = request_key(name, a.id);
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
+        }
+        let db = ffi::selected_db(ctx);
+        let (now, state) = open(ctx, db, name);
+        let queued = engine::has_waiters(db, name.as_slice());
+        let plan = rwlock::acquire(
+            &state.map_err(err)?,
+            name.as_slice(),
+            side,
+            a.owner,
+            a.lease,
+            now,
+            queued,
+        )
+        .map_err(err)?;
+        store::apply_effects(ctx, name, &plan.effects);
+        count(&plan, Some(side));
+        let reply: reply::Reply = plan.reply.into();
+        remember(
+            ctx,
+            request.as_ref(),
+            rwlock::remembers(plan.outcome),
+            &reply,
+        );
+        let wait = a
+            .wait
+            .filter(|_| plan.outcome == Outcome::Contended && may_block(ctx));
+        if let Some(timeout) = wait {
+            // Whatever the plan dropped (dead readers) may concern those already queued.
+            settle_after(ctx, db, name, &plan, now);
+            let ask = Rc::new(RwAsk::new(side, a.owner, a.lease, a.id));
+            let pttl = wait_pttl(&plan.state, side, now);
+            return wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl);
+        }
+        settle_after(ctx, db, name, &plan, now);
+        Ok(ffi::value(reply))
+    })
+}
+
+/// RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>]
+pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if !(4..=7).contains(&args.len()) {
+            return Err(RedisError::WrongArity);
+        }
+        let (side, a) = rwlock::parse_rw_release(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let request = request_key(name, a.id);
+        if let Some(first) = replay(ctx, request.as_ref()) {
+            return Ok(first);
+        }
+        let db = ffi::selected_db(ctx);
+        let (now, state) = open(ctx, db, name);
+        let plan = rwlock::release(
+            &state.map_err(err)?,
+            name.as_slice(),
+            side,
+            a.owner,
+            a.lease,
+            now,
+        );
+        store::apply_effects(ctx, name, &plan.effects);
+        count(&plan, Some(side));
+        let reply: reply::Reply = plan.reply.into();
+        remember(
+            ctx,
+            request.as_ref(),
+            rwlock::remembers(plan.outcome),
+            &reply,
+        );
+        settle_after(ctx, db, name, &plan, now);
+        Ok(ffi::value(reply))
+    })
+}
+
+/// RRWLOCK.RENEW <key> READ|WRITE <owner> <lease-ms>
+pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 5 {
+            return Err(RedisError::WrongArity);
+        }
+        let (side, owner, lease) = rwlock::parse_rw_renew(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (now, state) = open(ctx, db, name);
+        let plan = rwlock::renew(
+            &state.map_err(err)?,
+            name.as_slice(),
+            side,
+            owner,
+            lease,
+            now,
+        );
+        store::apply_effects(ctx, name, &plan.effects);
+        count(&plan, Some(side));
+        settle_after(ctx, db, name, &plan, now);
+        Ok(ffi::value(plan.reply.into()))
+    })
+}
+
+/// RRWLOCK.FORCERELEASE <key> [READ|WRITE]
+pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if !(2..=3).contains(&args.len()) {
+            return Err(RedisError::WrongArity);
+        }
+        let side = rwlock::parse_rw_force(&args_after_key(&args)).map_err(err)?;
+        let name = &args[1];
+        let db = ffi::selected_db(ctx);
+        let (now, state) = open(ctx, db, name);
+        let plan = rwlock::force_release(&state.map_err(err)?, name.as_slice(), side, now);
+        store::apply_effects(ctx, name, &plan.effects);
+        count(&plan, side);
+        settle_after(ctx, db, name, &plan, now);
+        Ok(ffi::value(plan.reply.into()))
+    })
+}
+
+fn key(s: &str) -> RedisValueKey {
+    RedisValueKey::String(s.into())
+}
+
+/// RRWLOCK.INFO <key>: read-only, so read holds past their lease are left out of the
+/// answer rather than dropped (the next write command drops them).
+pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guard::command(|| {
+        if args.len() != 2 {
+            return Err(RedisError::WrongArity);
+        }
+        let name = &args[1];
+        let now = ffi::now_ms();
+        let state = read_state(ctx, name.as_slice(), now).map_err(err)?;
+        // What the next command will see: the dropping plan, not applied.
+        let state = rwlock::expire(&state, name.as_slice(), now).state;
+        let Some(mode) = state.mode else {
+            return Ok(RedisValue::Null);
+        };
+        let waiting = engine::with(|q| q.len(ffi::selected_db(ctx), name.as_slice()));
+        let writer = match &state.writer {
+            Some(w) => RedisValue::OrderedMap(BTreeMap::from([(
+                RedisValueKey::BulkString(w.owner.clone()),
+                RedisValue::Integer(w.count),
+            )])),
+            None => RedisValue::Null,
+        };
+        let readers = state
+            .read_holds(now)
+            .into_iter()
+            .map(|(owner, holds, remaining)| {
+                (
+                    RedisValueKey::BulkString(owner.to_vec()),
+                    RedisValue::Array(vec![
+                        RedisValue::Integer(holds),
+                        RedisValue::Integer(remaining),
+                    ]),
+                )
+            })
+            .collect();
+        let mode = match mode {
+            Mode::Read => "read",
+            Mode::Write => "write",
+        };
+        // An ordered map: a map under RESP3, flat pairs under RESP2, keys in a stable order.
+        Ok(RedisValue::OrderedMap(BTreeMap::from([
+            (key("mode"), RedisValue::BulkString(mode.into())),
+            (key("pttl"), RedisValue::Integer(state.pttl(now))),
+            (key("readers"), RedisValue::OrderedMap(readers)),
+            (key("waiters"), RedisValue::Integer(waiting as i64)),
+            (key("writer"), writer),
+        ])))
+    })
+}
+
+/// A queued `RRWLOCK.ACQUIRE ... WAIT`.
+#[derive(Debug, Clone)]
+pub struct RwAsk {
+    /// The owner and the call's request id (a handoff remembers its reply under it).
+    names: Names,
+    side: Side,
+    lease: i64,
+    /// The owner's hold count on its side right after the grant (0 before): a take-back
+    /// releases only a grant nobody has touched since.
+    granted: Cell<i64>,
+}
+
+impl RwAsk {
+    pub fn new(side: Side, owner: &[u8], lease: i64, request_id: Option<&[u8]>) -> RwAsk {
+        RwAsk {
+            names: Names::new(owner, request_id),
+            side,
+            lease,
+            granted: Cell::new(0),
+        }
+    }
+
+    fn owner(&self) -> &[u8] {
+        self.names.owner()
+    }
+
+    fn request_id(&self) -> Option<&[u8]> {
+        self.names.id()
+    }
+
+    /// What the pure core's queue rule asks about.
+    fn request(&self) -> rwlock::Request {
+        rwlock::Request {
+            side: self.side,
+            owner: self.owner().to_vec(),
+            lease: self.lease,
+        }
+    }
+
+    fn holds(&self, state: &RwState) -> i64 {
+        match self.side {
+            Side::Read => state.read_count(self.owner()),
+            Side::Write => state
+                .writer
+                .as_ref()
+                .filter(|w| w.owner == self.owner())
+                .map_or(0, |w| w.count),
+        }
+    }
+}
+
+impl Ask for RwAsk {
+    fn names(&self) -> (&[u8], Option<&[u8]>) {
+        (self.owner(), self.request_id())
+    }
+
+    fn granted(&self, holds: i64) {
+        self.granted.set(holds);
+    }
+
+    fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
+        let key = name.as_slice();
+        // A key overwritten with something else counts as free, as for the lock: the
+        // waiters were promised the lock at this key, so the head gets it.
+        let (state, replace) = match read_state(ctx, key, now) {
+            Ok(state) => (state, false),
+            Err(_) => (RwState::free(), true),
+        };
+        match rwlock::grant(&state, key, &self.request(), now) {
+            Some(Ok(mut plan)) => {
+                if replace {
+                    plan.effects.insert(0, Effect::Del(KeyRef::Main));
+                }
+                let ask = self.clone();
+                Check::Grant(Box::new(move |ctx, name| {
+                    ask.write_grant(ctx, name, &plan, now)
+                }))
+            }
+            Some(Err(e)) => Check::Refuse(e),
+            None => {
+                // Dead readers go now, even though the head still waits (for a live one).
+                let dropped = rwlock::expire(&state, key, now);
+                if !replace && !dropped.effects.is_empty() {
+                    store::apply_effects(ctx, name, &dropped.effects);
+                    count(&dropped, None);
+                }
+                Check::Wait {
+                    pttl: wait_pttl(&dropped.state, self.side, now),
+                }
+            }
+        }
+    }
+
+    fn timed_out(&self, ctx: &Context, name: &RedisString) -> reply::Reply {
+        reply::Reply::Int(LockKey::open(ctx, name, false).pttl())
+    }
+
+    /// Released as its owner would, if the owner's holds on that side are still exactly
+    /// what the grant left.
+    fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
+        let now = ffi::now_ms();
+        let Ok(state) = read_state(ctx, name.as_slice(), now) else {
+            return;
+        };
+        let holds = self.holds(&state);
+        let untold = holds > 0 && holds == self.granted.get();
+        if untold || holds == 0 {
+            // The client was never told: a retry with its request id must not be answered
+            // "acquired" from the record the handoff wrote.
+            if let Some(id) = self.request_id() {
+                store::forget_request(ctx, &args::request_key(name.as_slice(), id));
+            }
+        }
+        if !untold {
+            return;
+        }
+        let plan = rwlock::release(&state, name.as_slice(), self.side, self.owner(), None, now);
+        store::apply_effects(ctx, name, &plan.effects);
+        stats::bump(|s| &s.revoked_handoffs);
+        let mut message = plan.message;
+        if plan.wake && engine::has_waiters(db, name.as_slice()) {
+            engine::serve(ctx, db, name, Path::Event);
+            let state = read_state(ctx, name.as_slice(), ffi::now_ms()).unwrap_or_default();
+            message = rwlock::message_after_grants(message, &state);
+        }
+        if let Some(message) = message {
+            store::publish(ctx, &rwlock::channel(name.as_slice()), message);
+        }
+    }
+}
+
+impl RwAsk {
+    /// Writes the grant and remembers its reply under the request's id. Readers let the
+    /// engine look at the next head (consecutive readers go in together); a writer stops
+    /// it for its lease.
+    fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &Plan, now: i64) -> Grant {
+        store::apply_effects(ctx, name, &plan.effects);
+        count(plan, Some(self.side));
+        let reply: reply::Reply = plan.reply.into();
+        if let Some(id) = self.request_id() {
+            let request = rs(&args::request_key(name.as_slice(), id));
+            store::remember(ctx, &request, &reply, now);
+        }
+        // The plan may have dropped dead readers and freed the lock before granting: a
+        // reader granted from there leaves the lock readable, so Redisson's waiters hear.
+        if let Some(message) = rwlock::message_after_grants(plan.message, &plan.state) {
+            store::publish(ctx, &rwlock::channel(name.as_slice()), message);
+        }
+        Grant {
+            memo: self.holds(&plan.state),
+            reply,
+            look_again: match self.side {
+                Side::Read => None,
+                Side::Write => Some(plan.state.pttl(now)),
+            },
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The only unsafe code of the module: thin RAII wrappers over the Redis module API where
+//! redis-module 2.0.8 has no safe (or no binary-safe) wrapper.
+//!
+//! - [`LockKey`]: an open key, closed on drop; binary-safe hash reads and writes, absolute
+//!   expiry. The crate's own hash helpers take `&str` fields, but owner ids are binary.
+//! - Blocked clients: `BlockClient` with reply, timeout, free and disconnect callbacks
+//!   (the crate's `block_client()` has none of them), and `UnblockClient`.
+//! - Timers: create and stop with our own data type (the crate's `stop_timer` casts the
+//!   stored box wrongly, see the shared notes).
+//! - Pub/sub and a few context helpers.
+//!
+//! Every function here checks that the server exports the API it calls and degrades
+//! instead of unwrapping a missing pointer, which would abort the server.
+//!
+//! Key calls follow the narrowest contract of the three tested servers (Redis 7.0, Redis
+//! 8.2, Valkey 9.1), not the widest: a key's expiry is read only when the key exists
+//! (Redis 8 dereferences the value unchecked), and a value is read only through the
+//! call of its own type. [`LockKey`] checks the key's type itself before each read, so a
+//! caller cannot get this wrong.
+
+use std::ffi::{c_int, c_long, c_void};
+use std::os::raw::c_char;
+use std::ptr;
+use std::sync::OnceLock;
+
+use redis_module::{raw, Context, RedisString};
+
+use crate::vocab::reply::Reply;
+
+/// Milliseconds since the epoch by the server's clock (the clock key expiry uses).
+pub fn now_ms() -> i64 {
+    unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) }
+}
+
+/// The bytes of a module string (valid while the string lives).
+pub(super) fn string_bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+    let mut len: usize = 0;
+    unsafe {
+        let p = raw::RedisModule_StringPtrLen.unwrap()(s, &mut len);
+        if p.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
+        }
+    }
+}
+
+/// The db the context has selected.
+pub fn selected_db(ctx: &Context) -> i32 {
+    unsafe { raw::RedisModule_GetSelectedDb.unwrap()(ctx.ctx) }
+}
+
+/// Selects a db in this context (timer contexts start on db 0).
+pub fn select_db(ctx: &Context, db: i32) -> bool {
+    unsafe { raw::RedisModule_SelectDb.unwrap()(ctx.ctx, db) == raw::REDISMODULE_OK as c_int }
+}
+
+/// Tells WATCH and client-side caching that the key changed. The module turns off Redis's
+/// implicit signal on every write-opened key, so that a contended ACQUIRE (which writes
+/// nothing) does not abort other clients' transactions.
+pub fn signal_modified(ctx: &Context, key: &RedisString) {
+    unsafe {
+        if let Some(signal) = raw::RedisModule_SignalModifiedKey {
+            signal(ctx.ctx, key.inner);
+        }
+    }
+}
+
+pub fn disable_implicit_signal(ctx: &Context) {
+    unsafe {
+        if let Some(set) = raw::RedisModule_SetModuleOptions {
+            set(
+                ctx.ctx,
+                raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
+            );
+        }
+    }
+}
+
+/// PUBLISH (or SPUBLISH when `shard`) to subscribers of this server and, in cluster mode,
+/// to the cluster bus. Replicas are reached by replicating the command (see server/store.rs).
+pub fn publish(ctx: &Context, channel: &RedisString, message: &RedisString, shard: bool) {
+    unsafe {
+        let f = if shard {
+            raw::RedisModule_PublishMessageShard.or(raw::RedisModule_PublishMessage)
+        } else {
+            raw::RedisModule_PublishMessage
+        };
+        if let Some(f) = f {
+            f(ctx.ctx, channel.inner, message.inner);
+        }
+    }
+}
+
+/// A keyspace notification, as the plain command would fire it. The event name is a
+/// static C string: the crate's wrapper allocates one per call, on every lock write.
+pub fn notify(
+    ctx: &Context,
+    class: redis_module::NotifyEvent,
+    event: &std::ffi::CStr,
+    key: &RedisString,
+) {
+    unsafe {
+        raw::RedisModule_NotifyKeyspaceEvent.unwrap()(
+            ctx.ctx,
+            class.bits(),
+            event.as_ptr(),
+            key.inner,
+        );
+    }
+}
+
+/// A module string holding the decimal form of `n`, without a Rust `String` in between.
+pub fn long_string(n: i64) -> RedisString {
+    let s = unsafe { raw::RedisModule_CreateStringFromLongLong.unwrap()(ptr::null_mut(), n) };
+    RedisString::from_redis_module_string(ptr::null_mut(), s)
+}
+
+/// True while clients are paused for writes (CLIENT PAUSE WRITE/ALL, a failover). Redis
+/// then keeps expired keys in place while reporting them missing, so a timer that wrote
+/// a lock over one would hit an assertion; timers wait for the pause to end instead.
+pub fn writes_paused() -> bool {
+    unsafe { raw::RedisModule_AvoidReplicaTraffic.is_some_and(|f| f() != 0) }
+}
+
+pub fn reply_null(ctx: &Context) {
+    unsafe {
+        raw::RedisModule_ReplyWithNull.unwrap()(ctx.ctx);
+    }
+}
+
+pub fn reply_error(ctx: &Context, msg: &str) {
+    ctx.reply_error_string(msg);
+}
+
+pub fn reply_integer(ctx: &Context, n: i64) {
+    unsafe {
+        raw::RedisModule_ReplyWithLongLong.unwrap()(ctx.ctx, n);
+    }
+}
+
+/// Replies with any primitive's [`Reply`] (a woken waiter's, from a callback).
+pub fn reply_with(ctx: &Context, reply: &Reply) {
+    match reply {
+        Reply::Nil => reply_null(ctx),
+        Reply::Int(n) => reply_integer(ctx, *n),
+        Reply::Bulk(bytes) => unsafe {
+            raw::RedisModule_ReplyWithStringBuffer.unwrap()(
+                ctx.ctx,
+                bytes.as_ptr().cast::<c_char>(),
+                bytes.len(),
+            );
+        },
+        Reply::Array(items) => {
+            unsafe { raw::RedisModule_ReplyWithArray.unwrap()(ctx.ctx, items.len() as c_long) };
+            for item in items {
+                reply_with(ctx, item);
+            }
+        }
+    }
+}
+
+/// A [`Reply`] as the value a command handler returns.
+pub fn value(reply: Reply) -> redis_module::RedisValue {
+    use redis_module::RedisValue;
+    match reply {
+        Reply::Nil => RedisValue::Null,
+        Reply::Int(n) => RedisValue::Integer(n),
+        Reply::Bulk(bytes) => RedisValue::StringBuffer(bytes),
+        Reply::Array(items) => RedisValue::Array(items.into_iter().map(value).collect()),
+    }
+}
+
+mod clients;
+mod events;
+mod key;
+mod timers;
+
+pub use clients::*;
+pub use events::*;
+pub use key::*;
+pub use timers::*;

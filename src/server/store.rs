@@ -1,0 +1,456 @@
+//! Reads a key into the pure [`LockState`] and writes a [`Plan`] back, with everything a
+//! plain command would do around a write: replication as effects, keyspace notifications
+//! and the WATCH signal.
+//!
+//! Layer: below `commands` and `engine`, above `tracking` (a new lock is tracked here) and
+//! `ffi`; it never calls up.
+//!
+//! Writes use the direct key API (measurably faster than `ctx.call`), so the module does
+//! by hand what the call path would have done for it.
+
+use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
+
+use crate::lock::{self, LockState, Plan, Write};
+use crate::server::ffi::{self, Arg, KeyKind, LockKey};
+use crate::server::tracking::{self, OwnWrite};
+use crate::vocab::args;
+use crate::vocab::effects::{Effect, KeyRef};
+use crate::vocab::errors::ERR_WRONGTYPE;
+use crate::vocab::reply::{self, Reply};
+
+/// The lock a key holds, or the error a command must answer when it is not a lock.
+pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
+    match key.kind() {
+        KeyKind::Empty => Ok(LockState::Free),
+        KeyKind::Hash => Ok(LockState::Held {
+            holders: lock::parse_holders(key.hash_fields())?,
+            pttl: key.pttl(),
+        }),
+        _ => Err(ERR_WRONGTYPE),
+    }
+}
+
+/// The `pttl` of a lock [`read_for`] found held by the caller alone: not read, since no
+/// reply to a holder carries it (only a contended ACQUIRE answers the PTTL). Absurd on
+/// purpose, should a future caller use it by mistake.
+pub const PTTL_NOT_READ: i64 = i64::MIN;
+
+/// [`read`] for a command by `owner`. The common lock, one owner's field alone, is read
+/// with one field lookup and no TTL lookup ([`PTTL_NOT_READ`]); anything else (another
+/// holder, several, a bad value) falls back to reading every field, which also validates
+/// them.
+pub fn read_for(key: &LockKey, owner: &RedisString) -> Result<LockState, &'static str> {
+    if key.kind() != KeyKind::Hash || key.value_length() != 1 {
+        return read(key);
+    }
+    match key.hash_get_with(owner, args::parse_i64) {
+        Some(Some(count)) if count >= 1 => Ok(LockState::Held {
+            holders: vec![lock::Holder {
+                owner: owner.as_slice().to_vec(),
+                count,
+            }],
+            pttl: PTTL_NOT_READ,
+        }),
+        _ => read(key),
+    }
+}
+
+fn number(n: i64) -> RedisString {
+    ffi::long_string(n)
+}
+
+/// Applies a plan for `owner` on the open key `key` named `name`.
+///
+/// Each effect is replicated as the plain command that has the same result (HSET, HINCRBY,
+/// HDEL, DEL, and PEXPIREAT with the absolute time), never as the RLOCK command, so that a
+/// replica or an AOF reload needs no module and lands on the same absolute expiry.
+pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisString, plan: &Plan) {
+    if !plan.writes() {
+        return;
+    }
+    // Our own notifications must not look like somebody else's write to the waiter glue.
+    let _own = OwnWrite::begin();
+    if plan.delete {
+        key.delete();
+        ffi::replicate(ctx, c"DEL", &[Arg::Str(name)]);
+        ffi::notify(ctx, NotifyEvent::GENERIC, c"del", name);
+    }
+    match plan.write {
+        Some(Write::Set(n)) => {
+            // A new lock (or a handoff): remember the key, so that if it goes away by
+            // expiry, DEL or overwrite, the module still publishes its unlock message.
+            tracking::track(ffi::selected_db(ctx), name.as_slice());
+            let value = number(n);
+            key.hash_set(owner, &value);
+            ffi::replicate(
+                ctx,
+                c"HSET",
+                &[Arg::Str(name), Arg::Str(owner), Arg::Int(n)],
+            );
+            ffi::notify(ctx, NotifyEvent::HASH, c"hset", name);
+        }
+        Some(Write::IncrBy(delta, next)) => {
+            // We know the count already, so we write the result; replicas get the HINCRBY
+            // whose result is the same.
+            key.hash_set(owner, &number(next));
+            ffi::replicate(
+                ctx,
+                c"HINCRBY",
+                &[Arg::Str(name), Arg::Str(owner), Arg::Int(delta)],
+            );
+            ffi::notify(ctx, NotifyEvent::HASH, c"hincrby", name);
+        }
+        Some(Write::Remove) => {
+            key.hash_del(owner);
+            ffi::replicate(ctx, c"HDEL", &[Arg::Str(name), Arg::Str(owner)]);
+            ffi::notify(ctx, NotifyEvent::HASH, c"hdel", name);
+        }
+        None => {}
+    }
+    if let Some(at) = plan.expire_at {
+        key.set_abs_expire(at);
+        ffi::replicate(ctx, c"PEXPIREAT", &[Arg::Str(name), Arg::Int(at)]);
+        ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", name);
+    }
+    ffi::signal_modified(ctx, name);
+}
+
+/// Publishes Redisson's unlock message for `name`. In cluster mode it goes out with
+/// SPUBLISH to the lock's shard (the cluster bus reaches the shard's replicas); otherwise
+/// with PUBLISH, replicated so that subscribers connected to replicas hear it too.
+pub fn publish_unlock(ctx: &Context, name: &RedisString) {
+    publish(
+        ctx,
+        &lock::unlock_channel(name.as_slice()),
+        lock::UNLOCK_MESSAGE,
+    );
+}
+
+/// Publishes a Redisson message on one of its channels (every primitive's messages go
+/// out this way): SPUBLISH in cluster mode, else PUBLISH, replicated, as
+/// [`publish_unlock`] explains.
+pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
+    let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
+    let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    ffi::publish(ctx, &channel, &message, cluster);
+    if !cluster {
+        ffi::replicate(ctx, c"PUBLISH", &[Arg::Str(&channel), Arg::Str(&message)]);
+    }
+}
+
+/// Publishes a message to this node's subscribers only, not replicated (a queued ticket's
+/// end, docs/tickets.md: its client listens where it queued the ticket): SPUBLISH in
+/// cluster mode, else PUBLISH.
+pub fn publish_here(ctx: &Context, channel: &[u8], message: &[u8]) {
+    let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
+    let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    ffi::publish(ctx, &channel, &message, cluster);
+}
+
+/// The reply remembered for a request id (see [`remember`]), if the window is still open.
+pub fn remembered(ctx: &Context, request: &RedisString) -> Option<Reply> {
+    let key = LockKey::open(ctx, request, false);
+    if !key.is_string() {
+        return None;
+    }
+    reply::decode(&key.string_get())
+}
+
+/// Remembers the reply of a call that changed the lock, under its request id, for
+/// `rlock.request-id-window-ms`. It is a plain string key with an absolute expiry in the
+/// lock's slot (Redisson's unlock latch does the same): it replicates and persists like
+/// the lock, so a client retrying after a failover still gets the first reply.
+pub fn remember(ctx: &Context, request: &RedisString, reply: &Reply, now: i64) {
+    let key = LockKey::open(ctx, request, true);
+    if !matches!(key.kind(), KeyKind::Empty) && !key.is_string() {
+        return; // somebody else's data: never overwrite it
+    }
+    let _own = OwnWrite::begin();
+    let value = RedisString::create_from_slice(std::ptr::null_mut(), &reply::encode(reply));
+    let at = now + crate::server::config::request_id_window_ms();
+    key.string_set(&value);
+    key.set_abs_expire(at);
+    ffi::replicate(
+        ctx,
+        c"SET",
+        &[
+            Arg::Str(request),
+            Arg::Str(&value),
+            Arg::Word(c"PXAT"),
+            Arg::Int(at),
+        ],
+    );
+    ffi::notify(ctx, NotifyEvent::STRING, c"set", request);
+    ffi::signal_modified(ctx, request);
+}
+
+/// Deletes a remembered reply (a handoff taken back before its client was told).
+pub fn forget_request(ctx: &Context, request: &[u8]) {
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), request);
+    let key = LockKey::open(ctx, &name, true);
+    if !key.is_string() {
+        return;
+    }
+    let _own = OwnWrite::begin();
+    key.delete();
+    ffi::replicate(ctx, c"DEL", &[Arg::Str(&name)]);
+    ffi::notify(ctx, NotifyEvent::GENERIC, c"del", &name);
+    ffi::signal_modified(ctx, &name);
+}
+
+// ---- The other primitives: any key read, and a plan's effects applied ----
+
+/// What a key holds, for the cores of the other primitives: its value read by type, and
+/// its absolute expiry. The error for a key of another type than the primitive reads is
+/// the caller's to pick (its cores name it).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Value {
+    #[default]
+    Missing,
+    String(Vec<u8>),
+    Hash(Vec<(Vec<u8>, Vec<u8>)>),
+    /// (member, score) pairs, lowest score first.
+    Zset(Vec<(Vec<u8>, i64)>),
+    /// A list, set, stream or module type: no primitive's.
+    Other,
+}
+
+/// A key's [`Value`] and its absolute expiry (-1: none; -2: missing), in the selected db.
+pub fn read_any(ctx: &Context, name: &[u8]) -> (Value, i64) {
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), name);
+    let key = LockKey::open(ctx, &name, false);
+    let value = match key.kind() {
+        KeyKind::Empty => return (Value::Missing, -2),
+        KeyKind::String => Value::String(key.string_get()),
+        KeyKind::Hash => Value::Hash(key.hash_fields()),
+        KeyKind::Zset => Value::Zset(key.zset_items()),
+        KeyKind::Other => Value::Other,
+    };
+    (value, key.abs_expire())
+}
+
+/// Applies a core's effects in order on the key `name` (the command's key, for
+/// [`KeyRef::Main`]) and the auxiliary keys it names (always in `name`'s slot). Each is
+/// done as its plain command would: written with the key API, replicated as that command
+/// (absolute expiries, SPEC 1.4), its keyspace notification fired, WATCH signalled.
+pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
+    if effects.is_empty() {
+        return;
+    }
+    let _own = OwnWrite::begin();
+    let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
+    let mut touched: Vec<RedisString> = Vec::new();
+    let mut touch = |target: &RedisString| {
+        if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
+            touched.push(bytes(target.as_slice()));
+        }
+    };
+    let mut i = 0;
+    while i < effects.len() {
+        let effect = &effects[i];
+        i += 1;
+        // Two runs are written as one command each (the RW lock's new read hold and new
+        // lock): `SET k v` + `PEXPIREAT k at` as `SET k v PXAT at`, and consecutive HSETs
+        // of one key as one HSET of several fields. Same writes, same notifications as
+        // those commands fire; fewer commands replicated (each costs the server a command
+        // lookup and a propagated argv).
+        if let Some(merged) = merged_run(&effects[i - 1..]) {
+            i += merged - 1;
+            apply_merged(ctx, name, &effects[i - merged..i], &mut touch);
+            continue;
+        }
+        let key_ref = match effect {
+            Effect::Del(k)
+            | Effect::HSet(k, ..)
+            | Effect::HIncrBy(k, ..)
+            | Effect::HDel(k, ..)
+            | Effect::Set(k, ..)
+            | Effect::PExpireAt(k, ..)
+            | Effect::Persist(k)
+            | Effect::IncrBy(k, ..)
+            | Effect::ZAdd(k, ..)
+            | Effect::ZRem(k, ..) => k,
+        };
+        let aux;
+        let target: &RedisString = match key_ref {
+            KeyRef::Main => name,
+            KeyRef::Aux(n) => {
+                aux = bytes(n);
+                &aux
+            }
+        };
+        let key = LockKey::open(ctx, target, true);
+        match effect {
+            Effect::Del(_) => {
+                if key.kind() == KeyKind::Empty {
+                    continue; // DEL of a missing key changes nothing and replicates nothing
+                }
+                key.delete();
+                ffi::replicate(ctx, c"DEL", &[Arg::Str(target)]);
+                ffi::notify(ctx, NotifyEvent::GENERIC, c"del", target);
+            }
+            Effect::HSet(_, field, value) => {
+                let (field, value) = (bytes(field), bytes(value));
+                key.hash_set(&field, &value);
+                ffi::replicate_argv(ctx, c"HSET", &[target, &field, &value]);
+                ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
+            }
+            Effect::HIncrBy(_, field, delta, result) => {
+                let field = bytes(field);
+                key.hash_set(&field, &number(*result));
+                ffi::replicate(
+                    ctx,
+                    c"HINCRBY",
+                    &[Arg::Str(target), Arg::Str(&field), Arg::Int(*delta)],
+                );
+                ffi::notify(ctx, NotifyEvent::HASH, c"hincrby", target);
+            }
+            Effect::HDel(_, field) => {
+                let field = bytes(field);
+                key.hash_del(&field);
+                ffi::replicate(ctx, c"HDEL", &[Arg::Str(target), Arg::Str(&field)]);
+                ffi::notify(ctx, NotifyEvent::HASH, c"hdel", target);
+            }
+            Effect::Set(_, value) => {
+                let value = bytes(value);
+                key.string_set(&value);
+                ffi::replicate(ctx, c"SET", &[Arg::Str(target), Arg::Str(&value)]);
+                ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
+            }
+            Effect::PExpireAt(_, at) => {
+                key.set_abs_expire(*at);
+                ffi::replicate(ctx, c"PEXPIREAT", &[Arg::Str(target), Arg::Int(*at)]);
+                ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
+            }
+            Effect::Persist(_) => {
+                key.persist();
+                ffi::replicate(ctx, c"PERSIST", &[Arg::Str(target)]);
+                ffi::notify(ctx, NotifyEvent::GENERIC, c"persist", target);
+            }
+            Effect::IncrBy(_, delta, result) => {
+                // INCRBY keeps the key's TTL; the key API's StringSet drops it, so it is
+                // put back (a replica runs the INCRBY/DECRBY itself and keeps its own).
+                let at = key.abs_expire();
+                key.string_set(&number(*result));
+                if at >= 0 {
+                    key.set_abs_expire(at);
+                }
+                let (cmd, event, by) = if *delta < 0 {
+                    (c"DECRBY", c"decrby", -*delta)
+                } else {
+                    (c"INCRBY", c"incrby", *delta)
+                };
+                ffi::replicate(ctx, cmd, &[Arg::Str(target), Arg::Int(by)]);
+                ffi::notify(ctx, NotifyEvent::STRING, event, target);
+            }
+            Effect::ZAdd(_, items) => {
+                let mut argv = Vec::with_capacity(items.len() * 2);
+                for (score, member) in items {
+                    let member = bytes(member);
+                    key.zset_add(*score, &member);
+                    argv.push(number(*score));
+                    argv.push(member);
+                }
+                let mut args: Vec<&RedisString> = vec![target];
+                args.extend(argv.iter());
+                ffi::replicate_argv(ctx, c"ZADD", &args);
+                ffi::notify(ctx, NotifyEvent::ZSET, c"zadd", target);
+            }
+            Effect::ZRem(_, members) => {
+                let members: Vec<RedisString> = members.iter().map(|m| bytes(m)).collect();
+                for member in &members {
+                    key.zset_rem(member);
+                }
+                let mut args: Vec<&RedisString> = vec![target];
+                args.extend(members.iter());
+                ffi::replicate_argv(ctx, c"ZREM", &args);
+                ffi::notify(ctx, NotifyEvent::ZSET, c"zrem", target);
+            }
+        }
+        drop(key);
+        touch(target);
+    }
+    for key in &touched {
+        ffi::signal_modified(ctx, key);
+    }
+}
+
+/// How many effects from the start of `effects` go out as one merged command (see
+/// [`apply_effects`]), if at least two do.
+fn merged_run(effects: &[Effect]) -> Option<usize> {
+    match effects {
+        [Effect::Set(k, _), Effect::PExpireAt(k2, _), ..] if k == k2 => Some(2),
+        [Effect::HSet(k, ..), ..] => {
+            let run = effects
+                .iter()
+                .take_while(|e| matches!(e, Effect::HSet(k2, ..) if k2 == k))
+                .count();
+            (run > 1).then_some(run)
+        }
+        _ => None,
+    }
+}
+
+/// Applies a run [`merged_run`] found: written with the key API, replicated as one
+/// command, notified as that command notifies.
+fn apply_merged(
+    ctx: &Context,
+    name: &RedisString,
+    run: &[Effect],
+    touch: &mut impl FnMut(&RedisString),
+) {
+    let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
+    let key_ref = match &run[0] {
+        Effect::Set(k, _) | Effect::HSet(k, ..) => k,
+        _ => return,
+    };
+    let aux;
+    let target: &RedisString = match key_ref {
+        KeyRef::Main => name,
+        KeyRef::Aux(n) => {
+            aux = bytes(n);
+            &aux
+        }
+    };
+    let key = LockKey::open(ctx, target, true);
+    match run {
+        [Effect::Set(_, value), Effect::PExpireAt(_, at)] => {
+            let value = bytes(value);
+            key.string_set(&value);
+            key.set_abs_expire(*at);
+            ffi::replicate(
+                ctx,
+                c"SET",
+                &[
+                    Arg::Str(target),
+                    Arg::Str(&value),
+                    Arg::Word(c"PXAT"),
+                    Arg::Int(*at),
+                ],
+            );
+            // SET ... PXAT fires "set", then "expire".
+            ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
+            ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
+        }
+        _ => {
+            let mut argv: Vec<RedisString> = Vec::with_capacity(run.len() * 2);
+            for effect in run {
+                if let Effect::HSet(_, field, value) = effect {
+                    let (field, value) = (bytes(field), bytes(value));
+                    key.hash_set(&field, &value);
+                    argv.push(field);
+                    argv.push(value);
+                }
+            }
+            let mut args: Vec<&RedisString> = vec![target];
+            args.extend(argv.iter());
+            ffi::replicate_argv(ctx, c"HSET", &args);
+            // One HSET of several fields fires one "hset".
+            ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
+        }
+    }
+    drop(key);
+    touch(target);
+}

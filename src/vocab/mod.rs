@@ -1,0 +1,13 @@
+//! The shared vocabulary, pure (no Redis): what every layer above speaks.
+//!
+//! - `args`: integers, leases, timeouts, owners, the `WAIT`/`ASYNC`/`ID` options, and the
+//!   key that remembers a request id's first reply.
+//! - `errors`: every error reply, one named constant each, with its Redis code prefix.
+//! - `reply`: the replies a command sends, whatever the primitive.
+//! - `effects`: a plan's writes as plain commands (replication as effects) and Redisson's
+//!   key-naming rules (`prefixName`, `suffixName`).
+
+pub mod args;
+pub mod effects;
+pub mod errors;
+pub mod reply;
