@@ -2,4 +2,4 @@ module rlock/faults/checker
 
 go 1.22
 
-require github.com/anishathalye/porcupine v1.3.1 // indirect
+require github.com/anishathalye/porcupine v1.3.1
