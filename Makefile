@@ -30,6 +30,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets
+.PHONY: faults test-faults faults-tools
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -60,7 +61,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client test-pyclient bench-quick ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, bench smoke runs
+test: build venv test-unit test-py test-client test-pyclient bench-quick test-faults ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, bench smoke runs
 
 test-unit: ## Rust unit and property tests of the module (pure cores, engine bookkeeping)
 	cargo test -p rlock
@@ -148,3 +149,21 @@ bench-python: $(PYC_VENV)/.ok ## Python contention bench: 32 processes, rlock.Lo
 clean: ## Remove build output and the virtualenv
 	cargo clean
 	rm -rf $(VENV)
+
+# The fault harness (faults/README.md, SPEC 7). Go from PATH, else the official tarball's place.
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+FAULTS_SERVER ?= redis
+
+faults-tools: build venv
+	@./scripts/deps.sh --faults
+	cargo build -q -p rlock-faults-worker
+	cd faults/checker && $(GO) build -o $(CURDIR)/target/faults/rlock-check .
+
+test-faults: faults-tools ## Fault harness, short slice (~3 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; fails on any anomaly where the guarantee holds
+	cd faults/checker && $(GO) test ./...
+	$(PY) faults/harness.py --cells slice --ops 1500 --seconds 8 --server $(FAULTS_SERVER) \
+		--out $(CURDIR)/target/faults/slice --expect
+
+faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~45 min) -> faults/REPORT.md
+	$(PY) faults/harness.py --cells all --ops 10000 --seconds 25 --server $(FAULTS_SERVER) \
+		--out $(CURDIR)/target/faults/matrix --report faults/REPORT.md

@@ -5,6 +5,9 @@
 #   scripts/deps.sh                 build needs: redis-server, libclang (for bindgen)
 #   scripts/deps.sh --venv          and what `python3 -m venv` needs (python3-venv)
 #   scripts/deps.sh --valgrind      and valgrind (make bench-instr)
+#   scripts/deps.sh --faults        and the fault harness's needs (make faults, test-faults):
+#                                   iproute2 (ip netns, tc) and Go (golang-go, for the
+#                                   Porcupine checker) when `go` is missing
 #   scripts/deps.sh --has-libclang [DIR...]
 #                                   exit 0 when bindgen would find a libclang in DIRs
 #                                   (default: where bindgen searches); tests/test_setup.py
@@ -96,6 +99,10 @@ for arg in "$@"; do
     # The tests' virtualenv: Debian's own python3 needs python3-venv for `python3 -m venv`.
     --venv) python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv) ;;
     --valgrind) command -v valgrind >/dev/null 2>&1 || need+=(valgrind) ;;
+    --faults)
+      { command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1; } || need+=(iproute2)
+      command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || need+=(golang-go)
+      ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -66,3 +66,23 @@ func TestBadInputIsAnError(t *testing.T) {
 		t.Fatal("missing file accepted")
 	}
 }
+
+// Bug found by the harness (faults/REPORT.md, "Findings"), client side: under a network
+// partition the watchdog reported the lost lock only after the heal (RENEW answered 0),
+// ~1.8 s after the lease had run out and another owner had taken the lock, because a
+// renewal blocked in its connect/response timeout is not cut short at the lease
+// deadline. Its history (lock:partition, Redis 7.0.15, 1 s watchdog lease) is kept: the
+// checker must keep seeing two holders in it (p1's hold and the holds after its lease).
+func TestRegressionPartitionLateLostSignal(t *testing.T) {
+	files, _ := filepath.Glob("testdata/regress-partition-late-lost-signal/*.jsonl.gz")
+	if len(files) == 0 {
+		t.Fatal("regression history missing")
+	}
+	r, err := run("lock", files, 2, 3, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Anomalies["two-holders"] == 0 || r.Linearizable != "Illegal" {
+		t.Fatalf("late lost signal not seen: %+v", r)
+	}
+}

@@ -235,16 +235,16 @@ func CheckResource(h *History, r *Result) {
 	if h.Final.Plain != nil {
 		ok, unk, _ := count("write")
 		f := int(*h.Final.Plain)
-		r.Anomalies["lost-update"] = max(0, ok-f)
-		r.Anomalies["doubled-update"] = max(0, f-ok-unk)
+		r.Anomalies["lost-update"] = atLeast0(ok-f)
+		r.Anomalies["doubled-update"] = atLeast0(f-ok-unk)
 		r.Info["plain_writes"] = int64(ok)
 	}
 	if h.Final.Fenced != nil {
 		ok, unk, refused := count("fwrite")
 		f := int(*h.Final.Fenced)
 		r.Fencing["refused"] = refused
-		r.Fencing["lost-update"] = max(0, ok-f)
-		r.Fencing["doubled-update"] = max(0, f-ok-unk)
+		r.Fencing["lost-update"] = atLeast0(ok-f)
+		r.Fencing["doubled-update"] = atLeast0(f-ok-unk)
 		r.Info["fenced_writes"] = int64(ok)
 	}
 }
@@ -327,4 +327,13 @@ func CheckLatch(h *History, count int) *Result {
 		}
 	}
 	return r
+}
+
+// atLeast0 is max(0, n), written out so the checker builds with Go 1.19 (Debian 12's
+// golang-go), which has no built-in max.
+func atLeast0(n int) int {
+	if n < 0 {
+		return 0
+	}
+	return n
 }

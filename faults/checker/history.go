@@ -7,6 +7,8 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
+	"io"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -69,7 +71,14 @@ func ReadHistory(files []string) (*History, error) {
 		if err != nil {
 			return nil, err
 		}
-		sc := bufio.NewScanner(fh)
+		var rd io.Reader = fh
+		if len(f) > 3 && f[len(f)-3:] == ".gz" {
+			// Regression histories are kept compressed under testdata/.
+			if rd, err = gzip.NewReader(fh); err != nil {
+				return nil, fmt.Errorf("%s: %v", f, err)
+			}
+		}
+		sc := bufio.NewScanner(rd)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		n := 0
 		for sc.Scan() {
