@@ -483,7 +483,7 @@ class Run:
         files = sorted(str(p) for p in self.dir.glob("*.jsonl"))
         checker = str(ROOT / "target" / "faults" / "rlock-check")
         out = sh(checker, "-model", self.cell.primitive, "-permits", str(PERMITS), "-count",
-                 str(self.cell.workers), "-timeout", "120s", *files, check=False)
+                 str(self.cell.workers), "-timeout", "60s", *files, check=False)
         if out.returncode not in (0, 1):
             raise RuntimeError(f"checker failed: {out.stderr}")
         self.cell.result = json.loads(out.stdout)

@@ -70,7 +70,7 @@ fn parse_args() -> Result<Args, String> {
         wait_ms: 1_000,
         permits: 2,
         latch_count: 3,
-        round_ms: 100,
+        round_ms: 200,
         replica_sync: 0,
     };
     let mut it = std::env::args().skip(1);
@@ -473,7 +473,8 @@ fn run_expirable(a: &Args, client: &Client, h: &History, hold: Duration, wait: D
 
 /// Countdown latch in rounds of the shared monotonic clock (`round = now / round-ms`),
 /// so that a restarted worker joins the current round: each worker sets the count (one
-/// wins), counts down once, and awaits zero until the round's end.
+/// wins), counts down once within the round's first quarter, and awaits zero until the
+/// round's end.
 fn run_latch(a: &Args, client: &Client, h: &History, rng: &mut Rng, done: &dyn Fn(u64) -> bool) {
     h.line("start", "event", &format!(",\"count\":{}", a.latch_count));
     let round_ns = a.round_ms as i64 * 1_000_000;
@@ -504,7 +505,9 @@ fn run_latch(a: &Args, client: &Client, h: &History, rng: &mut Rng, done: &dyn F
         }
         h.invoke("await", &ex);
         ops += 1;
-        let left = ((round + 1) * round_ns - now_ns()).max(1_000_000) as u64 + round_ns as u64 * 2;
+        // The wait ends with the round, so that every worker starts each round in step
+        // (a wait running into later rounds would leave it out of phase for good).
+        let left = ((round + 1) * round_ns - now_ns()).max(1_000_000) as u64;
         match latch.await_timeout(Duration::from_nanos(left)) {
             Ok(true) => h.line("await", "ok", &ex),
             Ok(false) => h.line("await", "fail", &format!("{ex},\"error\":\"timeout\"")),
