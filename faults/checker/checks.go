@@ -38,6 +38,12 @@ func newResult(h *History) *Result {
 		r.ByStatus[op.Status]++
 	}
 	r.Info["lost_signals"] = 0
+	for _, op := range h.Ops {
+		// A release answered "not held": the hold was lost before it (lease, data loss).
+		if op.F == "release" && op.Status == "fail" && op.Done.Error == "notheld" {
+			r.Info["released_not_held"]++
+		}
+	}
 	for _, e := range h.Lost {
 		if e.F == "lost" {
 			r.Info["lost_signals"]++
