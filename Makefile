@@ -159,9 +159,9 @@ faults-tools: build venv
 	cargo build -q -p rlock-faults-worker
 	cd faults/checker && $(GO) build -o $(CURDIR)/target/faults/rlock-check .
 
-test-faults: faults-tools ## Fault harness, short slice (~3 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; fails on any anomaly where the guarantee holds
+test-faults: faults-tools ## Fault harness, short slice (~2.5 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; fails on any anomaly where the guarantee holds
 	cd faults/checker && $(GO) test ./...
-	$(PY) faults/harness.py --cells slice --ops 1500 --seconds 8 --server $(FAULTS_SERVER) \
+	$(PY) faults/harness.py --cells slice --ops 100000 --seconds 6 --server $(FAULTS_SERVER) \
 		--out $(CURDIR)/target/faults/slice --expect
 
 faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~45 min) -> faults/REPORT.md
