@@ -76,7 +76,10 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{flag}: not a number: {v}"));
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: not a number: {v}"))
+        };
         match flag.as_str() {
             "--url" => a.url = v,
             "--primitive" => a.primitive = v,
@@ -105,7 +108,10 @@ fn parse_args() -> Result<Args, String> {
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process (Python's
 /// `time.monotonic_ns()` reads it too), so histories of several processes merge.
 fn now_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes the timespec we own; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
@@ -197,35 +203,69 @@ impl Resource {
         let conn = c.get_connection_with_timeout(Duration::from_secs(2)).ok()?;
         conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         conn.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
-        Some(Resource { conn, plain: format!("res:plain:{name}"), fenced: format!("res:fenced:{name}") })
+        Some(Resource {
+            conn,
+            plain: format!("res:plain:{name}"),
+            fenced: format!("res:fenced:{name}"),
+        })
     }
 
     /// Plain read-modify-write of the counter, with the hold time between the read and
     /// the write: what an unfenced critical section does.
     fn plain_update(&mut self, h: &History, hold: Duration) {
         h.invoke("write", "");
-        let read: redis::RedisResult<Option<i64>> = redis::cmd("GET").arg(&self.plain).query(&mut self.conn);
+        let read: redis::RedisResult<Option<i64>> =
+            redis::cmd("GET").arg(&self.plain).query(&mut self.conn);
         let v = match read {
             Ok(v) => v.unwrap_or(0),
-            Err(e) => return h.line("write", "fail", &format!(",\"error\":{}", json_str(&e.to_string()))),
+            Err(e) => {
+                return h.line(
+                    "write",
+                    "fail",
+                    &format!(",\"error\":{}", json_str(&e.to_string())),
+                )
+            }
         };
         std::thread::sleep(hold);
-        let w: redis::RedisResult<()> = redis::cmd("SET").arg(&self.plain).arg(v + 1).query(&mut self.conn);
+        let w: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(&self.plain)
+            .arg(v + 1)
+            .query(&mut self.conn);
         match w {
             Ok(()) => h.line("write", "ok", &format!(",\"read\":{v},\"wrote\":{}", v + 1)),
-            Err(e) => h.line("write", "info", &format!(",\"read\":{v},\"error\":{}", json_str(&e.to_string()))),
+            Err(e) => h.line(
+                "write",
+                "info",
+                &format!(",\"read\":{v},\"error\":{}", json_str(&e.to_string())),
+            ),
         }
     }
 
     /// The same update, fenced: the resource refuses a token lower than one it saw.
     fn fenced_update(&mut self, h: &History, token: i64, hold: Duration) {
         h.invoke("fwrite", &format!(",\"token\":{token}"));
-        let read: redis::RedisResult<i64> =
-            redis::cmd("EVAL").arg(FENCED_READ).arg(1).arg(&self.fenced).arg(token.to_string()).query(&mut self.conn);
+        let read: redis::RedisResult<i64> = redis::cmd("EVAL")
+            .arg(FENCED_READ)
+            .arg(1)
+            .arg(&self.fenced)
+            .arg(token.to_string())
+            .query(&mut self.conn);
         let v = match read {
-            Ok(-1) => return h.line("fwrite", "fail", &format!(",\"token\":{token},\"error\":\"refused\"")),
+            Ok(-1) => {
+                return h.line(
+                    "fwrite",
+                    "fail",
+                    &format!(",\"token\":{token},\"error\":\"refused\""),
+                )
+            }
             Ok(v) => v,
-            Err(e) => return h.line("fwrite", "fail", &format!(",\"error\":{}", json_str(&e.to_string()))),
+            Err(e) => {
+                return h.line(
+                    "fwrite",
+                    "fail",
+                    &format!(",\"error\":{}", json_str(&e.to_string())),
+                )
+            }
         };
         std::thread::sleep(hold);
         let w: redis::RedisResult<i64> = redis::cmd("EVAL")
@@ -236,9 +276,21 @@ impl Resource {
             .arg(v + 1)
             .query(&mut self.conn);
         match w {
-            Ok(1) => h.line("fwrite", "ok", &format!(",\"token\":{token},\"read\":{v},\"wrote\":{}", v + 1)),
-            Ok(_) => h.line("fwrite", "fail", &format!(",\"token\":{token},\"error\":\"refused\"")),
-            Err(e) => h.line("fwrite", "info", &format!(",\"token\":{token},\"error\":{}", json_str(&e.to_string()))),
+            Ok(1) => h.line(
+                "fwrite",
+                "ok",
+                &format!(",\"token\":{token},\"read\":{v},\"wrote\":{}", v + 1),
+            ),
+            Ok(_) => h.line(
+                "fwrite",
+                "fail",
+                &format!(",\"token\":{token},\"error\":\"refused\""),
+            ),
+            Err(e) => h.line(
+                "fwrite",
+                "info",
+                &format!(",\"token\":{token},\"error\":{}", json_str(&e.to_string())),
+            ),
         }
     }
 }
@@ -256,16 +308,26 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let file = OpenOptions::new().create(true).append(true).open(&a.hist).unwrap_or_else(|e| {
-        eprintln!("cannot open {}: {e}", a.hist);
-        std::process::exit(2)
-    });
-    let h = History { out: Arc::new(Mutex::new(LineWriter::new(file))), proc_id: a.proc_id };
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&a.hist)
+        .unwrap_or_else(|e| {
+            eprintln!("cannot open {}: {e}", a.hist);
+            std::process::exit(2)
+        });
+    let h = History {
+        out: Arc::new(Mutex::new(LineWriter::new(file))),
+        proc_id: a.proc_id,
+    };
     let mut opts = ClientOptions::new()
         .with_watchdog_timeout(Duration::from_millis(a.watchdog_ms))
         .with_response_timeout(Some(Duration::from_millis(1_500)));
     if a.replica_sync > 0 {
-        opts = opts.with_replica_sync(Some(ReplicaSync::new(a.replica_sync, Duration::from_millis(500))));
+        opts = opts.with_replica_sync(Some(ReplicaSync::new(
+            a.replica_sync,
+            Duration::from_millis(500),
+        )));
     }
     let client = match Client::open_with(a.url.as_str(), opts) {
         Ok(c) => c,
@@ -276,7 +338,10 @@ fn main() {
     };
     let mut rng = Rng(now_ns() as u64 ^ (std::process::id() as u64) << 32 | 1);
     let deadline = now_ns() + a.seconds as i64 * 1_000_000_000;
-    let resource = a.resource.as_deref().and_then(|u| Resource::open(u, &a.name));
+    let resource = a
+        .resource
+        .as_deref()
+        .and_then(|u| Resource::open(u, &a.name));
     let hold = Duration::from_millis(a.hold_ms);
     let wait = Duration::from_millis(a.wait_ms);
     let done = |ops: u64| ops >= a.ops || now_ns() >= deadline;
@@ -309,8 +374,16 @@ fn run_lock(
     let fenced = a.primitive == "fenced";
     let lock = client.lock(a.name.clone());
     let flock = client.fenced_lock(a.name.clone());
-    let owner = if fenced { flock.owner().to_string() } else { lock.owner().to_string() };
-    h.line("start", "event", &format!(",\"owner\":{}", json_str(&owner)));
+    let owner = if fenced {
+        flock.owner().to_string()
+    } else {
+        lock.owner().to_string()
+    };
+    h.line(
+        "start",
+        "event",
+        &format!(",\"owner\":{}", json_str(&owner)),
+    );
     let opts = AcquireOptions::new().with_wait(rlock_client::Wait::Up(wait));
     let mut ops = 0u64;
     while !done(ops) {
@@ -321,14 +394,15 @@ fn run_lock(
             h.invoke("acquire", "");
             ops += 1;
             let r = if fenced {
-                flock.acquire_with(opts.clone()).map(|g| {
+                flock.acquire_with(opts).map(|g| {
                     g.map(|g| {
                         let t = g.token();
                         (g.into_guard(), Some(t))
                     })
                 })
             } else {
-                lock.acquire_with(opts.clone()).map(|g| g.map(|g| (g, None)))
+                lock.acquire_with(opts)
+                    .map(|g| g.map(|g| (g, None)))
             };
             match r {
                 Ok(Some((g, t))) => {
@@ -368,13 +442,29 @@ fn run_lock(
 }
 
 /// Read-write lock: a third of the holds are writes.
-fn run_rw(a: &Args, client: &Client, h: &History, rng: &mut Rng, hold: Duration, wait: Duration, done: &dyn Fn(u64) -> bool) {
+fn run_rw(
+    a: &Args,
+    client: &Client,
+    h: &History,
+    rng: &mut Rng,
+    hold: Duration,
+    wait: Duration,
+    done: &dyn Fn(u64) -> bool,
+) {
     let rw = client.rw_lock(a.name.clone());
-    h.line("start", "event", &format!(",\"owner\":{}", json_str(rw.owner())));
+    h.line(
+        "start",
+        "event",
+        &format!(",\"owner\":{}", json_str(rw.owner())),
+    );
     let mut ops = 0u64;
     while !done(ops) {
         let mode = if rng.chance(33) { "write" } else { "read" };
-        let half = if mode == "write" { rw.write() } else { rw.read() };
+        let half = if mode == "write" {
+            rw.write()
+        } else {
+            rw.read()
+        };
         let ex = format!(",\"mode\":\"{mode}\"");
         h.invoke("acquire", &ex);
         ops += 1;
@@ -405,7 +495,14 @@ fn run_rw(a: &Args, client: &Client, h: &History, rng: &mut Rng, hold: Duration,
 
 /// Semaphore (no owners, no leases: Redisson's RSemaphore): acquire one permit, hold,
 /// release it.
-fn run_semaphore(a: &Args, client: &Client, h: &History, hold: Duration, wait: Duration, done: &dyn Fn(u64) -> bool) {
+fn run_semaphore(
+    a: &Args,
+    client: &Client,
+    h: &History,
+    hold: Duration,
+    wait: Duration,
+    done: &dyn Fn(u64) -> bool,
+) {
     let sem = client.semaphore(a.name.clone());
     h.line("start", "event", &format!(",\"permits\":{}", a.permits));
     let _ = sem.try_set_permits(a.permits);
@@ -438,7 +535,14 @@ fn run_semaphore(a: &Args, client: &Client, h: &History, hold: Duration, wait: D
 }
 
 /// Permit-expirable semaphore: permits with ids and watchdog leases.
-fn run_expirable(a: &Args, client: &Client, h: &History, hold: Duration, wait: Duration, done: &dyn Fn(u64) -> bool) {
+fn run_expirable(
+    a: &Args,
+    client: &Client,
+    h: &History,
+    hold: Duration,
+    wait: Duration,
+    done: &dyn Fn(u64) -> bool,
+) {
     let sem = client.expirable_semaphore(a.name.clone());
     h.line("start", "event", &format!(",\"permits\":{}", a.permits));
     let _ = sem.try_set_permits(a.permits);
