@@ -401,8 +401,7 @@ fn run_lock(
                     })
                 })
             } else {
-                lock.acquire_with(opts)
-                    .map(|g| g.map(|g| (g, None)))
+                lock.acquire_with(opts).map(|g| g.map(|g| (g, None)))
             };
             match r {
                 Ok(Some((g, t))) => {
