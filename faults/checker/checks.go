@@ -241,16 +241,16 @@ func CheckResource(h *History, r *Result) {
 	if h.Final.Plain != nil {
 		ok, unk, _ := count("write")
 		f := int(*h.Final.Plain)
-		r.Anomalies["lost-update"] = atLeast0(ok-f)
-		r.Anomalies["doubled-update"] = atLeast0(f-ok-unk)
+		r.Anomalies["lost-update"] = atLeast0(ok - f)
+		r.Anomalies["doubled-update"] = atLeast0(f - ok - unk)
 		r.Info["plain_writes"] = int64(ok)
 	}
 	if h.Final.Fenced != nil {
 		ok, unk, refused := count("fwrite")
 		f := int(*h.Final.Fenced)
 		r.Fencing["refused"] = refused
-		r.Fencing["lost-update"] = atLeast0(ok-f)
-		r.Fencing["doubled-update"] = atLeast0(f-ok-unk)
+		r.Fencing["lost-update"] = atLeast0(ok - f)
+		r.Fencing["doubled-update"] = atLeast0(f - ok - unk)
 		r.Info["fenced_writes"] = int64(ok)
 	}
 }

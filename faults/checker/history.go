@@ -8,9 +8,9 @@ package main
 import (
 	"bufio"
 	"compress/gzip"
-	"io"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 )
