@@ -164,6 +164,6 @@ test-faults: faults-tools ## Fault harness, short slice (~2.5 min, FAULTS_SERVER
 	$(PY) faults/harness.py --cells slice --ops 100000 --seconds 6 --server $(FAULTS_SERVER) \
 		--out $(CURDIR)/target/faults/slice --expect
 
-faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~45 min) -> faults/REPORT.md
+faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~30 min) -> faults/REPORT.md
 	$(PY) faults/harness.py --cells all --ops 10000 --seconds 25 --server $(FAULTS_SERVER) \
 		--out $(CURDIR)/target/faults/matrix --report faults/REPORT.md
