@@ -31,6 +31,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets
 .PHONY: test-java bench-java
+.PHONY: faults test-faults faults-tools
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -61,7 +62,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client test-pyclient test-java bench-quick ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, Java client + Redisson interop, bench smoke runs
+test: build venv test-unit test-py test-client test-pyclient test-java bench-quick test-faults ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, Java client + Redisson interop, bench smoke runs, the fault harness's short slice
 
 test-unit: ## Rust unit and property tests of the module (pure cores, engine bookkeeping)
 	cargo test -p rlock
@@ -166,3 +167,21 @@ bench-java: release ## Java contention bench: rlock's Java client vs Redisson's 
 	@./scripts/deps.sh --java
 	$(MVN) -q test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
 		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
+
+# The fault harness (faults/README.md, SPEC 7). Go from PATH, else the official tarball's place.
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+FAULTS_SERVER ?= redis
+
+faults-tools: build venv
+	@./scripts/deps.sh --faults
+	cargo build -q -p rlock-faults-worker
+	cd faults/checker && $(GO) build -o $(CURDIR)/target/faults/rlock-check .
+
+test-faults: faults-tools ## Fault harness, short slice (~2.5 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; fails on any anomaly where the guarantee holds
+	cd faults/checker && $(GO) test ./...
+	$(PY) faults/harness.py --cells slice --ops 100000 --seconds 6 --server $(FAULTS_SERVER) \
+		--out $(CURDIR)/target/faults/slice --expect
+
+faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~30 min) -> faults/REPORT.md
+	$(PY) faults/harness.py --cells all --ops 10000 --seconds 25 --server $(FAULTS_SERVER) \
+		--out $(CURDIR)/target/faults/matrix --report faults/REPORT.md

@@ -6,6 +6,9 @@
 #   scripts/deps.sh --venv          and what `python3 -m venv` needs (python3-venv)
 #   scripts/deps.sh --valgrind      and valgrind (make bench-instr)
 #   scripts/deps.sh --java          and a JDK 17 and Maven (make test-java, bench-java)
+#   scripts/deps.sh --faults        and the fault harness's needs (make faults, test-faults):
+#                                   iproute2 (ip netns, tc) and Go (golang-go, for the
+#                                   Porcupine checker) when `go` is missing
 #   scripts/deps.sh --has-libclang [DIR...]
 #                                   exit 0 when bindgen would find a libclang in DIRs
 #                                   (default: where bindgen searches); tests/test_setup.py
@@ -101,6 +104,10 @@ for arg in "$@"; do
     --java)
       command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
       command -v mvn >/dev/null 2>&1 || need+=(maven)
+      ;;
+    --faults)
+      { command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1; } || need+=(iproute2)
+      command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || need+=(golang-go)
       ;;
   esac
 done

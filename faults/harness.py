@@ -1,0 +1,640 @@
+"""The fault harness (faults/README.md; SPEC section 7): runs client processes against
+real module-loaded servers, injects one fault (a nemesis) while they work, checks the
+recorded histories with faults/checker, and writes the report table.
+
+One *cell* is one primitive under one fault: servers set up for the fault, W worker
+processes (faults/worker for the Rust client, faults/pyworker.py for `rlock.Lock`)
+running up to N operations or S seconds between them, the nemesis acting meanwhile,
+the resource's final values read, the checker run on every history file of the cell.
+
+  python faults/harness.py --cells lock:pause,fenced:kill --ops 10000 --seconds 40 \
+      --server redis --out /tmp/faults --report faults/REPORT.md [--expect]
+
+`--cells all` is the full matrix, `--cells slice` the short slice `make test` runs.
+With `--expect` the run fails (exit 1) when a cell whose guarantee holds shows any
+anomaly, or when fencing let a stale write through anywhere.
+
+Network partitions use the harness's own network namespaces (`ip netns`), one veth
+pair between them with addresses in 10.213.1.0/30 that exist only there, and
+`tc netem loss 100%` on both ends; nothing else is ever addressed. Every other cell
+runs on 127.0.0.1.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+PRIMITIVES = ["lock", "lock-py", "fenced", "rwlock", "semaphore", "expirable", "latch"]
+FAULTS = ["none", "pause", "kill", "clientkill", "partition", "restart-always",
+          "restart-everysec", "failover", "failover-wait", "failover-commands"]
+# Where the guarantee cannot hold, and why (the README's "Guarantees under faults" says
+# the same in words). Everything not listed here must show zero anomalies.
+CANNOT_HOLD = {
+    "pause": "a holder paused past its lease acts after losing it",
+    "partition": "a holder cut off past its lease may still write once healed",
+    "restart-everysec": "the AOF may lose the last second of writes",
+    "failover": "asynchronous replication may lose the last writes",
+    "failover-wait": "releases and renewals are not waited for; the promoted replica may miss a grant",
+}
+# Leases do not exist for these: a pause or a cut-off holder keeps its hold.
+NO_LEASE = {"semaphore", "latch"}
+SLICE = ([f"{p}:kill" for p in PRIMITIVES] + [f"{p}:clientkill" for p in PRIMITIVES]
+         + ["fenced:pause", "lock:partition", "lock:restart-always"])
+
+WATCHDOG_MS = 1000
+# Hold times (ms) by fault: longer where the nemesis must catch a holder inside its
+# critical section (between its read and its write of the resource, or holding across
+# the failover while another client reconnects to the promoted replica).
+HOLD_MS = {"pause": "10", "partition": "10", "failover": "50"}
+MODULE_ARGS: List[str] = []
+PERMITS = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+
+
+class Server:
+    """One redis-server (or valkey-server) process, optionally in a namespace."""
+
+    def __init__(self, binary: str, host: str, port: int, workdir: Path, module: Optional[str],
+                 extra: List[str], netns: Optional[str] = None) -> None:
+        self.binary, self.host, self.port, self.workdir = binary, host, port, workdir
+        self.module, self.extra, self.netns = module, extra, netns
+        # Module arguments (`rlock.replication MODE`), given only where the module has it.
+        self.module_args: List[str] = list(MODULE_ARGS)
+        self.proc: Optional[subprocess.Popen] = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        cmd = [self.binary, "--port", str(self.port), "--bind", self.host, "--save", "",
+               "--dir", str(self.workdir), "--enable-debug-command", "yes",
+               "--logfile", str(self.workdir / "server.log")] + self.extra
+        if self.host != "127.0.0.1":
+            # Bound only to the harness's own veth address: clients come from its namespace.
+            cmd += ["--protected-mode", "no"]
+        if self.module:
+            cmd += ["--loadmodule", self.module] + self.module_args
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.client().ping(), 15, f"server on {self.host}:{self.port}")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(self.host, self.port, socket_timeout=2, socket_connect_timeout=1)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Proxy:
+    """A TCP forwarder on 127.0.0.1 that plays the failover's virtual address: clients
+    connect to it, it forwards to the current primary; `switch` drops every forwarded
+    connection and sends new ones to the promoted replica (what a Sentinel-aware client
+    or a floating IP achieves)."""
+
+    def __init__(self, backend_port: int) -> None:
+        self.backend = backend_port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.conns: List[socket.socket] = []
+        self.mu = threading.Lock()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                b = socket.create_connection(("127.0.0.1", self.backend), timeout=1)
+                b.settimeout(None)
+            except OSError:
+                c.close()
+                continue
+            with self.mu:
+                self.conns += [c, b]
+            for src, dst in ((c, b), (b, c)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def switch(self, backend_port: int) -> None:
+        self.backend = backend_port
+        with self.mu:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+        self.switch(self.backend)
+
+
+class Netns:
+    """The harness's own network namespace `c`, joined to the host by one veth pair:
+    10.213.1.1 on the host end (the servers bind it; it exists only while the cell
+    runs) and 10.213.1.2 in `c`, where the workers a partition cuts off run."""
+
+    def __init__(self) -> None:
+        tag = f"rlkf{os.getpid()}"
+        self.c = f"{tag}c"
+        self.vs, self.vc = f"{tag}a", f"{tag}b"
+        self.addr_s, self.addr_c = "10.213.1.1", "10.213.1.2"
+
+    def up(self) -> None:
+        sh("ip", "netns", "add", self.c)
+        sh("ip", "link", "add", self.vs, "type", "veth", "peer", "name", self.vc, "netns", self.c)
+        sh("ip", "addr", "add", f"{self.addr_s}/30", "dev", self.vs)
+        sh("ip", "link", "set", self.vs, "up")
+        sh("ip", "-n", self.c, "addr", "add", f"{self.addr_c}/30", "dev", self.vc)
+        sh("ip", "-n", self.c, "link", "set", self.vc, "up")
+        sh("ip", "-n", self.c, "link", "set", "lo", "up")
+
+    # A token bucket whose burst (1 byte) is smaller than any packet drops every packet:
+    # a blackhole. `netem loss 100%` would say it more plainly, but this machine's kernel
+    # has no sch_netem (tc answers "Specified qdisc kind is unknown") and no iptables.
+    BLACKHOLE = ["tbf", "rate", "1kbit", "burst", "1", "latency", "1ms"]
+
+    def cut(self) -> None:
+        """Both directions blackholed: every packet on either end of the pair is dropped."""
+        sh("tc", "qdisc", "add", "dev", self.vs, "root", *self.BLACKHOLE)
+        sh("ip", "netns", "exec", self.c, "tc", "qdisc", "add", "dev", self.vc, "root", *self.BLACKHOLE)
+
+    def heal(self) -> None:
+        sh("tc", "qdisc", "del", "dev", self.vs, "root", check=False)
+        sh("ip", "netns", "exec", self.c, "tc", "qdisc", "del", "dev", self.vc, "root", check=False)
+
+    def down(self) -> None:
+        # Deleting the namespace deletes its veth end, and with it the host end.
+        sh("ip", "netns", "del", self.c, check=False)
+        sh("ip", "link", "del", self.vs, check=False)
+
+
+@dataclass
+class Worker:
+    proc_id: int
+    hist: Path
+    popen: subprocess.Popen
+    netns: Optional[str]
+    owner: Optional[str] = None
+
+
+@dataclass
+class Cell:
+    primitive: str
+    fault: str
+    server: str
+    ops: int
+    seconds: float
+    workers: int
+    out: Path
+    replication: str
+    result: Dict = field(default_factory=dict)
+    note: str = ""
+    elapsed: float = 0.0
+
+
+class Run:
+    """Sets up, runs and tears down one cell."""
+
+    def __init__(self, cell: Cell, binary: str, module: str, worker_bin: str) -> None:
+        self.cell, self.binary, self.module, self.worker_bin = cell, binary, module, worker_bin
+        self.dir = cell.out / f"{cell.primitive}-{cell.fault}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self.name = f"faults:{cell.primitive}"
+        self.servers: List[Server] = []
+        self.workers: List[Worker] = []
+        self.next_proc = 1
+        self.netns: Optional[Netns] = None
+        self.proxy: Optional[Proxy] = None
+        self.primary: Optional[Server] = None
+        self.replica: Optional[Server] = None
+        self.resource: Optional[Server] = None
+        self.url = ""
+        self.stop_at = 0.0
+        self.faults_done = 0
+
+    # ---- topology ----
+    def setup(self) -> None:
+        f = self.cell.fault
+        host = "127.0.0.1"
+        ns = None
+        if f == "partition":
+            self.netns = Netns()
+            self.netns.up()
+            host = self.netns.addr_s
+        extra: List[str] = []
+        if f.startswith("restart"):
+            extra = ["--appendonly", "yes", "--appendfsync", f.split("-")[1]]
+        mod = self.module
+        self.primary = Server(self.binary, host, free_port(), self.dir / "primary", mod, extra, ns)
+        self.primary.start()
+        self.servers.append(self.primary)
+        self.resource = Server(self.binary, host, free_port(), self.dir / "resource", None, [], ns)
+        self.resource.start()
+        self.servers.append(self.resource)
+        self.url = f"redis://{host}:{self.primary.port}/"
+        if f.startswith("failover"):
+            self.replica = self._replica_of(self.primary)
+            self.proxy = Proxy(self.primary.port)
+            self.url = f"redis://127.0.0.1:{self.proxy.port}/"
+
+    def _replica_of(self, primary: Server) -> Server:
+        r = Server(self.binary, "127.0.0.1", free_port(), self.dir / f"replica{len(self.servers)}",
+                   self.module, ["--replicaof", "127.0.0.1", str(primary.port)])
+        r.start()
+        self.servers.append(r)
+        wait_until(lambda: r.client().info("replication").get("master_link_status") == "up", 15,
+                   "replica link up")
+        return r
+
+    def teardown(self) -> None:
+        for w in self.workers:
+            if w.popen.poll() is None:
+                try:
+                    os.kill(w.popen.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                w.popen.kill()
+                w.popen.wait()
+        if self.proxy:
+            self.proxy.close()
+        for s in self.servers:
+            s.kill()
+        if self.netns:
+            self.netns.down()
+
+    # ---- workers ----
+    def spawn(self, ops: int, seconds: float, netns: Optional[str] = None) -> Worker:
+        p = self.next_proc
+        self.next_proc += 1
+        hist = self.dir / f"w{p}.jsonl"
+        common = ["--name", self.name, "--hist", str(hist), "--proc", str(p),
+                  "--ops", str(max(ops, 1)), "--seconds", str(max(int(seconds), 1)),
+                  "--watchdog-ms", str(WATCHDOG_MS),
+                  # A longer hold where the nemesis stops a holder: it is then more
+                  # often caught between its read and its write of the resource.
+                  "--hold-ms", HOLD_MS.get(self.cell.fault.split("-")[0], "2")]
+        res = f"redis://{self.resource.host}:{self.resource.port}/"
+        if self.cell.primitive == "lock-py":
+            cmd = [sys.executable, str(ROOT / "faults" / "pyworker.py"), "--url", self.url,
+                   "--resource", res] + common
+        else:
+            cmd = [self.worker_bin, "--url", self.url, "--primitive", self.cell.primitive,
+                   "--permits", str(PERMITS), "--latch-count", str(self.cell.workers)] + common
+            if self.cell.primitive in ("lock", "fenced"):
+                cmd += ["--resource", res]
+            if self.cell.fault == "failover-wait":
+                cmd += ["--replica-sync", "1"]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns] + cmd
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
+        popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                 stderr=open(self.dir / f"w{p}.err", "w"), env=env)
+        w = Worker(p, hist, popen, netns)
+        self.workers.append(w)
+        return w
+
+    def alive(self) -> List[Worker]:
+        return [w for w in self.workers if w.popen.poll() is None]
+
+    def owner_of(self, w: Worker) -> Optional[str]:
+        if w.owner is None and w.hist.exists():
+            with open(w.hist) as fh:
+                first = fh.readline()
+            if first.strip():
+                w.owner = json.loads(first).get("owner")
+        return w.owner
+
+    def holder(self) -> Optional[Worker]:
+        """The worker holding the lock now (lock family), else a random live worker."""
+        live = self.alive()
+        if not live:
+            return None
+        if self.cell.primitive in ("lock", "fenced", "lock-py"):
+            try:
+                info = self.primary.client().execute_command("RLOCK.INFO", self.name)
+                flat = [x.decode() if isinstance(x, bytes) else x for x in (info or [])]
+                owners = flat[flat.index("owners") + 1] if "owners" in flat else []
+                owners = [o.decode() if isinstance(o, bytes) else o for o in owners][::2]
+                for w in live:
+                    if self.owner_of(w) in owners:
+                        return w
+            except Exception:
+                pass
+        return random.choice(live)
+
+    # ---- nemeses ----
+    def nemesis(self) -> None:
+        f = self.cell.fault
+        if f == "none":
+            return
+        pause_s = 2.5 * WATCHDOG_MS / 1000
+        while time.monotonic() < self.stop_at and self.alive():
+            time.sleep(0.5 + random.random() * 0.5)
+            if time.monotonic() >= self.stop_at or not self.alive():
+                break
+            if f == "pause":
+                w = self.holder()
+                if w is None:
+                    continue
+                os.kill(w.popen.pid, signal.SIGSTOP)
+                time.sleep(pause_s)
+                os.kill(w.popen.pid, signal.SIGCONT)
+            elif f == "kill":
+                w = self.holder() if random.random() < 0.5 else random.choice(self.alive())
+                w.popen.kill()
+                w.popen.wait()
+                with open(w.hist, "a") as fh:
+                    fh.write("\n" + json.dumps({"p": w.proc_id, "f": "crash", "type": "event",
+                                                "t": time.monotonic_ns()}) + "\n")
+                left = self.stop_at - time.monotonic()
+                self.spawn(self.cell.ops // self.cell.workers, left, w.netns)
+            elif f == "clientkill":
+                try:
+                    self.primary.client().execute_command("CLIENT", "KILL", "TYPE", "normal")
+                except redis.RedisError:
+                    pass
+            elif f == "partition":
+                self.netns.cut()
+                time.sleep(pause_s)
+                self.netns.heal()
+                time.sleep(1)
+            elif f.startswith("restart"):
+                self.primary.kill()
+                time.sleep(0.2)
+                self.primary.start()
+                time.sleep(1.5)
+            elif f.startswith("failover"):
+                old = self.primary
+                # The replica is promoted while the old primary still serves clients
+                # for 300 ms before it dies (as when a Sentinel promotes a replica of a
+                # primary it can no longer see): what the old primary acknowledged in
+                # that time never reaches the new one. (On loopback a replica is
+                # otherwise microseconds behind, and a cut link is re-synced from the
+                # backlog within the same 300 ms: nothing would be lost.)
+                self.replica.client().execute_command("REPLICAOF", "NO", "ONE")
+                time.sleep(0.3)
+                old.kill()
+                self.primary = self.replica
+                self.proxy.switch(self.primary.port)
+                self.servers.remove(old)
+                time.sleep(0.5)
+                self.replica = self._replica_of(self.primary)
+                time.sleep(2.5)
+            self.faults_done += 1
+
+    # ---- the cell ----
+    def run(self) -> None:
+        c = self.cell
+        t0 = time.monotonic()
+        try:
+            self.setup()
+            self.stop_at = time.monotonic() + c.seconds
+            per = c.ops // c.workers
+            for i in range(c.workers):
+                # In a partition cell half the workers sit in the namespace that is cut off.
+                ns = None
+                if self.netns:
+                    ns = self.netns.c if i % 2 == 0 else None
+                self.spawn(per, c.seconds, ns)
+            self.nemesis()
+            # Workers stop by themselves at their deadline; give stragglers a bound.
+            end = self.stop_at + 20
+            while self.alive() and time.monotonic() < end:
+                time.sleep(0.05)
+            for w in self.alive():
+                w.popen.kill()
+            self.final()
+            self.check()
+        finally:
+            self.teardown()
+            c.elapsed = time.monotonic() - t0
+
+    def final(self) -> None:
+        r = self.resource.client()
+        plain = r.get(f"res:plain:{self.name}")
+        fenced = r.hget(f"res:fenced:{self.name}", "value")
+        rec = {"p": 0, "f": "final", "type": "event", "t": time.monotonic_ns()}
+        if self.cell.primitive in ("lock", "lock-py", "fenced"):
+            rec["plain"] = int(plain or 0)
+        if self.cell.primitive == "fenced":
+            rec["fenced"] = int(fenced or 0)
+        (self.dir / "harness.jsonl").write_text(json.dumps(rec) + "\n")
+
+    def check(self) -> None:
+        files = sorted(str(p) for p in self.dir.glob("*.jsonl"))
+        checker = str(ROOT / "target" / "faults" / "rlock-check")
+        out = sh(checker, "-model", self.cell.primitive, "-permits", str(PERMITS), "-count",
+                 str(self.cell.workers), "-timeout", "60s", *files, check=False)
+        if out.returncode not in (0, 1):
+            raise RuntimeError(f"checker failed: {out.stderr}")
+        self.cell.result = json.loads(out.stdout)
+        self.cell.result["faults"] = self.faults_done
+
+
+def replication_config(binary: str, module: str, out: Path) -> bool:
+    """Whether the module has the `rlock.replication` config at all."""
+    s = Server(binary, "127.0.0.1", free_port(), out / "probe", module, [])
+    s.start()
+    try:
+        return bool(s.client().config_get("rlock.replication"))
+    finally:
+        s.kill()
+
+
+def expected(cell: Cell) -> bool:
+    """True where the guarantee holds (and the cell must show no anomaly)."""
+    if cell.fault in CANNOT_HOLD:
+        if cell.fault in ("pause", "partition") and cell.primitive in NO_LEASE:
+            return True
+        return False
+    return True
+
+
+def row(c: Cell) -> str:
+    r = c.result
+    if c.note:
+        return f"| {c.primitive} | {c.fault} | – | – | – | – | {c.note} |"
+    anomalies = ", ".join(f"{k} {v}" for k, v in sorted(r.get("anomalies", {}).items()))
+    fen = r.get("fencing", {})
+    fenced = ", ".join(f"{k} {v}" for k, v in sorted(fen.items())) or "–"
+    st = r.get("by_status", {})
+    outcomes = f"{st.get('ok', 0)}/{st.get('fail', 0)}/{st.get('unknown', 0)}"
+    lin = r.get("linearizable", "–")
+    info = r.get("info", {})
+    extra = []
+    if info.get("lost_signals"):
+        extra.append(f"lost signals {info['lost_signals']}")
+    if info.get("released_not_held"):
+        extra.append(f"releases answered not held {info['released_not_held']}")
+    if info.get("crashes"):
+        extra.append(f"crashes {info['crashes']}")
+    extra.append(f"faults {r.get('faults', 0)}")
+    verdict = "holds" if expected(c) else f"cannot hold: {CANNOT_HOLD.get(c.fault)}"
+    return (f"| {c.primitive} | {c.fault} | {r.get('ops', 0)} ({outcomes}) | {anomalies} | {lin} | "
+            f"{fenced} | {verdict}; {'; '.join(extra)}; {c.elapsed:.0f} s |")
+
+
+HEADER = ("| primitive | fault | operations (ok/fail/unknown) | anomalies | linearizable (Porcupine) "
+          "| fenced resource | guarantee; notes |\n|---|---|---|---|---|---|---|")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default="slice", help="all | slice | primitive:fault,...")
+    ap.add_argument("--ops", type=int, default=10_000, help="operations per cell (all workers)")
+    ap.add_argument("--seconds", type=float, default=40, help="time limit per cell")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--server", default="redis", help="redis | redis8 | valkey | a path")
+    ap.add_argument("--replication", default="effects", choices=["effects", "commands"],
+                    help="the module's rlock.replication mode for the failover cells")
+    ap.add_argument("--module", default=os.environ.get("RLOCK_MODULE", str(ROOT / "target/debug/librlock.so")))
+    ap.add_argument("--worker", default=str(ROOT / "target/debug/rlock-faults-worker"))
+    ap.add_argument("--out", default="/tmp/rlock-faults")
+    ap.add_argument("--report", help="write the table to this file")
+    ap.add_argument("--merge", action="store_true", help="replace only the rows of these cells in --report")
+    ap.add_argument("--expect", action="store_true", help="fail on an anomaly where the guarantee holds")
+    a = ap.parse_args()
+
+    if a.cells == "all":
+        cells = [f"{p}:{f}" for f in FAULTS for p in PRIMITIVES]
+    elif a.cells == "slice":
+        cells = SLICE
+    else:
+        cells = [c.strip() for c in a.cells.split(",") if c.strip()]
+    for spec in cells:
+        p, _, f = spec.partition(":")
+        if p not in PRIMITIVES or f not in FAULTS:
+            ap.error(f"unknown cell {spec!r}: primitives {PRIMITIVES}, faults {FAULTS}")
+    binary = sh(str(ROOT / "scripts" / "server-path.sh"), a.server).stdout.strip()
+    out = Path(a.out).resolve()  # the servers chdir to their --dir
+    out.mkdir(parents=True, exist_ok=True)
+    version = sh(binary, "--version").stdout.strip()
+    done: List[Cell] = []
+    failures: List[str] = []
+    # Today's module has no rlock.replication config: it propagates effects only.
+    has_mode_config = replication_config(binary, a.module, out)
+    for spec in cells:
+        p, _, f = spec.partition(":")
+        mode = "commands" if f == "failover-commands" else a.replication
+        c = Cell(p, f, a.server, a.ops, a.seconds, a.workers, out, mode)
+        MODULE_ARGS[:] = ["rlock.replication", mode] if has_mode_config else []
+        if f == "failover-commands" or (f.startswith("failover") and a.replication == "commands"):
+            if not has_mode_config:
+                c.note = "not yet implemented: rlock.replication commands (SPEC 1.4, issue 24)"
+                done.append(c)
+                print(row(c), flush=True)
+                continue
+        if f == "partition" and os.geteuid() != 0:
+            c.note = "skipped: network namespaces (ip netns) need root"
+            done.append(c)
+            print(row(c), flush=True)
+            continue
+        try:
+            Run(c, binary, a.module, a.worker).run()
+        except Exception as e:  # a cell that could not run is reported, not hidden
+            c.note = f"did not run: {e}"
+            failures.append(f"{spec}: {e}")
+        done.append(c)
+        print(row(c), flush=True)
+        if a.expect and not c.note:
+            r = c.result
+            bad = {k: v for k, v in r.get("anomalies", {}).items() if v}
+            fen = {k: v for k, v in r.get("fencing", {}).items() if v and k != "refused"}
+            if expected(c) and bad:
+                failures.append(f"{spec}: anomalies where the guarantee holds: {bad} {r.get('examples')}")
+            if fen:
+                failures.append(f"{spec}: fencing let stale writes through: {fen}")
+    if a.report:
+        # The hand-written findings under the table survive a re-run.
+        old = Path(a.report).read_text() if Path(a.report).exists() else ""
+        keep = old[old.index("\n## Findings"):] if "\n## Findings" in old else ""
+        text = ("# rlock under faults: the matrix (generated by `make faults`; "
+                "how to read it: faults/README.md)\n\n" + f"Server: {version}\nModule: {a.module}\nWorkers per cell: {a.workers}; "
+                f"operations per cell: {a.ops}; time limit per cell: {a.seconds:.0f} s; "
+                f"replication mode: {a.replication}; lease (watchdog): {WATCHDOG_MS} ms.\n\n"
+                + HEADER + "\n" + "\n".join(row(c) for c in done) + "\n" + keep)
+        if a.merge and old:
+            # Re-run cells replace their rows in the existing report; the rest stays.
+            rows = {tuple(x.strip() for x in line.split("|")[1:3]): line for line in
+                    (row(c) for c in done)}
+            lines = [rows.get(tuple(x.strip() for x in line.split("|")[1:3]), line)
+                     for line in old.split("\n")]
+            text = "\n".join(lines)
+        Path(a.report).write_text(text)
+    for fl in failures:
+        print("FAIL", fl, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
