@@ -53,7 +53,7 @@ CANNOT_HOLD = {
 # Leases do not exist for these: a pause or a cut-off holder keeps its hold.
 NO_LEASE = {"semaphore", "latch"}
 SLICE = ([f"{p}:kill" for p in PRIMITIVES] + [f"{p}:clientkill" for p in PRIMITIVES]
-         + ["fenced:pause", "lock:partition", "lock:restart-always"])
+         + ["fenced:pause", "semaphore:pause", "lock:partition", "lock:restart-always"])
 
 WATCHDOG_MS = 1000
 # Hold times (ms) by fault: longer where the nemesis must catch a holder inside its

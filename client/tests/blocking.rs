@@ -560,3 +560,28 @@ fn it_reports_the_lease_run_out_when_renewals_keep_failing() {
     assert!(took < Duration::from_millis(900 + 700), "{took:?}");
     assert!(!g.is_held());
 }
+
+/// A holder cut off from the server (a partition: every byte from the server held back)
+/// hears that its lock is lost when the lease ends, not when its stalled renewal gives
+/// up or the partition heals. Found by the fault harness (faults/: the lost signal came
+/// 1.8 s after the lease, once the partition healed, while another client held the lock).
+#[test]
+fn a_partitioned_holder_hears_of_the_loss_when_its_lease_ends() {
+    let s = Server::start();
+    let proxy = LossyProxy::start(s.port);
+    let opts = ClientOptions::new()
+        .with_watchdog_timeout(Duration::from_millis(900))
+        // Far longer than the lease: the report must not wait for it.
+        .with_response_timeout(Some(Duration::from_secs(10)));
+    let c = Client::open_with(proxy.url(), opts).unwrap();
+    let g = c.lock("k").acquire().unwrap();
+    let cut = Instant::now();
+    proxy.hold_replies(true);
+    let why = g.wait_lost(Some(Duration::from_secs(8)));
+    let after = cut.elapsed();
+    proxy.hold_replies(false);
+    assert_eq!(why, Some(LostReason::LeaseExpired));
+    // The lease ends at most 900 ms after the cut (the last renewal was before it).
+    assert!(after < Duration::from_millis(1600), "lost reported after {after:?}");
+    drop(g);
+}

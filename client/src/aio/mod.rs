@@ -459,7 +459,21 @@ async fn renewal_task(wd: Arc<Watchdog>, target: Target, timeout: Option<Duratio
             }
             continue;
         }
-        let results = renew_batch(&target, &mut conn, timeout, &due).await;
+        // Bounded by the earliest lease end: past it the lock is lost whatever the
+        // renewal's fate, and its holder must hear so then (a stalled connection would
+        // otherwise hold the report back until its own timeout, or the partition heals).
+        let limit = lock_ignoring_poison(&wd.registry).earliest_deadline();
+        let batch = renew_batch(&target, &mut conn, timeout, &due);
+        let results = match limit {
+            Some(at) => match tokio::time::timeout_at(at.into(), batch).await {
+                Ok(results) => results,
+                Err(_) => {
+                    conn = None; // its pipeline may still be in flight
+                    unanswered(&due)
+                }
+            },
+            None => batch.await,
+        };
         let lost = lock_ignoring_poison(&wd.registry).apply_all(&due, results);
         report(lost);
     }

@@ -194,6 +194,13 @@ impl Registry {
     }
 
     /// When the worker must wake next (None: nothing to watch).
+    /// The earliest lease end among the watched locks: a renewal still unanswered then
+    /// is abandoned, so that the loss is reported when the lease ends, not when a
+    /// partitioned connection finally gives up (found by the fault harness).
+    pub(crate) fn earliest_deadline(&self) -> Option<Instant> {
+        self.entries.values().map(|e| e.deadline).min()
+    }
+
     pub(crate) fn next_wake(&self) -> Option<Instant> {
         self.entries
             .values()
