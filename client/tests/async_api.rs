@@ -146,7 +146,10 @@ async fn it_signals_a_lost_lock_to_awaiters_and_callbacks() {
 #[tokio::test]
 async fn it_does_not_delay_renewals_behind_a_waiting_acquire() {
     let s = Server::start();
-    let c = client_with_watchdog(&s, 600).await;
+    // Margins sized for a loaded 2-core machine: a renewal stalled behind the waiting
+    // acquire (6 s) would let the 1.2 s lease run out within the 2 s watched; a release
+    // queued behind it would take the 4 s the waiter still has, not under 2 s.
+    let c = client_with_watchdog(&s, 1200).await;
     let other = Client::open(s.url()).await.unwrap();
     let mut r = s.conn();
     let held = c.lock("renewed").acquire().await.unwrap();
@@ -155,7 +158,7 @@ async fn it_does_not_delay_renewals_behind_a_waiting_acquire() {
     let c2 = c.clone();
     let waiter = tokio::spawn(async move {
         let lock = c2.lock("contended");
-        lock.acquire_timeout(Duration::from_secs(3))
+        lock.acquire_timeout(Duration::from_secs(6))
             .await
             .unwrap()
             .is_some()
@@ -163,15 +166,15 @@ async fn it_does_not_delay_renewals_behind_a_waiting_acquire() {
     assert!(queued(&other, "contended").await);
     let t = Instant::now();
     let mut min_ttl = i64::MAX;
-    while t.elapsed() < Duration::from_millis(1500) {
+    while t.elapsed() < Duration::from_millis(2000) {
         min_ttl = min_ttl.min(pttl(&mut r, "renewed"));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(min_ttl > 100, "renewals stalled: TTL fell to {min_ttl}");
+    assert!(min_ttl > 0, "renewals stalled: TTL fell to {min_ttl}");
     let t = Instant::now();
     to_release.release().await.unwrap();
     assert!(
-        t.elapsed() < Duration::from_millis(500),
+        t.elapsed() < Duration::from_secs(2),
         "release took {:?}",
         t.elapsed()
     );
