@@ -486,35 +486,6 @@ class SyncTicketConn:
         box = self.book.notes.get(note_id)
         return box.get(timeout) if box is not None else None
 
-    def ref(self, channel: bytes) -> bool:
-        """Takes a reference to ``channel``; True if it must be subscribed now."""
-        count = self.channels.get(channel, 0)
-        self.channels[channel] = count + 1
-        if count:
-            return False
-        return self.idle.pop(channel, False) is False
-
-    def unref(self, channel: bytes, gen: int) -> Optional[bytes]:
-        """Drops a reference (taken on connection generation ``gen``); returns a channel
-        to unsubscribe now (the oldest idle one beyond `IDLE_CHANNELS`), if any."""
-        if gen != self.gen or channel not in self.channels:
-            return None
-        self.channels[channel] -= 1
-        if self.channels[channel]:
-            return None
-        del self.channels[channel]
-        self.idle[channel] = None
-        if len(self.idle) > IDLE_CHANNELS:
-            return self.idle.popitem(last=False)[0]
-        return None
-
-    def forget(self, channel: bytes) -> None:
-        """A subscription that failed: no reference, not idle."""
-        if self.channels.get(channel, 0) <= 1:
-            self.channels.pop(channel, None)
-        else:
-            self.channels[channel] -= 1
-
     def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
         """A waiter leaves (see `Book.leave`); True if its channel reference was kept."""
         with self.lock:
