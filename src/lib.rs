@@ -61,6 +61,7 @@ const ALLOCATOR: Allocator = std::alloc::System;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ffi::disable_implicit_signal(ctx);
+    ffi::watch_propagation(ctx);
     ffi::set_block_callbacks(ffi::BlockCallbacks {
         on_timeout: engine::on_timeout,
         on_disconnect: engine::on_disconnect,
@@ -142,6 +143,10 @@ redis_module! {
         ["rrwlock.renew", rwlock::commands::renew, "write", 1, 1, 1, ""],
         ["rrwlock.forcerelease", rwlock::commands::force_release, "write", 1, 1, 1, ""],
         ["rrwlock.info", rwlock::commands::info, "readonly", 1, 1, 1, ""],
+        // Internal (SPEC 1.4): what a module command replicates under
+        // `rlock.replication commands`; refused from ordinary clients. No key positions:
+        // it is only ever read from a primary's stream or an AOF, never routed.
+        ["rlock.apply", server::replication::apply_command, "write", 0, 0, 0, ""],
     ],
     configurations: [
         i64: [
@@ -152,7 +157,10 @@ redis_module! {
         ],
         string: [],
         bool: [],
-        enum: [],
+        enum: [
+            ["replication", &config::REPLICATION, config::Replication::commands,
+             ConfigurationFlags::DEFAULT, None],
+        ],
         module_args_as_configuration: true,
     ]
 }

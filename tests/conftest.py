@@ -23,6 +23,13 @@ MODULE = os.environ.get("RLOCK_MODULE", str(ROOT / "target" / "debug" / "librloc
 REDIS_SERVER = os.environ.get("REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
+# Module arguments for a server whose writes must reach replicas and the AOF as plain
+# effects (`rlock.replication effects`, SPEC 1.4): for tests with a replica that has no
+# module, or that read the AOF's plain commands. The default, `commands`, is tested with
+# module-loaded replicas (test_replication.py).
+EFFECTS = ["replication", "effects"]
+
+
 def wait_until(pred, timeout=5.0, interval=0.002, what="condition"):
     """Polls `pred` until it returns something truthy; fails the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import redis
 
 from cluster_helpers import (aof_commands, aof_files, info_field, lock_state, owners,
                              snapshot, start_waiter, wait_link_up, wait_online, wait_replicated, waiters)
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 
 LEASE = 60000
 # No 5 s wait for more replicas before a full sync; do not wait for replicas at shutdown.
@@ -21,7 +21,7 @@ MASTER_ARGS = ["--hz", "100", "--repl-diskless-sync-delay", "0", "--shutdown-on-
 @pytest.fixture
 def pair(make_server):
     """A module-loaded master and a module-less replica, synced."""
-    master = make_server("master", args=MASTER_ARGS)
+    master = make_server("master", args=MASTER_ARGS, module_args=EFFECTS)
     replica = make_server("replica", module=False,
                           args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()
@@ -199,7 +199,7 @@ def test_a_replica_that_reconnects_with_a_partial_resync_agrees(pair):
 
 
 def test_a_replica_attached_after_the_locks_exist_full_syncs_and_agrees(make_server):
-    master = make_server("master", args=MASTER_ARGS)
+    master = make_server("master", args=MASTER_ARGS, module_args=EFFECTS)
     m = master.client()
     keys = make_some_locks(m)
     with waiters() as pool:
@@ -254,7 +254,8 @@ ALLOWED_IN_AOF = {b"SELECT", b"MULTI", b"EXEC", b"HSET", b"HINCRBY", b"HDEL", b"
 @pytest.mark.parametrize("lazy_expire", ["no", "yes"])
 def test_the_aof_holds_plain_effects_with_pexpireat_and_no_rlock_command(make_server,
                                                                          lazy_expire):
-    s = make_server(args=["--appendonly", "yes", "--appendfsync", "always", "--hz", "100",
+    s = make_server(module_args=EFFECTS,
+                    args=["--appendonly", "yes", "--appendfsync", "always", "--hz", "100",
                           "--lazyfree-lazy-expire", lazy_expire])
     c = s.client()
     assert c.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE) is None

@@ -11,7 +11,7 @@ import redis
 
 import errors
 from cluster_helpers import snapshot, wait_link_up, wait_online, wait_replicated
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 from sem_helpers import info_map, queue, rlock_info
 
 NO_LEASE = 922337203685477
@@ -199,7 +199,7 @@ MASTER_ARGS = ["--hz", "100", "--repl-diskless-sync-delay", "0"]
 
 
 def test_a_module_less_replica_holds_the_same_keys_after_each_step_and_the_timer(make_server):
-    master = make_server("master", args=MASTER_ARGS)
+    master = make_server("master", args=MASTER_ARGS, module_args=EFFECTS)
     replica = make_server("replica", module=False, args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()
     wait_link_up(rc)

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 import errors
 from cluster_helpers import (Cluster, aof_commands, info_field, key_on, snapshot, wait_link_up,
                              wait_online, wait_replicated)
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 from redisson_rw import RedissonFencedLock, token_key
 
 LEASE = 60000
@@ -385,7 +385,7 @@ def test_redisson_holding_the_lock_contends_rfenced_and_its_unlock_hands_over(se
 @pytest.fixture
 def pair(make_server):
     """A module-loaded master and a module-less replica, synced."""
-    master = make_server("master", args=MASTER_ARGS)
+    master = make_server("master", args=MASTER_ARGS, module_args=EFFECTS)
     replica = make_server("replica", module=False,
                           args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()
@@ -410,7 +410,7 @@ def test_the_token_reaches_a_module_less_replica_as_its_value(pair, fenced_waite
 
 
 def test_the_aof_holds_set_of_the_token_and_tokens_increase_after_a_restart(make_server):
-    s = make_server(args=["--appendonly", "yes", "--appendfsync", "always"])
+    s = make_server(module_args=EFFECTS, args=["--appendonly", "yes", "--appendfsync", "always"])
     c = s.client()
     before = [token_of(c, "d", "a") for _ in range(5)]
     cmds = aof_commands(s)

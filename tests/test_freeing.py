@@ -10,6 +10,8 @@ Runs on whatever server REDIS_SERVER names (Redis 7.0, Valkey).
 
 import pytest
 
+from conftest import EFFECTS
+
 from cluster_helpers import aof_commands, snapshot, wait_link_up, wait_online, wait_replicated
 from test_waiting import (HOLDER_LEASE, WAITER_LEASE, acquire, channel,  # noqa: F401
                           check_the_waiter_is_handed_the_freed_lock, lock_info,
@@ -112,7 +114,8 @@ def test_a_lock_replaced_by_sort_store_goes_to_the_waiter(server, r, spawn):
 
 @pytest.mark.parametrize("how", FREEING)
 def test_the_handoff_after_an_overwrite_reaches_a_module_less_replica(make_server, spawn, how):
-    master = make_server("master", args=["--hz", "100", "--repl-diskless-sync-delay", "0"])
+    master = make_server("master", args=["--hz", "100", "--repl-diskless-sync-delay", "0"],
+                         module_args=EFFECTS)
     replica = make_server("replica", module=False,
                           args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()
@@ -131,7 +134,7 @@ def test_the_handoff_after_an_overwrite_reaches_a_module_less_replica(make_serve
 @pytest.mark.parametrize("how", FREEING)
 def test_the_aof_holds_the_overwrite_before_the_handoff_and_replays_to_the_waiters_lock(
         make_server, spawn, how):
-    s = make_server(args=["--appendonly", "yes", "--appendfsync", "always"])
+    s = make_server(module_args=EFFECTS, args=["--appendonly", "yes", "--appendfsync", "always"])
     r = s.client()
     assert acquire(r, "k", "holder") is None
     w = spawn(s, "k", "waiter", queue_as=1)

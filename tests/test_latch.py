@@ -13,7 +13,7 @@ import redis
 
 from cluster_helpers import (aof_commands, info_field, snapshot, wait_link_up, wait_online,
                              wait_replicated)
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 from errors import ASYNC, EMPTY_ID, LATCH_COUNT, LATCH_OVERFLOW, NOT_A_LATCH, SYNTAX, TIMEOUT, WRONGTYPE
 from hostile_helpers import Map, Raw, ReplyError, arity_error, blocked_clients, rlock_stat
 from redisson_sync import NEW_COUNT_MESSAGE, ZERO_COUNT_MESSAGE, RedissonCountDownLatch, latch_channel
@@ -320,7 +320,7 @@ MASTER_ARGS = ["--hz", "100", "--repl-diskless-sync-delay", "0", "--shutdown-on-
 
 
 def test_a_module_less_replica_gets_plain_effects_and_the_messages(make_server):
-    master = make_server("master", args=MASTER_ARGS)
+    master = make_server("master", args=MASTER_ARGS, module_args=EFFECTS)
     replica = make_server("replica", module=False, args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()
     wait_link_up(rc)
@@ -364,7 +364,7 @@ def test_a_module_loaded_replica_answers_await_at_once_and_refuses_writes(make_s
 
 
 def test_the_aof_holds_plain_effects_and_a_restart_keeps_the_count(make_server):
-    s = make_server(args=["--appendonly", "yes", "--appendfsync", "always"])
+    s = make_server(module_args=EFFECTS, args=["--appendonly", "yes", "--appendfsync", "always"])
     c = s.client()
     latch(c, "RLATCH.TRYSETCOUNT", "l", 5)
     latch(c, "RLATCH.COUNTDOWN", "l")

@@ -7,7 +7,7 @@ import threading
 import pytest
 import redis
 
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 
 
 def acq(r, key, owner, *extra, lease=30_000):
@@ -81,7 +81,7 @@ def test_a_handoff_remembers_the_waiters_request_id(server):
 
 
 def test_request_ids_reach_replicas_with_the_same_expiry(make_server):
-    master = make_server("m")
+    master = make_server("m", module_args=EFFECTS)
     replica = make_server("r", module=False, args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rr = master.client(), replica.client()
     wait_until(lambda: rr.info("replication").get("master_link_status") == "up", timeout=20,

@@ -16,7 +16,7 @@ import redis
 
 import errors
 from cluster_helpers import snapshot, wait_replicated
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 from redisson_rw import rw_channel, timeout_key
 
 # src/vocab/errors.rs, the read-write lock's texts (redis-py drops the "ERR " code).
@@ -336,7 +336,8 @@ def test_del_of_a_held_rw_lock_serves_its_waiters(server, r, rw_spawn):
 
 @pytest.fixture
 def pair(make_server):
-    master = make_server("master", args=["--repl-diskless-sync-delay", "0"])
+    master = make_server("master", args=["--repl-diskless-sync-delay", "0"],
+                         module_args=EFFECTS)
     replica = make_server("replica", module=False,
                           args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()

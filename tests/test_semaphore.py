@@ -9,7 +9,7 @@ import redis
 
 import errors
 from cluster_helpers import snapshot, wait_link_up, wait_online, wait_replicated
-from conftest import wait_until
+from conftest import EFFECTS, wait_until
 from sem_helpers import BlockedCall, info_map, queue, rlock_info, waiters
 
 
@@ -211,7 +211,7 @@ MASTER_ARGS = ["--hz", "100", "--repl-diskless-sync-delay", "0"]
 
 
 def test_a_module_less_replica_holds_the_same_counts(make_server):
-    master = make_server("master", args=MASTER_ARGS)
+    master = make_server("master", args=MASTER_ARGS, module_args=EFFECTS)
     replica = make_server("replica", module=False, args=["--replicaof", "127.0.0.1", str(master.port)])
     m, rc = master.client(), replica.client()
     wait_link_up(rc)

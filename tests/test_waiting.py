@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import errors
-from conftest import RedisServer, server_has_post_notification_jobs, wait_until
+from conftest import EFFECTS, RedisServer, server_has_post_notification_jobs, wait_until
 
 HOLDER_LEASE = 30_000
 WAITER_LEASE = 7_000
@@ -395,7 +395,8 @@ def expire_holder(r):
 @pytest.mark.parametrize("how", ["release", "del", "expiry"])
 def test_a_replica_without_the_module_sees_the_handed_over_lock(make_server, spawn, how):
     # No 5 s diskless-sync delay (Redis 7.0's default) before the replica's first sync.
-    master = make_server("master", args=["--hz", "100", "--repl-diskless-sync-delay", "0"])
+    master = make_server("master", args=["--hz", "100", "--repl-diskless-sync-delay", "0"],
+                         module_args=EFFECTS)
     m = master.client()
     replica = make_server("replica", module=False,
                           args=["--replicaof", "127.0.0.1", str(master.port)])

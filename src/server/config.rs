@@ -2,6 +2,11 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
+use redis_module::{enum_configuration, RedisError};
+
+use crate::server::ffi;
+
 /// `rlock.max-waiters-per-key`: how many clients may wait for one lock. Beyond it, a
 /// waiting ACQUIRE gets an error instead of growing server memory without bound.
 pub static MAX_WAITERS_PER_KEY: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS_PER_KEY);
@@ -23,4 +28,37 @@ pub const MAX_REQUEST_ID_WINDOW_MS: i64 = 86_400_000;
 
 pub fn request_id_window_ms() -> i64 {
     REQUEST_ID_WINDOW_MS.load(Ordering::Relaxed)
+}
+
+enum_configuration! {
+    /// `rlock.replication` (SPEC 1.4): how a module command reaches replicas and the AOF.
+    /// `commands`: as one command (the plain command when it writes one thing, else one
+    /// `RLOCK.APPLY`); replicas and AOF reloads need the module. `effects`: as the plain
+    /// commands it amounts to, which need no module.
+    #[allow(non_camel_case_types)]
+    pub enum Replication {
+        commands = 0,
+        effects = 1,
+    }
+}
+
+/// The `rlock.replication` setting, kept where the replication glue reads it on every
+/// write (an atomic in `ffi`), so the hot path takes no lock.
+pub struct ReplicationSetting;
+
+pub static REPLICATION: ReplicationSetting = ReplicationSetting;
+
+impl ConfigurationValue<Replication> for ReplicationSetting {
+    fn get(&self, _ctx: &ConfigurationContext) -> Replication {
+        if ffi::commands_mode() {
+            Replication::commands
+        } else {
+            Replication::effects
+        }
+    }
+
+    fn set(&self, _ctx: &ConfigurationContext, val: Replication) -> Result<(), RedisError> {
+        ffi::set_commands_mode(matches!(val, Replication::commands));
+        Ok(())
+    }
 }

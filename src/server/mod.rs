@@ -5,6 +5,8 @@
 //! - `store`: reads keys into the primitives' pure states and writes their plans and
 //!   effects back (replication, keyspace notifications, WATCH), publishes messages,
 //!   remembers request ids.
+//! - `replication`: `RLOCK.APPLY`, how a replica or an AOF reload applies the one command
+//!   a module command replicates (`rlock.replication commands`).
 //! - `tracking`: the lock keys the module wrote, and the marker for its own writes.
 //! - `cluster`: where a key lives (redirections for waiters whose slot moved).
 //! - `config` (module configs), `stats` (the `INFO rlock` counters), `guard` (a panic
@@ -14,6 +16,7 @@ pub mod cluster;
 pub mod config;
 pub mod ffi;
 pub mod guard;
+pub mod replication;
 pub mod stats;
 pub mod store;
 pub mod tracking;

@@ -50,3 +50,7 @@ pub const ERR_PERMIT_ID: &str = "ERR permit-id must be 2 to 64 hex digits, an ev
 pub const ERR_TTL: &str = "ERR ttl-ms must be an integer from 1 to 3153600000000";
 pub const ERR_LATCH_COUNT: &str = "ERR count must be an integer from 1 to 9223372036854775807";
 pub const ERR_LATCH_OVERFLOW: &str = "ERR latch count would overflow";
+
+/// `RLOCK.APPLY` from anyone but a primary's replication stream or an AOF being loaded.
+pub const ERR_APPLY_INTERNAL: &str =
+    "ERR RLOCK.APPLY is internal: only a primary's replication stream or an AOF reload may send it";

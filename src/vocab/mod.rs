@@ -6,7 +6,10 @@
 //! - `reply`: the replies a command sends, whatever the primitive.
 //! - `effects`: a plan's writes as plain commands (replication as effects) and Redisson's
 //!   key-naming rules (`prefixName`, `suffixName`).
+//! - `apply`: the layout of `RLOCK.APPLY`, the one replicated command that carries a
+//!   module command's effects (`rlock.replication commands`, SPEC 1.4).
 
+pub mod apply;
 pub mod args;
 pub mod effects;
 pub mod errors;

@@ -7,6 +7,7 @@
 //!   (the crate's `block_client()` has none of them), and `UnblockClient`.
 //! - Timers: create and stop with our own data type (the crate's `stop_timer` casts the
 //!   stored box wrongly, see the shared notes).
+//! - Replication: plain effects, or one command per unit of work (`replication.rs`).
 //! - Pub/sub and a few context helpers.
 //!
 //! Every function here checks that the server exports the API it calls and degrades
@@ -174,9 +175,11 @@ pub fn value(reply: Reply) -> redis_module::RedisValue {
 mod clients;
 mod events;
 mod key;
+mod replication;
 mod timers;
 
 pub use clients::*;
 pub use events::*;
 pub use key::*;
+pub use replication::*;
 pub use timers::*;

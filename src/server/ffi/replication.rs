@@ -1,0 +1,405 @@
+//! How the module's writes reach replicas and the AOF (SPEC 1.4). A child of `ffi`.
+//!
+//! Every write of the module is replicated through [`replicate`] or [`replicate_argv`],
+//! named as the plain command with the same result (HSET, PEXPIREAT with the absolute
+//! time, ...). What happens to it depends on `rlock.replication`:
+//! - `effects`: each goes out at once, as that plain command (a replica or an AOF reload
+//!   needs no module);
+//! - `commands` (the default): they are collected while a unit of work runs (a command,
+//!   a timer, an event: `server::guard` opens and closes units) and go out when it ends
+//!   as **one** command: the plain command itself when there is only one, else one
+//!   `RLOCK.APPLY` carrying them all (`vocab::apply`). The server then propagates one
+//!   command, not a MULTI/EXEC of several: under real propagation (a replica or an AOF)
+//!   that is most of what a lock command costs.
+//!
+//! A batch is kept per db (a timer may serve keys of several dbs: each db's writes go out
+//! with that db selected) and is sent by the unit that opened it, with that unit's
+//! context, so a nested unit (a keyspace event fired by our own write) adds to the
+//! enclosing command's batch instead of splitting it.
+
+use super::*;
+
+use std::cell::RefCell;
+use std::ffi::CStr;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use crate::vocab::apply;
+
+/// `RedisModule_Replicate` with the command name as a static C string and a format
+/// string, without the per-call `CString` and argument `Vec` of redis-module's
+/// `Context::replicate`: replication runs on every lock write, so its allocations show
+/// up in profiles. Integers go as `l` (long long), so no `RedisString` is built for them
+/// in `effects` mode.
+pub enum Arg<'a> {
+    Str(&'a RedisString),
+    Int(i64),
+    /// A constant word (an option name such as PXAT).
+    Word(&'static CStr),
+}
+
+static COMMANDS_MODE: AtomicBool = AtomicBool::new(true);
+
+/// `rlock.replication`: true for `commands`, false for `effects`.
+pub fn set_commands_mode(on: bool) {
+    COMMANDS_MODE.store(on, Relaxed);
+}
+
+pub fn commands_mode() -> bool {
+    COMMANDS_MODE.load(Relaxed)
+}
+
+/// The writes of the running unit of work not yet replicated.
+struct Batch {
+    /// Units of work entered and not left (nesting: an event inside a command).
+    depth: u32,
+    /// The depth of the unit that opened the batch: it sends it when it ends.
+    owner: u32,
+    ctx: *mut raw::RedisModuleCtx,
+    db: i32,
+    /// `RLOCK.APPLY`'s arguments, each a reference we own.
+    argv: Vec<*mut raw::RedisModuleString>,
+    /// The first command's name and arguments within `argv`: sent alone if it is the only.
+    first: Option<(&'static CStr, Range<usize>)>,
+    commands: usize,
+}
+
+thread_local! {
+    // Redis calls modules on its main thread only; the batch never crosses threads.
+    static BATCH: RefCell<Batch> = const {
+        RefCell::new(Batch {
+            depth: 0,
+            owner: 0,
+            ctx: ptr::null_mut(),
+            db: 0,
+            argv: Vec::new(),
+            first: None,
+            commands: 0,
+        })
+    };
+}
+
+/// A unit of work starts (see `server::guard`).
+pub fn unit_enter() {
+    BATCH.with(|b| b.borrow_mut().depth += 1);
+}
+
+/// A unit of work ends: if it opened the batch, the batch goes out now, as one command.
+pub fn unit_leave() {
+    BATCH.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.commands > 0 && b.owner == b.depth {
+            send(&mut b);
+        }
+        b.depth = b.depth.saturating_sub(1);
+    });
+}
+
+fn batching() -> bool {
+    commands_mode() && BATCH.with(|b| b.borrow().depth > 0)
+}
+
+// ---- Whether anything can receive what is replicated ----
+//
+// A server propagates a write only to an AOF or to a replication backlog (which exists
+// once a replica has synced, or while the server is or was a replica); with neither, it
+// drops what a module replicates, after paying for building it (a command lookup, an
+// argv: a quarter of an uncontended RLOCK.ACQUIRE). The module skips that work until
+// propagation becomes possible, and from then on never skips again:
+// - an AOF on at load (CONFIG SET appendonly yes later starts a rewrite: a fork);
+// - a replica's first sync always forks a child (disk or diskless), before which the
+//   backlog holds nothing a replica needs: the snapshot carries every earlier write;
+// - the server is, or becomes, a replica (its backlog serves replicas of its own after
+//   a promotion).
+// Writes skipped before then are in the dataset, which is what an AOF rewrite and a full
+// sync start from.
+
+static MAY_PROPAGATE: AtomicBool = AtomicBool::new(false);
+
+/// From now on every write is replicated (see above). Called at load when the server has
+/// an AOF, a backlog or a master, on any fork, and when the server becomes a replica.
+pub fn note_may_propagate() {
+    MAY_PROPAGATE.store(true, Relaxed);
+}
+
+fn may_propagate() -> bool {
+    MAY_PROPAGATE.load(Relaxed)
+}
+
+extern "C" fn fork_cb(
+    _ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    note_may_propagate();
+}
+
+/// At load: decides whether propagation is already possible, and subscribes to forks.
+/// A server without the fork event (none tested) replicates always.
+pub fn watch_propagation(ctx: &Context) {
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
+    if flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0
+        || backlog_active(ctx)
+    {
+        note_may_propagate();
+    }
+    let subscribed = unsafe {
+        raw::RedisModule_SubscribeToServerEvent.is_some_and(|subscribe| {
+            let event = raw::RedisModuleEvent {
+                id: raw::REDISMODULE_EVENT_FORK_CHILD,
+                dataver: 1,
+            };
+            subscribe(ctx.ctx, event, Some(fork_cb)) == raw::REDISMODULE_OK as c_int
+        })
+    };
+    if !subscribed {
+        note_may_propagate();
+    }
+}
+
+/// INFO replication's `repl_backlog_active` (a MODULE LOAD into a server that has had
+/// replicas). Read once, at load. Unknown counts as active.
+fn backlog_active(ctx: &Context) -> bool {
+    unsafe {
+        let (Some(get), Some(field), Some(free)) = (
+            raw::RedisModule_GetServerInfo,
+            raw::RedisModule_ServerInfoGetFieldSigned,
+            raw::RedisModule_FreeServerInfo,
+        ) else {
+            return true;
+        };
+        let info = get(ctx.ctx, c"replication".as_ptr());
+        if info.is_null() {
+            return true;
+        }
+        let mut err: c_int = 0;
+        let active = field(info, c"repl_backlog_active".as_ptr(), &mut err);
+        free(ctx.ctx, info);
+        err != 0 || active != 0
+    }
+}
+
+fn create(bytes: &[u8]) -> *mut raw::RedisModuleString {
+    unsafe {
+        raw::RedisModule_CreateString.unwrap()(
+            ptr::null_mut(),
+            bytes.as_ptr().cast::<c_char>(),
+            bytes.len(),
+        )
+    }
+}
+
+fn create_long(n: i64) -> *mut raw::RedisModuleString {
+    unsafe { raw::RedisModule_CreateStringFromLongLong.unwrap()(ptr::null_mut(), n) }
+}
+
+fn retain(s: &RedisString) -> *mut raw::RedisModuleString {
+    unsafe { raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s.inner) };
+    s.inner
+}
+
+/// Adds one command to the batch: its word count when it is not written bare, its name,
+/// then the arguments `fill` pushes (references the batch owns).
+fn record(
+    ctx: &Context,
+    cmd: &'static CStr,
+    nargs: usize,
+    fill: impl FnOnce(&mut Vec<*mut raw::RedisModuleString>),
+) {
+    let db = selected_db(ctx);
+    BATCH.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.commands > 0 && b.db != db {
+            send(&mut b);
+        }
+        if b.commands == 0 {
+            b.ctx = ctx.ctx;
+            b.db = db;
+            b.owner = b.depth;
+        }
+        if b.commands == 1 {
+            // A second command: the first, kept bare until now (sent alone, it needs no
+            // name string or count), gets its place in RLOCK.APPLY's layout.
+            if let Some((first, args)) = b.first.clone() {
+                let prefix = head(first, args.len());
+                b.argv.splice(0..0, prefix);
+            }
+        }
+        if b.commands == 0 {
+            b.first = Some((cmd, 0..nargs));
+        } else {
+            let prefix = head(cmd, nargs);
+            b.argv.extend(prefix);
+        }
+        fill(&mut b.argv);
+        b.commands += 1;
+    });
+}
+
+/// A command's place in RLOCK.APPLY before its arguments: its word count unless it is
+/// written bare, then its name (`vocab::apply`).
+fn head(cmd: &CStr, nargs: usize) -> Vec<*mut raw::RedisModuleString> {
+    let name = cmd.to_bytes();
+    let mut out = Vec::with_capacity(2);
+    if !apply::bare(name, nargs) {
+        out.push(create_long(nargs as i64 + 1));
+    }
+    out.push(create(name));
+    out
+}
+
+/// Replicates the batch as one command, with its db selected, and empties it.
+fn send(b: &mut Batch) {
+    let ctx = b.ctx;
+    unsafe {
+        let selected = raw::RedisModule_GetSelectedDb.unwrap()(ctx);
+        if selected != b.db {
+            raw::RedisModule_SelectDb.unwrap()(ctx, b.db);
+        }
+        if let Some(f) = raw::RedisModule_Replicate {
+            match (&b.first, b.commands) {
+                (Some((name, _)), 1) => {
+                    f(ctx, name.as_ptr(), c"v".as_ptr(), b.argv.as_mut_ptr(), b.argv.len());
+                }
+                _ => {
+                    f(
+                        ctx,
+                        c"RLOCK.APPLY".as_ptr(),
+                        c"v".as_ptr(),
+                        b.argv.as_mut_ptr(),
+                        b.argv.len(),
+                    );
+                }
+            }
+        }
+        if selected != b.db {
+            raw::RedisModule_SelectDb.unwrap()(ctx, selected);
+        }
+        for s in b.argv.drain(..) {
+            raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), s);
+        }
+    }
+    b.first = None;
+    b.commands = 0;
+    b.owner = 0;
+}
+
+/// Replicates `cmd` with `args`: at once in `effects` mode, else into the unit's batch.
+pub fn replicate(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
+    if !may_propagate() {
+        return;
+    }
+    if batching() {
+        record(ctx, cmd, args.len(), |argv| {
+            for arg in args {
+                argv.push(match arg {
+                    Arg::Str(s) => retain(s),
+                    Arg::Int(n) => create_long(*n),
+                    Arg::Word(w) => create(w.to_bytes()),
+                });
+            }
+        });
+        return;
+    }
+    let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    use std::ffi::c_longlong;
+    let c = ctx.ctx;
+    let name = cmd.as_ptr();
+    unsafe {
+        match args {
+            [Arg::Str(a)] => f(c, name, c"s".as_ptr(), a.inner),
+            [Arg::Str(a), Arg::Str(b)] => f(c, name, c"ss".as_ptr(), a.inner, b.inner),
+            [Arg::Str(a), Arg::Int(n)] => f(c, name, c"sl".as_ptr(), a.inner, *n as c_longlong),
+            [Arg::Str(a), Arg::Str(b), Arg::Int(n)] => {
+                f(c, name, c"ssl".as_ptr(), a.inner, b.inner, *n as c_longlong)
+            }
+            [Arg::Str(a), Arg::Str(b), Arg::Word(w), Arg::Int(n)] => f(
+                c,
+                name,
+                c"sscl".as_ptr(),
+                a.inner,
+                b.inner,
+                w.as_ptr(),
+                *n as c_longlong,
+            ),
+            _ => unreachable!("no other argument shape is replicated"),
+        };
+    }
+}
+
+/// [`replicate`] with any number of string arguments (the effects of the other
+/// primitives: ZADD with many members, ...). The fixed shapes of [`replicate`] stay for
+/// the lock's hot path, which they keep free of a vector.
+pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) {
+    if !may_propagate() {
+        return;
+    }
+    if batching() {
+        record(ctx, cmd, args.len(), |argv| {
+            argv.extend(args.iter().map(|s| retain(s)));
+        });
+        return;
+    }
+    let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    let mut argv: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| a.inner).collect();
+    unsafe {
+        f(
+            ctx.ctx,
+            cmd.as_ptr(),
+            c"v".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
+        );
+    }
+}
+
+/// Runs the plain command `argv[0]` with the arguments `argv[1..]` as a nested call, not
+/// replicated by itself (`RLOCK.APPLY` on a replica or an AOF reload, which replicates
+/// itself verbatim). It fires its keyspace notifications and signals WATCH as the command
+/// does. An error reply is returned as its text.
+pub fn call_plain(ctx: &Context, argv: &[&RedisString]) -> Result<(), String> {
+    let (name, args) = argv.split_first().ok_or_else(|| "empty command".to_string())?;
+    let name = std::ffi::CString::new(name.as_slice()).map_err(|_| "bad command name")?;
+    let mut args: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| a.inner).collect();
+    unsafe {
+        let reply = raw::RedisModule_Call.unwrap()(
+            ctx.ctx,
+            name.as_ptr(),
+            c"v".as_ptr(),
+            args.as_mut_ptr(),
+            args.len(),
+        );
+        if reply.is_null() {
+            return Err(format!("{} failed", name.to_string_lossy()));
+        }
+        let failed = raw::RedisModule_CallReplyType.unwrap()(reply)
+            == raw::REDISMODULE_REPLY_ERROR as c_int;
+        let text = failed.then(|| {
+            let mut len = 0usize;
+            let p = raw::RedisModule_CallReplyStringPtr.unwrap()(reply, &mut len);
+            if p.is_null() {
+                String::new()
+            } else {
+                String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), len))
+                    .into_owned()
+            }
+        });
+        raw::RedisModule_FreeCallReply.unwrap()(reply);
+        text.map_or(Ok(()), Err)
+    }
+}
+
+/// Replicates the running command as it was called (`RLOCK.APPLY` on a replica: its own
+/// AOF gets it as the primary sent it).
+pub fn replicate_verbatim(ctx: &Context) {
+    unsafe {
+        if let Some(f) = raw::RedisModule_ReplicateVerbatim {
+            f(ctx.ctx);
+        }
+    }
+}

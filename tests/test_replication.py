@@ -1,0 +1,290 @@
+"""Issue 24, part 1 (SPEC 1.4): both modes of `rlock.replication`, with a real replica
+that has the module and a real AOF restart, for every primitive.
+
+- `commands` (the default): each module command reaches replicas and the AOF as one
+  command (the plain command when it writes one thing, else one internal RLOCK.APPLY);
+- `effects`: as the plain commands it amounts to.
+
+After every kind of change (acquire, re-entry, release, a handoff to a blocked waiter and
+to a queued ticket, the lease-end timer, the expirable permit's reclaim, the latch
+opening, request-id records) the replica holds exactly the primary's keys: the same
+serialized values (DUMP) and the same absolute expiries (PEXPIRETIME). An AOF restart
+brings the same keys back; a replica promoted mid-run serves the next command.
+"""
+
+import concurrent.futures
+import contextlib
+
+import pytest
+import redis
+
+from cluster_helpers import (aof_commands, info_field, rlock_waiters, snapshot,
+                             wait_link_up, wait_online, wait_replicated)
+from conftest import wait_until
+
+LEASE = 60000
+PRIMARY_ARGS = ["--appendonly", "yes", "--appendfsync", "always", "--hz", "100",
+                "--repl-diskless-sync-delay", "0", "--shutdown-on-sigterm", "now"]
+
+
+def everything(c):
+    """Every key's serialized value and absolute expiry."""
+    return {k: snapshot(c, k) for k in sorted(c.keys("*"))}
+
+
+def agree(p, r):
+    wait_replicated(p, r)
+    mine, theirs = everything(p), everything(r)
+    assert theirs == mine, "the replica differs from the primary"
+    return mine
+
+
+@pytest.fixture(params=["commands", "effects"])
+def trio(request, make_server):
+    """A primary with an AOF in the mode asked for, and a replica with the module."""
+    mode = request.param
+    primary = make_server("primary", args=PRIMARY_ARGS, module_args=["replication", mode])
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    p, r = primary.client(), replica.client()
+    assert p.config_get("rlock.replication") == {"rlock.replication": mode}
+    wait_link_up(r)
+    wait_online(p)
+    wait_replicated(p, r)
+    return mode, primary, replica, p, r
+
+
+@contextlib.contextmanager
+def background():
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        yield pool
+
+
+def blocked(pool, server, *cmd):
+    """Sends a waiting command on its own connection; its reply is the future's result."""
+    c = server.client()
+    return pool.submit(c.execute_command, *cmd)
+
+
+def queued(probe, key, before):
+    wait_until(lambda: rlock_waiters(probe, key) > before, 5, what=f"a waiter on {key}")
+
+
+def sem_waiters(c, cmd, key):
+    info = c.execute_command(cmd, key)
+    return dict(zip(info[::2], info[1::2]))[b"waiters"] if info else 0
+
+
+def test_every_kind_of_change_leaves_the_replica_identical(trio):
+    mode, primary, replica, p, r = trio
+    # --- the lock: acquire, re-entry, partial release, request-id record
+    assert p.execute_command("RLOCK.ACQUIRE", "lk", "a", LEASE) is None
+    agree(p, r)
+    assert p.execute_command("RLOCK.ACQUIRE", "lk", "a", LEASE + 1000, "ID", "q1") is None
+    agree(p, r)
+    assert p.execute_command("RLOCK.RELEASE", "lk", "a", LEASE + 2000) == 0
+    agree(p, r)
+    with background() as pool:
+        # a handoff to a blocked waiter
+        w = blocked(pool, primary, "RLOCK.ACQUIRE", "lk", "b", LEASE, "WAIT", 10000)
+        queued(p, "lk", 0)
+        assert p.execute_command("RLOCK.RELEASE", "lk", "a") == 1
+        assert w.result(10) is None
+        assert agree(p, r)[b"lk"][0] is not None
+        assert r.hgetall("lk") == {b"b": b"1"}
+        # a handoff to a queued ticket (its connection stays open)
+        ticket = primary.client()
+        assert ticket.execute_command("RLOCK.ACQUIRE", "lk", "c", LEASE, "WAIT", 10000,
+                                      "ASYNC", "ID", "t1") == b"QUEUED"
+        assert p.execute_command("RLOCK.RELEASE", "lk", "b") == 1
+        wait_until(lambda: p.hgetall("lk") == {b"c": b"1"}, 5, what="the ticket's grant")
+        agree(p, r)
+        # collected (docs/tickets.md): from now on the grant outlives the connection
+        assert ticket.execute_command("RLOCK.ACQUIRE", "lk", "c", LEASE, "ID", "t1") is None
+        # the lease-end timer hands the lock to the next waiter
+        w = blocked(pool, primary, "RLOCK.ACQUIRE", "lk", "d", LEASE, "WAIT", 10000)
+        queued(p, "lk", 0)
+        assert p.execute_command("RLOCK.RENEW", "lk", "c", 150) == 1
+        assert w.result(10) is None
+        agree(p, r)
+        assert r.hgetall("lk") == {b"d": b"1"}
+        # --- read-write lock: a reader, then a writer handed the lock by the release
+        assert p.execute_command("RRWLOCK.ACQUIRE", "rw", "READ", "r1", LEASE) is None
+        agree(p, r)
+        w = blocked(pool, primary, "RRWLOCK.ACQUIRE", "rw", "WRITE", "w1", LEASE, "WAIT", 10000)
+        wait_until(lambda: sem_waiters(p, "RRWLOCK.INFO", "rw") > 0, 5, what="writer queued")
+        assert p.execute_command("RRWLOCK.RELEASE", "rw", "READ", "r1") == 1
+        assert w.result(10) is None
+        agree(p, r)
+        # --- fenced lock: a token, re-entry, release
+        token = p.execute_command("RFENCED.ACQUIRE", "fl", "o", LEASE)
+        assert isinstance(token, list) or token is not None
+        p.execute_command("RFENCED.ACQUIRE", "fl", "o", LEASE)
+        agree(p, r)
+        p.execute_command("RLOCK.RELEASE", "fl", "o")
+        p.execute_command("RLOCK.RELEASE", "fl", "o")
+        agree(p, r)
+        # --- semaphore: set, acquire, a waiter handed the released permit
+        assert p.execute_command("RSEMAPHORE.TRYSETPERMITS", "sem", 1) == 1
+        assert p.execute_command("RSEMAPHORE.ACQUIRE", "sem", 1) == 1
+        agree(p, r)
+        w = blocked(pool, primary, "RSEMAPHORE.ACQUIRE", "sem", 1, "WAIT", 10000)
+        wait_until(lambda: sem_waiters(p, "RSEMAPHORE.INFO", "sem") > 0, 5, what="sem waiter")
+        p.execute_command("RSEMAPHORE.RELEASE", "sem", 1)
+        assert w.result(10) == 1
+        agree(p, r)
+        # --- expirable semaphore: a short lease reclaimed by the timer for a waiter
+        assert p.execute_command("RPSEMAPHORE.TRYSETPERMITS", "pes", 1) == 1
+        assert p.execute_command("RPSEMAPHORE.ACQUIRE", "pes", 150) is not None
+        agree(p, r)
+        w = blocked(pool, primary, "RPSEMAPHORE.ACQUIRE", "pes", LEASE, "WAIT", 10000)
+        assert w.result(10) is not None
+        agree(p, r)
+        # --- latch: an awaiter, two count-downs, the opening
+        assert p.execute_command("RLATCH.TRYSETCOUNT", "latch", 2) == 1
+        w = blocked(pool, primary, "RLATCH.AWAIT", "latch", "WAIT", 10000)
+        wait_until(lambda: sem_waiters(p, "RLATCH.INFO", "latch") > 0, 5, what="awaiter")
+        p.execute_command("RLATCH.COUNTDOWN", "latch", "ID", "cd1")
+        agree(p, r)
+        p.execute_command("RLATCH.COUNTDOWN", "latch")
+        assert w.result(10) in (1, b"1", 0)
+        agree(p, r)
+    # --- an AOF restart brings back the same keys
+    before = agree(p, r)
+    assert b"lk" in before and b"pes" in before
+    primary.restart()
+    p = primary.client()
+    assert everything(p) == before
+    # --- the replica, promoted, serves the next commands
+    wait_link_up(r)
+    wait_replicated(p, r)
+    assert r.execute_command("REPLICAOF", "NO", "ONE")
+    wait_until(lambda: info_field(r, "replication", "role") == "master", 5, what="promoted")
+    assert isinstance(r.execute_command("RLOCK.ACQUIRE", "lk", "x", LEASE), int)  # d holds it
+    assert r.execute_command("RLOCK.ACQUIRE", "lk", "d", LEASE) is None  # re-entry
+    assert r.hgetall("lk") == {b"d": b"2"}
+    assert r.execute_command("RSEMAPHORE.ACQUIRE", "sem", 1) == 0  # the waiter holds it
+    assert r.execute_command("RLATCH.GETCOUNT", "latch") == 0
+
+
+# The changing calls of one run, in order, each answered as written. `commands` mode must
+# replicate each as exactly one command; `effects` as several for some.
+CALLS = [
+    ("RLOCK.ACQUIRE", "k", "a", LEASE),                  # HSET + PEXPIREAT
+    ("RLOCK.ACQUIRE", "k", "a", LEASE),                  # HINCRBY + PEXPIREAT
+    ("RLOCK.RENEW", "k", "a", LEASE),                    # PEXPIREAT alone
+    ("RLOCK.RELEASE", "k", "a", LEASE),                  # HINCRBY + PEXPIREAT
+    ("RLOCK.RELEASE", "k", "a"),                         # DEL + PUBLISH
+    ("RLOCK.ACQUIRE", "k", "b", LEASE, "ID", "req"),     # + the request record
+    ("RRWLOCK.ACQUIRE", "rw", "READ", "o", LEASE),       # several keys
+    ("RSEMAPHORE.TRYSETPERMITS", "s", 3),
+    ("RSEMAPHORE.ACQUIRE", "s", 2),
+    ("RPSEMAPHORE.TRYSETPERMITS", "e", 2),
+    ("RPSEMAPHORE.ACQUIRE", "e", LEASE, "PERMITS", 2),
+    ("RFENCED.ACQUIRE", "f", "o", LEASE),
+    ("RLATCH.TRYSETCOUNT", "l", 1),
+    ("RLATCH.COUNTDOWN", "l"),
+]
+
+
+def module_entries(server):
+    return [c for c in aof_commands(server) if c[0].upper() != b"SELECT"]
+
+
+def test_commands_mode_writes_one_aof_entry_per_module_command(make_server):
+    s = make_server(args=PRIMARY_ARGS)
+    c = s.client()
+    assert c.config_get("rlock.replication") == {"rlock.replication": "commands"}
+    for call in CALLS:
+        c.execute_command(*call)
+    entries = module_entries(s)
+    names = [e[0].upper() for e in entries]
+    assert b"MULTI" not in names and b"EXEC" not in names, names
+    assert len(entries) == len(CALLS), names
+    assert names.count(b"RLOCK.APPLY") >= 8, names
+    assert names[2] == b"PEXPIREAT", "a command that writes one thing replicates that thing"
+    # And the AOF reloads to the same keys.
+    before = everything(c)
+    s.restart()
+    assert everything(s.client()) == before
+
+
+def test_effects_mode_writes_plain_commands_only(make_server):
+    s = make_server(args=PRIMARY_ARGS, module_args=["replication", "effects"])
+    c = s.client()
+    for call in CALLS:
+        c.execute_command(*call)
+    names = {e[0].upper() for e in module_entries(s)}
+    assert not [n for n in names if n.startswith(b"R")], names
+    assert len(module_entries(s)) > len(CALLS)
+    before = everything(c)
+    s.restart()
+    assert everything(s.client()) == before
+
+
+def test_the_mode_can_change_at_run_time(make_server):
+    s = make_server(args=PRIMARY_ARGS)
+    c = s.client()
+    c.execute_command("RLOCK.ACQUIRE", "k1", "a", LEASE)
+    assert c.config_set("rlock.replication", "effects")
+    c.execute_command("RLOCK.ACQUIRE", "k2", "a", LEASE)
+    assert c.config_set("rlock.replication", "commands")
+    c.execute_command("RLOCK.ACQUIRE", "k3", "a", LEASE)
+    names = [e[0].upper() for e in module_entries(s)]
+    # effects: two plain commands, which the server wraps in MULTI/EXEC
+    assert names == [b"RLOCK.APPLY", b"MULTI", b"HSET", b"PEXPIREAT", b"EXEC",
+                     b"RLOCK.APPLY"], names
+    with pytest.raises(redis.ResponseError):
+        c.config_set("rlock.replication", "both")
+    assert c.config_get("rlock.replication") == {"rlock.replication": "commands"}
+
+
+@pytest.mark.parametrize("how", ["client", "multi", "script"])
+def test_rlock_apply_is_refused_from_ordinary_clients(server, how):
+    c = server.client()
+    c.set("victim", "v")
+    with pytest.raises(redis.ResponseError, match="internal"):
+        if how == "client":
+            c.execute_command("RLOCK.APPLY", "DEL", "victim")
+        elif how == "multi":
+            pipe = c.pipeline(transaction=True)
+            pipe.execute_command("RLOCK.APPLY", "DEL", "victim")
+            pipe.execute()
+        else:
+            c.eval("return redis.call('RLOCK.APPLY', 'DEL', KEYS[1])", 1, "victim")
+    assert c.get("victim") == b"v"
+
+
+def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server):
+    """Until propagation is possible the module skips building what the server would drop
+    (ffi/replication.rs): the snapshot of a first sync and the AOF's first rewrite carry
+    those writes, and every write after them is replicated."""
+    primary = make_server("primary", args=["--repl-diskless-sync-delay", "0", "--hz", "100"])
+    p = primary.client()
+    for i in range(5):
+        p.execute_command("RLOCK.ACQUIRE", f"early{i}", "a", LEASE)
+    p.execute_command("RLOCK.ACQUIRE", "early0", "a", LEASE)
+    # An AOF turned on at run time, then more writes: a restart from it has them all.
+    p.config_set("appendonly", "yes")
+    wait_until(lambda: info_field(p, "persistence", "aof_rewrite_in_progress") == "0"
+               and info_field(p, "persistence", "aof_rewrite_scheduled") == "0", 15,
+               what="the AOF's first rewrite")
+    p.execute_command("RLOCK.RELEASE", "early1", "a")
+    p.execute_command("RLOCK.ACQUIRE", "late", "b", LEASE)
+    # A replica attached now, its link cut and restored: partial resync from the backlog.
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    r = replica.client()
+    wait_link_up(r)
+    wait_online(p)
+    agree(p, r)
+    partial = int(info_field(p, "stats", "sync_partial_ok"))
+    assert r.execute_command("CLIENT", "KILL", "TYPE", "master") == 1
+    p.execute_command("RLOCK.ACQUIRE", "late", "b", LEASE)
+    p.execute_command("RLOCK.RELEASE", "early2", "a")
+    wait_link_up(r)
+    wait_until(lambda: int(info_field(p, "stats", "sync_partial_ok")) > partial, 10,
+               what="partial resync")
+    before = agree(p, r)
+    assert r.hgetall("late") == {b"b": b"2"}
+    primary.args += ["--appendonly", "yes"]  # as CONFIG SET left it
+    primary.restart()
+    assert everything(primary.client()) == before
