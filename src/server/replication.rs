@@ -6,12 +6,13 @@
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
+
 use crate::server::ffi;
 use crate::server::guard;
 use crate::vocab::apply;
 use crate::vocab::errors::ERR_APPLY_INTERNAL;
 
-/// `RLOCK.APPLY command…`: refused from ordinary clients, which could otherwise write any
+/// `RLOCK.APPLY payload`: refused from ordinary clients, which could otherwise write any
 /// key through it. Each carried command runs as a nested call, as the plain command would
 /// (keyspace notifications, WATCH); the whole is replicated verbatim onward (a replica's
 /// own AOF, its replicas).
@@ -21,11 +22,12 @@ pub fn apply_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
             return Err(RedisError::Str(ERR_APPLY_INTERNAL));
         }
-        let words: Vec<&[u8]> = args[1..].iter().map(RedisString::as_slice).collect();
-        let commands = apply::split(&words).map_err(RedisError::Str)?;
-        for range in commands {
-            let argv: Vec<&RedisString> = args[1 + range.start..1 + range.end].iter().collect();
-            if let Err(e) = ffi::call_plain(ctx, &argv) {
+        let [_, payload] = &args[..] else {
+            return Err(RedisError::WrongArity);
+        };
+        let commands = apply::decode(payload.as_slice()).map_err(RedisError::Str)?;
+        for words in commands {
+            if let Err(e) = ffi::call_plain(ctx, &words) {
                 // The primary ran the same command on the same state: an error here means
                 // the replica's data had already diverged. Say so where the operator looks.
                 ctx.log_warning(&format!("rlock: RLOCK.APPLY could not apply a command: {e}"));

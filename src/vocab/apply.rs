@@ -1,63 +1,119 @@
-//! The argument layout of `RLOCK.APPLY`, the internal command that carries one module
-//! command's effects to replicas and the AOF (SPEC 1.4, `rlock.replication commands`).
-//! Pure: the glue that writes it is `server::ffi::replication`, the command that reads it
-//! is `server::replication`.
+//! The payload of `RLOCK.APPLY`, the internal command that carries one module command's
+//! writes to replicas and the AOF (SPEC 1.4, `rlock.replication commands`). Pure: the glue
+//! that sends it is `server::ffi::replication`, the command that applies it is
+//! `server::replication`.
 //!
-//! `RLOCK.APPLY` is a list of plain commands, one after another. The common ones have a
-//! fixed number of arguments and are written bare (`HSET k owner 1 PEXPIREAT k 1700…`);
-//! any other command, or one of them with another count (an HSET of several fields, SET
-//! with PXAT), is written after its word count (`5 SET k v PXAT 1700…`: the count covers
-//! the name and its arguments). A count is a number and no command name is, so the reader
-//! never confuses the two. Bare writing keeps the
-//! replicated command short: each argument costs the primary an allocation and the AOF
-//! a few bytes on every lock command.
+//! `RLOCK.APPLY` has one argument: the plain commands it carries, one after another, each
+//! written as a RESP array of bulk strings, exactly as a client would send it
+//! (`*3\r\n$4\r\nDEL\r\n...`). One argument, not one per word, because the server pays
+//! for every argument of a propagated command (an object, and its own `$len` framing in
+//! the AOF and the replication stream), on every lock command; the RESP inside keeps it
+//! readable in an AOF and binary-safe.
 
 /// The internal command's name, as the server knows it.
-pub const APPLY: &[u8] = b"RLOCK.APPLY";
+pub const APPLY: &str = "RLOCK.APPLY";
 
-/// The commands written without a count, with their number of arguments (after the name).
-const FIXED: &[(&[u8], usize)] = &[
-    (b"HSET", 3),
-    (b"HINCRBY", 3),
-    (b"HDEL", 2),
-    (b"PEXPIREAT", 2),
-    (b"DEL", 1),
-    (b"PERSIST", 1),
-    (b"SET", 2),
-    (b"INCRBY", 2),
-    (b"DECRBY", 2),
-    (b"PUBLISH", 2),
-];
-
-/// True when a command named `name` with `args` arguments is written bare.
-pub fn bare(name: &[u8], args: usize) -> bool {
-    FIXED.iter().any(|(n, a)| *n == name && *a == args)
+/// Appends one command (`name`, then `args`) to a payload. `spans`, when given, gets where
+/// each argument's bytes sit in `out` (the sender reads a lone command back from them).
+pub fn push_command<'a>(
+    out: &mut Vec<u8>,
+    name: &[u8],
+    args: impl ExactSizeIterator<Item = Word<'a>>,
+    mut spans: Option<&mut Vec<(usize, usize)>>,
+) {
+    push_header(out, b'*', args.len() + 1);
+    push_bulk(out, name);
+    for arg in args {
+        let digits;
+        let bytes = match arg {
+            Word::Bytes(b) => b,
+            Word::Int(n) => {
+                digits = itoa(n);
+                digits.as_bytes()
+            }
+        };
+        push_header(out, b'$', bytes.len());
+        if let Some(spans) = spans.as_deref_mut() {
+            spans.push((out.len(), bytes.len()));
+        }
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
-/// Splits `RLOCK.APPLY`'s arguments (after its name) into the plain commands they carry,
-/// each as a range of `argv` (the name first). An error names what is wrong; nothing is
-/// applied then.
-pub fn split(argv: &[&[u8]]) -> Result<Vec<std::ops::Range<usize>>, &'static str> {
+/// One argument of a carried command: bytes, or an integer written in decimal.
+#[derive(Debug, Clone, Copy)]
+pub enum Word<'a> {
+    Bytes(&'a [u8]),
+    Int(i64),
+}
+
+fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    out.push(kind);
+    out.extend_from_slice(itoa(n as i64).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    push_header(out, b'$', bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Decimal digits of an integer without a heap allocation.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn itoa(n: i64) -> Digits {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut v = n.unsigned_abs();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    Digits { buf, start: i }
+}
+
+/// The commands a payload carries, each as its words (the name first). An error names
+/// what is wrong; then nothing may be applied.
+pub fn decode(payload: &[u8]) -> Result<Vec<Vec<&[u8]>>, &'static str> {
+    const BAD: &str = "ERR RLOCK.APPLY: malformed payload";
     let mut commands = Vec::new();
-    let mut i = 0;
-    while i < argv.len() {
-        let word = argv[i];
-        let (start, len) = if let Some(&(_, args)) = FIXED.iter().find(|(n, _)| *n == word) {
-            (i, 1 + args)
-        } else {
-            let count = std::str::from_utf8(word)
-                .ok()
-                .and_then(|s| s.parse::<usize>().ok())
-                .filter(|&n| n >= 1)
-                .ok_or("ERR RLOCK.APPLY: expected a command or a word count")?;
-            (i + 1, count)
-        };
-        let end = start
-            .checked_add(len)
-            .filter(|&end| end <= argv.len())
-            .ok_or("ERR RLOCK.APPLY: a command is cut short")?;
-        commands.push(start..end);
-        i = end;
+    let mut at = 0;
+    while at < payload.len() {
+        let (n, next) = header(payload, at, b'*').ok_or(BAD)?;
+        at = next;
+        if n == 0 {
+            return Err(BAD);
+        }
+        let mut words = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (len, next) = header(payload, at, b'$').ok_or(BAD)?;
+            let end = next.checked_add(len).filter(|&e| e + 2 <= payload.len()).ok_or(BAD)?;
+            if &payload[end..end + 2] != b"\r\n" {
+                return Err(BAD);
+            }
+            words.push(&payload[next..end]);
+            at = end + 2;
+        }
+        commands.push(words);
     }
     if commands.is_empty() {
         return Err("ERR RLOCK.APPLY: nothing to apply");
@@ -65,63 +121,76 @@ pub fn split(argv: &[&[u8]]) -> Result<Vec<std::ops::Range<usize>>, &'static str
     Ok(commands)
 }
 
+/// `<kind><decimal>\r\n` at `at`: the number and where what follows starts.
+fn header(payload: &[u8], at: usize, kind: u8) -> Option<(usize, usize)> {
+    if payload.get(at) != Some(&kind) {
+        return None;
+    }
+    let mut n: usize = 0;
+    let mut i = at + 1;
+    while let Some(&b) = payload.get(i) {
+        match b {
+            b'0'..=b'9' if i - at <= 18 => n = n * 10 + usize::from(b - b'0'),
+            b'\r' if i > at + 1 && payload.get(i + 1) == Some(&b'\n') => return Some((n, i + 2)),
+            _ => return None,
+        }
+        i += 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn words(s: &str) -> Vec<&[u8]> {
-        s.split(' ').map(str::as_bytes).collect()
-    }
-
     #[test]
-    fn bare_and_counted_commands_split_where_they_were_joined() {
-        let argv = words("HSET k o 1 PEXPIREAT k 99 5 SET r v PXAT 99 DEL k 3 HSET k a");
-        let got: Vec<Vec<&[u8]>> = split(&argv)
-            .unwrap()
-            .into_iter()
-            .map(|r| argv[r].to_vec())
-            .collect();
+    fn commands_come_back_as_they_were_written() {
+        let mut p = Vec::new();
+        push_command(&mut p, b"HSET", [Word::Bytes(b"k"), Word::Bytes(b"o\r\n\0"), Word::Int(1)].into_iter(), None);
+        push_command(&mut p, b"PEXPIREAT", [Word::Bytes(b"k"), Word::Int(1_795_547_430_676)].into_iter(), None);
+        push_command(&mut p, b"HINCRBY", [Word::Bytes(b"k"), Word::Bytes(b""), Word::Int(-1)].into_iter(), None);
         assert_eq!(
-            got,
+            decode(&p).unwrap(),
             vec![
-                words("HSET k o 1"),
-                words("PEXPIREAT k 99"),
-                words("SET r v PXAT 99"),
-                words("DEL k"),
-                words("HSET k a"),
+                vec![&b"HSET"[..], b"k", b"o\r\n\0", b"1"],
+                vec![&b"PEXPIREAT"[..], b"k", b"1795547430676"],
+                vec![&b"HINCRBY"[..], b"k", b"", b"-1"],
             ]
         );
+        assert!(p.starts_with(b"*4\r\n$4\r\nHSET\r\n$1\r\nk\r\n"), "plain RESP");
     }
 
     #[test]
-    fn an_argument_that_looks_like_a_command_is_still_an_argument() {
-        // The owner id is "DEL": it sits inside HSET's fixed arguments, never read as a name.
-        let argv = words("HSET k DEL 1 PUBLISH c HSET");
-        assert_eq!(split(&argv).unwrap(), vec![0..4, 4..7]);
+    fn spans_point_at_the_arguments() {
+        let mut p = b"junk".to_vec();
+        let mut spans = Vec::new();
+        push_command(&mut p, b"PEXPIREAT", [Word::Bytes(b"key"), Word::Int(-12)].into_iter(), Some(&mut spans));
+        let got: Vec<&[u8]> = spans.iter().map(|&(at, len)| &p[at..at + len]).collect();
+        assert_eq!(got, vec![&b"key"[..], b"-12"]);
     }
 
     #[test]
-    fn every_written_command_reads_back() {
-        // What the writer decides (bare or counted) the reader undoes, for each shape.
-        for (name, args) in [("HSET", 3), ("HSET", 5), ("SET", 4), ("ZADD", 3), ("DEL", 1)] {
-            let mut argv: Vec<Vec<u8>> = Vec::new();
-            if !bare(name.as_bytes(), args) {
-                argv.push((args + 1).to_string().into_bytes());
-            }
-            argv.push(name.as_bytes().to_vec());
-            argv.extend((0..args).map(|i| format!("a{i}").into_bytes()));
-            let refs: Vec<&[u8]> = argv.iter().map(Vec::as_slice).collect();
-            let ranges = split(&refs).unwrap();
-            assert_eq!(ranges.len(), 1, "{name}/{args}");
-            assert_eq!(ranges[0].len(), args + 1, "{name}/{args}");
+    fn integers_are_written_in_decimal() {
+        for n in [0, 7, -7, 10, i64::MAX, i64::MIN] {
+            assert_eq!(itoa(n).as_bytes(), n.to_string().as_bytes());
         }
     }
 
     #[test]
-    fn malformed_input_is_refused_whole() {
-        for bad in ["", "HSET k o", "7 SET k v", "0 DEL k", "-1 DEL", "NOPE k", "DEL k 2 SET"] {
-            let argv = if bad.is_empty() { vec![] } else { words(bad) };
-            assert!(split(&argv).is_err(), "{bad:?}");
+    fn malformed_payloads_are_refused_whole() {
+        for bad in [
+            &b""[..],
+            b"*1\r\n",
+            b"*0\r\n",
+            b"*1\r\n$3\r\nDEL",
+            b"*1\r\n$3\r\nDELxx",
+            b"*1\r\n$-1\r\n",
+            b"*1\r\n$99999999999999999999\r\nDEL\r\n",
+            b"$3\r\nDEL\r\n",
+            b"*2\r\n$3\r\nDEL\r\n",
+            b"DEL k",
+        ] {
+            assert!(decode(bad).is_err(), "{bad:?}");
         }
     }
 }

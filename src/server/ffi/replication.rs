@@ -8,7 +8,7 @@
 //! - `commands` (the default): they are collected while a unit of work runs (a command,
 //!   a timer, an event: `server::guard` opens and closes units) and go out when it ends
 //!   as **one** command: the plain command itself when there is only one, else one
-//!   `RLOCK.APPLY` carrying them all (`vocab::apply`). The server then propagates one
+//!   `RLOCK.APPLY` whose one argument carries them all (`vocab::apply`). The server then propagates one
 //!   command, not a MULTI/EXEC of several: under real propagation (a replica or an AOF)
 //!   that is most of what a lock command costs.
 //!
@@ -21,10 +21,9 @@ use super::*;
 
 use std::cell::RefCell;
 use std::ffi::CStr;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use crate::vocab::apply;
+use crate::vocab::apply::{self, Word};
 
 /// `RedisModule_Replicate` with the command name as a static C string and a format
 /// string, without the per-call `CString` and argument `Vec` of redis-module's
@@ -57,10 +56,12 @@ struct Batch {
     owner: u32,
     ctx: *mut raw::RedisModuleCtx,
     db: i32,
-    /// `RLOCK.APPLY`'s arguments, each a reference we own.
-    argv: Vec<*mut raw::RedisModuleString>,
-    /// The first command's name and arguments within `argv`: sent alone if it is the only.
-    first: Option<(&'static CStr, Range<usize>)>,
+    /// The commands, as `RLOCK.APPLY`'s payload (`vocab::apply`).
+    payload: Vec<u8>,
+    /// The first command's name, and where its arguments sit in `payload`: sent as itself
+    /// when it is the only one.
+    first: Option<&'static CStr>,
+    first_args: Vec<(usize, usize)>,
     commands: usize,
 }
 
@@ -72,8 +73,9 @@ thread_local! {
             owner: 0,
             ctx: ptr::null_mut(),
             db: 0,
-            argv: Vec::new(),
+            payload: Vec::new(),
             first: None,
+            first_args: Vec::new(),
             commands: 0,
         })
     };
@@ -190,23 +192,8 @@ fn create(bytes: &[u8]) -> *mut raw::RedisModuleString {
     }
 }
 
-fn create_long(n: i64) -> *mut raw::RedisModuleString {
-    unsafe { raw::RedisModule_CreateStringFromLongLong.unwrap()(ptr::null_mut(), n) }
-}
-
-fn retain(s: &RedisString) -> *mut raw::RedisModuleString {
-    unsafe { raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s.inner) };
-    s.inner
-}
-
-/// Adds one command to the batch: its word count when it is not written bare, its name,
-/// then the arguments `fill` pushes (references the batch owns).
-fn record(
-    ctx: &Context,
-    cmd: &'static CStr,
-    nargs: usize,
-    fill: impl FnOnce(&mut Vec<*mut raw::RedisModuleString>),
-) {
+/// Adds one command to the batch.
+fn record<'a>(ctx: &Context, cmd: &'static CStr, args: impl ExactSizeIterator<Item = Word<'a>>) {
     let db = selected_db(ctx);
     BATCH.with(|b| {
         let mut b = b.borrow_mut();
@@ -217,39 +204,17 @@ fn record(
             b.ctx = ctx.ctx;
             b.db = db;
             b.owner = b.depth;
+            b.first = Some(cmd);
         }
-        if b.commands == 1 {
-            // A second command: the first, kept bare until now (sent alone, it needs no
-            // name string or count), gets its place in RLOCK.APPLY's layout.
-            if let Some((first, args)) = b.first.clone() {
-                let prefix = head(first, args.len());
-                b.argv.splice(0..0, prefix);
-            }
-        }
-        if b.commands == 0 {
-            b.first = Some((cmd, 0..nargs));
-        } else {
-            let prefix = head(cmd, nargs);
-            b.argv.extend(prefix);
-        }
-        fill(&mut b.argv);
+        let b = &mut *b;
+        let spans = (b.commands == 0).then_some(&mut b.first_args);
+        apply::push_command(&mut b.payload, cmd.to_bytes(), args, spans);
         b.commands += 1;
     });
 }
 
-/// A command's place in RLOCK.APPLY before its arguments: its word count unless it is
-/// written bare, then its name (`vocab::apply`).
-fn head(cmd: &CStr, nargs: usize) -> Vec<*mut raw::RedisModuleString> {
-    let name = cmd.to_bytes();
-    let mut out = Vec::with_capacity(2);
-    if !apply::bare(name, nargs) {
-        out.push(create_long(nargs as i64 + 1));
-    }
-    out.push(create(name));
-    out
-}
-
-/// Replicates the batch as one command, with its db selected, and empties it.
+/// Replicates the batch as one command, with its db selected, and empties it: the plain
+/// command when there is one, else `RLOCK.APPLY` with the payload as its one argument.
 fn send(b: &mut Batch) {
     let ctx = b.ctx;
     unsafe {
@@ -258,17 +223,40 @@ fn send(b: &mut Batch) {
             raw::RedisModule_SelectDb.unwrap()(ctx, b.db);
         }
         if let Some(f) = raw::RedisModule_Replicate {
-            match (&b.first, b.commands) {
-                (Some((name, _)), 1) => {
-                    f(ctx, name.as_ptr(), c"v".as_ptr(), b.argv.as_mut_ptr(), b.argv.len());
+            match (b.first, b.commands) {
+                (Some(name), 1) => {
+                    // Passed as buffers from the payload: a unit that writes
+                    // one thing (a renewal, a semaphore's DECRBY) costs what its plain
+                    // command costs in `effects` mode.
+                    let payload = &b.payload;
+                    let args = &b.first_args;
+                    let n = name.as_ptr();
+                    let p = |i: usize| payload[args[i].0..].as_ptr().cast::<c_char>();
+                    let l = |i: usize| args[i].1;
+                    match args.len() {
+                        1 => f(ctx, n, c"b".as_ptr(), p(0), l(0)),
+                        2 => f(ctx, n, c"bb".as_ptr(), p(0), l(0), p(1), l(1)),
+                        3 => f(ctx, n, c"bbb".as_ptr(), p(0), l(0), p(1), l(1), p(2), l(2)),
+                        _ => {
+                            let mut argv: Vec<*mut raw::RedisModuleString> = args
+                                .iter()
+                                .map(|&(at, len)| create(&payload[at..at + len]))
+                                .collect();
+                            let r = f(ctx, n, c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
+                            for s in argv {
+                                raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), s);
+                            }
+                            r
+                        }
+                    };
                 }
                 _ => {
                     f(
                         ctx,
                         c"RLOCK.APPLY".as_ptr(),
-                        c"v".as_ptr(),
-                        b.argv.as_mut_ptr(),
-                        b.argv.len(),
+                        c"b".as_ptr(),
+                        b.payload.as_ptr().cast::<c_char>(),
+                        b.payload.len(),
                     );
                 }
             }
@@ -276,10 +264,9 @@ fn send(b: &mut Batch) {
         if selected != b.db {
             raw::RedisModule_SelectDb.unwrap()(ctx, selected);
         }
-        for s in b.argv.drain(..) {
-            raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), s);
-        }
     }
+    b.payload.clear();
+    b.first_args.clear();
     b.first = None;
     b.commands = 0;
     b.owner = 0;
@@ -291,15 +278,12 @@ pub fn replicate(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
         return;
     }
     if batching() {
-        record(ctx, cmd, args.len(), |argv| {
-            for arg in args {
-                argv.push(match arg {
-                    Arg::Str(s) => retain(s),
-                    Arg::Int(n) => create_long(*n),
-                    Arg::Word(w) => create(w.to_bytes()),
-                });
-            }
+        let words = args.iter().map(|arg| match arg {
+            Arg::Str(s) => Word::Bytes(s.as_slice()),
+            Arg::Int(n) => Word::Int(*n),
+            Arg::Word(w) => Word::Bytes(w.to_bytes()),
         });
+        record(ctx, cmd, words);
         return;
     }
     let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
@@ -338,9 +322,7 @@ pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) 
         return;
     }
     if batching() {
-        record(ctx, cmd, args.len(), |argv| {
-            argv.extend(args.iter().map(|s| retain(s)));
-        });
+        record(ctx, cmd, args.iter().map(|s| Word::Bytes(s.as_slice())));
         return;
     }
     let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
@@ -358,15 +340,15 @@ pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) 
     }
 }
 
-/// Runs the plain command `argv[0]` with the arguments `argv[1..]` as a nested call, not
-/// replicated by itself (`RLOCK.APPLY` on a replica or an AOF reload, which replicates
-/// itself verbatim). It fires its keyspace notifications and signals WATCH as the command
-/// does. An error reply is returned as its text.
-pub fn call_plain(ctx: &Context, argv: &[&RedisString]) -> Result<(), String> {
-    let (name, args) = argv.split_first().ok_or_else(|| "empty command".to_string())?;
-    let name = std::ffi::CString::new(name.as_slice()).map_err(|_| "bad command name")?;
-    let mut args: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| a.inner).collect();
-    unsafe {
+/// Runs the plain command `words[0]` with the arguments `words[1..]` as a nested call,
+/// not replicated by itself (`RLOCK.APPLY` on a replica or an AOF reload, which
+/// replicates itself verbatim). It fires its keyspace notifications and signals WATCH as
+/// the command does. An error reply is returned as its text.
+pub fn call_plain(ctx: &Context, words: &[&[u8]]) -> Result<(), String> {
+    let (name, args) = words.split_first().ok_or_else(|| "empty command".to_string())?;
+    let name = std::ffi::CString::new(*name).map_err(|_| "bad command name")?;
+    let mut args: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| create(a)).collect();
+    let result = unsafe {
         let reply = raw::RedisModule_Call.unwrap()(
             ctx.ctx,
             name.as_ptr(),
@@ -375,23 +357,28 @@ pub fn call_plain(ctx: &Context, argv: &[&RedisString]) -> Result<(), String> {
             args.len(),
         );
         if reply.is_null() {
-            return Err(format!("{} failed", name.to_string_lossy()));
+            Err(format!("{} failed", name.to_string_lossy()))
+        } else {
+            let failed = raw::RedisModule_CallReplyType.unwrap()(reply)
+                == raw::REDISMODULE_REPLY_ERROR as c_int;
+            let text = failed.then(|| {
+                let mut len = 0usize;
+                let p = raw::RedisModule_CallReplyStringPtr.unwrap()(reply, &mut len);
+                if p.is_null() {
+                    String::new()
+                } else {
+                    String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), len))
+                        .into_owned()
+                }
+            });
+            raw::RedisModule_FreeCallReply.unwrap()(reply);
+            text.map_or(Ok(()), Err)
         }
-        let failed = raw::RedisModule_CallReplyType.unwrap()(reply)
-            == raw::REDISMODULE_REPLY_ERROR as c_int;
-        let text = failed.then(|| {
-            let mut len = 0usize;
-            let p = raw::RedisModule_CallReplyStringPtr.unwrap()(reply, &mut len);
-            if p.is_null() {
-                String::new()
-            } else {
-                String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), len))
-                    .into_owned()
-            }
-        });
-        raw::RedisModule_FreeCallReply.unwrap()(reply);
-        text.map_or(Ok(()), Err)
+    };
+    for s in args {
+        unsafe { raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), s) };
     }
+    result
 }
 
 /// Replicates the running command as it was called (`RLOCK.APPLY` on a replica: its own
