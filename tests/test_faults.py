@@ -194,6 +194,8 @@ def test_a_killed_server_drops_its_waiters_and_keeps_its_locks_with_their_lease(
     else:
         assert b"rlock." not in aof_bytes(server).lower(), "RLOCK commands reached the AOF"
 
+    if mode == "commands":
+        return  # the module is needed to load this AOF, as SPEC 1.4 says
     # The AOF is plain effects: a server without the module loads the same locks.
     server.stop()
     server.module = False
