@@ -92,13 +92,14 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python
 
-bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
+bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX, AOF on and off, both replication modes; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
 	$(PY) bench/instr.py --latch --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/floors_instr.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/replication_instr.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE)
 
 INSTR_SERVERS = $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s)))
