@@ -48,6 +48,7 @@ CANNOT_HOLD = {
     "partition": "a holder cut off past its lease may still write once healed",
     "restart-everysec": "the AOF may lose the last second of writes",
     "failover": "asynchronous replication may lose the last writes",
+    "failover-commands": "asynchronous replication may lose the last writes",
     "failover-wait": "releases and renewals are not waited for; the promoted replica may miss a grant",
 }
 # Leases do not exist for these: a pause or a cut-off holder keeps its hold.
@@ -93,7 +94,8 @@ class Server:
                  extra: List[str], netns: Optional[str] = None) -> None:
         self.binary, self.host, self.port, self.workdir = binary, host, port, workdir
         self.module, self.extra, self.netns = module, extra, netns
-        # Module arguments (`rlock.replication MODE`), given only where the module has it.
+        # Module arguments (`replication MODE`, the config rlock.replication), given only
+        # where the module has it.
         self.module_args: List[str] = list(MODULE_ARGS)
         self.proc: Optional[subprocess.Popen] = None
         workdir.mkdir(parents=True, exist_ok=True)
@@ -581,13 +583,13 @@ def main() -> int:
     version = sh(binary, "--version").stdout.strip()
     done: List[Cell] = []
     failures: List[str] = []
-    # Today's module has no rlock.replication config: it propagates effects only.
+    # A module without the rlock.replication config (before issue 24) propagates effects only.
     has_mode_config = replication_config(binary, a.module, out)
     for spec in cells:
         p, _, f = spec.partition(":")
         mode = "commands" if f == "failover-commands" else a.replication
         c = Cell(p, f, a.server, a.ops, a.seconds, a.workers, out, mode)
-        MODULE_ARGS[:] = ["rlock.replication", mode] if has_mode_config else []
+        MODULE_ARGS[:] = ["replication", mode] if has_mode_config else []
         if f == "failover-commands" or (f.startswith("failover") and a.replication == "commands"):
             if not has_mode_config:
                 c.note = "not yet implemented: rlock.replication commands (SPEC 1.4, issue 24)"
