@@ -288,3 +288,32 @@ def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server
     primary.args += ["--appendonly", "yes"]  # as CONFIG SET left it
     primary.restart()
     assert everything(primary.client()) == before
+
+
+def test_a_failover_without_aof_keeps_the_promoted_replicas_writes_for_the_old_primary(
+        make_server):
+    """B, a replica, is promoted and A, its old primary, attaches to it by partial resync:
+    what B wrote in between reaches A from B's backlog, though neither has an AOF and B
+    never forked (its master link coming up is what tells the module to replicate)."""
+    args = ["--repl-diskless-sync-delay", "0", "--hz", "100"]
+    a_server = make_server("a", args=args)
+    b_server = make_server("b", args=args)  # a replica from run time on, not from its start
+    a, b = a_server.client(), b_server.client()
+    assert b.execute_command("REPLICAOF", "127.0.0.1", a_server.port)
+    wait_link_up(b)
+    wait_online(a)
+    a.execute_command("RLOCK.ACQUIRE", "before", "o", LEASE)
+    agree(a, b)
+    assert b.execute_command("REPLICAOF", "NO", "ONE")
+    wait_until(lambda: info_field(b, "replication", "role") == "master", 5, what="promoted")
+    partial = int(info_field(b, "stats", "sync_partial_ok"))
+    for i in range(3):
+        b.execute_command("RLOCK.ACQUIRE", f"after{i}", "o", LEASE)
+    b.execute_command("RLOCK.ACQUIRE", "before", "o", LEASE)
+    assert a.execute_command("REPLICAOF", "127.0.0.1", b_server.port)
+    wait_link_up(a)
+    wait_until(lambda: int(info_field(b, "stats", "sync_partial_ok")) > partial, 10,
+               what="the old primary's partial resync")
+    agree(b, a)
+    assert a.hgetall("before") == {b"o": b"2"}
+    assert a.exists("after0", "after1", "after2") == 3

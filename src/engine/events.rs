@@ -141,8 +141,6 @@ pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
 /// net for anything left, and it forgets the lock keys tracked as a master.
 #[role_changed_event_handler]
 fn on_role_changed(ctx: &Context, role: ServerRole) {
-    // Either way the server now has a backlog that replicas may read: replicate always.
-    ffi::note_may_propagate();
     if let ServerRole::Replica = role {
         crate::server::guard::quietly(|| {
             // A replica's keys follow its master; what we tracked here no longer applies.

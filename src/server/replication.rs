@@ -6,7 +6,6 @@
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
-
 use crate::server::ffi;
 use crate::server::guard;
 use crate::vocab::apply;
@@ -30,7 +29,9 @@ pub fn apply_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             if let Err(e) = ffi::call_plain(ctx, &words) {
                 // The primary ran the same command on the same state: an error here means
                 // the replica's data had already diverged. Say so where the operator looks.
-                ctx.log_warning(&format!("rlock: RLOCK.APPLY could not apply a command: {e}"));
+                ctx.log_warning(&format!(
+                    "rlock: RLOCK.APPLY could not apply a command: {e}"
+                ));
             }
         }
         ffi::replicate_verbatim(ctx);

@@ -106,7 +106,10 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Vec<&[u8]>>, &'static str> {
         let mut words = Vec::with_capacity(n);
         for _ in 0..n {
             let (len, next) = header(payload, at, b'$').ok_or(BAD)?;
-            let end = next.checked_add(len).filter(|&e| e + 2 <= payload.len()).ok_or(BAD)?;
+            let end = next
+                .checked_add(len)
+                .filter(|&e| e + 2 <= payload.len())
+                .ok_or(BAD)?;
             if &payload[end..end + 2] != b"\r\n" {
                 return Err(BAD);
             }
@@ -146,9 +149,24 @@ mod tests {
     #[test]
     fn commands_come_back_as_they_were_written() {
         let mut p = Vec::new();
-        push_command(&mut p, b"HSET", [Word::Bytes(b"k"), Word::Bytes(b"o\r\n\0"), Word::Int(1)].into_iter(), None);
-        push_command(&mut p, b"PEXPIREAT", [Word::Bytes(b"k"), Word::Int(1_795_547_430_676)].into_iter(), None);
-        push_command(&mut p, b"HINCRBY", [Word::Bytes(b"k"), Word::Bytes(b""), Word::Int(-1)].into_iter(), None);
+        push_command(
+            &mut p,
+            b"HSET",
+            [Word::Bytes(b"k"), Word::Bytes(b"o\r\n\0"), Word::Int(1)].into_iter(),
+            None,
+        );
+        push_command(
+            &mut p,
+            b"PEXPIREAT",
+            [Word::Bytes(b"k"), Word::Int(1_795_547_430_676)].into_iter(),
+            None,
+        );
+        push_command(
+            &mut p,
+            b"HINCRBY",
+            [Word::Bytes(b"k"), Word::Bytes(b""), Word::Int(-1)].into_iter(),
+            None,
+        );
         assert_eq!(
             decode(&p).unwrap(),
             vec![
@@ -157,14 +175,22 @@ mod tests {
                 vec![&b"HINCRBY"[..], b"k", b"", b"-1"],
             ]
         );
-        assert!(p.starts_with(b"*4\r\n$4\r\nHSET\r\n$1\r\nk\r\n"), "plain RESP");
+        assert!(
+            p.starts_with(b"*4\r\n$4\r\nHSET\r\n$1\r\nk\r\n"),
+            "plain RESP"
+        );
     }
 
     #[test]
     fn spans_point_at_the_arguments() {
         let mut p = b"junk".to_vec();
         let mut spans = Vec::new();
-        push_command(&mut p, b"PEXPIREAT", [Word::Bytes(b"key"), Word::Int(-12)].into_iter(), Some(&mut spans));
+        push_command(
+            &mut p,
+            b"PEXPIREAT",
+            [Word::Bytes(b"key"), Word::Int(-12)].into_iter(),
+            Some(&mut spans),
+        );
         let got: Vec<&[u8]> = spans.iter().map(|&(at, len)| &p[at..at + len]).collect();
         assert_eq!(got, vec![&b"key"[..], b"-12"]);
     }

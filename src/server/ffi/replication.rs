@@ -111,15 +111,15 @@ fn batching() -> bool {
 // - an AOF on at load (CONFIG SET appendonly yes later starts a rewrite: a fork);
 // - a replica's first sync always forks a child (disk or diskless), before which the
 //   backlog holds nothing a replica needs: the snapshot carries every earlier write;
-// - the server is, or becomes, a replica (its backlog serves replicas of its own after
-//   a promotion).
+// - the server is a replica at load, or its link to a master comes up (its backlog
+//   serves its own replicas, and its old master after a failover).
 // Writes skipped before then are in the dataset, which is what an AOF rewrite and a full
 // sync start from.
 
 static MAY_PROPAGATE: AtomicBool = AtomicBool::new(false);
 
 /// From now on every write is replicated (see above). Called at load when the server has
-/// an AOF, a backlog or a master, on any fork, and when the server becomes a replica.
+/// an AOF, a backlog or a master, on any fork, and when a link to a master comes up.
 pub fn note_may_propagate() {
     MAY_PROPAGATE.store(true, Relaxed);
 }
@@ -128,7 +128,8 @@ fn may_propagate() -> bool {
     MAY_PROPAGATE.load(Relaxed)
 }
 
-extern "C" fn fork_cb(
+/// The fork and master-link events: either makes propagation possible.
+extern "C" fn propagation_possible_cb(
     _ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
     _subevent: u64,
@@ -146,15 +147,19 @@ pub fn watch_propagation(ctx: &Context) {
     {
         note_may_propagate();
     }
-    let subscribed = unsafe {
+    // A fork (a replica's first sync, an AOF rewrite), or a link to a master coming up
+    // (the server is a replica, with a backlog its own replicas, or its old master after
+    // a failover, may continue from): from then on, replicate.
+    let events = [
+        raw::REDISMODULE_EVENT_FORK_CHILD,
+        raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE,
+    ];
+    let subscribed = events.iter().all(|&id| unsafe {
         raw::RedisModule_SubscribeToServerEvent.is_some_and(|subscribe| {
-            let event = raw::RedisModuleEvent {
-                id: raw::REDISMODULE_EVENT_FORK_CHILD,
-                dataver: 1,
-            };
-            subscribe(ctx.ctx, event, Some(fork_cb)) == raw::REDISMODULE_OK as c_int
+            let event = raw::RedisModuleEvent { id, dataver: 1 };
+            subscribe(ctx.ctx, event, Some(propagation_possible_cb)) == raw::REDISMODULE_OK as c_int
         })
-    };
+    });
     if !subscribed {
         note_may_propagate();
     }
@@ -345,7 +350,9 @@ pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) 
 /// replicates itself verbatim). It fires its keyspace notifications and signals WATCH as
 /// the command does. An error reply is returned as its text.
 pub fn call_plain(ctx: &Context, words: &[&[u8]]) -> Result<(), String> {
-    let (name, args) = words.split_first().ok_or_else(|| "empty command".to_string())?;
+    let (name, args) = words
+        .split_first()
+        .ok_or_else(|| "empty command".to_string())?;
     let name = std::ffi::CString::new(*name).map_err(|_| "bad command name")?;
     let mut args: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| create(a)).collect();
     let result = unsafe {
