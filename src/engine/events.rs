@@ -129,16 +129,21 @@ pub fn watch(ctx: &Context) {
 }
 
 /// The last waiter left (or a grant was taken back, a connection with ticket grants
-/// closed): look, a moment later, whether the module can stop watching. A timer, because
-/// this may run inside a server event's callback, where dropping a listener is not safe;
-/// it fires in the next turn of the event loop. Cheap when nothing is held or the check is
-/// armed already.
+/// closed): looks whether the module can stop watching. At once where that is safe (a
+/// command, a timer, the sweep's end), so that `MODULE UNLOAD` right after the last waiter
+/// left succeeds; from inside a server event's callback, where dropping a listener is not
+/// safe, or while the sweep has work left, a moment later, by a timer that fires in the
+/// next turn of the event loop. Cheap when nothing is held or the check is armed already.
 pub fn idle_soon(ctx: &Context) {
     if !(WATCHING.load(Relaxed) || ffi::hooked(Hook::ClientChange)) || IDLE_ARMED.with(Cell::get)
     {
         return;
     }
-    arm_idle(ctx, 0);
+    if ffi::in_event() {
+        arm_idle(ctx, 0);
+    } else {
+        check_idle(ctx);
+    }
 }
 
 fn arm_idle(ctx: &Context, delay_ms: i64) {
@@ -156,11 +161,17 @@ fn arm_idle(ctx: &Context, delay_ms: i64) {
 ///   it stays, and its callback turns every event away at its first check.
 pub fn on_idle(ctx: &Context) {
     IDLE_ARMED.with(|a| a.set(false));
+    check_idle(ctx);
+}
+
+fn check_idle(ctx: &Context) {
     if engine::anyone_waits() {
         return;
     }
     if engine::sweep_due() {
-        arm_idle(ctx, IDLE_RETRY_MS);
+        // The sweep runs first (it may publish unlock messages, which need tracking): at
+        // once, unless writes are paused, when it waits for the pause itself.
+        arm_idle(ctx, if ffi::writes_paused() { IDLE_RETRY_MS } else { 0 });
         return;
     }
     let window = crate::server::config::request_id_window_ms();

@@ -13,6 +13,8 @@ thread_local! {
     pub(super) static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
     static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
+    /// The sweep is running (the idle check waits for its end).
+    static SWEEPING: Cell<bool> = const { Cell::new(false) };
     static REVOKES: RefCell<Vec<Untold>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -57,6 +59,7 @@ const PAUSED_RETRY_MS: i64 = 10;
 pub fn sweep_due() -> bool {
     SWEEP_ARMED.with(Cell::get)
         || JOB_ARMED.with(Cell::get)
+        || SWEEPING.with(Cell::get)
         || PENDING.with(|p| !p.borrow().is_empty())
         || REVOKES.with(|r| !r.borrow().is_empty())
 }
@@ -270,6 +273,25 @@ fn on_key_timer(ctx: &Context, tag: u64) {
 pub fn sweep(ctx: &Context) {
     SWEEP_ARMED.with(|a| a.set(false));
     JOB_ARMED.with(|a| a.set(false));
+    {
+        // Reset on the way out even if a step panics (guard::quietly catches it): a flag
+        // left set would keep the idle check waiting forever.
+        struct Sweeping;
+        impl Drop for Sweeping {
+            fn drop(&mut self) {
+                SWEEPING.with(|s| s.set(false));
+            }
+        }
+        SWEEPING.with(|s| s.set(true));
+        let _sweeping = Sweeping;
+        sweep_lists(ctx);
+    }
+    if !anyone_waits() {
+        events::idle_soon(ctx); // the sweep may have been what the idle check waited for
+    }
+}
+
+fn sweep_lists(ctx: &Context) {
     if ctx.get_flags().contains(ContextFlags::SLAVE) {
         // A replica's keys are its master's to change.
         PENDING.with(|p| p.borrow_mut().clear());

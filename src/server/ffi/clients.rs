@@ -135,6 +135,7 @@ pub(super) extern "C" fn swapdb_cb(
     data: *mut c_void,
 ) {
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+    let _in = InEvent::enter();
     let context = Context::new(ctx);
     if let Some(f) = SWAPDB_HANDLER.get() {
         crate::server::guard::quietly(|| f(&context, info.dbnum_first, info.dbnum_second));
@@ -159,6 +160,7 @@ pub(super) extern "C" fn client_change_cb(
         return;
     }
     let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
+    let _in = InEvent::enter();
     let context = Context::new(ctx);
     if let Some(f) = CLIENT_GONE_HANDLER.get() {
         crate::server::guard::quietly(|| f(&context, info.id));

@@ -3,7 +3,7 @@
 //! to only while it watches (subscribed and dropped at run time). A child of `ffi`.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8};
 
 use super::*;
 
@@ -17,6 +17,32 @@ pub enum Removal {
     Expired,
     Evicted,
     Overwritten,
+}
+
+/// How deep the module is inside the server's event callbacks (keyspace or server events;
+/// main thread only). No subscription may be dropped there: the server goes on using the
+/// listener list it is walking.
+static IN_EVENT: AtomicU32 = AtomicU32::new(0);
+
+/// True while a server or keyspace event's callback of the module runs.
+pub fn in_event() -> bool {
+    IN_EVENT.load(Relaxed) != 0
+}
+
+/// Marks an event callback for its lifetime (see [`in_event`]).
+pub(super) struct InEvent(());
+
+impl InEvent {
+    pub(super) fn enter() -> InEvent {
+        IN_EVENT.fetch_add(1, Relaxed);
+        InEvent(())
+    }
+}
+
+impl Drop for InEvent {
+    fn drop(&mut self) {
+        IN_EVENT.fetch_sub(1, Relaxed);
+    }
 }
 
 /// Called with the db, how the key left, and the key's name.
@@ -53,6 +79,7 @@ extern "C" fn keyspace_cb(
         if !(h.watching)() {
             return raw::REDISMODULE_OK as c_int;
         }
+        let _in = InEvent::enter();
         let context = Context::new(ctx);
         let removal = if class & raw::REDISMODULE_NOTIFY_EXPIRED != 0 {
             Removal::Expired
@@ -145,6 +172,7 @@ extern "C" fn key_event_cb(
         raw::REDISMODULE_SUBEVENT_KEY_OVERWRITTEN => Removal::Overwritten,
         _ => Removal::Deleted,
     };
+    let _in = InEvent::enter();
     let context = Context::new(ctx);
     let name = unsafe { raw::RedisModule_GetKeyNameFromModuleKey.unwrap()(info.key) };
     let db = selected_db(&context);
@@ -284,6 +312,7 @@ extern "C" fn flush_cb(
     if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
         return;
     }
+    let _in = InEvent::enter();
     if let Some(f) = FLUSH_HANDLER.get() {
         let context = Context::new(ctx);
         crate::server::guard::quietly(|| f(&context));
@@ -299,6 +328,7 @@ extern "C" fn role_changed_cb(
     if subevent != raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
         return;
     }
+    let _in = InEvent::enter();
     if let Some(f) = REPLICA_HANDLER.get() {
         let context = Context::new(ctx);
         crate::server::guard::quietly(|| f(&context));
