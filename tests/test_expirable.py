@@ -121,19 +121,24 @@ def test_with_nobody_waiting_an_expired_permit_is_back_for_reads_and_the_next_wr
     p.close()
 
 
-def test_a_lease_timer_follows_its_key_through_swapdb(server):
+def test_a_lease_timer_stays_with_the_waiters_through_swapdb(server):
+    """Waiters keep their db number (as for the lock); the lease timer runs only where
+    somebody waits: after SWAPDB the key's timer is stopped in the db it went to, nobody
+    waiting there, and the next write reclaims its expired permit."""
     r = server.client()
     ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 1)
-    ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300)
+    pid = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300)
     assert r.get("p") == b"0"
     w = big_waiter(server, r)
     try:
+        assert rlock_info(r, "key_timers") == 1
         r.swapdb(0, 1)
+        wait_until(lambda: rlock_info(r, "key_timers") == 0, what="the moved key's timer stopped")
         other = redis.Redis(port=server.port, db=1)
-        # Plain reads only: the timer, not a command on the key, brings the permit back, in
-        # the db the key now lives in.
-        wait_until(lambda: other.get("p") == b"1", timeout=5, what="the permit back in db 1")
-        assert other.zcard("{p}:timeout") == 0 and not r.exists("p")
+        wait_until(lambda: ps(other, "RPSEMAPHORE.LEASETIME", "p", pid) == -2, what="the lease end")
+        assert other.get("p") == b"0", "no timer wrote it back"
+        assert ps(other, "RPSEMAPHORE.ADDPERMITS", "p", 1) == 2, "the write reclaims it"
+        assert other.zcard("{p}:timeout") == 0
     finally:
         w.close()
     wait_until(lambda: rlock_info(r, "key_timers") == 0, what="no timer left")

@@ -244,6 +244,9 @@ fn on_flush(ctx: &Context) {
 pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
     tracking::swap(a, b);
     engine::swap_key_timers(a, b);
+    // Waiters keep their db number: a timer that followed its key to the other db has
+    // nobody waiting there (no timer while nobody waits; the next write reclaims).
+    engine::disarm_key_timers_without_waiters(ctx);
     for (db, key) in watched_keys()
         .into_iter()
         .filter(|(db, _)| *db == a || *db == b)

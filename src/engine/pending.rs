@@ -239,6 +239,17 @@ pub fn swap_key_timers(a: i32, b: i32) {
     });
 }
 
+/// Stops the key timers of keys nobody waits for (after SWAPDB: a timer followed its key
+/// to the other db, where its waiters are not).
+pub fn disarm_key_timers_without_waiters(ctx: &Context) {
+    let slots: Vec<KeyTimerKey> = KEY_TIMERS.with(|t| t.borrow().armed.keys().cloned().collect());
+    for (kind, db, key) in slots {
+        if !has_waiters(db, &key) {
+            disarm_key_timer(ctx, kind, db, &key);
+        }
+    }
+}
+
 /// How many key timers are armed (INFO, leak tests).
 pub fn key_timers_armed() -> usize {
     KEY_TIMERS.with(|t| t.borrow().armed.len())
