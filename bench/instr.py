@@ -26,6 +26,7 @@ import hashlib
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -413,7 +414,7 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only
                 log(f"  {k}: {v:.0f}")
     # Several rounds (--rounds): the median of each cell. Reruns differ where the server's
     # hash tables are seeded at random (which keys share a bucket).
-    results = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+    results = {k: statistics.median(v) for k, v in samples.items()}
     return results, [c[0] for c in configs]
 
 

@@ -30,7 +30,7 @@ pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
 /// Whether the server tells the module of every write to a key with waiters (Redis 7.0's
 /// keyspace events, to which the module subscribes for strings, hashes and sorted sets),
 /// or only of removals (7.2+/Valkey's key server event: no tax on other writes). Set once
-/// by `events::subscribe`.
+/// by `events::init`.
 static WRITES_REPORTED: AtomicBool = AtomicBool::new(true);
 
 pub fn set_writes_reported(reported: bool) {
