@@ -352,6 +352,10 @@ pub fn set_post_job_handler(f: fn(&Context)) {
 }
 
 extern "C" fn post_job_cb(ctx: *mut raw::RedisModuleCtx, _pd: *mut c_void) {
+    // A job may run inside a server event's listener loop: the server runs pending jobs
+    // when it frees the context of an event fired outside any command (moduleFreeContext),
+    // before it moves to the next listener. So no subscription is dropped from here.
+    let _in = InEvent::enter();
     let context = Context::new(ctx);
     if let Some(f) = JOB_HANDLER.get() {
         crate::server::guard::quietly(|| f(&context));
