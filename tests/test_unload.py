@@ -277,3 +277,23 @@ def test_a_closing_connection_drops_the_client_event_once_grants_are_taken_back(
     wait_until(lambda: stat(r, "event_subscriptions") == sticky_subscriptions(),
                what="the client event dropped")
     assert r.execute_command("MODULE", "UNLOAD", "rlock") == b"OK"
+
+
+def test_the_module_unloaded_after_waits_loads_again_and_watches_again(server):
+    """A library unloaded and loaded again may keep its statics: the module starts with no
+    subscription whatever it had, and subscribes and drops them again."""
+    from conftest import MODULE
+
+    r = server.client()
+    for _ in range(2):
+        r.execute_command("RLOCK.ACQUIRE", "k", "a", LONG)
+        w = Waiter(server, "RLOCK.ACQUIRE", "k", "b", LONG, "WAIT", LONG)
+        queued(r, 1)
+        assert stat(r, "event_subscriptions") == 5
+        r.execute_command("RLOCK.RELEASE", "k", "a")
+        assert w.join() is None
+        r.execute_command("RLOCK.RELEASE", "k", "b")
+        assert_nothing_held_and_unload(r)
+        r.execute_command("MODULE", "LOAD", MODULE)
+        # The server dropped every subscription of the module it unloaded.
+        assert stat(r, "event_subscriptions") == 0 and stat(r, "watching") == 0

@@ -84,6 +84,10 @@ fn watching() -> bool {
 /// Installs the handlers (from init). Subscribes to nothing: the module listens only
 /// while it watches ([`watch`]).
 pub fn init() {
+    ffi::reset_subscriptions();
+    WATCHING.store(false, Relaxed);
+    IDLE_ARMED.with(|a| a.set(false));
+    tracking::set_active(false);
     ffi::set_post_job_handler(engine::sweep);
     ffi::set_key_handlers(watching, engine::anyone_waits, on_removed);
     ffi::set_flush_and_replica_handlers(on_flush, on_replica);

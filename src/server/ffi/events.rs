@@ -288,6 +288,15 @@ pub fn unhook(ctx: &Context, h: Hook) {
     HOOKED.fetch_and(!h.bit(), Relaxed);
 }
 
+/// Forgets every subscription the module had (called at load): the server starts a module
+/// with none, but a library unloaded and loaded again may keep its statics (dlclose need
+/// not unmap it), and a stale bit would make [`unhook`] register a NULL callback.
+pub fn reset_subscriptions() {
+    HOOKED.store(0, Relaxed);
+    KEYSPACE_ON.store(false, Relaxed);
+    IN_EVENT.store(0, Relaxed);
+}
+
 /// True while subscribed to `h` (INFO, tests).
 pub fn hooked(h: Hook) -> bool {
     HOOKED.load(Relaxed) & h.bit() != 0
