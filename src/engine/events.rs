@@ -125,7 +125,12 @@ pub fn watch(ctx: &Context) {
     if !ffi::hook(ctx, Hook::Key) {
         ffi::subscribe_keyspace(ctx);
     }
-    for hook in [Hook::Flush, Hook::RoleChanged, Hook::SwapDb, Hook::ClientChange] {
+    for hook in [
+        Hook::Flush,
+        Hook::RoleChanged,
+        Hook::SwapDb,
+        Hook::ClientChange,
+    ] {
         ffi::hook(ctx, hook);
     }
     tracking::set_active(true);
@@ -139,8 +144,7 @@ pub fn watch(ctx: &Context) {
 /// safe, or while the sweep has work left, a moment later, by a timer that fires in the
 /// next turn of the event loop. Cheap when nothing is held or the check is armed already.
 pub fn idle_soon(ctx: &Context) {
-    if !(WATCHING.load(Relaxed) || ffi::hooked(Hook::ClientChange)) || IDLE_ARMED.with(Cell::get)
-    {
+    if !(WATCHING.load(Relaxed) || ffi::hooked(Hook::ClientChange)) || IDLE_ARMED.with(Cell::get) {
         return;
     }
     if ffi::in_event() {
@@ -175,7 +179,14 @@ fn check_idle(ctx: &Context) {
     if engine::sweep_due() {
         // The sweep runs first (it may publish unlock messages, which need tracking): at
         // once, unless writes are paused, when it waits for the pause itself.
-        arm_idle(ctx, if ffi::writes_paused() { IDLE_RETRY_MS } else { 0 });
+        arm_idle(
+            ctx,
+            if ffi::writes_paused() {
+                IDLE_RETRY_MS
+            } else {
+                0
+            },
+        );
         return;
     }
     let window = crate::server::config::request_id_window_ms();

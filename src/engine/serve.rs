@@ -395,8 +395,7 @@ fn stop_deadline(ctx: &Context, waiter: &Waiter) {
 /// for it too (nobody waits for what they would bring), and once nobody waits anywhere
 /// the module looks at stopping watching.
 fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
-    let Some(timers) = with(|q| (q.len(db, key) == 0).then(|| q.forget_if_empty(db, key)))
-    else {
+    let Some(timers) = with(|q| (q.len(db, key) == 0).then(|| q.forget_if_empty(db, key))) else {
         return;
     };
     for timer in timers {

@@ -121,7 +121,9 @@ pub fn subscribe_keyspace(ctx: &Context) {
     let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToKeyspaceEvents }) else {
         return;
     };
-    if unsafe { subscribe(ctx.ctx, KEYSPACE_CLASSES, Some(keyspace_cb)) } == raw::REDISMODULE_OK as c_int {
+    if unsafe { subscribe(ctx.ctx, KEYSPACE_CLASSES, Some(keyspace_cb)) }
+        == raw::REDISMODULE_OK as c_int
+    {
         KEYSPACE_ON.store(true, Relaxed);
     }
 }
@@ -137,7 +139,9 @@ pub fn unsubscribe_keyspace(ctx: &Context) -> bool {
     let Some(unsubscribe) = (unsafe { raw::RedisModule_UnsubscribeFromKeyspaceEvents }) else {
         return false;
     };
-    if unsafe { unsubscribe(ctx.ctx, KEYSPACE_CLASSES, Some(keyspace_cb)) } == raw::REDISMODULE_OK as c_int {
+    if unsafe { unsubscribe(ctx.ctx, KEYSPACE_CLASSES, Some(keyspace_cb)) }
+        == raw::REDISMODULE_OK as c_int
+    {
         KEYSPACE_ON.store(false, Relaxed);
     }
     !KEYSPACE_ON.load(Relaxed)
@@ -220,12 +224,18 @@ impl Hook {
     fn event(self) -> raw::RedisModuleEvent {
         let (id, dataver) = match self {
             Hook::Key => (raw::REDISMODULE_EVENT_KEY, raw::REDISMODULE_KEYINFO_VERSION),
-            Hook::Flush => (raw::REDISMODULE_EVENT_FLUSHDB, raw::REDISMODULE_FLUSHINFO_VERSION),
+            Hook::Flush => (
+                raw::REDISMODULE_EVENT_FLUSHDB,
+                raw::REDISMODULE_FLUSHINFO_VERSION,
+            ),
             Hook::RoleChanged => (
                 raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
                 raw::REDISMODULE_REPLICATIONINFO_VERSION,
             ),
-            Hook::SwapDb => (raw::REDISMODULE_EVENT_SWAPDB, raw::REDISMODULE_SWAPDBINFO_VERSION),
+            Hook::SwapDb => (
+                raw::REDISMODULE_EVENT_SWAPDB,
+                raw::REDISMODULE_SWAPDBINFO_VERSION,
+            ),
             Hook::ClientChange => (
                 raw::REDISMODULE_EVENT_CLIENT_CHANGE,
                 raw::REDISMODULE_CLIENTINFO_VERSION,
