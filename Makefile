@@ -29,7 +29,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 
 .PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
-.PHONY: bench-tickets
+.PHONY: bench-tickets bench-tax
 .PHONY: test-java bench-java
 .PHONY: faults test-faults faults-tools
 
@@ -91,6 +91,11 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python
+
+bench-tax: venv ## Only the tax of the module on commands that are not locks (callgrind, ROUNDS=3 runs, medians), each server in SERVERS; writes BENCHMARK.md
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	$(PY) bench/instr.py --only tax --rounds $(or $(ROUNDS),3) --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 
 bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX, AOF on and off, both replication modes; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind

@@ -70,10 +70,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ffi::set_timer_handler(engine::on_timer);
     // The permit-expirable semaphore's lease timer (engine key timers name no primitive).
     expirable::commands::init();
-    ffi::on_swapdb(ctx, events::on_swapdb);
-    // Queued tickets live as long as the connection that queued them.
-    ffi::on_client_gone(ctx, engine::on_client_gone);
-    events::subscribe(ctx);
+    // Handlers only: the module subscribes to events while somebody waits (SPEC 1: it
+    // holds nothing while nobody waits), see engine/events.rs.
+    events::init();
     Status::Ok
 }
 
@@ -90,6 +89,12 @@ fn info(ctx: &InfoContext, _for_crash_report: bool) {
     // Semaphores: lease timers armed (engine key timers), after the counters.
     #[allow(deprecated)]
     ctx.add_info_field_long_long("key_timers", engine::key_timers_armed() as i64);
+    // Whether the module listens to the server's events now (only while somebody waits,
+    // and on Redis 7.0 the keyspace subscription it cannot drop).
+    #[allow(deprecated)]
+    ctx.add_info_field_long_long("watching", i64::from(events::is_watching()));
+    #[allow(deprecated)]
+    ctx.add_info_field_long_long("event_subscriptions", events::subscriptions() as i64);
 }
 
 redis_module! {

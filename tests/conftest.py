@@ -53,6 +53,20 @@ def server_has_post_notification_jobs():
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (7, 2)
 
 
+def someone_waits(server, key="bystander", db=0):
+    """Makes the module watch: it listens to the server's events, and tracks the locks it
+    writes for their unlock message, only while somebody waits in it (SPEC 1, README
+    "Nothing held while nobody waits"). A lock is held at `key` and a ticket queued for it
+    without deadline, on a connection of its own, which is returned: closing it ends the
+    wait. Locks written from now on are tracked."""
+    c = server.client(db=db)
+    c.execute_command("RLOCK.ACQUIRE", key, "bystander-holder", 600_000)
+    assert c.execute_command("RLOCK.ACQUIRE", key, "bystander", 600_000, "WAIT", 0,
+                             "ASYNC", "ID", "bystander") == b"QUEUED"
+    wait_until(lambda: c.info("rlock")["rlock_watching"] == 1, what="the module watching")
+    return c
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,7 +1,7 @@
 """RPSEMAPHORE.* (SPEC 4.4, docs/sync-commands.md) against a real module-loaded server:
 Redisson's layout (count string, `{name}:timeout` zset of raw ids -> expiry), every
 command and reply, permits back in the pool at their lease end by the module's timer
-(waiters or not), request ids, replication, AOF, keyspace events, bad input, disconnects.
+while the key has waiters, by the next write otherwise, request ids, replication, AOF, keyspace events, bad input, disconnects.
 """
 
 import time
@@ -65,7 +65,15 @@ def test_every_command_and_its_reply(r):
                                "waiters": 0, "waiting_permits": 0}
 
 
+def big_waiter(server, r, key="p", db_client=None):
+    """A client waiting for more permits than there are: the key has waiters (so the module
+    keeps its lease timer) and the waiter is never served."""
+    return queue(server, db_client or r, key, "RPSEMAPHORE.ACQUIRE", key, 60_000, "PERMITS", 50,
+                 "WAIT", 60_000, info=INFO)
+
+
 def test_an_expired_permit_returns_to_the_pool_at_its_lease_end_without_any_command(server):
+    """While the key has waiters (README, "Expiry at the lease end")."""
     r = server.client()
     p = r.pubsub()
     p.subscribe("redisson_sc:{p}")
@@ -74,29 +82,66 @@ def test_an_expired_permit_returns_to_the_pool_at_its_lease_end_without_any_comm
     assert wait_until(lambda: p.get_message(timeout=0.1))["data"] == b"1"
     ps(r, "RPSEMAPHORE.ACQUIRE", "p", 150)
     end = list(permits(r).values())[0]
-    msg = wait_until(lambda: p.get_message(timeout=0.1), what="the reclaim message")
-    got_at = time.time() * 1000
-    assert msg["data"] == b"1", "Redisson's reclaim publishes the new count"
-    assert got_at >= end - 5, "not before the lease end"
-    # Plain reads, no module command: the keys say it is back.
-    assert r.get("p") == b"1" and r.zcard("{p}:timeout") == 0
-    assert rlock_info(r, "psem_permits_expired") == 1
-    print(f"reclaim message {got_at - end:.1f} ms after the lease end")
+    w = big_waiter(server, r)
+    try:
+        msg = wait_until(lambda: p.get_message(timeout=0.1), what="the reclaim message")
+        got_at = time.time() * 1000
+        assert msg["data"] == b"1", "Redisson's reclaim publishes the new count"
+        assert got_at >= end - 5, "not before the lease end"
+        # Plain reads, no module command: the keys say it is back.
+        assert r.get("p") == b"1" and r.zcard("{p}:timeout") == 0
+        assert rlock_info(r, "psem_permits_expired") == 1
+        print(f"reclaim message {got_at - end:.1f} ms after the lease end")
+    finally:
+        w.close()
     p.close()
 
 
-def test_a_lease_timer_follows_its_key_through_swapdb(server):
+def test_with_nobody_waiting_an_expired_permit_is_back_for_reads_and_the_next_write(server):
+    """No timer while nobody waits (SPEC 1): the bound is the next command on the key.
+    Reads count the permit as available at once; the next write writes it back, with
+    Redisson's message."""
+    r = server.client()
+    p = r.pubsub()
+    p.subscribe("redisson_sc:{p}")
+    wait_until(lambda: p.get_message(timeout=0.1), what="subscribed")
+    ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 1)
+    assert wait_until(lambda: p.get_message(timeout=0.1))["data"] == b"1"
+    pid = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 100)
+    assert rlock_info(r, "key_timers") == 0
+    wait_until(lambda: ps(r, "RPSEMAPHORE.LEASETIME", "p", pid) == -2, what="the lease end")
+    assert ps(r, "RPSEMAPHORE.AVAILABLEPERMITS", "p") == 1
+    assert ps(r, "RPSEMAPHORE.ACQUIREDPERMITS", "p") == 0
+    assert r.get("p") == b"0" and r.zcard("{p}:timeout") == 1, "not written back yet"
+    assert p.get_message(timeout=0.2) is None
+    ps(r, "RPSEMAPHORE.ADDPERMITS", "p", 1)
+    assert r.get("p") == b"2" and r.zcard("{p}:timeout") == 0, "reclaimed by the write"
+    assert rlock_info(r, "psem_permits_expired") == 0, "not by the timer"
+    assert wait_until(lambda: p.get_message(timeout=0.1))["data"] == b"1", "ADDPERMITS' message"
+    p.close()
+
+
+def test_a_lease_timer_stays_with_the_waiters_through_swapdb(server):
+    """Waiters keep their db number (as for the lock); the lease timer runs only where
+    somebody waits: after SWAPDB the key's timer is stopped in the db it went to, nobody
+    waiting there, and the next write reclaims its expired permit."""
     r = server.client()
     ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 1)
-    ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300)
+    pid = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300)
     assert r.get("p") == b"0"
-    r.swapdb(0, 1)
-    other = redis.Redis(port=server.port, db=1)
-    # Plain reads only: the timer, not a command on the key, brings the permit back, in
-    # the db the key now lives in.
-    wait_until(lambda: other.get("p") == b"1", timeout=5, what="the permit back in db 1")
-    assert other.zcard("{p}:timeout") == 0 and not r.exists("p")
-    assert rlock_info(r, "key_timers") == 0
+    w = big_waiter(server, r)
+    try:
+        assert rlock_info(r, "key_timers") == 1
+        r.swapdb(0, 1)
+        wait_until(lambda: rlock_info(r, "key_timers") == 0, what="the moved key's timer stopped")
+        other = redis.Redis(port=server.port, db=1)
+        wait_until(lambda: ps(other, "RPSEMAPHORE.LEASETIME", "p", pid) == -2, what="the lease end")
+        assert other.get("p") == b"0", "no timer wrote it back"
+        assert ps(other, "RPSEMAPHORE.ADDPERMITS", "p", 1) == 2, "the write reclaims it"
+        assert other.zcard("{p}:timeout") == 0
+    finally:
+        w.close()
+    wait_until(lambda: rlock_info(r, "key_timers") == 0, what="no timer left")
 
 
 def test_an_expired_permit_goes_to_the_first_waiter_at_its_lease_end(server):
@@ -219,9 +264,11 @@ def test_a_module_less_replica_holds_the_same_keys_after_each_step_and_the_timer
     same()
     ps(m, "RPSEMAPHORE.UPDATELEASETIME", "p", a, 120)
     same()
-    wait_until(lambda: m.zcard("{p}:timeout") == 2, what="the timer reclaimed the short lease")
-    same()
+    # Nobody waits: no timer; the next write reclaims the short lease.
+    wait_until(lambda: ps(m, "RPSEMAPHORE.LEASETIME", "p", a) == -2, what="the lease end")
+    assert m.zcard("{p}:timeout") == 3
     ps(m, "RPSEMAPHORE.SETPERMITS", "p", 6)
+    assert m.zcard("{p}:timeout") == 2
     same()
     ps(m, "RPSEMAPHORE.ADDPERMITS", "p", -1)
     same()
@@ -243,10 +290,12 @@ def test_the_aof_keeps_permits_and_leases_and_a_late_reclaim_still_happens(make_
     assert {k: v for k, v in after.items() if k != short_id.decode()} == \
            {k: v for k, v in before.items() if k != short_id.decode()}
     assert ps(r, "RPSEMAPHORE.LEASETIME", "p", long_id) > 500_000
-    # Timers are gone with the process: the read re-arms it, and the short lease comes back.
-    wait_until(lambda: ps(r, "RPSEMAPHORE.AVAILABLEPERMITS", "p") == 1 and r.get("p") == b"1",
-               what="the short permit reclaimed after the restart")
+    # Reads count the short lease back once it ends; the next write reclaims it.
+    wait_until(lambda: ps(r, "RPSEMAPHORE.AVAILABLEPERMITS", "p") == 1,
+               what="the short permit back for reads after the restart")
     assert ps(r, "RPSEMAPHORE.ACQUIREDPERMITS", "p") == 2
+    assert ps(r, "RPSEMAPHORE.UPDATELEASETIME", "p", long_id, 600_000) == 1
+    assert r.get("p") == b"1" and r.zcard("{p}:timeout") == 2
 
 
 def test_writes_fire_the_keyspace_events_of_redissons_commands(server):
@@ -313,14 +362,25 @@ def test_keys_that_are_no_permit_semaphore_are_refused_and_untouched(r, setup, e
     assert {k: r.dump(k) for k in before} == before
 
 
-def test_no_lease_timer_outlives_its_permits(r):
+def test_lease_timers_run_only_while_the_key_has_waiters(server):
+    r = server.client()
     ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 2)
     a = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 600_000)
     b = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300_000)
-    assert rlock_info(r, "key_timers") == 1, "one timer per key, at the earliest lease end"
-    ps(r, "RPSEMAPHORE.RELEASE", "p", b)
-    assert rlock_info(r, "key_timers") == 1
-    ps(r, "RPSEMAPHORE.UPDATELEASETIME", "p", a, -1)
-    assert rlock_info(r, "key_timers") == 0, "no lease left: the timer is stopped"
-    ps(r, "RPSEMAPHORE.RELEASE", "p", a)
-    assert rlock_info(r, "key_timers") == 0
+    assert rlock_info(r, "key_timers") == 0, "nobody waits: no timer"
+    w = big_waiter(server, r)
+    try:
+        assert rlock_info(r, "key_timers") == 1, "one timer per key, at the earliest lease end"
+        ps(r, "RPSEMAPHORE.RELEASE", "p", b)
+        assert rlock_info(r, "key_timers") == 1
+        ps(r, "RPSEMAPHORE.UPDATELEASETIME", "p", a, -1)
+        assert rlock_info(r, "key_timers") == 0, "no lease left: the timer is stopped"
+        ps(r, "RPSEMAPHORE.UPDATELEASETIME", "p", a, 600_000)
+        assert rlock_info(r, "key_timers") == 1
+    finally:
+        w.close()
+    wait_until(lambda: rlock_info(r, "waiters") == 0, what="the waiter gone")
+    assert rlock_info(r, "key_timers") == 0, "the last waiter left: the timer is stopped"
+    # The idle check runs in a turn of the event loop after the last waiter left.
+    wait_until(lambda: rlock_info(r, "watching") == 0, what="watching stopped")
+    assert r.execute_command("MODULE", "UNLOAD", "rlock") == b"OK"

@@ -10,7 +10,7 @@ Runs on whatever server REDIS_SERVER names (Redis 7.0, Valkey).
 
 import pytest
 
-from conftest import EFFECTS
+from conftest import EFFECTS, someone_waits
 
 from cluster_helpers import aof_commands, snapshot, wait_link_up, wait_online, wait_replicated
 from test_waiting import (HOLDER_LEASE, WAITER_LEASE, acquire, channel,  # noqa: F401
@@ -71,6 +71,9 @@ def test_an_overwritten_or_moved_lock_goes_to_the_waiter(server, r, spawn, how):
 @pytest.mark.parametrize("how", FREEING)
 def test_an_overwritten_or_moved_lock_with_nobody_waiting_publishes_its_unlock_message(
         server, r, how):
+    # Nobody waits for this key, but somebody waits in the module (for another key): it
+    # watches, and tracks the lock written now (README, "Nothing held while nobody waits").
+    someone_waits(server)
     assert acquire(r, "k", "holder") is None
     sub = server.client().pubsub()
     sub.subscribe(channel("k"))
@@ -86,7 +89,9 @@ def test_an_overwritten_or_moved_lock_with_nobody_waiting_publishes_its_unlock_m
 def test_a_lock_replaced_by_sort_store_is_noticed_by_the_next_rlock_command(server, r):
     # SORT ... STORE is a list command: on 7.0 the module does not watch list events (they
     # cost every LPUSH), so it notices the replaced lock at the next RLOCK command on the
-    # key at the latest. Servers with the key event notice it at once.
+    # key at the latest. Servers with the key event notice it at once. (While the module
+    # watches: somebody waits for another key.)
+    someone_waits(server)
     assert acquire(r, "k", "holder") is None
     sub = server.client().pubsub()
     sub.subscribe(channel("k"))

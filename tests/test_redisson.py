@@ -3,7 +3,7 @@ each other, re-enter across each other, and wake each other's pub/sub waiters.""
 
 import pytest
 
-from conftest import wait_until
+from conftest import someone_waits, wait_until
 from redisson import Redisson, channel
 
 
@@ -127,7 +127,10 @@ FREEING_WAYS = {
 
 @pytest.mark.parametrize("way", FREEING_WAYS, ids=list(FREEING_WAYS))
 def test_a_lock_freed_any_other_way_publishes_the_unlock_message(server, way):
+    """While the module watches (somebody waits in it, for any key), a lock it wrote then
+    gets its unlock message however it goes away."""
     r = server.client()
+    someone_waits(server)
     p = subscriber(server.client(), "k")
     rlock(r, "RLOCK.ACQUIRE", "k", "rust:1", 30_000)
     FREEING_WAYS[way](r)
@@ -135,6 +138,28 @@ def test_a_lock_freed_any_other_way_publishes_the_unlock_message(server, way):
     assert (msg["channel"], msg["data"]) == (b"redisson_lock__channel:{k}", b"0")
     assert p.get_message(timeout=0.2) is None, "published once"
     assert r.info("rlock")["rlock_tracked_locks"] == 0
+    p.close()
+
+
+@pytest.mark.parametrize("way", ["expiry", "DEL", "overwrite by SET"])
+def test_with_nobody_waiting_a_lock_freed_any_other_way_publishes_nothing(server, way):
+    """The documented bound of "nothing held while nobody waits": with no client waiting in
+    the module it holds no event subscription, so a lock freed by expiry, DEL or overwrite
+    gets no unlock message, as with Redisson itself (whose pub/sub waiters retry at the
+    lease end they were told). A RELEASE still publishes."""
+    r = server.client()
+    p = subscriber(server.client(), "k")
+    rlock(r, "RLOCK.ACQUIRE", "k", "rust:1", 30_000)
+    assert r.info("rlock")["rlock_event_subscriptions"] == 0
+    FREEING_WAYS[way](r)
+    wait_until(lambda: r.type("k") != b"hash", what="the lock gone")
+    r.ping()  # a turn of the event loop, where a zero-delay timer would have run
+    assert p.get_message(timeout=0.3) is None
+    r.delete("k")
+    rlock(r, "RLOCK.ACQUIRE", "k", "rust:1", 30_000)
+    rlock(r, "RLOCK.RELEASE", "k", "rust:1")
+    msg = next_message(p)
+    assert (msg["channel"], msg["data"]) == (b"redisson_lock__channel:{k}", b"0")
     p.close()
 
 

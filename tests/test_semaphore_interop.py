@@ -120,14 +120,41 @@ def test_a_java_permits_lease_end_serves_a_module_waiter_at_once(server):
         call.close()
 
 
-def test_a_java_waiter_hears_the_module_timers_reclaim(server):
+def test_a_java_waiter_hears_the_module_timers_reclaim_while_a_module_client_waits(server):
     r = server.client()
     java = RedissonPermitExpirableSemaphore(r, "p")
     p = java_waiter(r, java.channel)
     java.try_set_permits(1)
     assert next_message(p) == b"1"
     r.execute_command("RPSEMAPHORE.ACQUIRE", "p", 200)
-    # No script runs: the module's timer reclaims at the lease end and publishes the count.
-    assert next_message(p) == b"1"
-    assert java.try_acquire(1, lease_ms=1000), "the permit is back for Java"
+    # A module client waits for 2 permits (more than there are): the key has waiters, so
+    # the module keeps its lease timer (README, "Expiry at the lease end").
+    call = queue(server, r, "p", "RPSEMAPHORE.ACQUIRE", "p", 60_000, "PERMITS", 2,
+                 "WAIT", 60_000, info="RPSEMAPHORE.INFO")
+    try:
+        # No script runs: the module's timer reclaims at the lease end and publishes the
+        # count, the queued head being unable to take it.
+        assert next_message(p) == b"1"
+        assert r.get("p") == b"1"
+        assert java.try_acquire(1, lease_ms=1000), "the permit is back for Java"
+    finally:
+        call.close()
     p.close()
+
+
+def test_with_nobody_waiting_a_java_waiter_retries_at_the_lease_end_its_script_told(server):
+    """The bound of "nothing held while nobody waits": no timer, no reclaim message. A
+    Redisson waiter does not need it: its failed acquire answers the earliest lease end,
+    and its retry then reclaims the permit (Redisson's own way)."""
+    r = server.client()
+    java = RedissonPermitExpirableSemaphore(r, "p")
+    java.try_set_permits(1)
+    r.execute_command("RPSEMAPHORE.ACQUIRE", "p", 200)
+    assert r.info("rlock")["rlock_key_timers"] == 0
+    assert java.try_acquire(1, lease_ms=1000) == []
+    end = int(java.last_reply.lstrip(b":"))
+    assert end == int(r.zrange("{p}:timeout", 0, 0, withscores=True)[0][1])
+    wait_until(lambda: time.time() * 1000 > end + 1, what="the lease end Java was told")
+    assert r.get("p") == b"0", "nothing wrote it back: no timer"
+    assert r.execute_command("RPSEMAPHORE.AVAILABLEPERMITS", "p") == 1, "reads count it back"
+    assert java.try_acquire(1, lease_ms=1000), "Java's retry reclaims and takes it"

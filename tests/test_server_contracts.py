@@ -14,6 +14,7 @@ whose time ran out during `DEBUG SLEEP` is still there, expired, for the next co
 """
 
 import pytest
+import redis
 
 from conftest import wait_until
 
@@ -63,11 +64,29 @@ def test_a_release_on_a_live_count_keeps_its_ttl(r):
 
 def test_the_reclaim_timer_returns_a_permit_to_a_deleted_count(r):
     assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "e", 1) == 1
-    assert r.execute_command("RPSEMAPHORE.ACQUIRE", "e", 30) is not None
+    assert r.execute_command("RPSEMAPHORE.ACQUIRE", "e", 100) is not None
+    # The lease timer runs while the key has waiters: one asks for more than there is.
+    w = redis.Redis(**r.connection_pool.connection_kwargs)
+    assert w.execute_command("RPSEMAPHORE.ACQUIRE", "e", 1000, "PERMITS", 2, "WAIT", 60_000,
+                             "ASYNC", "ID", "w") == b"QUEUED"
+    assert r.info("rlock")["rlock_key_timers"] == 1
     r.delete("e")  # the available count; the permit's zset stays
     # The module's timer reclaims the permit at its expiry: INCRBY on the missing count.
     wait_until(lambda: r.get("e") == b"1", what="the expired permit back in the count")
     assert r.execute_command("RPSEMAPHORE.ACQUIREDPERMITS", "e") == 0
+    w.close()
+    wait_until(lambda: r.info("rlock")["rlock_waiters"] == 0, what="the ticket dropped")
+
+
+def test_with_nobody_waiting_the_next_write_returns_a_permit_to_a_deleted_count(r):
+    """No timer while nobody waits: the next write reclaims (ZREM, INCRBY on the missing
+    count), here a release of another id."""
+    assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "e", 1) == 1
+    assert r.execute_command("RPSEMAPHORE.ACQUIRE", "e", 20) is not None
+    r.delete("e")
+    out = pipeline(r, ("DEBUG", "SLEEP", "0.06"),
+                   ("RPSEMAPHORE.RELEASE", "e", "00" * 16), ("GET", "e"), ("ZCARD", "{e}:timeout"))
+    assert out[2:] == [b"1", 0], "reclaimed into the deleted count"
 
 
 def test_acquiredpermits_reclaims_into_a_deleted_count(r):

@@ -3,7 +3,7 @@ so the lock they wait for may be free after the swap, and must be handed over at
 
 import threading
 
-from conftest import wait_until
+from conftest import someone_waits, wait_until
 from redisson import channel
 
 
@@ -27,6 +27,7 @@ def test_a_waiter_is_served_when_swapdb_brings_a_free_key(server):
 
 def test_a_lock_moved_away_by_swapdb_publishes_its_unlock_message(server):
     r = server.client()
+    someone_waits(server, db=1)  # the module watches (README, "Nothing held while nobody waits")
     p = server.client().pubsub()
     p.subscribe(channel("k"))
     wait_until(lambda: p.get_message(timeout=0.1), what="subscribed")

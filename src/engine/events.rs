@@ -9,6 +9,14 @@
 //! the handoff and the unlock message live there). It knows which keys are locks the
 //! module wrote from `tracking`.
 //!
+//! Only while somebody waits (SPEC 1: the module holds nothing while nobody waits). The
+//! module subscribes when the first waiter is queued ([`watch`], before it is queued, so
+//! no removal can be missed) and drops every subscription in the first turn of the event
+//! loop after the last waiter left ([`idle_soon`], [`on_idle`]). While nobody waits the
+//! server runs every command as without the module. Redis 7.0 alone cannot drop a keyspace
+//! subscription: there it stays from the first wait since start, its callback turning
+//! every event away at its first check.
+//!
 //! How removals are noticed costs every other command of the server, so it depends on
 //! what the server offers (checked at run time, never required at load):
 //! - Redis 7.2+ and Valkey report every key removed, expired, evicted or overwritten to
@@ -38,14 +46,34 @@
 //!   the queue first (see pipeline.rs), so no RLOCK client can barge in; a Lua script can
 //!   (README, "Freeing and handoff").
 
-use redis_module::{server_events::FlushSubevent, server_events::ServerRole, Context};
-use redis_module_macros::{flush_event_handler, role_changed_event_handler};
+use std::cell::Cell;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+
+use redis_module::Context;
 
 use crate::engine;
-use crate::server::ffi::{self, Removal};
+use crate::server::ffi::{self, Hook, Removal};
 use crate::server::stats;
 use crate::server::tracking;
 use crate::vocab::errors::ERR_ROLE_CHANGED;
+
+/// True while the module watches: subscribed to what it needs to notice removals, and
+/// tracking new locks. Main thread only.
+static WATCHING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The idle check's timer is armed (at most one).
+    static IDLE_ARMED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The tag of the idle check's timer: far above the queues' counters, below the key
+/// timers' and deadlines' bits (engine::on_timer tells them apart).
+pub const IDLE_TAG: u64 = 1 << 61;
+
+/// How long the idle check waits before looking again while the engine still has work of
+/// its own queued (the sweep, writes paused).
+const IDLE_RETRY_MS: i64 = 10;
 
 /// False when no event can concern the module: no lock tracked, nobody waiting. Asked
 /// before the key's name is even read.
@@ -53,21 +81,130 @@ fn watching() -> bool {
     tracking::any_tracked() || engine::anyone_waits()
 }
 
-/// Subscribes to key removals the cheapest way the server offers (see the top of file).
-pub fn subscribe(ctx: &Context) {
+/// Installs the handlers (from init). Subscribes to nothing: the module listens only
+/// while it watches ([`watch`]).
+pub fn init() {
+    ffi::reset_subscriptions();
+    WATCHING.store(false, Relaxed);
+    IDLE_ARMED.with(|a| a.set(false));
+    tracking::set_active(false);
     ffi::set_post_job_handler(engine::sweep);
-    if ffi::subscribe_key_removals(ctx, engine::anyone_waits, on_removed) {
-        // Writes in place (a Java client's INCRBY on a semaphore) are not reported: the
-        // queues that can be let in by one look again now and then (engine::wait_for_write).
-        engine::set_writes_reported(false);
+    ffi::set_key_handlers(watching, engine::anyone_waits, on_removed);
+    ffi::set_flush_and_replica_handlers(on_flush, on_replica);
+    ffi::on_swapdb(on_swapdb);
+    // Queued tickets live as long as the connection that queued them.
+    ffi::on_client_gone(engine::on_client_gone);
+    // Writes in place (a Java client's INCRBY on a semaphore) are reported on 7.0 only (its
+    // keyspace events); elsewhere the queues that one can let in look again now and then
+    // (engine::wait_for_write).
+    engine::set_writes_reported(!ffi::key_event_available());
+}
+
+/// True while the module is subscribed and tracking (INFO).
+pub fn is_watching() -> bool {
+    WATCHING.load(Relaxed)
+}
+
+/// How many subscriptions the module holds now: server events, plus one for the keyspace
+/// subscription (INFO `event_subscriptions`; 0 while nobody waits, except on Redis 7.0
+/// after the first wait since start, and while a ticket's grant is uncollected).
+pub fn subscriptions() -> usize {
+    ffi::ALL_HOOKS.iter().filter(|h| ffi::hooked(**h)).count()
+        + usize::from(ffi::keyspace_subscribed())
+}
+
+/// Starts watching, if not already: subscribes to key removals the cheapest way the server
+/// offers (see the top of file), to FLUSH, SWAPDB, role changes and client disconnects,
+/// and tracks new locks. Called before a waiter is queued, so that no event it needs can
+/// come before the subscription (everything runs on the main thread: an event comes from
+/// some later command, expiry or eviction).
+pub fn watch(ctx: &Context) {
+    if WATCHING.load(Relaxed) {
+        return;
+    }
+    if !ffi::hook(ctx, Hook::Key) {
+        ffi::subscribe_keyspace(ctx);
+    }
+    for hook in [
+        Hook::Flush,
+        Hook::RoleChanged,
+        Hook::SwapDb,
+        Hook::ClientChange,
+    ] {
+        ffi::hook(ctx, hook);
+    }
+    tracking::set_active(true);
+    WATCHING.store(true, Relaxed);
+}
+
+/// The last waiter left (or a grant was taken back, a connection with ticket grants
+/// closed): looks whether the module can stop watching. At once where that is safe (a
+/// command, a timer, the sweep's end), so that `MODULE UNLOAD` right after the last waiter
+/// left succeeds; from inside a server event's callback, where dropping a listener is not
+/// safe, or while the sweep has work left, a moment later, by a timer that fires in the
+/// next turn of the event loop. Cheap when nothing is held or the check is armed already.
+pub fn idle_soon(ctx: &Context) {
+    if !(WATCHING.load(Relaxed) || ffi::hooked(Hook::ClientChange)) || IDLE_ARMED.with(Cell::get) {
+        return;
+    }
+    if ffi::in_event() {
+        arm_idle(ctx, 0);
     } else {
-        ffi::subscribe_keyspace(ctx, watching, on_removed);
+        check_idle(ctx);
     }
 }
 
+fn arm_idle(ctx: &Context, delay_ms: i64) {
+    IDLE_ARMED.with(|a| a.set(true));
+    ffi::create_timer(ctx, delay_ms, IDLE_TAG);
+}
+
+/// The idle check: with nobody waiting and nothing left for the sweep, every subscription
+/// is dropped and tracking stops. Two exceptions:
+/// - a ticket's grant that its connection has not collected yet (within the request-id
+///   window) is taken back if the connection closes first (docs/tickets.md): the
+///   client-change event stays until a closing connection finds no such grant left. It
+///   fires on connects and disconnects only, never on commands, and holds no timer.
+/// - Redis 7.0 cannot drop a keyspace subscription (no `UnsubscribeFromKeyspaceEvents`):
+///   it stays, and its callback turns every event away at its first check.
+pub fn on_idle(ctx: &Context) {
+    IDLE_ARMED.with(|a| a.set(false));
+    check_idle(ctx);
+}
+
+fn check_idle(ctx: &Context) {
+    if engine::anyone_waits() {
+        return;
+    }
+    if engine::sweep_due() {
+        // The sweep runs first (it may publish unlock messages, which need tracking): at
+        // once, unless writes are paused, when it waits for the pause itself.
+        arm_idle(
+            ctx,
+            if ffi::writes_paused() {
+                IDLE_RETRY_MS
+            } else {
+                0
+            },
+        );
+        return;
+    }
+    let window = crate::server::config::request_id_window_ms();
+    let grants_out = engine::with(|q| q.uncollected_until(ffi::now_ms(), window)).is_some();
+    for hook in ffi::ALL_HOOKS {
+        if !(grants_out && hook == Hook::ClientChange) {
+            ffi::unhook(ctx, hook);
+        }
+    }
+    ffi::unsubscribe_keyspace(ctx);
+    tracking::set_active(false);
+    WATCHING.store(false, Relaxed);
+}
+
 /// A key was removed, expired, evicted or overwritten (or, on 7.0, touched by a command
-/// of a class that can do that). Runs on every such event of the server: the common case,
-/// a key that is no lock with nobody waiting anywhere, returns after the filter.
+/// of a class that can do that). Runs on every such event of the server while the module
+/// watches: the common case, a key that is no lock with nobody waiting for it, returns
+/// after the filter.
 fn on_removed(ctx: &Context, db: i32, removal: Removal, key: &[u8]) {
     if tracking::own_write_in_progress() {
         return; // the module's own write: it knows what it did
@@ -109,14 +246,9 @@ fn watched_keys() -> Vec<(i32, Vec<u8>)> {
 
 /// FLUSHDB/FLUSHALL delete keys without per-key events: look at every key with waiters
 /// and every tracked lock (those still there are found held and left alone).
-#[flush_event_handler]
-fn on_flush(ctx: &Context, subevent: FlushSubevent) {
-    if let FlushSubevent::Ended = subevent {
-        crate::server::guard::quietly(|| {
-            for (db, key) in watched_keys() {
-                engine::schedule(ctx, db, &key);
-            }
-        });
+fn on_flush(ctx: &Context) {
+    for (db, key) in watched_keys() {
+        engine::schedule(ctx, db, &key);
     }
 }
 
@@ -127,6 +259,9 @@ fn on_flush(ctx: &Context, subevent: FlushSubevent) {
 pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
     tracking::swap(a, b);
     engine::swap_key_timers(a, b);
+    // Waiters keep their db number: a timer that followed its key to the other db has
+    // nobody waiting there (no timer while nobody waits; the next write reclaims).
+    engine::disarm_key_timers_without_waiters(ctx);
     for (db, key) in watched_keys()
         .into_iter()
         .filter(|(db, _)| *db == a || *db == b)
@@ -139,13 +274,8 @@ pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
 /// answers and drops every blocked client before this event (`UNBLOCKED force unblock
 /// ...`), which empties the queues through the disconnect callback; this is the safety
 /// net for anything left, and it forgets the lock keys tracked as a master.
-#[role_changed_event_handler]
-fn on_role_changed(ctx: &Context, role: ServerRole) {
-    if let ServerRole::Replica = role {
-        crate::server::guard::quietly(|| {
-            // A replica's keys follow its master; what we tracked here no longer applies.
-            tracking::clear();
-            engine::fail_all(ctx, ERR_ROLE_CHANGED);
-        });
-    }
+fn on_replica(ctx: &Context) {
+    // A replica's keys follow its master; what we tracked here no longer applies.
+    tracking::clear();
+    engine::fail_all(ctx, ERR_ROLE_CHANGED);
 }

@@ -13,6 +13,8 @@ thread_local! {
     pub(super) static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
     static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
+    /// The sweep is running (the idle check waits for its end).
+    static SWEEPING: Cell<bool> = const { Cell::new(false) };
     static REVOKES: RefCell<Vec<Untold>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -52,6 +54,16 @@ pub(super) fn retry_later(ctx: &Context, db: i32, key: &[u8]) {
 
 const PAUSED_RETRY_MS: i64 = 10;
 
+/// True while the sweep has work queued or armed (the idle check waits for it: a key it
+/// settles may need its unlock message, which needs tracking).
+pub fn sweep_due() -> bool {
+    SWEEP_ARMED.with(Cell::get)
+        || JOB_ARMED.with(Cell::get)
+        || SWEEPING.with(Cell::get)
+        || PENDING.with(|p| !p.borrow().is_empty())
+        || REVOKES.with(|r| !r.borrow().is_empty())
+}
+
 /// Takes back, on the next sweep, a grant handed to a client that vanished untold.
 pub(super) fn revoke_later(ctx: &Context, granted: Untold) {
     REVOKES.with(|r| r.borrow_mut().push(granted));
@@ -63,6 +75,8 @@ pub(super) fn revoke_later(ctx: &Context, granted: Untold) {
 pub fn on_timer(ctx: &Context, tag: u64) {
     if tag == SWEEP_TAG {
         sweep(ctx);
+    } else if tag == events::IDLE_TAG {
+        events::on_idle(ctx);
     } else if tag & DEADLINE_BIT != 0 {
         on_deadline(ctx, Blocked((tag & !DEADLINE_BIT) as usize));
     } else if tag & KEY_TIMER_BIT != 0 {
@@ -74,16 +88,19 @@ pub fn on_timer(ctx: &Context, tag: u64) {
 
 // ---- Key timers: a primitive's state that changes by itself, waiters or not ----
 //
-// The expiry timer above serves waiters. Some state changes at a time of its own even when
-// nobody waits, and must be written then for clients that only read the keys or listen on
-// pub/sub (a permit-expirable semaphore's permit returns to the pool at its lease end, with
-// Redisson's message). A primitive registers one callback at init (lib.rs) and arms a key
-// timer with it; the engine keeps at most one timer per (callback, db, key), the earliest,
-// and calls the callback with `db` selected where writes are allowed: not on a replica
-// (its keys are its master's), and not while writes are paused (it retries shortly).
-// The callback does its write and arms again for its next time, if any. Timers live in
-// memory only: after a restart or a failover the state is brought up to date by the next
-// command on the key (every primitive that uses them reads its state that way).
+// The expiry timer above serves waiters. Some state changes at a time of its own (a
+// permit-expirable semaphore's permit returns to the pool at its lease end, with Redisson's
+// message), and while the key has waiters it is written then, for the waiters and for
+// clients that only read the keys or listen on pub/sub. A primitive registers one callback
+// at init (lib.rs) and arms a key timer with it, only while its key has waiters (SPEC 1: no
+// timer while nobody waits): the next command on the key brings the state up to date
+// lazily otherwise, and the last waiter's leaving stops the key's timers. The engine keeps
+// at most one timer per (callback, db, key), the earliest, and calls the callback with `db`
+// selected where writes are allowed: not on a replica (its keys are its master's), and not
+// while writes are paused (it retries shortly). The callback does its write and arms again
+// for its next time, if any. Timers live in memory only: after a restart or a failover the
+// state is brought up to date by the next command on the key (every primitive that uses
+// them reads its state that way).
 
 /// Timer tags with this bit (and not [`DEADLINE_BIT`]) are key timers; the other bits
 /// count up. Expiry timers' counters stay far below it.
@@ -171,6 +188,31 @@ pub fn disarm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8]) 
     }
 }
 
+/// Stops every key timer of `key` in `db` (its last waiter left: with nobody waiting, a
+/// primitive's state that changes by itself is brought up to date lazily, by the next
+/// command on the key; see the section's top).
+pub(super) fn disarm_key_timers_of(ctx: &Context, db: i32, key: &[u8]) {
+    let kinds = KEY_TIMERS.with(|t| t.borrow().kinds.len());
+    if KEY_TIMERS.with(|t| t.borrow().armed.is_empty()) {
+        return;
+    }
+    for kind in 0..kinds {
+        disarm_key_timer(ctx, kind, db, key);
+    }
+}
+
+/// Stops every key timer (the server turned replica and every waiter was answered).
+pub(super) fn disarm_all_key_timers(ctx: &Context) {
+    let armed = KEY_TIMERS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.tags.clear();
+        std::mem::take(&mut t.armed)
+    });
+    for timer in armed.into_values() {
+        ffi::stop_timer(ctx, timer.id);
+    }
+}
+
 /// SWAPDB exchanged two dbs' contents: the key timers armed for keys of either db now
 /// belong to the other number, where their keys went (else a permit's lease end would be
 /// looked for in the db it left, and only the next command on the key would reclaim it).
@@ -195,6 +237,17 @@ pub fn swap_key_timers(a: i32, b: i32) {
             slot.1 = other(slot.1);
         }
     });
+}
+
+/// Stops the key timers of keys nobody waits for (after SWAPDB: a timer followed its key
+/// to the other db, where its waiters are not).
+pub fn disarm_key_timers_without_waiters(ctx: &Context) {
+    let slots: Vec<KeyTimerKey> = KEY_TIMERS.with(|t| t.borrow().armed.keys().cloned().collect());
+    for (kind, db, key) in slots {
+        if !has_waiters(db, &key) {
+            disarm_key_timer(ctx, kind, db, &key);
+        }
+    }
 }
 
 /// How many key timers are armed (INFO, leak tests).
@@ -231,6 +284,25 @@ fn on_key_timer(ctx: &Context, tag: u64) {
 pub fn sweep(ctx: &Context) {
     SWEEP_ARMED.with(|a| a.set(false));
     JOB_ARMED.with(|a| a.set(false));
+    {
+        // Reset on the way out even if a step panics (guard::quietly catches it): a flag
+        // left set would keep the idle check waiting forever.
+        struct Sweeping;
+        impl Drop for Sweeping {
+            fn drop(&mut self) {
+                SWEEPING.with(|s| s.set(false));
+            }
+        }
+        SWEEPING.with(|s| s.set(true));
+        let _sweeping = Sweeping;
+        sweep_lists(ctx);
+    }
+    if !anyone_waits() {
+        events::idle_soon(ctx); // the sweep may have been what the idle check waited for
+    }
+}
+
+fn sweep_lists(ctx: &Context) {
     if ctx.get_flags().contains(ContextFlags::SLAVE) {
         // A replica's keys are its master's to change.
         PENDING.with(|p| p.borrow_mut().clear());

@@ -412,6 +412,23 @@ impl Queues {
         );
     }
 
+    /// Drops the grants past the request-id window (`now`, `window` ms), as
+    /// [`Queues::granted_ticket`] does now and then; returns when the youngest grant left
+    /// passes it (`None` without any): until then a closing connection's grant is taken back.
+    pub fn uncollected_until(&mut self, now: i64, window: i64) -> Option<i64> {
+        if self.uncollected.is_empty() {
+            return None;
+        }
+        self.uncollected.retain(|_, u| now - u.granted_at < window);
+        if self.uncollected.is_empty() {
+            self.uncollected.shrink_to_fit();
+        }
+        self.uncollected
+            .values()
+            .map(|u| u.granted_at.saturating_add(window))
+            .max()
+    }
+
     /// A ticket's grant was collected (its request id replayed).
     pub fn collected(&mut self, request_key: &[u8]) {
         if !self.uncollected.is_empty() {

@@ -39,6 +39,11 @@ pub trait Ask: std::fmt::Debug {
     /// Told the [`Grant::memo`] of its grant, once written (on the queued request itself,
     /// which a take-back later asks).
     fn granted(&self, _memo: i64) {}
+
+    /// The request was just queued on `name` (`db` selected): a primitive whose state
+    /// changes by itself arms its key timer now that the key has waiters (with nobody
+    /// waiting it holds none, SPEC 1).
+    fn queued(&self, _ctx: &Context, _db: i32, _name: &RedisString) {}
 }
 
 /// A queued request (shared: the granted list keeps it until the reply goes out).

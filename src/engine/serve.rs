@@ -30,7 +30,7 @@ pub fn with<R>(f: impl FnOnce(&mut Queues) -> R) -> R {
 /// Whether the server tells the module of every write to a key with waiters (Redis 7.0's
 /// keyspace events, to which the module subscribes for strings, hashes and sorted sets),
 /// or only of removals (7.2+/Valkey's key server event: no tax on other writes). Set once
-/// by `events::subscribe`.
+/// by `events::init`.
 static WRITES_REPORTED: AtomicBool = AtomicBool::new(true);
 
 pub fn set_writes_reported(reported: bool) {
@@ -87,8 +87,11 @@ pub fn wait(
     if with(|q| q.len(db, key)) >= limit {
         return Err(ERR_TOO_MANY_WAITERS);
     }
+    // Subscribed before the waiter is queued: no removal it waits for can be missed.
+    events::watch(ctx);
     let handle = ffi::block_client(ctx);
     waiter.who = Who::Blocked(handle).into();
+    let request = waiter.request.clone();
     // The module ends the wait itself, with a timer of its own, rather than giving Redis
     // a timeout: a handoff and a timeout then both go through the queue, and whichever
     // takes the waiter out first answers it, exactly once. (Redis's timeout of a client
@@ -102,7 +105,10 @@ pub fn wait(
         // Cannot happen (checked above, single-threaded), but a handle must never leak.
         stop_deadline(ctx, &refused);
         ffi::unblock(handle, Some(Wake::Error(ERR_TOO_MANY_WAITERS.into())));
+        events::idle_soon(ctx);
+        return Ok(());
     }
+    request.queued(ctx, db, name);
     note_expiry(ctx, db, key, pttl);
     Ok(())
 }
@@ -120,7 +126,7 @@ pub fn queue_ticket(
 ) -> Result<(), &'static str> {
     let key = name.as_slice();
     let waiter = Waiter {
-        request,
+        request: request.clone(),
         who: Who::Ticket(ffi::client_id(ctx)).into(),
         deadline_timer: 0,
         deadline_at: if timeout_ms > 0 {
@@ -130,8 +136,14 @@ pub fn queue_ticket(
         },
     };
     let limit = crate::server::config::max_waiters_per_key();
-    with(|q| q.push(db, key, waiter, limit)).map_err(|_| ERR_TOO_MANY_WAITERS)?;
+    // Subscribed before the ticket is queued: no removal it waits for can be missed.
+    events::watch(ctx);
+    if let Err(_refused) = with(|q| q.push(db, key, waiter, limit)) {
+        events::idle_soon(ctx);
+        return Err(ERR_TOO_MANY_WAITERS);
+    }
     stats::bump(|s| &s.tickets_queued);
+    request.queued(ctx, db, name);
     if timeout_ms > 0 {
         arm_ticket_timer(ctx, db, key);
     }
@@ -223,6 +235,9 @@ pub fn on_client_gone(ctx: &Context, client: u64) {
     }
     for granted in untold {
         revoke_later(ctx, granted);
+    }
+    if !anyone_waits() {
+        events::idle_soon(ctx); // maybe the last grant that kept this event hooked
     }
 }
 
@@ -376,9 +391,19 @@ fn stop_deadline(ctx: &Context, waiter: &Waiter) {
     }
 }
 
+/// Drops a key's queue once its last waiter left: its timers stop, the key timers armed
+/// for it too (nobody waits for what they would bring), and once nobody waits anywhere
+/// the module looks at stopping watching.
 fn forget_if_empty(ctx: &Context, db: i32, key: &[u8]) {
-    for timer in with(|q| q.forget_if_empty(db, key)) {
+    let Some(timers) = with(|q| (q.len(db, key) == 0).then(|| q.forget_if_empty(db, key))) else {
+        return;
+    };
+    for timer in timers {
         ffi::stop_timer(ctx, timer.id);
+    }
+    disarm_key_timers_of(ctx, db, key);
+    if !anyone_waits() {
+        events::idle_soon(ctx);
     }
 }
 
@@ -494,4 +519,6 @@ pub fn fail_all(ctx: &Context, error: &'static str) {
     for (_, name, request) in drained.tickets {
         publish_end(ctx, &name, &request, ticket::End::Error(error));
     }
+    disarm_all_key_timers(ctx);
+    events::idle_soon(ctx);
 }

@@ -9,9 +9,11 @@
 //! Layout: Redisson's RPermitExpirableSemaphore (docs/redisson-sync-layouts.md): the
 //! count at the key, the permits in the zset `{key}:timeout` (16 raw id bytes -> expiry
 //! ms), the channel `redisson_sc:{key}`. Redisson reclaims an expired permit only when a
-//! caller next runs one of its scripts; here a key timer (engine::arm_key_timer) fires at
-//! the earliest lease end, writes the reclaim as Redisson's scripts would (ZREM, INCRBY,
-//! the count published) and serves the queue in the same turn, waiters or not.
+//! caller next runs one of its scripts. Here, while the key has waiters, a key timer
+//! (engine::arm_key_timer) fires at the earliest lease end, writes the reclaim as
+//! Redisson's scripts would (ZREM, INCRBY, the count published) and serves the queue in
+//! the same turn. With nobody waiting there is no timer (SPEC 1): every read counts an
+//! expired permit as available, and the next write on the semaphore reclaims it.
 
 use std::cell::Cell;
 use std::io::Read;
@@ -119,15 +121,18 @@ fn count(outcome: Outcome) {
     }
 }
 
-/// Arms the lease timer at the earliest lease end of `state`, or stops it when no permit
-/// has a lease left.
+/// Arms the lease timer at the earliest lease end of `state` while the key has waiters, or
+/// stops it when no permit has a lease left or nobody waits. With nobody waiting no timer
+/// is held (SPEC 1): an expired permit counts as available to every read at once, and is
+/// written back (ZREM, INCRBY, Redisson's message) by the next write on the semaphore,
+/// this module's or a Redisson script's, as Redisson itself does.
 fn arm(ctx: &Context, db: i32, name: &[u8], state: &ExpState) {
     let Some(kind) = LEASE_TIMER.with(Cell::get) else {
         return;
     };
     match state.next_expiry() {
-        Some(at) => engine::arm_key_timer(ctx, kind, db, name, at),
-        None => engine::disarm_key_timer(ctx, kind, db, name),
+        Some(at) if engine::has_waiters(db, name) => engine::arm_key_timer(ctx, kind, db, name, at),
+        _ => engine::disarm_key_timer(ctx, kind, db, name),
     }
 }
 
@@ -301,8 +306,9 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-/// A read command's state, with the lease timer armed on a master if it is not (after a
-/// restart or a failover timers are gone; a read is a good moment to put them back).
+/// A read command's state, with the lease timer armed on a master if it is not and the key
+/// has waiters (after a restart or a failover timers are gone; a read is a good moment to
+/// put them back).
 fn read_only(
     ctx: &Context,
     args: &[RedisString],
@@ -501,5 +507,12 @@ impl Ask for ExpAsk {
 
     fn units(&self) -> i64 {
         self.ids.len() as i64
+    }
+
+    /// The key has waiters now: the lease timer is armed for its earliest lease end.
+    fn queued(&self, ctx: &Context, db: i32, name: &RedisString) {
+        if let Ok(state) = read(ctx, name.as_slice(), ffi::now_ms()) {
+            arm(ctx, db, name.as_slice(), &state);
+        }
     }
 }

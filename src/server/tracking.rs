@@ -5,11 +5,19 @@
 //! an RLOCK command or a handoff creates a lock there, and forgotten when the lock is
 //! freed, so that a lock that goes away by expiry, DEL or overwrite still gets its unlock
 //! message.
+//!
+//! Only while the module watches (engine/events.rs: while some client waits in it, and a
+//! moment after). Noticing a removal takes an event subscription, which costs every other
+//! command of the server; with nobody waiting the module holds none (SPEC 1), so it
+//! tracks nothing either: a set it could not keep up to date would only grow. A lock freed
+//! by expiry, DEL or overwrite then gets no unlock message, as with Redisson, whose
+//! pub/sub waiters wake at the lease end they were told anyway (README, "Freeing and
+//! handoff").
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize};
 
 /// The lock keys the module wrote, per db, behind [`FILTER`], which answers "surely not"
 /// for almost every other key at the cost of a cheap hash. The set hashes with foldhash,
@@ -31,6 +39,8 @@ const FILTER_BITS: u32 = 17;
 static FILTER: [AtomicU8; 1 << FILTER_BITS] = [const { AtomicU8::new(0) }; 1 << FILTER_BITS];
 /// How many keys are tracked: zero turns every event away before the key is hashed.
 static TRACKED_KEYS: AtomicUsize = AtomicUsize::new(0);
+/// Whether new locks are tracked (while the module watches; main thread only).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 /// A fast hash of a key name for the filter: 8 bytes at a time, a multiply per word.
 fn quick_hash(key: &[u8]) -> usize {
@@ -104,9 +114,30 @@ pub fn any_tracked() -> bool {
     TRACKED_KEYS.load(Relaxed) != 0
 }
 
-/// Remembers that `key` in `db` holds a lock the module wrote.
+/// Remembers that `key` in `db` holds a lock the module wrote (while tracking is on: one
+/// load otherwise, on the lock's hot path).
 pub fn track(db: i32, key: &[u8]) {
-    TRACKED.with(|t| t.borrow_mut().insert(db, key));
+    if ACTIVE.load(Relaxed) {
+        TRACKED.with(|t| t.borrow_mut().insert(db, key));
+    }
+}
+
+/// Turns tracking on (the module started watching) or off (it stopped: every key is
+/// forgotten, and the set's memory given back).
+pub fn set_active(on: bool) {
+    ACTIVE.store(on, Relaxed);
+    if !on {
+        TRACKED.with(|t| {
+            let mut t = t.borrow_mut();
+            t.clear();
+            t.dbs.shrink_to_fit();
+        });
+    }
+}
+
+/// True while new locks are tracked.
+pub fn active() -> bool {
+    ACTIVE.load(Relaxed)
 }
 
 /// Forgets a lock key; true if it was tracked.

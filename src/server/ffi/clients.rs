@@ -1,6 +1,6 @@
 //! Blocked clients (block with reply, timeout, free and disconnect callbacks; unblock)
-//! and the server events the crate has no wrapper for (SWAPDB, a client gone). A child
-//! of `ffi`.
+//! and the server events the crate has no wrapper for (SWAPDB, a client gone; subscribed in
+//! events.rs). A child of `ffi`.
 
 use super::*;
 
@@ -128,36 +128,29 @@ pub fn unblock(handle: Blocked, wake: Option<Wake>) {
 
 static SWAPDB_HANDLER: OnceLock<fn(&Context, i32, i32)> = OnceLock::new();
 
-extern "C" fn swapdb_cb(
+pub(super) extern "C" fn swapdb_cb(
     ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
     _subevent: u64,
     data: *mut c_void,
 ) {
     let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+    let _in = InEvent::enter();
     let context = Context::new(ctx);
     if let Some(f) = SWAPDB_HANDLER.get() {
         crate::server::guard::quietly(|| f(&context, info.dbnum_first, info.dbnum_second));
     }
 }
 
-/// Calls `f(ctx, db1, db2)` after every SWAPDB. Called once from init.
-pub fn on_swapdb(ctx: &Context, f: fn(&Context, i32, i32)) {
+/// Calls `f(ctx, db1, db2)` after every SWAPDB while [`Hook::SwapDb`] is hooked
+/// (engine/events.rs decides when). Called once from init.
+pub fn on_swapdb(f: fn(&Context, i32, i32)) {
     let _ = SWAPDB_HANDLER.set(f);
-    unsafe {
-        if let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent {
-            let event = raw::RedisModuleEvent {
-                id: raw::REDISMODULE_EVENT_SWAPDB,
-                dataver: raw::REDISMODULE_SWAPDBINFO_VERSION as u64,
-            };
-            subscribe(ctx.ctx, event, Some(swapdb_cb));
-        }
-    }
 }
 
 static CLIENT_GONE_HANDLER: OnceLock<fn(&Context, u64)> = OnceLock::new();
 
-extern "C" fn client_change_cb(
+pub(super) extern "C" fn client_change_cb(
     ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
     subevent: u64,
@@ -167,26 +160,20 @@ extern "C" fn client_change_cb(
         return;
     }
     let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
+    let _in = InEvent::enter();
     let context = Context::new(ctx);
     if let Some(f) = CLIENT_GONE_HANDLER.get() {
         crate::server::guard::quietly(|| f(&context, info.id));
     }
 }
 
-/// Calls `f(ctx, client_id)` whenever a client connection closes (queued tickets live as
-/// long as the connection that queued them). Called once from init. The callback runs
-/// while the server frees the client: it may only note what to do, not write keys.
-pub fn on_client_gone(ctx: &Context, f: fn(&Context, u64)) {
+/// Calls `f(ctx, client_id)` whenever a client connection closes while
+/// [`Hook::ClientChange`] is hooked (queued tickets live as long as the connection that
+/// queued them; engine/events.rs hooks it while any may be queued). Called once from init.
+/// The callback runs while the server frees the client: it may only note what to do, not
+/// write keys.
+pub fn on_client_gone(f: fn(&Context, u64)) {
     let _ = CLIENT_GONE_HANDLER.set(f);
-    unsafe {
-        if let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent {
-            let event = raw::RedisModuleEvent {
-                id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
-                dataver: raw::REDISMODULE_CLIENTINFO_VERSION as u64,
-            };
-            subscribe(ctx.ctx, event, Some(client_change_cb));
-        }
-    }
 }
 
 /// The id of the connection running the current command (`CLIENT ID`).
