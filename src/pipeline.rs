@@ -189,7 +189,10 @@ where
                     queued,
                 } if may_block(ctx) => {
                     let (ask, pttl) = ask();
-                    wait_or_queue(ctx, db, name, ask, timeout, queued, pttl)
+                    let waits = ask.clone();
+                    let reply = wait_or_queue(ctx, db, name, ask, timeout, queued, pttl)?;
+                    waits.waits();
+                    Ok(reply)
                 }
                 _ => Ok(reply),
             },

@@ -39,6 +39,9 @@ pub trait Ask: std::fmt::Debug {
     /// Told the [`Grant::memo`] of its grant, once written (on the queued request itself,
     /// which a take-back later asks).
     fn granted(&self, _memo: i64) {}
+    /// Told it now waits (blocked or as a queued ticket), once the engine has it: the
+    /// latch counts its queued awaits here.
+    fn waits(&self) {}
 }
 
 /// A queued request (shared: the granted list keeps it until the reply goes out).
