@@ -64,14 +64,14 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             |db, name, a, request| {
                 let owner = &args[2];
                 let now = ffi::now_ms();
-                let (key, state) = lock_commands::open_for_write(ctx, db, name, Some(owner));
+                let (key, state) = lock_store::open_for_write(ctx, db, name, Some(owner));
                 let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
                 let plan = fenced::acquire(&state.map_err(err)?, last, a.owner, a.lease, now)
                     .map_err(err)?;
                 lock_store::apply(ctx, &key, name, owner, &plan.lock);
                 drop(key);
                 write_token(ctx, name, &plan);
-                lock_commands::count(plan.lock.outcome);
+                lock_store::count(plan.lock.outcome);
                 let reply: Reply = plan.reply.into();
                 remember(ctx, request, lock::remembers(plan.lock.outcome), &reply);
                 if let FencedReply::Contended(pttl) = plan.reply {

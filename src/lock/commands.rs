@@ -1,8 +1,8 @@
 //! The re-entrant lock's commands (RLOCK.*) on the shared pipeline: each declares its
-//! parsing, its plan (`lock::rule`, read and written by `lock::store`) and its next step
-//! (serve the queue when the lock is freed); `pipeline` does the rest (arity, request-id
-//! replay, the queue served first, waiting or queueing). And [`LockAsk`], what a queued
-//! RLOCK.ACQUIRE asks of the engine: its grant rule.
+//! parsing, its plan (`lock::rule`, on the key as `lock::store` opens, reads and writes
+//! it) and its next step (serve the queue when the lock is freed); `pipeline` does the
+//! rest (arity, request-id replay, the queue served first, waiting or queueing). And
+//! [`LockAsk`], what a queued RLOCK.ACQUIRE asks of the engine: its grant rule.
 //!
 //! Layer: the top, one folder per primitive beside `pipeline` (what they share). Calls
 //! down into `pipeline`, `engine` (waiting, handoff), `lock::store` (the hash read and
@@ -16,26 +16,13 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
-use crate::lock::store::{apply, freed, read, read_for};
+use crate::lock::store::{apply, freed, open_for_write, read, write};
 use crate::lock::{self, LockState, Outcome, Plan, Reply};
 use crate::pipeline::{err, waiting_command, write_command, Answer, Waiting};
 use crate::server::ffi::{self, LockKey};
-use crate::server::{guard, stats, store, tracking};
+use crate::server::{guard, stats, store};
 use crate::vocab::args::{self, AcquireArgs};
 use crate::vocab::reply;
-
-/// Bumps the `INFO rlock` counter of a lock outcome (also the fenced lock's, `fenced::commands`).
-pub fn count(outcome: Outcome) {
-    match outcome {
-        Outcome::Acquired => stats::bump(|s| &s.acquisitions),
-        Outcome::Reentered => stats::bump(|s| &s.reentries),
-        Outcome::Contended => stats::bump(|s| &s.contended),
-        Outcome::Released | Outcome::Decremented => stats::bump(|s| &s.releases),
-        Outcome::ForceReleased => stats::bump(|s| &s.forced_releases),
-        Outcome::Renewed => stats::bump(|s| &s.renewals),
-        Outcome::NotHeld | Outcome::NoLock => {}
-    }
-}
 
 fn value(reply: Reply) -> RedisValue {
     match reply {
@@ -58,52 +45,6 @@ pub fn parse_acquire<'a>(
         },
     );
     Ok((a, id, waiting))
-}
-
-/// Opens the lock key for writing and reads it (for `owner`'s command: its one field, on
-/// the fast path). The pipeline has served the key's queue already; but a lock of ours
-/// replaced by something that is no lock, by a command whose events the module does not
-/// watch on this server (SORT ... STORE on 7.0), gets its unlock message now, lazily
-/// (README, "Freeing and handoff"), and the key is read again.
-pub fn open_for_write(
-    ctx: &Context,
-    db: i32,
-    name: &RedisString,
-    owner: Option<&RedisString>,
-) -> (LockKey, Result<LockState, &'static str>) {
-    let read = |key: &LockKey| match owner {
-        Some(owner) => read_for(key, owner),
-        None => read(key),
-    };
-    let key = LockKey::open(ctx, name, true);
-    let state = read(&key);
-    if state.is_err() && tracking::is_tracked(db, name.as_slice()) {
-        drop(key);
-        engine::settle(ctx, db, name);
-        let key = LockKey::open(ctx, name, true);
-        let state = read(&key);
-        return (key, state);
-    }
-    (key, state)
-}
-
-/// Writes a plan on the open key (closed after), counts its outcome and remembers its
-/// reply under the request id if it changed the lock.
-fn write(
-    ctx: &Context,
-    key: LockKey,
-    name: &RedisString,
-    owner: &RedisString,
-    plan: &Plan,
-    request: Option<&RedisString>,
-    now: i64,
-) {
-    apply(ctx, &key, name, owner, plan);
-    drop(key);
-    count(plan.outcome);
-    if let Some(req) = request.filter(|_| lock::remembers(plan.outcome)) {
-        store::remember(ctx, req, &plan.reply.into(), now);
-    }
 }
 
 /// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]

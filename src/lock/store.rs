@@ -1,11 +1,12 @@
-//! The lock's key, read and written: the hash read into the pure [`LockState`] (with the
-//! one-field fast read of a command by its holder), a [`Plan`] written back with
+//! The lock's key, opened, read and written: the hash read into the pure [`LockState`]
+//! (with the one-field fast read of a command by its holder), a [`Plan`] written back with
 //! everything a plain command would do around it (replication as plain commands,
-//! keyspace notifications, WATCH), and Redisson's unlock message once the lock is free.
+//! keyspace notifications, WATCH; then its `INFO rlock` counter and its request-id
+//! record), and Redisson's unlock message once the lock is free.
 //!
-//! Layer: inside the lock's folder, below `commands` (its only users, and the fenced
-//! lock's); calls down into `engine` (tracking a new lock, serving a freed one),
-//! `server::{ffi, store, tracking}` and the pure `lock::rule`. The server layer stays
+//! Layer: inside the lock's folder, below `commands` (its users, with the fenced lock's);
+//! calls down into `engine` (tracking a new lock, serving a freed one, settling a
+//! replaced one), `server::{ffi, store, tracking, stats}` and the pure `lock::rule`. The server layer stays
 //! free of the lock: these functions lived in `server::store` until the pipeline issue
 //! moved them up here, unchanged.
 //!
@@ -17,10 +18,10 @@
 use redis_module::{Context, NotifyEvent, RedisString};
 
 use crate::engine::{self, Owed, Path, Served};
-use crate::lock::{self, LockState, Plan, Write};
+use crate::lock::{self, LockState, Outcome, Plan, Write};
 use crate::server::ffi::{self, Arg, KeyKind, LockKey};
-use crate::server::store;
 use crate::server::tracking::{self, OwnWrite};
+use crate::server::{stats, store};
 use crate::vocab::args;
 use crate::vocab::errors::ERR_WRONGTYPE;
 
@@ -78,6 +79,65 @@ fn still_held(ctx: &Context, name: &RedisString) -> bool {
         read(&LockKey::open(ctx, name, false)),
         Ok(LockState::Held { .. })
     )
+}
+
+/// Bumps the `INFO rlock` counter of a lock outcome (also the fenced lock's, `fenced::commands`).
+pub fn count(outcome: Outcome) {
+    match outcome {
+        Outcome::Acquired => stats::bump(|s| &s.acquisitions),
+        Outcome::Reentered => stats::bump(|s| &s.reentries),
+        Outcome::Contended => stats::bump(|s| &s.contended),
+        Outcome::Released | Outcome::Decremented => stats::bump(|s| &s.releases),
+        Outcome::ForceReleased => stats::bump(|s| &s.forced_releases),
+        Outcome::Renewed => stats::bump(|s| &s.renewals),
+        Outcome::NotHeld | Outcome::NoLock => {}
+    }
+}
+
+/// Opens the lock key for writing and reads it (for `owner`'s command: its one field, on
+/// the fast path). The pipeline has served the key's queue already; but a lock of ours
+/// replaced by something that is no lock, by a command whose events the module does not
+/// watch on this server (SORT ... STORE on 7.0), gets its unlock message now, lazily
+/// (README, "Freeing and handoff"), and the key is read again.
+pub fn open_for_write(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    owner: Option<&RedisString>,
+) -> (LockKey, Result<LockState, &'static str>) {
+    let read = |key: &LockKey| match owner {
+        Some(owner) => read_for(key, owner),
+        None => read(key),
+    };
+    let key = LockKey::open(ctx, name, true);
+    let state = read(&key);
+    if state.is_err() && tracking::is_tracked(db, name.as_slice()) {
+        drop(key);
+        engine::settle(ctx, db, name);
+        let key = LockKey::open(ctx, name, true);
+        let state = read(&key);
+        return (key, state);
+    }
+    (key, state)
+}
+
+/// Writes a plan on the open key (closed after), counts its outcome and remembers its
+/// reply under the request id if it changed the lock.
+pub fn write(
+    ctx: &Context,
+    key: LockKey,
+    name: &RedisString,
+    owner: &RedisString,
+    plan: &Plan,
+    request: Option<&RedisString>,
+    now: i64,
+) {
+    apply(ctx, &key, name, owner, plan);
+    drop(key);
+    count(plan.outcome);
+    if let Some(req) = request.filter(|_| lock::remembers(plan.outcome)) {
+        store::remember(ctx, req, &plan.reply.into(), now);
+    }
 }
 
 /// Applies a plan for `owner` on the open key `key` named `name`.

@@ -248,7 +248,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 let side = rwlock::parse_rw_force(a)?;
                 Ok((side, side, None))
             },
-            |state, name, side, now| rwlock::force_release(state, name, side, now),
+            rwlock::force_release,
         )
     })
 }
