@@ -109,6 +109,12 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
+/// `owner lease-ms`, for the pipeline: RENEW takes no `ID` (running it again only sets
+/// the lease again).
+fn parse_renew<'a>(args: &[&'a [u8]]) -> Result<((&'a [u8], i64), Option<&'a [u8]>), &'static str> {
+    Ok((args::parse_renew(args)?, None))
+}
+
 /// RLOCK.RENEW <key> <owner> <lease-ms>
 pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
@@ -116,7 +122,7 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             ctx,
             &args,
             4..=4,
-            |a| args::parse_renew(a).map(|p| (p, None)),
+            parse_renew,
             |db, name, (owner, lease), request| {
                 let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
                 let now = ffi::now_ms();

@@ -239,18 +239,15 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// RRWLOCK.FORCERELEASE <key> [READ|WRITE]
 pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guard::command(|| {
-        change(
-            ctx,
-            &args,
-            2..=3,
-            |a| {
-                let side = rwlock::parse_rw_force(a)?;
-                Ok((side, side, None))
-            },
-            rwlock::force_release,
-        )
-    })
+    guard::command(|| change(ctx, &args, 2..=3, parse_force, rwlock::force_release))
+}
+
+/// `[READ|WRITE]`: the side to force (both without one), also the side counted; no id.
+fn parse_force<'a>(
+    args: &[&'a [u8]],
+) -> Result<(Option<Side>, Option<Side>, Option<&'a [u8]>), &'static str> {
+    let side = rwlock::parse_rw_force(args)?;
+    Ok((side, side, None))
 }
 
 fn key(s: &str) -> RedisValueKey {
