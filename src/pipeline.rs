@@ -117,6 +117,10 @@ pub fn int_map(fields: &[(&str, i64)]) -> RedisValue {
     )
 }
 
+/// What a command's parser hands the pipeline: the arguments after the key as the
+/// primitive's plan takes them, and the call's request id (`ID`), if it has one.
+pub type Parsed<'a, P> = Result<(P, Option<&'a [u8]>), &'static str>;
+
 /// The opening every changing command of the synchronizers shares, written once: the
 /// arity, the arguments after the key parsed (with the call's request id), the first
 /// reply of a retried call replayed, and a pending queue served before anything is read.
@@ -126,7 +130,7 @@ pub fn write_command<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
-    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
     body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
 ) -> RedisResult {
     if !arity.contains(&args.len()) {

@@ -18,7 +18,7 @@ use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::lock::store::{apply, freed, open_for_write, read, write};
 use crate::lock::{self, LockState, Outcome, Plan, Reply};
-use crate::pipeline::{err, waiting_command, write_command, Answer, Waiting};
+use crate::pipeline::{err, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::server::ffi::{self, LockKey};
 use crate::server::{guard, stats, store};
 use crate::vocab::args::{self, AcquireArgs};
@@ -111,7 +111,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// `owner lease-ms`, for the pipeline: RENEW takes no `ID` (running it again only sets
 /// the lease again).
-fn parse_renew<'a>(args: &[&'a [u8]]) -> Result<((&'a [u8], i64), Option<&'a [u8]>), &'static str> {
+fn parse_renew<'a>(args: &[&'a [u8]]) -> Parsed<'a, (&'a [u8], i64)> {
     Ok((args::parse_renew(args)?, None))
 }
 

@@ -21,7 +21,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
-use crate::pipeline::{err, remember, waiting_command, write_command, Answer, Waiting};
+use crate::pipeline::{err, remember, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
 use crate::server::ffi::{self, LockKey};
 use crate::server::store::{self, Value};
@@ -176,26 +176,21 @@ fn write(
 }
 
 /// A changing command without waiting: the pipeline's opening (the queue served first),
-/// the lock read with the clock the plan will use, `plan`, [`write`], then waiters
-/// served and Redisson's message ([`settle_after`]).
+/// the lock read with the clock the plan will use, `plan` (which also says the side its
+/// outcome is counted under), [`write`], then waiters served and Redisson's message
+/// ([`settle_after`]).
 fn change<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
-    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<Side>, Option<&'a [u8]>), &'static str>,
-    plan: impl FnOnce(&RwState, &[u8], P, i64) -> Plan,
+    parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
+    plan: impl FnOnce(&RwState, &[u8], P, i64) -> (Plan, Option<Side>),
 ) -> RedisResult {
-    let side = Cell::new(None);
-    let parse = |a: &[&'a [u8]]| {
-        let (parsed, s, id) = parse(a)?;
-        side.set(s);
-        Ok((parsed, id))
-    };
     write_command(ctx, args, arity, parse, |db, name, parsed, request| {
         let now = ffi::now_ms();
         let state = read_state(ctx, name.as_slice(), now).map_err(err)?;
-        let plan = plan(&state, name.as_slice(), parsed, now);
-        let reply = write(ctx, name, &plan, side.get(), request);
+        let (plan, side) = plan(&state, name.as_slice(), parsed, now);
+        let reply = write(ctx, name, &plan, side, request);
         settle_after(ctx, db, name, &plan, now);
         Ok(reply)
     })
@@ -210,10 +205,11 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             4..=7,
             |a| {
                 let (side, a) = rwlock::parse_rw_release(a)?;
-                Ok(((side, a.owner, a.lease), Some(side), a.id))
+                Ok(((side, a.owner, a.lease), a.id))
             },
             |state, name, (side, owner, lease), now| {
-                rwlock::release(state, name, side, owner, lease, now)
+                let plan = rwlock::release(state, name, side, owner, lease, now);
+                (plan, Some(side))
             },
         )
     })
@@ -226,12 +222,10 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             ctx,
             &args,
             5..=5,
-            |a| {
-                let (side, owner, lease) = rwlock::parse_rw_renew(a)?;
-                Ok(((side, owner, lease), Some(side), None))
-            },
+            |a| Ok((rwlock::parse_rw_renew(a)?, None)),
             |state, name, (side, owner, lease), now| {
-                rwlock::renew(state, name, side, owner, lease, now)
+                let plan = rwlock::renew(state, name, side, owner, lease, now);
+                (plan, Some(side))
             },
         )
     })
@@ -239,15 +233,15 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// RRWLOCK.FORCERELEASE <key> [READ|WRITE]
 pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guard::command(|| change(ctx, &args, 2..=3, parse_force, rwlock::force_release))
-}
-
-/// `[READ|WRITE]`: the side to force (both without one), also the side counted; no id.
-fn parse_force<'a>(
-    args: &[&'a [u8]],
-) -> Result<(Option<Side>, Option<Side>, Option<&'a [u8]>), &'static str> {
-    let side = rwlock::parse_rw_force(args)?;
-    Ok((side, side, None))
+    guard::command(|| {
+        change(
+            ctx,
+            &args,
+            2..=3,
+            |a| Ok((rwlock::parse_rw_force(a)?, None)),
+            |state, name, side, now| (rwlock::force_release(state, name, side, now), side),
+        )
+    })
 }
 
 fn key(s: &str) -> RedisValueKey {
