@@ -16,7 +16,6 @@ One invocation measures each server in three server processes (plain, librlock, 
 module); writes a block between the `instr-floors` markers of BENCHMARK.md.
 """
 
-import argparse
 import concurrent.futures
 import datetime
 import os
@@ -26,8 +25,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from instr import (LEASE, OWNER, SHA, build_floor, held_with_count, key,  # noqa: E402
-                   load_scripts, run_server, server_version, write_report)
+from instr import (LEASE, OWNER, SHA, build_floor, held_with_count,  # noqa: E402
+                   instr_arguments, key, load_scripts, run_server, server_version,
+                   set_rounds, write_report)
 from instr_rw import LOAD as RW_LOAD, m_acq, r_read  # noqa: E402
 
 
@@ -137,14 +137,8 @@ def tables(r, version):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--module", required=True, help="librlock.so (a --release build)")
-    ap.add_argument("--server", action="append", required=True)
-    ap.add_argument("--report", help="write the block into this file (BENCHMARK.md)")
-    ap.add_argument("--n1", type=int, default=2_000)
-    ap.add_argument("--n2", type=int, default=12_000)
-    ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
-    a = ap.parse_args()
+    a = instr_arguments(__doc__).parse_args()
+    set_rounds(a.rounds)
     started = time.time()
     sections = [
         "## Floors: the least a module command keeping the SPEC's promises costs "

@@ -5,7 +5,10 @@ Deterministic where `make bench` (wall clock, shared machine) is not: every figu
 number of instructions the server executes, counted by valgrind's callgrind. Each
 workload runs a segment of N1 calls, then one of N2, on a server under callgrind that
 dumps its counters at every PING put between segments; per call = (I(N2) - I(N1)) /
-(N2 - N1), which cancels what a segment costs beyond its calls.
+(N2 - N1), which cancels what a segment costs beyond its calls. It does so ROUNDS times
+(`--rounds`, on fresh keys each round) and keeps the median; the server's reply
+buffer keeps its size (`DEBUG REPLYBUFFER RESIZING 0`). Both make reruns agree: see
+`run_server`.
 Commands are sent pipelined by `redis-cli --pipe` from a generated stream (keys spread
 over 100 000 names by a fixed permutation, so reruns are identical).
 
@@ -282,18 +285,74 @@ def commands(call, indices):
     return out
 
 
-def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, extra_args=()):
+def fixed_seed(workdir):
+    """The command prefix that gives the server the same hash seed in every run.
+
+    The server seeds its dictionaries' hash from /dev/urandom at start. Its command
+    table is one of them, and a command looked up once per call (the command itself, and
+    every command a module replicates) may share a bucket with others in one run and not
+    in the next: a few case-insensitive compares more or less on every call, 50 to 110
+    instructions in the runs that found it (EXPIRE moved from 4316 to 4389 between two
+    runs of the same stream). In a mount namespace of its own (root, util-linux's
+    `unshare`), /dev/urandom is a file of fixed bytes for the server alone. Where that
+    cannot be done, the prefix is empty and a warning says figures may move by ~2 %.
+    """
+    seed = os.path.join(workdir, "urandom")
+    if not os.path.exists(seed):
+        with open(seed, "wb") as f:
+            f.write(hashlib.sha256(b"rlock bench/instr.py").digest() * 64)
+    prefix = ["unshare", "--mount", "--", "sh", "-c",
+              'mount --bind "$0" /dev/urandom && exec "$@"', seed]
+    probe = subprocess.run(prefix + ["true"], capture_output=True)
+    if probe.returncode != 0:
+        print("warning: cannot fix the server's hash seed (needs root and unshare): "
+              "figures may move by ~2 % between runs", file=sys.stderr)
+        return []
+    return prefix
+
+
+# Rounds of each workload's two segments; the median per-call figure is kept (--rounds).
+ROUNDS = 3
+
+
+def set_rounds(n):
+    global ROUNDS
+    ROUNDS = n
+
+
+def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=None,
+               extra_args=()):
     """Runs every workload on one server under callgrind; instructions per operation.
 
     callgrind dumps its counters before every PING (`--dump-before=pingCommand`), so a
     PING between two segments of calls splits them: each workload runs a segment of N1
     operations, then one of N2, and per operation = (I(N2 part) - I(N1 part)) / (N2 - N1).
     `extra_args`: more config pairs, after the defaults (an AOF, a module config).
+
+    Why reruns used to differ (plain EXPIRE, no module loaded, moved by several per
+    cent between two runs of the same stream): the server draws its hash seed at start,
+    so the command table's buckets differ from run to run, and a command's lookup costs
+    more or fewer compares on every call ([`fixed_seed`] fixes that: the largest cause,
+    found by diffing two runs' per-function counts). The wall clock adds the rest: the
+    server's cron (clientsCron, once a second at `--hz 1`) shrinks a client's reply
+    buffer to its recent peak and grows it back, so how many replies spill into the reply
+    list depends on where the cron fell in the stream; `DEBUG REPLYBUFFER RESIZING 0`
+    (7.0 and later, Valkey too) keeps its size, and writing into it is not counted
+    (`--toggle-collect=_addReplyToBufferOrList` turns counting off inside it: replies
+    cost the same whatever produced them). Last, the two segments run `rounds` times,
+    each round on keys of its own (index ranges apart, so a "new lock" is new in every
+    round), keeping the median: what noise is left moves a round either way (work of a
+    module's zero-delay timer lands outside the counted window when the event loop takes
+    larger batches; a round of the latch's set-and-open cycle once read 4 % low), and a
+    cost that is deterministic but falls in one round (a table growing) is the same on
+    every build measured with the same stream.
     """
+    rounds = rounds or ROUNDS
     port = free_port()
     out = os.path.join(workdir, f"cg.{tag}")
-    args = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-            "--dump-before=pingCommand", "--toggle-collect=processCommand", server, "--port", str(port), "--bind", "127.0.0.1",
+    args = fixed_seed(workdir) + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+            "--dump-before=pingCommand", "--toggle-collect=processCommand",
+            "--toggle-collect=_addReplyToBufferOrList", server, "--port", str(port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--enable-debug-command", "yes",
             "--hz", "1", "--slowlog-log-slower-than", "-1", "--latency-tracking", "no",
             "--activerehashing", "no", "--dir", workdir]
@@ -307,13 +366,15 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, extra_ar
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env)
     ping = ["PING"]
-    stream = list(setup)
+    stream = [["DEBUG", "REPLYBUFFER", "RESIZING", 0]] + list(setup)
     for _, wsetup, _ in workloads:
         stream += wsetup
     stream.append(ping)
     for _, _, call in workloads:
-        stream += commands(call, range(n1)) + [ping]
-        stream += commands(call, range(n1, n1 + n2)) + [ping]
+        for r in range(rounds):
+            start = r * (n1 + n2)
+            stream += commands(call, range(start, start + n1)) + [ping]
+            stream += commands(call, range(start + n1, start + n1 + n2)) + [ping]
     try:
         deadline = time.time() + 120
         while True:
@@ -347,9 +408,17 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, extra_ar
         parts[int(part.group(1)) if part else 0] = int(total.group(1))
         os.unlink(f)
     totals = [parts[k] for k in sorted(parts)]
-    segments = totals[-(2 * len(workloads) + 1):-1]
-    return {label: (segments[2 * k + 1] - segments[2 * k]) / (n2 - n1)
-            for k, (label, _, _) in enumerate(workloads)}
+    segments = totals[-(2 * len(workloads) * rounds + 1):-1]
+    out = {}
+    for k, (label, _, _) in enumerate(workloads):
+        per_round = [(segments[2 * (k * rounds + r) + 1] - segments[2 * (k * rounds + r)])
+                     / (n2 - n1) for r in range(rounds)]
+        out[label] = sorted(per_round)[len(per_round) // 2]
+        if rounds > 1:
+            spread = (max(per_round) / min(per_round) - 1) * 100
+            print(f"    {label}: rounds {' '.join(f'{v:.0f}' for v in per_round)} "
+                  f"(spread {spread:.1f} %)", file=sys.stderr)
+    return out
 
 
 def server_version(server):
@@ -392,9 +461,9 @@ def tax_configs(module, floor):
 
 
 def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only_latch=False,
-            only_tax=False, rounds=1):
+            only_tax=False):
     configs = tax_configs(module, floor)
-    runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs] * rounds
+    runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs]
     if not only_tax:
         runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS),
                  (("lock", "plain"), [], [], PLAIN_WORKLOADS)]
@@ -414,8 +483,7 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only
                 k = ("tax", label, cfg) if kind == "tax" else (kind,) + label
                 samples.setdefault(k, []).append(v)
                 log(f"  {k}: {v:.0f}")
-    # Several rounds (--rounds): the median of each cell. Reruns differ where the server's
-    # hash tables are seeded at random (which keys share a bucket).
+    # One figure per cell (run_server's rounds already keep the median of each).
     results = {k: statistics.median(v) for k, v in samples.items()}
     return results, [c[0] for c in configs]
 
@@ -477,8 +545,10 @@ def write_report(path, sections, marker="instr"):
         f.write(text)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def instr_arguments(doc):
+    """The arguments every instruction bench takes (this file, floors_instr.py,
+    replication_instr.py): module, servers, report, N1/N2, jobs, rounds."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--module", required=True, help="librlock.so (a --release build)")
     ap.add_argument("--server", action="append", required=True,
                     help="server binary; repeat for several (redis-server, valkey-server)")
@@ -486,6 +556,13 @@ def main():
     ap.add_argument("--n1", type=int, default=2_000)
     ap.add_argument("--n2", type=int, default=12_000)
     ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help="rounds of each workload; the median figure is kept")
+    return ap
+
+
+def main():
+    ap = instr_arguments(__doc__)
     ap.add_argument("--latch", action="store_true",
                     help="also measure RLATCH.* against Redisson's countdown latch scripts")
     ap.add_argument("--only-latch", action="store_true",
@@ -494,9 +571,10 @@ def main():
                     help="fenced: only RFENCED.ACQUIRE against Redisson's lockAndGetToken; "
                     "tax: only the tax on commands that are not locks (its own block of the "
                     "report, `instr-tax`)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="run the tax's servers this many times, and take each cell's median")
     a = ap.parse_args()
+    set_rounds(a.rounds)
+    if a.rounds * (a.n1 + a.n2) > SPACE:
+        ap.error(f"--rounds x (N1 + N2) must stay within the {SPACE} key names")
     started = time.time()
     if a.only == "fenced":
         sections = [
@@ -527,7 +605,10 @@ def main():
         "of N1 calls, then one of N2, sent pipelined by `redis-cli --pipe` to a server "
         "under callgrind that dumps its counters at a PING between segments; per call "
         f"= (I(N2) - I(N1)) / (N2 - N1), N1 = {a.n1}, N2 = {a.n2}, which cancels what a "
-        "segment costs beyond its calls. Only instructions inside `processCommand` are "
+        f"segment costs beyond its calls; {a.rounds} rounds of that on fresh keys, the "
+        "median kept, and reply buffers that keep their size (`DEBUG REPLYBUFFER "
+        "RESIZING 0`): the server's cron resizing them by the clock made reruns differ by "
+        "up to 12 %. Only instructions inside `processCommand` are "
         "counted (`--toggle-collect`): the command, its keyspace events and module "
         "callbacks, propagation, post-notification jobs; not reading, parsing, writing "
         "replies or the server's timer, which cost the same with or without the module and "
@@ -555,7 +636,7 @@ def main():
             results, configs = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
                                        a.jobs, workdir, lambda s: print(s, file=sys.stderr),
                                        latch=a.latch, only_latch=a.only_latch,
-                                       only_tax=a.only == "tax", rounds=a.rounds)
+                                       only_tax=a.only == "tax")
             if a.only == "tax":
                 sections += [f"### {version}", "", "Commands that are not locks:", ""]
                 sections += tax_table(results, configs) + [""]

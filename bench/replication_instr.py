@@ -13,7 +13,6 @@ counted exactly as bench/instr.py counts (its `run_server`).
 Writes a block between the `instr-replication` markers of BENCHMARK.md.
 """
 
-import argparse
 import concurrent.futures
 import datetime
 import hashlib
@@ -25,9 +24,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from instr import (LEASE, OWNER, SHA, held_with_count, key, load_scripts,  # noqa: E402
-                   redisson_fenced, redisson_unlock, run_server, server_version,
-                   write_report, BIG_COUNT, redisson_count_down, LATCH_COUNT_DOWN)
+from instr import (LEASE, OWNER, SHA, held_with_count, instr_arguments, key,  # noqa: E402
+                   load_scripts, redisson_fenced, redisson_unlock, run_server, server_version,
+                   set_rounds, write_report, BIG_COUNT, redisson_count_down, LATCH_COUNT_DOWN)
 from instr_rw import LOAD as RW_LOAD, m_acq, r_read, r_write  # noqa: E402
 from redisson_rw import FENCED_ACQUIRE_TOKEN  # noqa: E402
 from redisson_sync import NON_EXPIRABLE, PES_TRY_ACQUIRE, SEM_TRY_ACQUIRE  # noqa: E402
@@ -130,7 +129,7 @@ def measure(server, module, n1, n2, jobs, workdir, log):
             tag = f"repl{n}"
             extra = aof_args(aof, tag) + (["--rlock.replication", cfg] if mods else [])
             futs[pool.submit(run_server, server, mods, [], workloads, n1, n2, workdir, tag,
-                             extra)] = (aof, cfg)
+                             extra_args=extra)] = (aof, cfg)
         for f in concurrent.futures.as_completed(futs):
             aof, cfg = futs[f]
             for (row, impl), v in f.result().items():
@@ -156,14 +155,8 @@ def table(results, aof):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--module", required=True, help="librlock.so (a --release build)")
-    ap.add_argument("--server", action="append", required=True)
-    ap.add_argument("--report", help="write the tables into this file (BENCHMARK.md)")
-    ap.add_argument("--n1", type=int, default=2_000)
-    ap.add_argument("--n2", type=int, default=12_000)
-    ap.add_argument("--jobs", type=int, default=2, help="servers under valgrind at once")
-    a = ap.parse_args()
+    a = instr_arguments(__doc__).parse_args()
+    set_rounds(a.rounds)
     started = time.time()
     sections = [
         "## Replication: instructions per call (`make bench-instr`)", "",

@@ -10,21 +10,24 @@
 //! - `lib` (this file): the registration table (every command with its flags and key
 //!   positions), callbacks wired to the engine, INFO's gauges.
 //! - One folder per primitive, each with the same two rooms: `rule` (the pure algorithm,
-//!   state in, plan out, no Redis) and `commands` (its handlers, and its queued request,
-//!   an `engine::Ask`, whose `check` is the grant rule): [`lock`] (RLOCK.*), [`fenced`]
-//!   (RFENCED.*, on the lock's rule), [`rwlock`] (RRWLOCK.*), [`semaphore`] (RSEMAPHORE.*,
-//!   and the plan vocabulary the two below share), [`expirable`] (RPSEMAPHORE.*), [`latch`]
-//!   (RLATCH.*). `docs/adding-a-primitive.md` walks through adding one.
-//! - [`pipeline`]: what every command shares: request-id replay, serving the queue first,
-//!   the opening of a changing command, waiting or queueing.
+//!   state in, plan out, no Redis) and `commands` (its handlers, declared on the pipeline:
+//!   a parser and a plan; and its queued request, an `engine::Ask`, whose `check` is the
+//!   grant rule): [`lock`] (RLOCK.*, with `store`, its hash read and written on the key
+//!   API), [`fenced`] (RFENCED.*, on the lock's rule and store), [`rwlock`] (RRWLOCK.*),
+//!   [`semaphore`] (RSEMAPHORE.*, and the plan vocabulary the two below share),
+//!   [`expirable`] (RPSEMAPHORE.*), [`latch`] (RLATCH.*). `docs/adding-a-primitive.md`
+//!   walks through adding one.
+//! - [`pipeline`]: the one journey of every changing command: arity, parsing, request-id
+//!   replay, the key's queue served first, the primitive's plan, then waiting or queueing
+//!   or the reply.
 //! - [`engine`]: one FIFO queue per key of waiters of any primitive (blocked clients and
 //!   queued tickets), the handoff loop that asks the head's `Ask`, deadlines, disconnects,
 //!   grants taken back, key timers, the pending list that serves keys freed by DEL,
 //!   expiry, FLUSH or SWAPDB, and `events`, which turns keyspace and server events into
-//!   engine calls. It names no primitive; only the unlock message of a freed
-//!   plain lock reads the lock's state.
-//! - [`server`]: what talks to Redis: `ffi` (the only unsafe code), `store` (keys into
-//!   states, plans and effects back, replication, notifications, WATCH, messages,
+//!   engine calls. It names no primitive: a tracked key (the lock's, whose unlock message
+//!   is owed when it goes away) comes with an `Owed` that answers for it.
+//! - [`server`]: what talks to Redis: `ffi` (the only unsafe code), `store` (keys read by
+//!   type, effects written back with replication, notifications and WATCH, messages,
 //!   request-id records), `tracking`, `cluster`, `config`, `stats`, `guard`.
 //! - [`vocab`]: the shared vocabulary, pure: `args`, `errors`, `reply`, `effects`.
 

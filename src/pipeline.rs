@@ -1,12 +1,17 @@
-//! The command pipeline: what every primitive's command file shares, written once.
-//! [`write_command`] is a changing command's opening (arity, parsing, request-id replay,
-//! the key's queue served first); [`waiting_command`] adds the end of a command that may
-//! wait (wait blocked, queue a ticket, or reply). Beside them the pieces they are made
-//! of: argument slicing, error mapping, the request-id record (replay before doing
-//! anything, remember after a change), and the "may this client block?" test.
+//! The command pipeline: what every primitive's changing commands share, written once.
+//! A primitive declares how to parse a command, its plan (read, rule, write, reply) and,
+//! for a command that may wait, its grant rule (an `engine::Ask`); [`write_command`] is
+//! the journey around the plan (arity, parsing, request-id replay, the key's queue served
+//! first), and [`waiting_command`] adds the end of a command that may wait (wait blocked,
+//! queue a ticket, or reply). Every changing command of every primitive runs on them, so
+//! the pieces they are made of (replay, serving the queue first, "may this client
+//! block?", waiting or queueing) are private here: there is one way to do each. Beside
+//! them, what the primitives' own parts share: error mapping, the request-id key and
+//! record ([`remember`]), an `…INFO` map.
 //!
-//! Layer: the top, beside the command files (`lock::commands`, ...) that use it; calls down into
-//! `engine` and `store` only.
+//! Layer: the top, beside the primitives' folders (`lock::commands`, ...) that use it;
+//! calls down into `engine` and `store` only, and back into a primitive only through the
+//! closures it is handed (its parser and its plan).
 
 use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, RedisValue};
 
@@ -22,7 +27,7 @@ pub fn err(msg: &'static str) -> RedisError {
 }
 
 /// The arguments after the key, as bytes, for the cores' parsers.
-pub fn args_after_key(args: &[RedisString]) -> Vec<&[u8]> {
+fn args_after_key(args: &[RedisString]) -> Vec<&[u8]> {
     args[2..].iter().map(RedisString::as_slice).collect()
 }
 
@@ -40,7 +45,7 @@ pub fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString>
 /// The first reply of a call retried with the same request id, if it is remembered. A
 /// queued ticket's grant is collected this way (docs/tickets.md): from then on it is its
 /// client's, not taken back when the ticket's connection closes.
-pub fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisValue> {
+fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisValue> {
     let request = request?;
     let first = store::remembered(ctx, request)?;
     engine::collected(request.as_slice());
@@ -50,7 +55,7 @@ pub fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisValue
 /// How a call that cannot be served now waits: blocked in the server (`WAIT`), or as a
 /// queued ticket (`WAIT … ASYNC`), answered `QUEUED` at once while the connection goes on.
 /// `pttl`: when the state may change by itself (see `engine::wait`).
-pub fn wait_or_queue(
+fn wait_or_queue(
     ctx: &Context,
     db: i32,
     name: &RedisString,
@@ -78,7 +83,7 @@ pub fn remember(ctx: &Context, request: Option<&RedisString>, changed: bool, rep
 
 /// Where a client may not block (MULTI/EXEC, scripts, replicated or loading streams,
 /// deny-blocking contexts), WAIT is ignored and the command answers at once.
-pub fn may_block(ctx: &Context) -> bool {
+fn may_block(ctx: &Context) -> bool {
     let no = ContextFlags::MULTI
         | ContextFlags::LUA
         | ContextFlags::DENY_BLOCKING
@@ -90,7 +95,7 @@ pub fn may_block(ctx: &Context) -> bool {
 /// Serves a key's queue before a command looks at it, if anybody waits: a key freed a
 /// moment ago (DEL, expiry, a permit's lease) whose handoff is still pending goes to the
 /// first waiter, so no command barges past the queue.
-pub fn serve_first(ctx: &Context, db: i32, name: &RedisString) {
+fn serve_first(ctx: &Context, db: i32, name: &RedisString) {
     if engine::has_waiters(db, name.as_slice()) {
         engine::serve(ctx, db, name, engine::Path::Command);
     }
@@ -112,6 +117,10 @@ pub fn int_map(fields: &[(&str, i64)]) -> RedisValue {
     )
 }
 
+/// What a command's parser hands the pipeline: the arguments after the key as the
+/// primitive's plan takes them, and the call's request id (`ID`), if it has one.
+pub type Parsed<'a, P> = Result<(P, Option<&'a [u8]>), &'static str>;
+
 /// The opening every changing command of the synchronizers shares, written once: the
 /// arity, the arguments after the key parsed (with the call's request id), the first
 /// reply of a retried call replayed, and a pending queue served before anything is read.
@@ -121,7 +130,7 @@ pub fn write_command<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
-    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
     body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
 ) -> RedisResult {
     if !arity.contains(&args.len()) {

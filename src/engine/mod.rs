@@ -2,8 +2,8 @@
 //!
 //! Layer: below the commands and the pipeline, above `server` (`store`, `tracking`,
 //! `cluster`, `stats`, `ffi`); `events.rs` here translates keyspace and server events
-//! into engine calls. The pure
-//! rules of each primitive (`lock::rule` for the lock) sit beside it: state in, plan out.
+//! into engine calls. It imports no primitive: what it must know of one comes through
+//! the [`Ask`] of a queued request, or the [`Owed`] of a tracked key (`pending.rs`).
 //!
 //! Each key with waiters has one FIFO queue, whatever primitive its waiters ask for (a
 //! [`Request`]). When the key may have changed, [`serve`] asks the head's primitive
@@ -43,9 +43,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::{Context, ContextFlags, RedisString};
 
-use crate::lock::LockState;
 use crate::server::cluster;
-use crate::server::ffi::{self, Blocked, LockKey, TimerId, Wake};
+use crate::server::ffi::{self, Blocked, TimerId, Wake};
 use crate::server::stats;
 use crate::server::store;
 use crate::server::tracking;

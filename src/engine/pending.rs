@@ -337,22 +337,34 @@ fn revoke(ctx: &Context, untold: &Untold) {
     untold.request.take_back(ctx, untold.db, &name);
 }
 
-/// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
-/// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
-pub fn freed(ctx: &Context, db: i32, name: &RedisString, path: Path) {
-    match serve(ctx, db, name, path) {
-        Served::Handed | Served::Redirected => {}
-        // Writes paused: the sweep serves the key once they resume.
-        Served::StillHeld if ffi::writes_paused() => {}
-        _ => {
-            tracking::untrack(db, name.as_slice());
-            store::publish_unlock(ctx, name);
-        }
-    }
+// ---- Tracked keys: a message owed when a key the module wrote goes away ----
+//
+// A primitive may owe its clients a message when its key goes away by any means, even a
+// plain DEL, expiry or overwrite (the lock: Redisson's unlock message). It tracks such a
+// key (`server::tracking`) with [`track`]; when the key is looked at and nobody waits for
+// it, [`settle`] asks the primitive, through its [`Owed`], whether the key still holds what
+// it wrote, and if not has it send the message, once. The engine names no primitive: the
+// `Owed` comes with the first tracked key (only the lock tracks keys), so there is nothing
+// to register at load, and a settle before any key was tracked has nothing to look at.
+
+/// What a primitive that tracks its keys answers about one of them.
+pub struct Owed {
+    /// True while the key (in the selected db) still holds what the primitive wrote.
+    pub held: fn(&Context, &RedisString) -> bool,
+    /// Sends what is owed for a key that no longer does (the lock's unlock message).
+    pub send: fn(&Context, &RedisString),
 }
 
-/// Looks at a lock key after something touched it: a freed lock goes to the first waiter,
-/// or, with nobody waiting, its unlock message is published (once: the key is forgotten).
+static OWED: std::sync::OnceLock<&'static Owed> = std::sync::OnceLock::new();
+
+/// Tracks a key the module just wrote, whose primitive owes a message when it goes away.
+pub fn track(db: i32, key: &[u8], owed: &'static Owed) {
+    OWED.get_or_init(|| owed);
+    tracking::track(db, key);
+}
+
+/// Looks at a tracked key after something touched it: a freed key goes to the first
+/// waiter, or, with nobody waiting, its message is sent (once: the key is forgotten).
 /// Runs where writes propagate (a command or a timer), with `db` selected.
 pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
     if serve(ctx, db, name, Path::Event) != Served::NoWaiters {
@@ -362,11 +374,10 @@ pub fn settle(ctx: &Context, db: i32, name: &RedisString) {
         retry_later(ctx, db, name.as_slice());
         return;
     }
-    let held = matches!(
-        store::read(&LockKey::open(ctx, name, false)),
-        Ok(LockState::Held { .. })
-    );
-    if !held && tracking::untrack(db, name.as_slice()) {
-        store::publish_unlock(ctx, name);
+    let Some(owed) = OWED.get() else {
+        return; // no key was ever tracked
+    };
+    if !(owed.held)(ctx, name) && tracking::untrack(db, name.as_slice()) {
+        (owed.send)(ctx, name);
     }
 }

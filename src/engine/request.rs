@@ -40,9 +40,10 @@ pub trait Ask: std::fmt::Debug {
     /// which a take-back later asks).
     fn granted(&self, _memo: i64) {}
 
-    /// The request was just queued on `name` (`db` selected): a primitive whose state
-    /// changes by itself arms its key timer now that the key has waiters (with nobody
-    /// waiting it holds none, SPEC 1).
+    /// The request was just queued on `name` (`db` selected), blocked or as a ticket: a
+    /// primitive whose state changes by itself arms its key timer now that the key has
+    /// waiters (with nobody waiting it holds none, SPEC 1); the latch counts its queued
+    /// awaits.
     fn queued(&self, _ctx: &Context, _db: i32, _name: &RedisString) {}
 }
 

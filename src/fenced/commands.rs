@@ -4,13 +4,14 @@
 //!
 //! The fenced lock is the plain lock (Redisson's RFencedLock extends RedissonLock): the
 //! same hash, lease, channel and message, plus the token key
-//! `redisson_lock_token:{name}`. So the lock half is `lock::commands`'s, reused as is (its key
-//! read, its writes with `store::apply`, its counters, its take-back), and release,
+//! `redisson_lock_token:{name}`. So the lock half is the lock's, reused as is (its parser,
+//! its key read, its writes with `lock::store::apply`, its counters, its take-back), and release,
 //! renew, force release and info are the `RLOCK.*` commands on the same key; this file
 //! adds the token (`fenced`'s pure rule, written with `store::apply_effects`).
 //!
-//! Layer: the top, above `lock::commands` (which it reuses; `lock::commands` never names it), beside
-//! `pipeline` and `events`. Calls down into `engine`, `store` and the pure `fenced`/`lock::rule`.
+//! Layer: the top, above `lock::commands` and `lock::store` (which it reuses; the lock never
+//! names it), beside `pipeline`, on which its acquire runs. Calls down into `pipeline`,
+//! `engine`, `store` and the pure `fenced`/`lock::rule`.
 
 use std::rc::Rc;
 
@@ -20,9 +21,8 @@ use crate::engine::{self, Ask, Check, Grant};
 use crate::fenced::{self, FencedPlan, FencedReply, Head};
 use crate::lock;
 use crate::lock::commands::{self as lock_commands, LockAsk};
-use crate::pipeline::{
-    args_after_key, err, may_block, remember, replay, request_key, wait_or_queue,
-};
+use crate::lock::store as lock_store;
+use crate::pipeline::{err, remember, waiting_command, Answer};
 use crate::server::ffi::{self, LockKey};
 use crate::server::store::{self, Value};
 use crate::server::{guard, stats};
@@ -49,49 +49,46 @@ fn write_token(ctx: &Context, name: &RedisString, plan: &FencedPlan) {
     }
 }
 
-/// RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
+/// RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
 ///
 /// `[nil, token]` when acquired or re-entered (a new token each time, as Redisson's
 /// lockAndGetToken), `[pttl, nil]` when another owner holds it; with WAIT the caller
 /// queues and a handoff answers `[nil, token]` with a token issued at the handoff.
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if args.len() < 4 {
-            return Err(RedisError::WrongArity);
-        }
-        let a = args::parse_acquire(&args_after_key(&args)).map_err(err)?;
-        let (name, owner) = (&args[1], &args[2]);
-        let request = request_key(name, a.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        let now = ffi::now_ms();
-        let (key, state) = lock_commands::open_for_write(ctx, db, name, Some(owner));
-        let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
-        let plan =
-            fenced::acquire(&state.map_err(err)?, last, a.owner, a.lease, now).map_err(err)?;
-        store::apply(ctx, &key, name, owner, &plan.lock);
-        drop(key);
-        write_token(ctx, name, &plan);
-        lock_commands::count(plan.lock.outcome);
-        let reply: Reply = plan.reply.into();
-        remember(
+        waiting_command(
             ctx,
-            request.as_ref(),
-            lock::remembers(plan.lock.outcome),
-            &reply,
-        );
-        match (plan.reply, a.wait) {
-            (FencedReply::Contended(pttl), Some(timeout)) if may_block(ctx) => {
-                let ask = Rc::new(FencedAsk(LockAsk::new(a.owner, a.lease, a.id)));
-                wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl)
-            }
-            _ => {
+            &args,
+            4..=usize::MAX,
+            lock_commands::parse_acquire,
+            |db, name, a, request| {
+                let owner = &args[2];
+                let now = ffi::now_ms();
+                let (key, state) = lock_store::open_for_write(ctx, db, name, Some(owner));
+                let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
+                let plan = fenced::acquire(&state.map_err(err)?, last, a.owner, a.lease, now)
+                    .map_err(err)?;
+                lock_store::apply(ctx, &key, name, owner, &plan.lock);
+                drop(key);
+                write_token(ctx, name, &plan);
+                lock_store::count(plan.lock.outcome);
+                let reply: Reply = plan.reply.into();
+                remember(ctx, request, lock::remembers(plan.lock.outcome), &reply);
+                if let FencedReply::Contended(pttl) = plan.reply {
+                    let ask = move || {
+                        let ask = FencedAsk(LockAsk::new(a.owner, a.lease, a.id));
+                        (Rc::new(ask) as engine::Request, pttl)
+                    };
+                    return Ok(Answer::Contended {
+                        reply: ffi::value(reply),
+                        ask,
+                    });
+                }
+                // A new lease: waiters behind it are looked at when it ends.
                 engine::note_expiry(ctx, db, name.as_slice(), a.lease);
-                Ok(ffi::value(reply))
-            }
-        }
+                Ok(Answer::Now(ffi::value(reply)))
+            },
+        )
     })
 }
 
@@ -118,7 +115,7 @@ pub struct FencedAsk(pub LockAsk);
 
 impl Ask for FencedAsk {
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
-        let state = store::read(&LockKey::open(ctx, name, false));
+        let state = lock_store::read(&LockKey::open(ctx, name, false));
         let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
         match fenced::grant_head(&state, last, self.0.lease, now) {
             Head::Grant(plan) => {
@@ -152,7 +149,7 @@ impl FencedAsk {
     fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &FencedPlan, now: i64) -> Grant {
         let key = LockKey::open(ctx, name, true);
         let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.0.owner());
-        store::apply(ctx, &key, name, &owner, &plan.lock);
+        lock_store::apply(ctx, &key, name, &owner, &plan.lock);
         drop(key);
         write_token(ctx, name, plan);
         let reply: Reply = plan.reply.into();

@@ -132,7 +132,7 @@ impl FencedPlan {
     }
 
     /// `SET redisson_lock_token:{key} <token>`, when the plan issues a token: the write
-    /// after the lock's own (which the glue writes as the plain lock's, `store::apply`).
+    /// after the lock's own (which the glue writes as the plain lock's, `lock::store::apply`).
     pub fn token_effect(&self, key: &[u8]) -> Option<Effect> {
         self.token
             .map(|token| Effect::Set(KeyRef::Aux(token_key(key)), token.to_string().into_bytes()))

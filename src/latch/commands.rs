@@ -1,8 +1,10 @@
-//! The countdown latch's commands (RLATCH.*, SPEC 4.5): parse -> read -> `latch` core ->
-//! effects/replicate/notify -> publish Redisson's message -> reply; and [`LatchAsk`], what
-//! a queued RLATCH.AWAIT asks of the engine.
+//! The countdown latch's commands (RLATCH.*, SPEC 4.5) on the shared pipeline: each
+//! declares its parsing and its plan (the `latch` rule); the pipeline replays request ids,
+//! serves a pending queue first and waits or queues an AWAIT; here the effects are
+//! written, awaiters granted and Redisson's message published. And [`LatchAsk`], what a
+//! queued RLATCH.AWAIT asks of the engine: its grant rule.
 //!
-//! Layer: the top, beside `lock::commands` (the model) and `pipeline`; calls down into `engine`
+//! Layer: the top, beside `lock::commands` and `pipeline`; calls down into `pipeline`, `engine`
 //! (waiting, serving), `store` (key reads, effects, publish) and the pure `latch` core;
 //! nothing calls up into it.
 //!
@@ -20,7 +22,7 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 
 use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::latch::{self, LatchState};
-use crate::pipeline::{self, args_after_key, err, may_block, remember, serve_first, wait_or_queue};
+use crate::pipeline::{self, err, remember, waiting_command, Answer, Waiting};
 use crate::semaphore::{parse_options, remembers, Allowed, Outcome, Plan};
 use crate::server::store::{self, Value};
 use crate::server::{ffi, guard, stats};
@@ -164,31 +166,40 @@ pub fn get_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id>]]
 pub fn await_open(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(2..=7).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let o = latch::parse_await(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let db = ffi::selected_db(ctx);
-        serve_first(ctx, db, name);
-        let (state, at) = read(ctx, name);
-        let plan = latch::await_open(&state.map_err(err)?);
-        count(plan.outcome);
-        // A replica is never told of the master's count-down in a way that could serve a
-        // queue (its keys are its master's to change): it answers at once.
-        let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
-        match (plan.outcome, o.wait) {
-            (Outcome::Contended, Some(timeout)) if may_block(ctx) && !replica => {
-                let ask = Rc::new(LatchAsk {
-                    ticket_id: o.id.map(Into::into),
-                });
-                let pttl = pttl(at, ffi::now_ms());
-                let waiting = wait_or_queue(ctx, db, name, ask, timeout, o.queued, pttl)?;
-                stats::bump(|s| &s.latch_awaits_queued);
-                Ok(waiting)
-            }
-            _ => Ok(ffi::value(plan.reply)),
-        }
+        waiting_command(
+            ctx,
+            &args,
+            2..=7,
+            |a| {
+                let o = latch::parse_await(a)?;
+                let waiting = Waiting {
+                    timeout: o.wait,
+                    queued: o.queued,
+                };
+                // Its ID names a queued ticket, not a request to replay: awaiting changes
+                // nothing, so there is no first reply to remember.
+                Ok((o.id, None, waiting))
+            },
+            |_db, name, ticket_id, _request| {
+                let (state, at) = read(ctx, name);
+                let plan = latch::await_open(&state.map_err(err)?);
+                count(plan.outcome);
+                let reply = ffi::value(plan.reply);
+                // A replica is never told of the master's count-down in a way that could
+                // serve a queue (its keys are its master's to change): it answers at once.
+                let replica = ctx.get_flags().contains(ContextFlags::SLAVE);
+                if plan.outcome != Outcome::Contended || replica {
+                    return Ok(Answer::Now(reply));
+                }
+                let ask = move || {
+                    let ask = LatchAsk {
+                        ticket_id: ticket_id.map(Into::into),
+                    };
+                    (Rc::new(ask) as engine::Request, pttl(at, ffi::now_ms()))
+                };
+                Ok(Answer::Contended { reply, ask })
+            },
+        )
     })
 }
 
@@ -273,4 +284,8 @@ impl Ask for LatchAsk {
 
     /// A grant wrote nothing and takes nothing from anyone: nothing to take back.
     fn take_back(&self, _ctx: &Context, _db: i32, _name: &RedisString) {}
+
+    fn queued(&self, _ctx: &Context, _db: i32, _name: &RedisString) {
+        stats::bump(|s| &s.latch_awaits_queued);
+    }
 }

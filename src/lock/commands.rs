@@ -1,9 +1,13 @@
-//! The re-entrant lock's commands (RLOCK.*): parse -> read -> core -> write/replicate/
-//! notify -> reply; and [`LockAsk`], what a queued RLOCK.ACQUIRE asks of the engine.
+//! The re-entrant lock's commands (RLOCK.*) on the shared pipeline: each declares its
+//! parsing, its plan (`lock::rule`, on the key as `lock::store` opens, reads and writes
+//! it) and its next step (serve the queue when the lock is freed); `pipeline` does the
+//! rest (arity, request-id replay, the queue served first, waiting or queueing). And
+//! [`LockAsk`], what a queued RLOCK.ACQUIRE asks of the engine: its grant rule.
 //!
-//! Layer: the top, one file per primitive beside `pipeline` (what they share) and `events`.
-//! Calls down into `engine` (waiting, handoff, freeing), `store` (reads and writes) and
-//! the pure `lock::rule`; nothing calls up into it.
+//! Layer: the top, one folder per primitive beside `pipeline` (what they share). Calls
+//! down into `pipeline`, `engine` (waiting, handoff), `lock::store` (the hash read and
+//! written), `server::store` (request-id records) and the pure `lock::rule`; only the
+//! fenced lock, built on it, calls into it.
 
 use std::rc::Rc;
 
@@ -12,25 +16,13 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
+use crate::lock::store::{apply, freed, open_for_write, read, write};
 use crate::lock::{self, LockState, Outcome, Plan, Reply};
-use crate::pipeline::{args_after_key, err, may_block, replay, request_key, wait_or_queue};
+use crate::pipeline::{err, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::server::ffi::{self, LockKey};
-use crate::server::{guard, stats, store, tracking};
-use crate::vocab::args;
+use crate::server::{guard, stats, store};
+use crate::vocab::args::{self, AcquireArgs};
 use crate::vocab::reply;
-
-/// Bumps the `INFO rlock` counter of a lock outcome (also the fenced lock's, `fenced::commands`).
-pub fn count(outcome: Outcome) {
-    match outcome {
-        Outcome::Acquired => stats::bump(|s| &s.acquisitions),
-        Outcome::Reentered => stats::bump(|s| &s.reentries),
-        Outcome::Contended => stats::bump(|s| &s.contended),
-        Outcome::Released | Outcome::Decremented => stats::bump(|s| &s.releases),
-        Outcome::ForceReleased => stats::bump(|s| &s.forced_releases),
-        Outcome::Renewed => stats::bump(|s| &s.renewals),
-        Outcome::NotHeld | Outcome::NoLock => {}
-    }
-}
 
 fn value(reply: Reply) -> RedisValue {
     match reply {
@@ -39,145 +31,130 @@ fn value(reply: Reply) -> RedisValue {
     }
 }
 
-/// Opens the lock key for writing and reads it. If it holds no lock but clients wait for
-/// it (freed by DEL, expiry, overwrite... a moment ago, with the handoff still pending),
-/// the first waiter is served before the caller looks: nobody barges past the queue.
-pub fn open_for_write(
-    ctx: &Context,
-    db: i32,
-    name: &RedisString,
-    owner: Option<&RedisString>,
-) -> (LockKey, Result<LockState, &'static str>) {
-    let read = |key: &LockKey| match owner {
-        Some(owner) => store::read_for(key, owner),
-        None => store::read(key),
-    };
-    let key = LockKey::open(ctx, name, true);
-    let state = read(&key);
-    if !matches!(state, Ok(LockState::Held { .. })) && engine::has_waiters(db, name.as_slice()) {
-        drop(key);
-        engine::serve(ctx, db, name, Path::Command);
-        let key = LockKey::open(ctx, name, true);
-        let state = read(&key);
-        return (key, state);
-    }
-    if state.is_err() && tracking::is_tracked(db, name.as_slice()) {
-        // A lock of ours replaced by something that is no lock, by a command whose
-        // events the module does not watch on this server (SORT ... STORE on 7.0): its
-        // unlock message goes out now, lazily (README, "Freeing and handoff").
-        drop(key);
-        engine::settle(ctx, db, name);
-        let key = LockKey::open(ctx, name, true);
-        let state = read(&key);
-        return (key, state);
-    }
-    (key, state)
+/// The arguments of an acquire (`owner lease-ms [WAIT timeout-ms [ASYNC]] [ID id]`), its
+/// request id and how it may wait, for the pipeline (also the fenced lock's).
+pub fn parse_acquire<'a>(
+    args: &[&'a [u8]],
+) -> Result<(AcquireArgs<'a>, Option<&'a [u8]>, Waiting), &'static str> {
+    let a = args::parse_acquire(args)?;
+    let (id, waiting) = (
+        a.id,
+        Waiting {
+            timeout: a.wait,
+            queued: a.queued,
+        },
+    );
+    Ok((a, id, waiting))
 }
 
-/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
+/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if args.len() < 4 {
-            return Err(RedisError::WrongArity);
-        }
-        let a = args::parse_acquire(&args_after_key(&args)).map_err(err)?;
-        let (name, owner) = (&args[1], &args[2]);
-        let request = request_key(name, a.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        let now = ffi::now_ms();
-        let (key, state) = open_for_write(ctx, db, name, Some(owner));
-        let plan = lock::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
-        store::apply(ctx, &key, name, owner, &plan);
-        drop(key);
-        count(plan.outcome);
-        if let Some(req) = request.as_ref().filter(|_| lock::remembers(plan.outcome)) {
-            store::remember(ctx, req, &plan.reply.into(), now);
-        }
-        match (plan.outcome, plan.reply, a.wait) {
-            (Outcome::Contended, Reply::Int(pttl), Some(timeout)) if may_block(ctx) => {
-                let ask = Rc::new(LockAsk::new(a.owner, a.lease, a.id));
-                wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl)
-            }
-            _ => {
+        waiting_command(
+            ctx,
+            &args,
+            4..=usize::MAX,
+            parse_acquire,
+            |db, name, a, request| {
+                let owner = &args[2];
+                let now = ffi::now_ms();
+                let (key, state) = open_for_write(ctx, db, name, Some(owner));
+                let plan =
+                    lock::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
+                write(ctx, key, name, owner, &plan, request, now);
+                if let (Outcome::Contended, Reply::Int(pttl)) = (plan.outcome, plan.reply) {
+                    let ask = move || {
+                        let ask = LockAsk::new(a.owner, a.lease, a.id);
+                        (Rc::new(ask) as engine::Request, pttl)
+                    };
+                    return Ok(Answer::Contended {
+                        reply: value(plan.reply),
+                        ask,
+                    });
+                }
+                // A new lease: waiters behind it are looked at when it ends.
                 engine::note_expiry(ctx, db, name.as_slice(), a.lease);
-                Ok(value(plan.reply))
-            }
-        }
+                Ok(Answer::Now(value(plan.reply)))
+            },
+        )
     })
 }
 
 /// RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]
 pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(3..=6).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let a = args::parse_release(&args_after_key(&args)).map_err(err)?;
-        let (name, lease) = (&args[1], a.lease);
-        let request = request_key(name, a.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        let now = ffi::now_ms();
-        let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
-        let plan = lock::release(&state.map_err(err)?, a.owner, lease, now);
-        store::apply(ctx, &key, name, &args[2], &plan);
-        drop(key);
-        count(plan.outcome);
-        if let Some(req) = request.as_ref().filter(|_| lock::remembers(plan.outcome)) {
-            store::remember(ctx, req, &plan.reply.into(), now);
-        }
-        if plan.freed {
-            engine::freed(ctx, db, name, Path::Command);
-        } else if let Some(lease) = lease.filter(|_| plan.expire_at.is_some()) {
-            engine::note_expiry(ctx, db, name.as_slice(), lease);
-        }
-        Ok(value(plan.reply))
+        write_command(
+            ctx,
+            &args,
+            3..=6,
+            |a| {
+                args::parse_release(a)
+                    .map(|a| (a.id, a))
+                    .map(|(id, a)| (a, id))
+            },
+            |db, name, a, request| {
+                let owner = &args[2];
+                let now = ffi::now_ms();
+                let (key, state) = open_for_write(ctx, db, name, Some(owner));
+                let plan = lock::release(&state.map_err(err)?, a.owner, a.lease, now);
+                write(ctx, key, name, owner, &plan, request, now);
+                if plan.freed {
+                    freed(ctx, db, name, Path::Command);
+                } else if let Some(lease) = a.lease.filter(|_| plan.expire_at.is_some()) {
+                    engine::note_expiry(ctx, db, name.as_slice(), lease);
+                }
+                Ok(value(plan.reply))
+            },
+        )
     })
+}
+
+/// `owner lease-ms`, for the pipeline: RENEW takes no `ID` (running it again only sets
+/// the lease again).
+fn parse_renew<'a>(args: &[&'a [u8]]) -> Parsed<'a, (&'a [u8], i64)> {
+    Ok((args::parse_renew(args)?, None))
 }
 
 /// RLOCK.RENEW <key> <owner> <lease-ms>
 pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if args.len() != 4 {
-            return Err(RedisError::WrongArity);
-        }
-        let (owner, lease) = args::parse_renew(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let db = ffi::selected_db(ctx);
-        let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
-        let plan = lock::renew(&state.map_err(err)?, owner, lease, ffi::now_ms());
-        store::apply(ctx, &key, name, &args[2], &plan);
-        drop(key);
-        count(plan.outcome);
-        if plan.expire_at.is_some() {
-            engine::note_expiry(ctx, db, name.as_slice(), lease);
-        }
-        Ok(value(plan.reply))
+        write_command(
+            ctx,
+            &args,
+            4..=4,
+            parse_renew,
+            |db, name, (owner, lease), request| {
+                let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
+                let now = ffi::now_ms();
+                let plan = lock::renew(&state.map_err(err)?, owner, lease, now);
+                write(ctx, key, name, &args[2], &plan, request, now);
+                if plan.expire_at.is_some() {
+                    engine::note_expiry(ctx, db, name.as_slice(), lease);
+                }
+                Ok(value(plan.reply))
+            },
+        )
     })
 }
 
 /// RLOCK.FORCERELEASE <key>
 pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if args.len() != 2 {
-            return Err(RedisError::WrongArity);
-        }
-        let name = &args[1];
-        let db = ffi::selected_db(ctx);
-        let (key, state) = open_for_write(ctx, db, name, None);
-        let plan = lock::force_release(&state.map_err(err)?);
-        store::apply(ctx, &key, name, name, &plan);
-        drop(key);
-        count(plan.outcome);
-        if plan.freed {
-            engine::freed(ctx, db, name, Path::Command);
-        }
-        Ok(value(plan.reply))
+        write_command(
+            ctx,
+            &args,
+            2..=2,
+            |_| Ok(((), None)),
+            |db, name, (), request| {
+                let (key, state) = open_for_write(ctx, db, name, None);
+                let plan = lock::force_release(&state.map_err(err)?);
+                write(ctx, key, name, name, &plan, request, 0);
+                if plan.freed {
+                    freed(ctx, db, name, Path::Command);
+                }
+                Ok(value(plan.reply))
+            },
+        )
     })
 }
 
@@ -189,7 +166,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         let name = &args[1];
         let key = LockKey::open(ctx, name, false);
-        let (holders, pttl) = match store::read(&key).map_err(err)? {
+        let (holders, pttl) = match read(&key).map_err(err)? {
             LockState::Free => return Ok(RedisValue::Null),
             LockState::Held { holders, pttl } => (holders, pttl),
         };
@@ -257,7 +234,7 @@ impl Ask for LockAsk {
     }
 
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
-        let state = store::read(&LockKey::open(ctx, name, false));
+        let state = read(&LockKey::open(ctx, name, false));
         match lock::grant_head(&state, self.lease, now) {
             Ok(plan) => {
                 let ask = self.clone();
@@ -276,7 +253,7 @@ impl Ask for LockAsk {
     /// Released as its owner would, if still that owner alone with count 1.
     fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
         let key = LockKey::open(ctx, name, true);
-        let Ok(state) = store::read(&key) else { return };
+        let Ok(state) = read(&key) else { return };
         let count = state.count_of(self.owner());
         // Still exactly what the handoff wrote: that owner alone, count 1.
         let untold = count == Some(1)
@@ -293,10 +270,10 @@ impl Ask for LockAsk {
         }
         let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.owner());
         let plan = lock::release(&state, self.owner(), None, ffi::now_ms());
-        store::apply(ctx, &key, name, &owner, &plan);
+        apply(ctx, &key, name, &owner, &plan);
         drop(key);
         stats::bump(|s| &s.revoked_handoffs);
-        engine::freed(ctx, db, name, Path::Event);
+        freed(ctx, db, name, Path::Event);
     }
 }
 
@@ -306,7 +283,7 @@ impl LockAsk {
     fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &Plan, now: i64) -> Grant {
         let key = LockKey::open(ctx, name, true);
         let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.owner());
-        store::apply(ctx, &key, name, &owner, plan);
+        apply(ctx, &key, name, &owner, plan);
         drop(key);
         if let Some(id) = self.request_id() {
             let request = RedisString::create_from_slice(

@@ -1,13 +1,14 @@
-//! The read-write lock's commands (RRWLOCK.*, SPEC 4.1): parse -> serve a pending queue
-//! -> read the hash and its timeout keys -> `rwlock` plan -> write/replicate/notify ->
-//! serve waiters and publish Redisson's message -> reply; and [`RwAsk`], what a queued
-//! RRWLOCK.ACQUIRE asks of the engine.
+//! The read-write lock's commands (RRWLOCK.*, SPEC 4.1) on the shared pipeline: each
+//! declares its parsing and its plan (`rwlock`'s rule on the hash and its timeout keys);
+//! the pipeline serves a pending queue first, replays request ids and waits or queues;
+//! here the effects are written, waiters served and Redisson's message published. And
+//! [`RwAsk`], what a queued RRWLOCK.ACQUIRE asks of the engine: its grant rule.
 //!
-//! Layer: the top, beside `lock::commands` (the model) and `pipeline`; calls down into `engine`,
-//! `store` and the pure `rwlock`; nothing calls up into it.
+//! Layer: the top, beside `lock::commands` and `pipeline`; calls down into `pipeline`,
+//! `engine`, `store` and the pure `rwlock`; nothing calls up into it.
 //!
-//! Every command first serves the key's queue if it has one (a key freed by DEL or expiry
-//! whose handoff is pending goes to the first waiter) and then works on the state with
+//! Every command first serves the key's queue if it has one (the pipeline's opening: a key
+//! freed by DEL or expiry whose handoff is pending goes to the first waiter) and then works on the state with
 //! the read holds past their own lease dropped (`rwlock`'s plans all start with that), so
 //! a dead reader loses its hold at its lease end even while other readers renew.
 
@@ -20,9 +21,7 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
-use crate::pipeline::{
-    args_after_key, err, may_block, remember, replay, request_key, serve_first, wait_or_queue,
-};
+use crate::pipeline::{err, remember, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
 use crate::server::ffi::{self, LockKey};
 use crate::server::store::{self, Value};
@@ -120,138 +119,128 @@ fn settle_after(ctx: &Context, db: i32, name: &RedisString, plan: &Plan, now: i6
     }
 }
 
-/// Serves a pending queue, then reads the lock with the clock the plan will use.
-fn open(ctx: &Context, db: i32, name: &RedisString) -> (i64, Result<RwState, &'static str>) {
-    serve_first(ctx, db, name);
-    let now = ffi::now_ms();
-    (now, read_state(ctx, name.as_slice(), now))
-}
-
-/// RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms>] [ID <request-id>]
+/// RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if args.len() < 5 {
-            return Err(RedisError::WrongArity);
-        }
-        let (side, a) = rwlock::parse_rw_acquire(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, a.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        let (now, state) = open(ctx, db, name);
-        let queued = engine::has_waiters(db, name.as_slice());
-        let plan = rwlock::acquire(
-            &state.map_err(err)?,
-            name.as_slice(),
-            side,
-            a.owner,
-            a.lease,
-            now,
-            queued,
-        )
-        .map_err(err)?;
-        store::apply_effects(ctx, name, &plan.effects);
-        count(&plan, Some(side));
-        let reply: reply::Reply = plan.reply.into();
-        remember(
+        waiting_command(
             ctx,
-            request.as_ref(),
-            rwlock::remembers(plan.outcome),
-            &reply,
-        );
-        let wait = a
-            .wait
-            .filter(|_| plan.outcome == Outcome::Contended && may_block(ctx));
-        if let Some(timeout) = wait {
-            // Whatever the plan dropped (dead readers) may concern those already queued.
-            settle_after(ctx, db, name, &plan, now);
-            let ask = Rc::new(RwAsk::new(side, a.owner, a.lease, a.id));
-            let pttl = wait_pttl(&plan.state, side, now);
-            return wait_or_queue(ctx, db, name, ask, timeout, a.queued, pttl);
-        }
+            &args,
+            5..=usize::MAX,
+            |a| {
+                let (side, a) = rwlock::parse_rw_acquire(a)?;
+                let waiting = Waiting {
+                    timeout: a.wait,
+                    queued: a.queued,
+                };
+                Ok(((side, a.owner, a.lease, a.id), a.id, waiting))
+            },
+            |db, name, (side, owner, lease, id), request| {
+                let now = ffi::now_ms();
+                let state = read_state(ctx, name.as_slice(), now).map_err(err)?;
+                let queued = engine::has_waiters(db, name.as_slice());
+                let plan =
+                    rwlock::acquire(&state, name.as_slice(), side, owner, lease, now, queued)
+                        .map_err(err)?;
+                let reply = write(ctx, name, &plan, Some(side), request);
+                // Whatever the plan dropped (dead readers) may concern those already
+                // queued, whether or not this call joins them.
+                settle_after(ctx, db, name, &plan, now);
+                if plan.outcome != Outcome::Contended {
+                    return Ok(Answer::Now(reply));
+                }
+                let ask = move || {
+                    let ask = RwAsk::new(side, owner, lease, id);
+                    let pttl = wait_pttl(&plan.state, side, now);
+                    (Rc::new(ask) as engine::Request, pttl)
+                };
+                Ok(Answer::Contended { reply, ask })
+            },
+        )
+    })
+}
+
+/// Writes a plan's effects, counts its outcome and remembers its reply under the request
+/// id if it changed the lock; the reply.
+fn write(
+    ctx: &Context,
+    name: &RedisString,
+    plan: &Plan,
+    side: Option<Side>,
+    request: Option<&RedisString>,
+) -> RedisValue {
+    store::apply_effects(ctx, name, &plan.effects);
+    count(plan, side);
+    let reply: reply::Reply = plan.reply.into();
+    remember(ctx, request, rwlock::remembers(plan.outcome), &reply);
+    ffi::value(reply)
+}
+
+/// A changing command without waiting: the pipeline's opening (the queue served first),
+/// the lock read with the clock the plan will use, `plan` (which also says the side its
+/// outcome is counted under), [`write`], then waiters served and Redisson's message
+/// ([`settle_after`]).
+fn change<'a, P>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    arity: std::ops::RangeInclusive<usize>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
+    plan: impl FnOnce(&RwState, &[u8], P, i64) -> (Plan, Option<Side>),
+) -> RedisResult {
+    write_command(ctx, args, arity, parse, |db, name, parsed, request| {
+        let now = ffi::now_ms();
+        let state = read_state(ctx, name.as_slice(), now).map_err(err)?;
+        let (plan, side) = plan(&state, name.as_slice(), parsed, now);
+        let reply = write(ctx, name, &plan, side, request);
         settle_after(ctx, db, name, &plan, now);
-        Ok(ffi::value(reply))
+        Ok(reply)
     })
 }
 
 /// RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>]
 pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(4..=7).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let (side, a) = rwlock::parse_rw_release(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let request = request_key(name, a.id);
-        if let Some(first) = replay(ctx, request.as_ref()) {
-            return Ok(first);
-        }
-        let db = ffi::selected_db(ctx);
-        let (now, state) = open(ctx, db, name);
-        let plan = rwlock::release(
-            &state.map_err(err)?,
-            name.as_slice(),
-            side,
-            a.owner,
-            a.lease,
-            now,
-        );
-        store::apply_effects(ctx, name, &plan.effects);
-        count(&plan, Some(side));
-        let reply: reply::Reply = plan.reply.into();
-        remember(
+        change(
             ctx,
-            request.as_ref(),
-            rwlock::remembers(plan.outcome),
-            &reply,
-        );
-        settle_after(ctx, db, name, &plan, now);
-        Ok(ffi::value(reply))
+            &args,
+            4..=7,
+            |a| {
+                let (side, a) = rwlock::parse_rw_release(a)?;
+                Ok(((side, a.owner, a.lease), a.id))
+            },
+            |state, name, (side, owner, lease), now| {
+                let plan = rwlock::release(state, name, side, owner, lease, now);
+                (plan, Some(side))
+            },
+        )
     })
 }
 
 /// RRWLOCK.RENEW <key> READ|WRITE <owner> <lease-ms>
 pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if args.len() != 5 {
-            return Err(RedisError::WrongArity);
-        }
-        let (side, owner, lease) = rwlock::parse_rw_renew(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let db = ffi::selected_db(ctx);
-        let (now, state) = open(ctx, db, name);
-        let plan = rwlock::renew(
-            &state.map_err(err)?,
-            name.as_slice(),
-            side,
-            owner,
-            lease,
-            now,
-        );
-        store::apply_effects(ctx, name, &plan.effects);
-        count(&plan, Some(side));
-        settle_after(ctx, db, name, &plan, now);
-        Ok(ffi::value(plan.reply.into()))
+        change(
+            ctx,
+            &args,
+            5..=5,
+            |a| Ok((rwlock::parse_rw_renew(a)?, None)),
+            |state, name, (side, owner, lease), now| {
+                let plan = rwlock::renew(state, name, side, owner, lease, now);
+                (plan, Some(side))
+            },
+        )
     })
 }
 
 /// RRWLOCK.FORCERELEASE <key> [READ|WRITE]
 pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guard::command(|| {
-        if !(2..=3).contains(&args.len()) {
-            return Err(RedisError::WrongArity);
-        }
-        let side = rwlock::parse_rw_force(&args_after_key(&args)).map_err(err)?;
-        let name = &args[1];
-        let db = ffi::selected_db(ctx);
-        let (now, state) = open(ctx, db, name);
-        let plan = rwlock::force_release(&state.map_err(err)?, name.as_slice(), side, now);
-        store::apply_effects(ctx, name, &plan.effects);
-        count(&plan, side);
-        settle_after(ctx, db, name, &plan, now);
-        Ok(ffi::value(plan.reply.into()))
+        change(
+            ctx,
+            &args,
+            2..=3,
+            |a| Ok((rwlock::parse_rw_force(a)?, None)),
+            |state, name, side, now| (rwlock::force_release(state, name, side, now), side),
+        )
     })
 }
 

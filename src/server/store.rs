@@ -1,134 +1,30 @@
-//! Reads a key into the pure [`LockState`] and writes a [`Plan`] back, with everything a
-//! plain command would do around a write: replication as effects, keyspace notifications
-//! and the WATCH signal.
+//! Keys read by type ([`read_any`]) and a rule's effects written back
+//! ([`apply_effects`]), with everything a plain command would do around a write:
+//! replication as plain commands, keyspace notifications and the WATCH signal; Redisson's
+//! messages; the request-id records.
 //!
-//! Layer: below `commands` and `engine`, above `tracking` (a new lock is tracked here) and
-//! `ffi`; it never calls up.
+//! Layer: below the primitives, the pipeline and `engine`, above `tracking` and `ffi`; it
+//! names no primitive and never calls up (the lock's own hash reads and key-API writes,
+//! its hot path, live in `lock::store`).
 //!
 //! Writes use the direct key API (measurably faster than `ctx.call`), so the module does
 //! by hand what the call path would have done for it.
 
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 
-use crate::lock::{self, LockState, Plan, Write};
 use crate::server::ffi::{self, Arg, KeyKind, LockKey};
-use crate::server::tracking::{self, OwnWrite};
-use crate::vocab::args;
+use crate::server::tracking::OwnWrite;
 use crate::vocab::effects::{Effect, KeyRef};
-use crate::vocab::errors::ERR_WRONGTYPE;
 use crate::vocab::reply::{self, Reply};
-
-/// The lock a key holds, or the error a command must answer when it is not a lock.
-pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
-    match key.kind() {
-        KeyKind::Empty => Ok(LockState::Free),
-        KeyKind::Hash => Ok(LockState::Held {
-            holders: lock::parse_holders(key.hash_fields())?,
-            pttl: key.pttl(),
-        }),
-        _ => Err(ERR_WRONGTYPE),
-    }
-}
-
-/// The `pttl` of a lock [`read_for`] found held by the caller alone: not read, since no
-/// reply to a holder carries it (only a contended ACQUIRE answers the PTTL). Absurd on
-/// purpose, should a future caller use it by mistake.
-pub const PTTL_NOT_READ: i64 = i64::MIN;
-
-/// [`read`] for a command by `owner`. The common lock, one owner's field alone, is read
-/// with one field lookup and no TTL lookup ([`PTTL_NOT_READ`]); anything else (another
-/// holder, several, a bad value) falls back to reading every field, which also validates
-/// them.
-pub fn read_for(key: &LockKey, owner: &RedisString) -> Result<LockState, &'static str> {
-    if key.kind() != KeyKind::Hash || key.value_length() != 1 {
-        return read(key);
-    }
-    match key.hash_get_with(owner, args::parse_i64) {
-        Some(Some(count)) if count >= 1 => Ok(LockState::Held {
-            holders: vec![lock::Holder {
-                owner: owner.as_slice().to_vec(),
-                count,
-            }],
-            pttl: PTTL_NOT_READ,
-        }),
-        _ => read(key),
-    }
-}
 
 fn number(n: i64) -> RedisString {
     ffi::long_string(n)
 }
 
-/// Applies a plan for `owner` on the open key `key` named `name`.
-///
-/// Each effect is replicated as the plain command that has the same result (HSET, HINCRBY,
-/// HDEL, DEL, and PEXPIREAT with the absolute time), never as the RLOCK command, so that a
-/// replica or an AOF reload needs no module and lands on the same absolute expiry.
-pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisString, plan: &Plan) {
-    if !plan.writes() {
-        return;
-    }
-    // Our own notifications must not look like somebody else's write to the waiter glue.
-    let _own = OwnWrite::begin();
-    if plan.delete {
-        key.delete();
-        ffi::replicate(ctx, c"DEL", &[Arg::Str(name)]);
-        ffi::notify(ctx, NotifyEvent::GENERIC, c"del", name);
-    }
-    match plan.write {
-        Some(Write::Set(n)) => {
-            // A new lock (or a handoff): remember the key, so that if it goes away by
-            // expiry, DEL or overwrite, the module still publishes its unlock message.
-            tracking::track(ffi::selected_db(ctx), name.as_slice());
-            let value = number(n);
-            key.hash_set(owner, &value);
-            ffi::replicate(
-                ctx,
-                c"HSET",
-                &[Arg::Str(name), Arg::Str(owner), Arg::Int(n)],
-            );
-            ffi::notify(ctx, NotifyEvent::HASH, c"hset", name);
-        }
-        Some(Write::IncrBy(delta, next)) => {
-            // We know the count already, so we write the result; replicas get the HINCRBY
-            // whose result is the same.
-            key.hash_set(owner, &number(next));
-            ffi::replicate(
-                ctx,
-                c"HINCRBY",
-                &[Arg::Str(name), Arg::Str(owner), Arg::Int(delta)],
-            );
-            ffi::notify(ctx, NotifyEvent::HASH, c"hincrby", name);
-        }
-        Some(Write::Remove) => {
-            key.hash_del(owner);
-            ffi::replicate(ctx, c"HDEL", &[Arg::Str(name), Arg::Str(owner)]);
-            ffi::notify(ctx, NotifyEvent::HASH, c"hdel", name);
-        }
-        None => {}
-    }
-    if let Some(at) = plan.expire_at {
-        key.set_abs_expire(at);
-        ffi::replicate(ctx, c"PEXPIREAT", &[Arg::Str(name), Arg::Int(at)]);
-        ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", name);
-    }
-    ffi::signal_modified(ctx, name);
-}
-
-/// Publishes Redisson's unlock message for `name`. In cluster mode it goes out with
-/// SPUBLISH to the lock's shard (the cluster bus reaches the shard's replicas); otherwise
-/// with PUBLISH, replicated so that subscribers connected to replicas hear it too.
-pub fn publish_unlock(ctx: &Context, name: &RedisString) {
-    publish(
-        ctx,
-        &lock::unlock_channel(name.as_slice()),
-        lock::UNLOCK_MESSAGE,
-    );
-}
-
 /// Publishes a Redisson message on one of its channels (every primitive's messages go
-/// out this way): SPUBLISH in cluster mode, else PUBLISH, replicated, as
-/// [`publish_unlock`] explains.
+/// out this way). In cluster mode it goes out with SPUBLISH to the key's shard (the
+/// cluster bus reaches the shard's replicas); otherwise with PUBLISH, replicated, so that
+/// subscribers connected to replicas hear it too.
 pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
     let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
     let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
@@ -200,9 +96,9 @@ pub fn forget_request(ctx: &Context, request: &[u8]) {
     ffi::signal_modified(ctx, &name);
 }
 
-// ---- The other primitives: any key read, and a plan's effects applied ----
+// ---- Any key read, and a rule's effects applied ----
 
-/// What a key holds, for the cores of the other primitives: its value read by type, and
+/// What a key holds, for the primitives' rules: its value read by type, and
 /// its absolute expiry. The error for a key of another type than the primitive reads is
 /// the caller's to pick (its cores name it).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -1,7 +1,7 @@
 //! The lock keys the module wrote, and the marker for its own writes.
 //!
-//! Layer: below `store` (which tracks a key when it writes a new lock) and read by
-//! `engine` and `events` above it; it imports nothing of the crate. A key is tracked when
+//! Layer: below `store`, and below `engine` (whose `track` the lock calls when it writes a
+//! new lock, and whose `events` read it); it imports nothing of the crate. A key is tracked when
 //! an RLOCK command or a handoff creates a lock there, and forgotten when the lock is
 //! freed, so that a lock that goes away by expiry, DEL or overwrite still gets its unlock
 //! message.
