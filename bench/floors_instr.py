@@ -17,17 +17,14 @@ module); writes a block between the `instr-floors` markers of BENCHMARK.md.
 """
 
 import concurrent.futures
-import datetime
 import os
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from instr import (LEASE, OWNER, SHA, build_floor, held_with_count,  # noqa: E402
-                   instr_arguments, key, load_scripts, run_server, server_version,
-                   set_rounds, write_report)
+                   instr_arguments, key, load_scripts, report_per_server, run_server,
+                   set_rounds)
 from instr_rw import LOAD as RW_LOAD, m_acq, r_read  # noqa: E402
 
 
@@ -139,7 +136,6 @@ def tables(r, version):
 def main():
     a = instr_arguments(__doc__).parse_args()
     set_rounds(a.rounds)
-    started = time.time()
     sections = [
         "## Floors: the least a module command keeping the SPEC's promises costs "
         "(`make bench-instr`)", "",
@@ -165,27 +161,20 @@ def main():
         "so that no workload pays for a table's growth (which moved a figure by up to "
         "~8 000 instructions with its position): figures are not one for one those of the "
         "tables above, whose servers start empty.", ""]
-    with tempfile.TemporaryDirectory(prefix="rlock-floors-") as workdir:
+    def per_server(server, version, workdir):
         floor = build_floor(workdir)
-        for server in a.server:
-            version = server_version(server)
-            print(f"{version} ({server})", file=sys.stderr)
-            runs = [([], PLAIN), ([os.path.abspath(a.module)], RLOCK), ([floor], FLOOR)]
-            results = {}
-            with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-                futs = [pool.submit(run_server, server, mods, PRESIZE, w, a.n1, a.n2, workdir,
-                                    f"fl{n}") for n, (mods, w) in enumerate(runs)]
-                for f in futs:
-                    for k, v in f.result().items():
-                        results[k] = v
-                        print(f"  {k}: {v:.0f}", file=sys.stderr)
-            sections += tables(results, version)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
-    print("\n".join(sections))
-    if a.report:
-        write_report(a.report, sections, "instr-floors")
+        runs = [([], PLAIN), ([os.path.abspath(a.module)], RLOCK), ([floor], FLOOR)]
+        results = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+            futs = [pool.submit(run_server, server, mods, PRESIZE, w, a.n1, a.n2, workdir,
+                                f"fl{n}") for n, (mods, w) in enumerate(runs)]
+            for f in futs:
+                for k, v in f.result().items():
+                    results[k] = v
+                    print(f"  {k}: {v:.0f}", file=sys.stderr)
+        return tables(results, version)
 
+    report_per_server(a, sections, "instr-floors", per_server)
 
 if __name__ == "__main__":
     main()

@@ -385,7 +385,7 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"{server} did not start (modules {modules})")
             time.sleep(0.2)
-        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe"],
+        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe", "--pipe-timeout", "0"],
                              input=b"".join(resp(c) for c in stream),
                              capture_output=True, timeout=3600)
         text = fed.stdout.decode(errors="replace")
@@ -559,6 +559,23 @@ def instr_arguments(doc):
     ap.add_argument("--rounds", type=int, default=ROUNDS,
                     help="rounds of each workload; the median figure is kept")
     return ap
+
+
+def report_per_server(a, sections, marker, per_server):
+    """The end every instruction bench shares: `per_server(server, version, workdir)`
+    gives each --server's lines, then the run is stamped, printed, and written between
+    the `marker` markers of --report."""
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="rlock-instr-") as workdir:
+        for server in a.server:
+            version = server_version(server)
+            print(f"{version} ({server})", file=sys.stderr)
+            sections += per_server(server, version, workdir)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
+    print("\n".join(sections))
+    if a.report:
+        write_report(a.report, sections, marker)
 
 
 def main():

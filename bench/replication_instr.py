@@ -14,19 +14,16 @@ Writes a block between the `instr-replication` markers of BENCHMARK.md.
 """
 
 import concurrent.futures
-import datetime
 import hashlib
 import os
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from instr import (LEASE, OWNER, SHA, held_with_count, instr_arguments, key,  # noqa: E402
-                   load_scripts, redisson_fenced, redisson_unlock, run_server, server_version,
-                   set_rounds, write_report, BIG_COUNT, redisson_count_down, LATCH_COUNT_DOWN)
+                   load_scripts, redisson_fenced, redisson_unlock, run_server,
+                   set_rounds, report_per_server, BIG_COUNT, redisson_count_down, LATCH_COUNT_DOWN)
 from instr_rw import LOAD as RW_LOAD, m_acq, r_read, r_write  # noqa: E402
 from redisson_rw import FENCED_ACQUIRE_TOKEN  # noqa: E402
 from redisson_sync import NON_EXPIRABLE, PES_TRY_ACQUIRE, SEM_TRY_ACQUIRE  # noqa: E402
@@ -157,7 +154,6 @@ def table(results, aof):
 def main():
     a = instr_arguments(__doc__).parse_args()
     set_rounds(a.rounds)
-    started = time.time()
     sections = [
         "## Replication: instructions per call (`make bench-instr`)", "",
         "What a lock command costs once it is propagated (SPEC 1.4). `commands` (the "
@@ -169,21 +165,16 @@ def main():
         f"(callgrind, `processCommand` only, N1 = {a.n1}, N2 = {a.n2}); *AOF on* is "
         "`appendonly yes` (the AOF buffer is fed inside the command, as a replica's would "
         "be), *AOF off* skips propagation altogether.", ""]
-    with tempfile.TemporaryDirectory(prefix="rlock-instr-repl-") as workdir:
-        for server in a.server:
-            version = server_version(server)
-            print(f"{version} ({server})", file=sys.stderr)
-            results = measure(server, os.path.abspath(a.module), a.n1, a.n2, a.jobs, workdir,
-                              lambda s: print(s, file=sys.stderr))
-            for aof in (True, False):
-                sections += [f"### {version}, AOF {'on' if aof else 'off'}", ""]
-                sections += table(results, aof) + [""]
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    sections.append(f"Run {stamp} UTC, {time.time() - started:.0f} s.")
-    print("\n".join(sections))
-    if a.report:
-        write_report(a.report, sections, "instr-replication")
+    def per_server(server, version, workdir):
+        results = measure(server, os.path.abspath(a.module), a.n1, a.n2, a.jobs, workdir,
+                          lambda s: print(s, file=sys.stderr))
+        lines = []
+        for aof in (True, False):
+            lines += [f"### {version}, AOF {'on' if aof else 'off'}", ""]
+            lines += table(results, aof) + [""]
+        return lines
 
+    report_per_server(a, sections, "instr-replication", per_server)
 
 if __name__ == "__main__":
     main()

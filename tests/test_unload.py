@@ -246,10 +246,9 @@ def test_watching_starts_with_the_first_waiter_and_ends_after_the_last(server):
     assert stat(r, "tracked_locks") == 0, "tracking stops with watching"
 
 
-def test_an_uncollected_ticket_grant_keeps_only_the_client_event_and_no_timer(server):
-    """A ticket's grant not yet collected is taken back if its connection closes
-    (docs/tickets.md): the client-change event stays while one may be, and no timer; the
-    first closing connection that finds none left drops it."""
+def ticket_granted(server):
+    """`k` held by `a`, a ticket queued for `t` on its own connection (request id `x`),
+    then `a` releases: the grant is written and not collected. Returns both clients."""
     r = server.client()
     r.execute_command("RLOCK.ACQUIRE", "k", "a", LONG)
     t = server.client()
@@ -257,6 +256,14 @@ def test_an_uncollected_ticket_grant_keeps_only_the_client_event_and_no_timer(se
                              "ASYNC", "ID", "x") == b"QUEUED"
     queued(r, 1)
     r.execute_command("RLOCK.RELEASE", "k", "a")
+    return r, t
+
+
+def test_an_uncollected_ticket_grant_keeps_only_the_client_event_and_no_timer(server):
+    """A ticket's grant not yet collected is taken back if its connection closes
+    (docs/tickets.md): the client-change event stays while one may be, and no timer; the
+    first closing connection that finds none left drops it."""
+    r, t = ticket_granted(server)
     wait_until(lambda: stat(r, "watching") == 0, what="watching stopped")
     assert stat(r, "event_subscriptions") == sticky_subscriptions() + 1
     assert stat(r, "key_timers") == 0
@@ -264,13 +271,7 @@ def test_an_uncollected_ticket_grant_keeps_only_the_client_event_and_no_timer(se
 
 
 def test_a_closing_connection_drops_the_client_event_once_grants_are_taken_back(server):
-    r = server.client()
-    r.execute_command("RLOCK.ACQUIRE", "k", "a", LONG)
-    t = server.client()
-    assert t.execute_command("RLOCK.ACQUIRE", "k", "t", LONG, "WAIT", LONG,
-                             "ASYNC", "ID", "x") == b"QUEUED"
-    queued(r, 1)
-    r.execute_command("RLOCK.RELEASE", "k", "a")
+    r, t = ticket_granted(server)
     wait_until(lambda: r.hgetall("k") == {b"t": b"1"}, what="the ticket granted")
     t.close()  # never collected: taken back
     wait_until(lambda: not r.exists("k"), what="the grant taken back")
