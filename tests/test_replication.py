@@ -317,3 +317,21 @@ def test_a_failover_without_aof_keeps_the_promoted_replicas_writes_for_the_old_p
     agree(b, a)
     assert a.hgetall("before") == {b"o": b"2"}
     assert a.exists("after0", "after1", "after2") == 3
+
+
+def test_unlock_messages_reach_subscribers_on_a_replica_in_both_modes(trio):
+    """SPEC 1.4: the PUBLISH a release carries (inside RLOCK.APPLY, or as a plain effect)
+    is published again by the replica to its own subscribers."""
+    mode, primary, replica, p, r = trio
+    sub = replica.client().pubsub()
+    try:
+        sub.subscribe("redisson_lock__channel:{k}")
+        assert sub.get_message(timeout=5)["type"] == "subscribe"
+        assert p.execute_command("RLOCK.ACQUIRE", "k", "o", LEASE) is None
+        assert p.execute_command("RLOCK.RELEASE", "k", "o") == 1
+        msg = sub.get_message(timeout=5)
+        assert msg is not None, f"no unlock message on the replica ({mode})"
+        assert (msg["type"], msg["channel"], msg["data"]) == (
+            "message", b"redisson_lock__channel:{k}", b"0")
+    finally:
+        sub.close()
