@@ -123,7 +123,10 @@ def measure(server, module, n1, n2, jobs, workdir, log):
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {}
         for n, ((aof, cfg), mods, workloads) in enumerate(runs):
-            tag = f"repl{n}"
+            # The work directory is shared by every server measured: an AOF directory of
+            # its own per server, or the next server would load the last one's keys.
+            tag = f"repl{n}-" + "".join(ch for ch in os.path.basename(server) + str(abs(hash(server)))
+                                        if ch.isalnum())
             extra = aof_args(aof, tag) + (["--rlock.replication", cfg] if mods else [])
             futs[pool.submit(run_server, server, mods, [], workloads, n1, n2, workdir, tag,
                              extra_args=extra)] = (aof, cfg)

@@ -13,13 +13,11 @@
 /// The internal command's name, as the server knows it.
 pub const APPLY: &str = "RLOCK.APPLY";
 
-/// Appends one command (`name`, then `args`) to a payload. `spans`, when given, gets where
-/// each argument's bytes sit in `out` (the sender reads a lone command back from them).
+/// Appends one command (`name`, then `args`) to a payload.
 pub fn push_command<'a>(
     out: &mut Vec<u8>,
     name: &[u8],
     args: impl ExactSizeIterator<Item = Word<'a>>,
-    mut spans: Option<&mut Vec<(usize, usize)>>,
 ) {
     push_header(out, b'*', args.len() + 1);
     push_bulk(out, name);
@@ -33,9 +31,6 @@ pub fn push_command<'a>(
             }
         };
         push_header(out, b'$', bytes.len());
-        if let Some(spans) = spans.as_deref_mut() {
-            spans.push((out.len(), bytes.len()));
-        }
         out.extend_from_slice(bytes);
         out.extend_from_slice(b"\r\n");
     }
@@ -153,19 +148,16 @@ mod tests {
             &mut p,
             b"HSET",
             [Word::Bytes(b"k"), Word::Bytes(b"o\r\n\0"), Word::Int(1)].into_iter(),
-            None,
         );
         push_command(
             &mut p,
             b"PEXPIREAT",
             [Word::Bytes(b"k"), Word::Int(1_795_547_430_676)].into_iter(),
-            None,
         );
         push_command(
             &mut p,
             b"HINCRBY",
             [Word::Bytes(b"k"), Word::Bytes(b""), Word::Int(-1)].into_iter(),
-            None,
         );
         assert_eq!(
             decode(&p).unwrap(),
@@ -179,20 +171,6 @@ mod tests {
             p.starts_with(b"*4\r\n$4\r\nHSET\r\n$1\r\nk\r\n"),
             "plain RESP"
         );
-    }
-
-    #[test]
-    fn spans_point_at_the_arguments() {
-        let mut p = b"junk".to_vec();
-        let mut spans = Vec::new();
-        push_command(
-            &mut p,
-            b"PEXPIREAT",
-            [Word::Bytes(b"key"), Word::Int(-12)].into_iter(),
-            Some(&mut spans),
-        );
-        let got: Vec<&[u8]> = spans.iter().map(|&(at, len)| &p[at..at + len]).collect();
-        assert_eq!(got, vec![&b"key"[..], b"-12"]);
     }
 
     #[test]

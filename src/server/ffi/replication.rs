@@ -58,11 +58,19 @@ struct Batch {
     db: i32,
     /// The commands, as `RLOCK.APPLY`'s payload (`vocab::apply`).
     payload: Vec<u8>,
-    /// The first command's name, and where its arguments sit in `payload`: sent as itself
-    /// when it is the only one.
+    /// The first command, kept as given (its strings retained) and written into `payload`
+    /// only when a second one comes: sent alone, it costs what it costs in `effects` mode.
     first: Option<&'static CStr>,
-    first_args: Vec<(usize, usize)>,
+    first_args: Vec<Held>,
     commands: usize,
+}
+
+/// An argument of the batch's first command: a string we hold a reference to, or an
+/// integer.
+#[derive(Clone, Copy)]
+enum Held {
+    Str(*mut raw::RedisModuleString),
+    Int(i64),
 }
 
 thread_local! {
@@ -197,25 +205,74 @@ fn create(bytes: &[u8]) -> *mut raw::RedisModuleString {
     }
 }
 
+fn create_long(n: i64) -> *mut raw::RedisModuleString {
+    unsafe { raw::RedisModule_CreateStringFromLongLong.unwrap()(ptr::null_mut(), n) }
+}
+
 /// Adds one command to the batch.
-fn record<'a>(ctx: &Context, cmd: &'static CStr, args: impl ExactSizeIterator<Item = Word<'a>>) {
+fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
     let db = selected_db(ctx);
     BATCH.with(|b| {
         let mut b = b.borrow_mut();
-        if b.commands > 0 && b.db != db {
-            send(&mut b);
-        }
-        if b.commands == 0 {
-            b.ctx = ctx.ctx;
-            b.db = db;
-            b.owner = b.depth;
-            b.first = Some(cmd);
-        }
         let b = &mut *b;
-        let spans = (b.commands == 0).then_some(&mut b.first_args);
-        apply::push_command(&mut b.payload, cmd.to_bytes(), args, spans);
+        if b.commands > 0 && b.db != db {
+            send(b);
+        }
+        match b.commands {
+            0 => {
+                b.ctx = ctx.ctx;
+                b.db = db;
+                b.owner = b.depth;
+                b.first = Some(cmd);
+                b.first_args.extend(args.iter().map(|arg| match arg {
+                    Arg::Str(s) => Held::Str(retain(s)),
+                    Arg::Int(n) => Held::Int(*n),
+                    Arg::Word(w) => Held::Str(create(w.to_bytes())),
+                }));
+            }
+            n => {
+                if n == 1 {
+                    write_first(b);
+                }
+                let words = args.iter().map(|arg| match arg {
+                    Arg::Str(s) => Word::Bytes(s.as_slice()),
+                    Arg::Int(n) => Word::Int(*n),
+                    Arg::Word(w) => Word::Bytes(w.to_bytes()),
+                });
+                apply::push_command(&mut b.payload, cmd.to_bytes(), words);
+            }
+        }
         b.commands += 1;
     });
+}
+
+fn retain(s: &RedisString) -> *mut raw::RedisModuleString {
+    unsafe { raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s.inner) };
+    s.inner
+}
+
+fn free(s: *mut raw::RedisModuleString) {
+    unsafe { raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), s) };
+}
+
+/// Writes the held first command into the payload (a second command came) and lets go
+/// of its strings.
+fn write_first(b: &mut Batch) {
+    let Some(name) = b.first else { return };
+    let words = b.first_args.iter().map(|held| match *held {
+        Held::Str(s) => Word::Bytes(string_bytes(s)),
+        Held::Int(n) => Word::Int(n),
+    });
+    apply::push_command(&mut b.payload, name.to_bytes(), words);
+    release_first(b);
+}
+
+fn release_first(b: &mut Batch) {
+    for held in b.first_args.drain(..) {
+        if let Held::Str(s) = held {
+            free(s);
+        }
+    }
 }
 
 /// Replicates the batch as one command, with its db selected, and empties it: the plain
@@ -230,30 +287,25 @@ fn send(b: &mut Batch) {
         if let Some(f) = raw::RedisModule_Replicate {
             match (b.first, b.commands) {
                 (Some(name), 1) => {
-                    // Passed as buffers from the payload: a unit that writes
-                    // one thing (a renewal, a semaphore's DECRBY) costs what its plain
-                    // command costs in `effects` mode.
-                    let payload = &b.payload;
-                    let args = &b.first_args;
-                    let n = name.as_ptr();
-                    let p = |i: usize| payload[args[i].0..].as_ptr().cast::<c_char>();
-                    let l = |i: usize| args[i].1;
-                    match args.len() {
-                        1 => f(ctx, n, c"b".as_ptr(), p(0), l(0)),
-                        2 => f(ctx, n, c"bb".as_ptr(), p(0), l(0), p(1), l(1)),
-                        3 => f(ctx, n, c"bbb".as_ptr(), p(0), l(0), p(1), l(1), p(2), l(2)),
-                        _ => {
-                            let mut argv: Vec<*mut raw::RedisModuleString> = args
-                                .iter()
-                                .map(|&(at, len)| create(&payload[at..at + len]))
-                                .collect();
-                            let r = f(ctx, n, c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
-                            for s in argv {
-                                raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), s);
+                    let mut argv: Vec<*mut raw::RedisModuleString> = b
+                        .first_args
+                        .iter()
+                        .map(|held| match *held {
+                            Held::Str(s) => {
+                                raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s);
+                                s
                             }
-                            r
-                        }
-                    };
+                            Held::Int(n) => create_long(n),
+                        })
+                        .collect();
+                    f(
+                        ctx,
+                        name.as_ptr(),
+                        c"v".as_ptr(),
+                        argv.as_mut_ptr(),
+                        argv.len(),
+                    );
+                    argv.into_iter().for_each(free);
                 }
                 _ => {
                     f(
@@ -271,7 +323,7 @@ fn send(b: &mut Batch) {
         }
     }
     b.payload.clear();
-    b.first_args.clear();
+    release_first(b);
     b.first = None;
     b.commands = 0;
     b.owner = 0;
@@ -283,12 +335,7 @@ pub fn replicate(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
         return;
     }
     if batching() {
-        let words = args.iter().map(|arg| match arg {
-            Arg::Str(s) => Word::Bytes(s.as_slice()),
-            Arg::Int(n) => Word::Int(*n),
-            Arg::Word(w) => Word::Bytes(w.to_bytes()),
-        });
-        record(ctx, cmd, words);
+        record(ctx, cmd, args);
         return;
     }
     let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
@@ -327,7 +374,8 @@ pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) 
         return;
     }
     if batching() {
-        record(ctx, cmd, args.iter().map(|s| Word::Bytes(s.as_slice())));
+        let args: Vec<Arg> = args.iter().map(|s| Arg::Str(s)).collect();
+        record(ctx, cmd, &args);
         return;
     }
     let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
