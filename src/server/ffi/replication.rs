@@ -287,25 +287,34 @@ fn send(b: &mut Batch) {
         if let Some(f) = raw::RedisModule_Replicate {
             match (b.first, b.commands) {
                 (Some(name), 1) => {
-                    let mut argv: Vec<*mut raw::RedisModuleString> = b
-                        .first_args
-                        .iter()
-                        .map(|held| match *held {
-                            Held::Str(s) => {
-                                raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s);
-                                s
-                            }
-                            Held::Int(n) => create_long(n),
-                        })
-                        .collect();
-                    f(
-                        ctx,
-                        name.as_ptr(),
-                        c"v".as_ptr(),
-                        argv.as_mut_ptr(),
-                        argv.len(),
-                    );
-                    argv.into_iter().for_each(free);
+                    // The shapes the module writes alone, passed as `effects` mode passes
+                    // them (no argument vector to build, no string for an integer).
+                    use std::ffi::c_longlong as L;
+                    let n = name.as_ptr();
+                    match b.first_args[..] {
+                        [Held::Str(a)] => f(ctx, n, c"s".as_ptr(), a),
+                        [Held::Str(a), Held::Str(c)] => f(ctx, n, c"ss".as_ptr(), a, c),
+                        [Held::Str(a), Held::Int(i)] => f(ctx, n, c"sl".as_ptr(), a, i as L),
+                        [Held::Str(a), Held::Str(c), Held::Int(i)] => {
+                            f(ctx, n, c"ssl".as_ptr(), a, c, i as L)
+                        }
+                        _ => {
+                            let mut argv: Vec<*mut raw::RedisModuleString> = b
+                                .first_args
+                                .iter()
+                                .map(|held| match *held {
+                                    Held::Str(s) => {
+                                        raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s);
+                                        s
+                                    }
+                                    Held::Int(i) => create_long(i),
+                                })
+                                .collect();
+                            let r = f(ctx, n, c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
+                            argv.into_iter().for_each(free);
+                            r
+                        }
+                    };
                 }
                 _ => {
                     f(
