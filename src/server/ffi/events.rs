@@ -331,11 +331,7 @@ extern "C" fn flush_cb(
     if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
         return;
     }
-    let _in = InEvent::enter();
-    if let Some(f) = FLUSH_HANDLER.get() {
-        let context = Context::new(ctx);
-        crate::server::guard::quietly(|| f(&context));
-    }
+    run_handler(ctx, &FLUSH_HANDLER);
 }
 
 extern "C" fn role_changed_cb(
@@ -347,8 +343,13 @@ extern "C" fn role_changed_cb(
     if subevent != raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
         return;
     }
+    run_handler(ctx, &REPLICA_HANDLER);
+}
+
+/// Runs an installed handler from a server event, marked as inside an event.
+fn run_handler(ctx: *mut raw::RedisModuleCtx, handler: &OnceLock<fn(&Context)>) {
     let _in = InEvent::enter();
-    if let Some(f) = REPLICA_HANDLER.get() {
+    if let Some(f) = handler.get() {
         let context = Context::new(ctx);
         crate::server::guard::quietly(|| f(&context));
     }
