@@ -64,7 +64,6 @@ const ALLOCATOR: Allocator = std::alloc::System;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ffi::disable_implicit_signal(ctx);
-    ffi::watch_propagation(ctx);
     ffi::set_block_callbacks(ffi::BlockCallbacks {
         on_timeout: engine::on_timeout,
         on_disconnect: engine::on_disconnect,
@@ -76,6 +75,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Handlers only: the module subscribes to events while somebody waits (SPEC 1: it
     // holds nothing while nobody waits), see engine/events.rs.
     events::init();
+    // After events::init, which forgets any subscription a previous load left marked.
+    ffi::watch_propagation(ctx);
     Status::Ok
 }
 
@@ -98,6 +99,13 @@ fn info(ctx: &InfoContext, _for_crash_report: bool) {
     ctx.add_info_field_long_long("watching", i64::from(events::is_watching()));
     #[allow(deprecated)]
     ctx.add_info_field_long_long("event_subscriptions", events::subscriptions() as i64);
+    // Whether the module still listens for propagation becoming possible (a fork, a master
+    // link): only on a server that has had neither an AOF nor a replica since it loaded.
+    #[allow(deprecated)]
+    ctx.add_info_field_long_long(
+        "propagation_listeners",
+        i64::from(ffi::watching_propagation()),
+    );
 }
 
 redis_module! {

@@ -255,12 +255,29 @@ def test_rlock_apply_is_refused_from_ordinary_clients(server, how):
     assert c.get("victim") == b"v"
 
 
+def listening_for_propagation(client):
+    return client.info("rlock")["rlock_propagation_listeners"] == 1
+
+
+def test_a_server_with_an_aof_or_a_master_at_load_never_listens_for_propagation(make_server):
+    """Propagation is possible from the start: no listener, nothing for other traffic to
+    pay (Redis 8.2 walks every module listener on each key deleted or overwritten)."""
+    primary = make_server("primary", args=PRIMARY_ARGS)
+    assert not listening_for_propagation(primary.client())
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    assert not listening_for_propagation(replica.client())
+    plain = make_server("plain")
+    assert listening_for_propagation(plain.client())
+
+
 def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server):
     """Until propagation is possible the module skips building what the server would drop
     (ffi/replication.rs): the snapshot of a first sync and the AOF's first rewrite carry
     those writes, and every write after them is replicated."""
     primary = make_server("primary", args=["--repl-diskless-sync-delay", "0", "--hz", "100"])
     p = primary.client()
+    # Nothing to propagate to yet: the module listens for a fork or a master link.
+    assert listening_for_propagation(p)
     for i in range(5):
         p.execute_command("RLOCK.ACQUIRE", f"early{i}", "a", LEASE)
     p.execute_command("RLOCK.ACQUIRE", "early0", "a", LEASE)
@@ -269,6 +286,9 @@ def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server
     wait_until(lambda: info_field(p, "persistence", "aof_rewrite_in_progress") == "0"
                and info_field(p, "persistence", "aof_rewrite_scheduled") == "0", 15,
                what="the AOF's first rewrite")
+    # The rewrite's fork opened the gate for good: the listeners are gone (8.2 walks them
+    # on every key deleted or overwritten).
+    wait_until(lambda: not listening_for_propagation(p), 5, what="the listeners dropped")
     p.execute_command("RLOCK.RELEASE", "early1", "a")
     p.execute_command("RLOCK.ACQUIRE", "late", "b", LEASE)
     # A replica attached now, its link cut and restored: partial resync from the backlog.
@@ -300,9 +320,11 @@ def test_a_failover_without_aof_keeps_the_promoted_replicas_writes_for_the_old_p
     a_server = make_server("a", args=args)
     b_server = make_server("b", args=args)  # a replica from run time on, not from its start
     a, b = a_server.client(), b_server.client()
+    assert listening_for_propagation(b)
     assert b.execute_command("REPLICAOF", "127.0.0.1", a_server.port)
     wait_link_up(b)
     wait_online(a)
+    wait_until(lambda: not listening_for_propagation(b), 5, what="b's listeners dropped")
     a.execute_command("RLOCK.ACQUIRE", "before", "o", LEASE)
     agree(a, b)
     assert b.execute_command("REPLICAOF", "NO", "ONE")

@@ -136,41 +136,56 @@ fn may_propagate() -> bool {
     MAY_PROPAGATE.load(Relaxed)
 }
 
-/// The fork and master-link events: either makes propagation possible.
-extern "C" fn propagation_possible_cb(
-    _ctx: *mut raw::RedisModuleCtx,
+/// The fork and master-link events: either makes propagation possible. The listeners
+/// are dropped then, a moment later (not from inside the server's walk over them): Redis
+/// 8.2 walks every module listener on each key deleted or overwritten, so while they stay
+/// they cost other traffic (`make bench-tax`).
+pub(super) extern "C" fn propagation_possible_cb(
+    ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
     _subevent: u64,
     _data: *mut c_void,
 ) {
+    if may_propagate() {
+        return;
+    }
     note_may_propagate();
+    unsafe {
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            create(ctx, 0, Some(unwatch_cb), ptr::null_mut());
+        }
+    }
 }
 
-/// At load: decides whether propagation is already possible, and subscribes to forks.
-/// A server without the fork event (none tested) replicates always.
+extern "C" fn unwatch_cb(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    let ctx = Context::new(ctx);
+    unhook(&ctx, Hook::Fork);
+    unhook(&ctx, Hook::MasterLink);
+}
+
+/// At load: decides whether propagation is already possible; if not, listens for the
+/// events that make it so until one comes. A server without those events (none tested)
+/// replicates always.
 pub fn watch_propagation(ctx: &Context) {
     let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
     if flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0
         || backlog_active(ctx)
     {
         note_may_propagate();
+        return;
     }
     // A fork (a replica's first sync, an AOF rewrite), or a link to a master coming up
     // (the server is a replica, with a backlog its own replicas, or its old master after
     // a failover, may continue from): from then on, replicate.
-    let events = [
-        raw::REDISMODULE_EVENT_FORK_CHILD,
-        raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE,
-    ];
-    let subscribed = events.iter().all(|&id| unsafe {
-        raw::RedisModule_SubscribeToServerEvent.is_some_and(|subscribe| {
-            let event = raw::RedisModuleEvent { id, dataver: 1 };
-            subscribe(ctx.ctx, event, Some(propagation_possible_cb)) == raw::REDISMODULE_OK as c_int
-        })
-    });
-    if !subscribed {
+    if !(hook(ctx, Hook::Fork) && hook(ctx, Hook::MasterLink)) {
+        unhook(ctx, Hook::Fork);
         note_may_propagate();
     }
+}
+
+/// True while the module listens for propagation becoming possible (INFO, tests).
+pub fn watching_propagation() -> bool {
+    hooked(Hook::Fork) || hooked(Hook::MasterLink)
 }
 
 /// INFO replication's `repl_backlog_active` (a MODULE LOAD into a server that has had
