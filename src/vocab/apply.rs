@@ -14,25 +14,34 @@
 pub const APPLY: &str = "RLOCK.APPLY";
 
 /// Appends one command (`name`, then `args`) to a payload.
+///
+/// Written for the lock's hot path (it runs for every lock command that writes more than
+/// one thing): one reservation, small numbers written digit by digit instead of through a
+/// buffer, one copy per argument's bytes. It was a tenth of an uncontended RLOCK.ACQUIRE
+/// under propagation, mostly `itoa` and two-byte copies.
 pub fn push_command<'a>(
     out: &mut Vec<u8>,
     name: &[u8],
-    args: impl ExactSizeIterator<Item = Word<'a>>,
+    args: impl ExactSizeIterator<Item = Word<'a>> + Clone,
 ) {
-    push_header(out, b'*', args.len() + 1);
+    let bytes: usize = args
+        .clone()
+        .map(|a| match a {
+            Word::Bytes(b) => b.len() + 8,
+            Word::Int(_) => 28,
+        })
+        .sum();
+    out.reserve(bytes + name.len() + 16);
+    push_header(out, b'*', args.len() as u64 + 1);
     push_bulk(out, name);
     for arg in args {
-        let digits;
-        let bytes = match arg {
-            Word::Bytes(b) => b,
+        match arg {
+            Word::Bytes(b) => push_bulk(out, b),
             Word::Int(n) => {
-                digits = itoa(n);
-                digits.as_bytes()
+                let digits = itoa(n);
+                push_bulk(out, digits.as_bytes());
             }
-        };
-        push_header(out, b'$', bytes.len());
-        out.extend_from_slice(bytes);
-        out.extend_from_slice(b"\r\n");
+        }
     }
 }
 
@@ -43,16 +52,25 @@ pub enum Word<'a> {
     Int(i64),
 }
 
-fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+fn push_header(out: &mut Vec<u8>, kind: u8, n: u64) {
     out.push(kind);
-    out.extend_from_slice(itoa(n as i64).as_bytes());
-    out.extend_from_slice(b"\r\n");
+    if n < 10 {
+        out.push(b'0' + n as u8);
+    } else if n < 100 {
+        out.push(b'0' + (n / 10) as u8);
+        out.push(b'0' + (n % 10) as u8);
+    } else {
+        out.extend_from_slice(itoa(n as i64).as_bytes());
+    }
+    out.push(b'\r');
+    out.push(b'\n');
 }
 
 fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-    push_header(out, b'$', bytes.len());
+    push_header(out, b'$', bytes.len() as u64);
     out.extend_from_slice(bytes);
-    out.extend_from_slice(b"\r\n");
+    out.push(b'\r');
+    out.push(b'\n');
 }
 
 /// Decimal digits of an integer without a heap allocation.
@@ -67,17 +85,30 @@ impl Digits {
     }
 }
 
+/// "00" to "99": two digits per step (a 13-digit millisecond time is 7 steps, not 13).
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 fn itoa(n: i64) -> Digits {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut v = n.unsigned_abs();
-    loop {
+    while v >= 100 {
+        let pair = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if v >= 10 {
+        let pair = v as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+        buf[i] = b'0' + v as u8;
     }
     if n < 0 {
         i -= 1;
@@ -175,7 +206,7 @@ mod tests {
 
     #[test]
     fn integers_are_written_in_decimal() {
-        for n in [0, 7, -7, 10, i64::MAX, i64::MIN] {
+        for n in [0, 7, -7, 10, 99, 100, -101, 1_795_547_430_676, i64::MAX, i64::MIN] {
             assert_eq!(itoa(n).as_bytes(), n.to_string().as_bytes());
         }
     }
