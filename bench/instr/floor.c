@@ -1,12 +1,23 @@
 /* The floors of `make bench-instr`, in one do-nothing-more module.
  *
- * 1. The tax floor (bench/instr.py): a module that subscribes to exactly what librlock
- *    subscribes to on this server, with callbacks that do nothing. What it costs a command
- *    is the server's own price for delivering the event to any module, which no module
- *    can go below. Mirrors the choice in src/engine/events.rs: where the server reports key
- *    removal and overwrite (post-notification jobs exist, Redis 7.2+ / Valkey), the key
- *    server event and no keyspace classes; otherwise (7.0) the keyspace classes that can
- *    remove, replace or spoil a hash.
+ * 1. The tax floors (bench/instr.py), loaded with arguments: a mode, then command names
+ *    (librlock's, as the server lists them), each registered as a command that does
+ *    nothing; the FLOOR.* commands below are then not registered.
+ *    `commands NAME...`: the names and nothing else. What it costs another command is the
+ *    server's price of a module with those commands: the command table is a dict that
+ *    every call looks its command up in, and the names change its bucket chains (Redis
+ *    7.0's 240 commands grow it from 256 to 512 buckets once a 17th name joins; a
+ *    module's command goes to the head of its chain, in front of a built-in command that
+ *    shares its bucket), so a lookup compares a few names more or fewer.
+ *    `events NAME...`: the same names, and subscribed to exactly what librlock subscribes
+ *    to while somebody waits, with callbacks that do nothing: the server's own price for
+ *    delivering the event to any module, which no module can go below. Mirrors the
+ *    choice in src/engine/events.rs: where the server reports key removal and overwrite
+ *    (post-notification jobs exist, Redis 7.2+ / Valkey), the key server event and no
+ *    keyspace classes; otherwise (7.0) the keyspace classes that can remove, replace or
+ *    spoil a hash.
+ *    Without arguments (bench/floors_instr.py): the FLOOR.* commands, subscribed as in
+ *    `events`.
  *
  * 2. The command floors (bench/floors_instr.py): FLOOR.* commands that do only what the
  *    SPEC makes an rlock command do for one case, with no logic, no parsing beyond the
@@ -35,6 +46,7 @@
 #define REDISMODULE_MAIN
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include "redismodule.h"
 
 static RedisModuleString *s_one, *s_mode, *s_read;
@@ -192,10 +204,39 @@ static int floor_rwread(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     return RedisModule_ReplyWithNull(ctx);
 }
 
-int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+/* A tax floor's stand-in for one of librlock's commands: never called by the bench. */
+static int floor_named(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv; (void)argc;
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+static int subscribe(RedisModuleCtx *ctx) {
+    if (RedisModule_AddPostNotificationJob != NULL) {
+        RedisModuleEvent key = {REDISMODULE_EVENT_KEY, 1};
+        return RedisModule_SubscribeToServerEvent(ctx, key, on_key);
+    }
+    int classes = REDISMODULE_NOTIFY_GENERIC | REDISMODULE_NOTIFY_STRING | REDISMODULE_NOTIFY_SET
+        | REDISMODULE_NOTIFY_ZSET | REDISMODULE_NOTIFY_HASH | REDISMODULE_NOTIFY_EXPIRED | REDISMODULE_NOTIFY_EVICTED;
+    return RedisModule_SubscribeToKeyspaceEvents(ctx, classes, on_keyspace);
+}
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (RedisModule_Init(ctx, "rlockfloor", 1, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
         return REDISMODULE_ERR;
+    if (argc > 0) {
+        /* A tax floor: `commands|events NAME...`. */
+        const char *mode = RedisModule_StringPtrLen(argv[0], NULL);
+        int events = !strcasecmp(mode, "events");
+        if (!events && strcasecmp(mode, "commands")) {
+            RedisModule_Log(ctx, "warning", "floor: mode must be commands or events");
+            return REDISMODULE_ERR;
+        }
+        for (int i = 1; i < argc; i++)
+            if (RedisModule_CreateCommand(ctx, RedisModule_StringPtrLen(argv[i], NULL),
+                                          floor_named, "write", 1, 1, 1) == REDISMODULE_ERR)
+                return REDISMODULE_ERR;
+        return events ? subscribe(ctx) : REDISMODULE_OK;
+    }
     RedisModule_SetModuleOptions(ctx, REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED);
     s_one = RedisModule_CreateString(NULL, "1", 1);
     s_mode = RedisModule_CreateString(NULL, "mode", 4);
@@ -213,11 +254,5 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         if (RedisModule_CreateCommand(ctx, cmds[i].name, cmds[i].f, cmds[i].flags, 1, 1, 1)
             == REDISMODULE_ERR)
             return REDISMODULE_ERR;
-    if (RedisModule_AddPostNotificationJob != NULL) {
-        RedisModuleEvent key = {REDISMODULE_EVENT_KEY, 1};
-        return RedisModule_SubscribeToServerEvent(ctx, key, on_key);
-    }
-    int classes = REDISMODULE_NOTIFY_GENERIC | REDISMODULE_NOTIFY_STRING | REDISMODULE_NOTIFY_SET
-        | REDISMODULE_NOTIFY_ZSET | REDISMODULE_NOTIFY_HASH | REDISMODULE_NOTIFY_EXPIRED | REDISMODULE_NOTIFY_EVICTED;
-    return RedisModule_SubscribeToKeyspaceEvents(ctx, classes, on_keyspace);
+    return subscribe(ctx);
 }
