@@ -62,10 +62,6 @@ pub fn read_for(key: &LockKey, owner: &RedisString) -> Result<LockState, &'stati
     }
 }
 
-fn number(n: i64) -> RedisString {
-    ffi::long_string(n)
-}
-
 /// What the engine does for a lock key the module wrote, once nobody waits for it: is it
 /// still a lock, and if not, its unlock message (see `engine::Owed`).
 static UNLOCK_OWED: Owed = Owed {
@@ -161,8 +157,7 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
             // A new lock (or a handoff): remember the key, so that if it goes away by
             // expiry, DEL or overwrite, the module still publishes its unlock message.
             engine::track(ffi::selected_db(ctx), name.as_slice(), &UNLOCK_OWED);
-            let value = number(n);
-            key.hash_set(owner, &value);
+            ffi::with_count_string(n, |value| key.hash_set(owner, value));
             ffi::replicate(
                 ctx,
                 c"HSET",
@@ -173,7 +168,7 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
         Some(Write::IncrBy(delta, next)) => {
             // We know the count already, so we write the result; replicas get the HINCRBY
             // whose result is the same.
-            key.hash_set(owner, &number(next));
+            ffi::with_count_string(next, |value| key.hash_set(owner, value));
             ffi::replicate(
                 ctx,
                 c"HINCRBY",
