@@ -16,22 +16,16 @@ pub const APPLY: &str = "RLOCK.APPLY";
 /// Appends one command (`name`, then `args`) to a payload.
 ///
 /// Written for the lock's hot path (it runs for every lock command that writes more than
-/// one thing): one reservation, small numbers written digit by digit instead of through a
-/// buffer, one copy per argument's bytes. It was a tenth of an uncontended RLOCK.ACQUIRE
-/// under propagation, mostly `itoa` and two-byte copies.
+/// one thing): small numbers written digit by digit instead of through a buffer, large
+/// ones two digits a step, fixed-size pieces in one copy each. It was a tenth of an
+/// uncontended RLOCK.ACQUIRE under propagation, mostly `itoa` and two-byte pushes.
 pub fn push_command<'a>(
     out: &mut Vec<u8>,
     name: &[u8],
-    args: impl ExactSizeIterator<Item = Word<'a>> + Clone,
+    args: impl ExactSizeIterator<Item = Word<'a>>,
 ) {
-    let bytes: usize = args
-        .clone()
-        .map(|a| match a {
-            Word::Bytes(b) => b.len() + 8,
-            Word::Int(_) => 28,
-        })
-        .sum();
-    out.reserve(bytes + name.len() + 16);
+    // No reservation: the sender keeps one payload buffer from batch to batch, so it has
+    // grown to its size after the first few.
     push_header(out, b'*', args.len() as u64 + 1);
     push_bulk(out, name);
     for arg in args {
@@ -52,25 +46,24 @@ pub enum Word<'a> {
     Int(i64),
 }
 
+// Fixed-size pieces go in with one `extend_from_slice` each: the compiler turns a copy of
+// a known small size into a store, where separate pushes each checked the capacity.
 fn push_header(out: &mut Vec<u8>, kind: u8, n: u64) {
-    out.push(kind);
     if n < 10 {
-        out.push(b'0' + n as u8);
+        out.extend_from_slice(&[kind, b'0' + n as u8, b'\r', b'\n']);
     } else if n < 100 {
-        out.push(b'0' + (n / 10) as u8);
-        out.push(b'0' + (n % 10) as u8);
+        out.extend_from_slice(&[kind, b'0' + (n / 10) as u8, b'0' + (n % 10) as u8, b'\r', b'\n']);
     } else {
+        out.push(kind);
         out.extend_from_slice(itoa(n as i64).as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
-    out.push(b'\r');
-    out.push(b'\n');
 }
 
 fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     push_header(out, b'$', bytes.len() as u64);
     out.extend_from_slice(bytes);
-    out.push(b'\r');
-    out.push(b'\n');
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Decimal digits of an integer without a heap allocation.
