@@ -168,7 +168,10 @@ extern "C" fn unwatch_cb(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
 /// replicates always.
 pub fn watch_propagation(ctx: &Context) {
     let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
-    if flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0
+    // `may_propagate()` already: a library loaded again keeps its statics (dlclose need not
+    // unmap it), and the event would then never drop its listeners.
+    if may_propagate()
+        || flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0
         || backlog_active(ctx)
     {
         note_may_propagate();
