@@ -121,6 +121,31 @@ def test_with_nobody_waiting_an_expired_permit_is_back_for_reads_and_the_next_wr
     p.close()
 
 
+def test_an_acquire_reclaims_exactly_the_ended_leases_among_many_held(r):
+    """An acquire reads only the permits whose lease ended and the earliest lease still
+    running, not every permit held (Redisson's script reads the expired range too): the
+    ended ones come back, every other permit keeps its id and score, and a new id is
+    added."""
+    assert ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 50) == 1
+    long = [i.decode() for i in ps(r, "RPSEMAPHORE.ACQUIRE", "p", 600_000, "PERMITS", 20)]
+    forever = [i.decode() for i in ps(r, "RPSEMAPHORE.ACQUIRE", "p", -1, "PERMITS", 5)]
+    short = [i.decode() for i in ps(r, "RPSEMAPHORE.ACQUIRE", "p", 50, "PERMITS", 7)]
+    later = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 300_000).decode()
+    before = permits(r)
+    assert len(before) == 33 and r.get("p") == b"17"
+    wait_until(lambda: all(ps(r, "RPSEMAPHORE.LEASETIME", "p", i) == -2 for i in short),
+               what="the short leases' end")
+    new = ps(r, "RPSEMAPHORE.ACQUIRE", "p", 1000).decode()
+    after = permits(r)
+    assert set(after) == set(long) | set(forever) | {later, new}
+    assert all(after[i] == before[i] for i in long + forever + [later]), "untouched"
+    assert r.get("p") == b"23", "17 + 7 reclaimed - 1"
+    # The earliest lease still running is the new one: a contended WAIT waits for it.
+    assert ps(r, "RPSEMAPHORE.ACQUIRE", "p", 1000, "PERMITS", 30) is None
+    got = info(r, "p")
+    assert got["acquired"] == 27 and 0 < got["next_expiry_ms"] <= 1000
+
+
 def test_a_lease_timer_stays_with_the_waiters_through_swapdb(server):
     """Waiters keep their db number (as for the lock); the lease timer runs only where
     somebody waits: after SWAPDB the key's timer is stopped in the db it went to, nobody

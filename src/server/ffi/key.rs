@@ -227,20 +227,35 @@ impl LockKey {
     /// Every (member, score) of a sorted set, lowest score first (non-integer scores as
     /// i64::MIN; out-of-range ones saturate).
     pub fn zset_items(&self) -> Vec<(Vec<u8>, i64)> {
+        self.zset_range(f64::NEG_INFINITY, false, f64::INFINITY, usize::MAX)
+    }
+
+    /// [`zset_items`](Self::zset_items) with scores from `min` (excluded if `min_excluded`)
+    /// to `max`, at most `limit` of them: a reader that needs only part of a large set
+    /// (the permits whose lease ended) pays for that part.
+    pub fn zset_range(
+        &self,
+        min: f64,
+        min_excluded: bool,
+        max: f64,
+        limit: usize,
+    ) -> Vec<(Vec<u8>, i64)> {
         let mut out = Vec::new();
-        if self.kind() != KeyKind::Zset {
+        if self.kind() != KeyKind::Zset || limit == 0 {
             return out;
         }
         unsafe {
             let first = raw::RedisModule_ZsetFirstInScoreRange.unwrap()(
                 self.key,
-                f64::NEG_INFINITY,
-                f64::INFINITY,
-                0,
+                min,
+                max,
+                c_int::from(min_excluded),
                 0,
             );
             if first == raw::REDISMODULE_OK as c_int {
-                while raw::RedisModule_ZsetRangeEndReached.unwrap()(self.key) == 0 {
+                while out.len() < limit
+                    && raw::RedisModule_ZsetRangeEndReached.unwrap()(self.key) == 0
+                {
                     let mut score: f64 = 0.0;
                     let member =
                         raw::RedisModule_ZsetRangeCurrentElement.unwrap()(self.key, &mut score);
@@ -264,6 +279,19 @@ impl LockKey {
             raw::RedisModule_ZsetRangeStop.unwrap()(self.key);
         }
         out
+    }
+
+    /// Whether a sorted set has `member`.
+    pub fn zset_has(&self, member: &[u8]) -> bool {
+        if self.kind() != KeyKind::Zset {
+            return false;
+        }
+        let member = RedisString::create_from_slice(ptr::null_mut(), member);
+        let mut score: f64 = 0.0;
+        unsafe {
+            raw::RedisModule_ZsetScore.unwrap()(self.key, member.inner, &mut score)
+                == raw::REDISMODULE_OK as c_int
+        }
     }
 
     /// `PERSIST key`: drops the key's TTL.
