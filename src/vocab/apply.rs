@@ -52,7 +52,13 @@ fn push_header(out: &mut Vec<u8>, kind: u8, n: u64) {
     if n < 10 {
         out.extend_from_slice(&[kind, b'0' + n as u8, b'\r', b'\n']);
     } else if n < 100 {
-        out.extend_from_slice(&[kind, b'0' + (n / 10) as u8, b'0' + (n % 10) as u8, b'\r', b'\n']);
+        out.extend_from_slice(&[
+            kind,
+            b'0' + (n / 10) as u8,
+            b'0' + (n % 10) as u8,
+            b'\r',
+            b'\n',
+        ]);
     } else {
         out.push(kind);
         out.extend_from_slice(itoa(n as i64).as_bytes());
@@ -199,7 +205,18 @@ mod tests {
 
     #[test]
     fn integers_are_written_in_decimal() {
-        for n in [0, 7, -7, 10, 99, 100, -101, 1_795_547_430_676, i64::MAX, i64::MIN] {
+        for n in [
+            0,
+            7,
+            -7,
+            10,
+            99,
+            100,
+            -101,
+            1_795_547_430_676,
+            i64::MAX,
+            i64::MIN,
+        ] {
             assert_eq!(itoa(n).as_bytes(), n.to_string().as_bytes());
         }
     }

@@ -281,19 +281,6 @@ impl LockKey {
         out
     }
 
-    /// Whether a sorted set has `member`.
-    pub fn zset_has(&self, member: &[u8]) -> bool {
-        if self.kind() != KeyKind::Zset {
-            return false;
-        }
-        let member = RedisString::create_from_slice(ptr::null_mut(), member);
-        let mut score: f64 = 0.0;
-        unsafe {
-            raw::RedisModule_ZsetScore.unwrap()(self.key, member.inner, &mut score)
-                == raw::REDISMODULE_OK as c_int
-        }
-    }
-
     /// `PERSIST key`: drops the key's TTL.
     pub fn persist(&self) {
         if self.kind() == KeyKind::Empty {
