@@ -142,7 +142,12 @@ pub fn svg(points: &[Point], algos: &[Algo], clients: &[usize], subtitle: &str) 
             }
         }
     };
-    panel(&mut s, 70.0, "Owner changes (handoffs) per second (higher is better)", true);
+    panel(
+        &mut s,
+        70.0,
+        "Owner changes (handoffs) per second (higher is better)",
+        true,
+    );
     panel(
         &mut s,
         540.0,
