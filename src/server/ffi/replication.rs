@@ -65,12 +65,13 @@ struct Batch {
     commands: usize,
 }
 
-/// An argument of the batch's first command: a string we hold a reference to, or an
-/// integer.
+/// An argument as it goes to `RedisModule_Replicate`: a string (in the batch, one we hold
+/// a reference to), an integer, or a constant word.
 #[derive(Clone, Copy)]
 enum Held {
     Str(*mut raw::RedisModuleString),
     Int(i64),
+    Word(&'static CStr),
 }
 
 thread_local! {
@@ -245,7 +246,7 @@ fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
                 b.first_args.extend(args.iter().map(|arg| match arg {
                     Arg::Str(s) => Held::Str(retain(s)),
                     Arg::Int(n) => Held::Int(*n),
-                    Arg::Word(w) => Held::Str(create(w.to_bytes())),
+                    Arg::Word(w) => Held::Word(w),
                 }));
             }
             n => {
@@ -280,6 +281,7 @@ fn write_first(b: &mut Batch) {
     let words = b.first_args.iter().map(|held| match *held {
         Held::Str(s) => Word::Bytes(string_bytes(s)),
         Held::Int(n) => Word::Int(n),
+        Held::Word(w) => Word::Bytes(w.to_bytes()),
     });
     apply::push_command(&mut b.payload, name.to_bytes(), words);
     release_first(b);
@@ -304,36 +306,7 @@ fn send(b: &mut Batch) {
         }
         if let Some(f) = raw::RedisModule_Replicate {
             match (b.first, b.commands) {
-                (Some(name), 1) => {
-                    // The shapes the module writes alone, passed as `effects` mode passes
-                    // them (no argument vector to build, no string for an integer).
-                    use std::ffi::c_longlong as L;
-                    let n = name.as_ptr();
-                    match b.first_args[..] {
-                        [Held::Str(a)] => f(ctx, n, c"s".as_ptr(), a),
-                        [Held::Str(a), Held::Str(c)] => f(ctx, n, c"ss".as_ptr(), a, c),
-                        [Held::Str(a), Held::Int(i)] => f(ctx, n, c"sl".as_ptr(), a, i as L),
-                        [Held::Str(a), Held::Str(c), Held::Int(i)] => {
-                            f(ctx, n, c"ssl".as_ptr(), a, c, i as L)
-                        }
-                        _ => {
-                            let mut argv: Vec<*mut raw::RedisModuleString> = b
-                                .first_args
-                                .iter()
-                                .map(|held| match *held {
-                                    Held::Str(s) => {
-                                        raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s);
-                                        s
-                                    }
-                                    Held::Int(i) => create_long(i),
-                                })
-                                .collect();
-                            let r = f(ctx, n, c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
-                            argv.into_iter().for_each(free);
-                            r
-                        }
-                    };
-                }
+                (Some(name), 1) => replicate_now(ctx, name, &b.first_args),
                 _ => {
                     f(
                         ctx,
@@ -365,30 +338,63 @@ pub fn replicate(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
         record(ctx, cmd, args);
         return;
     }
+    // The shapes the lock writes have at most four arguments: no vector on its hot path.
+    let mut held = [Held::Int(0); 4];
+    if args.len() > held.len() {
+        let held: Vec<Held> = args.iter().map(as_held).collect();
+        replicate_now(ctx.ctx, cmd, &held);
+        return;
+    }
+    for (slot, arg) in held.iter_mut().zip(args) {
+        *slot = as_held(arg);
+    }
+    replicate_now(ctx.ctx, cmd, &held[..args.len()]);
+}
+
+/// An argument as it is passed on at once (`effects` mode): the caller's string itself.
+fn as_held(arg: &Arg) -> Held {
+    match arg {
+        Arg::Str(s) => Held::Str(s.inner),
+        Arg::Int(n) => Held::Int(*n),
+        Arg::Word(w) => Held::Word(w),
+    }
+}
+
+/// Replicates one plain command now, written once for both modes (`effects`, and a
+/// `commands` batch of one). The shapes the module writes go as a format string and its
+/// values: no argument vector to build, no string made for an integer. Any other shape
+/// goes as a vector.
+fn replicate_now(ctx: *mut raw::RedisModuleCtx, cmd: &CStr, args: &[Held]) {
+    use std::ffi::c_longlong as L;
     let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
         return;
     };
-    use std::ffi::c_longlong;
-    let c = ctx.ctx;
-    let name = cmd.as_ptr();
+    let n = cmd.as_ptr();
     unsafe {
-        match args {
-            [Arg::Str(a)] => f(c, name, c"s".as_ptr(), a.inner),
-            [Arg::Str(a), Arg::Str(b)] => f(c, name, c"ss".as_ptr(), a.inner, b.inner),
-            [Arg::Str(a), Arg::Int(n)] => f(c, name, c"sl".as_ptr(), a.inner, *n as c_longlong),
-            [Arg::Str(a), Arg::Str(b), Arg::Int(n)] => {
-                f(c, name, c"ssl".as_ptr(), a.inner, b.inner, *n as c_longlong)
+        match *args {
+            [Held::Str(a)] => f(ctx, n, c"s".as_ptr(), a),
+            [Held::Str(a), Held::Str(b)] => f(ctx, n, c"ss".as_ptr(), a, b),
+            [Held::Str(a), Held::Int(i)] => f(ctx, n, c"sl".as_ptr(), a, i as L),
+            [Held::Str(a), Held::Str(b), Held::Int(i)] => f(ctx, n, c"ssl".as_ptr(), a, b, i as L),
+            [Held::Str(a), Held::Str(b), Held::Word(w), Held::Int(i)] => {
+                f(ctx, n, c"sscl".as_ptr(), a, b, w.as_ptr(), i as L)
             }
-            [Arg::Str(a), Arg::Str(b), Arg::Word(w), Arg::Int(n)] => f(
-                c,
-                name,
-                c"sscl".as_ptr(),
-                a.inner,
-                b.inner,
-                w.as_ptr(),
-                *n as c_longlong,
-            ),
-            _ => unreachable!("no other argument shape is replicated"),
+            _ => {
+                let mut argv: Vec<*mut raw::RedisModuleString> = args
+                    .iter()
+                    .map(|held| match *held {
+                        Held::Str(s) => {
+                            raw::RedisModule_RetainString.unwrap()(ptr::null_mut(), s);
+                            s
+                        }
+                        Held::Int(i) => create_long(i),
+                        Held::Word(w) => create(w.to_bytes()),
+                    })
+                    .collect();
+                let r = f(ctx, n, c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
+                argv.into_iter().for_each(free);
+                r
+            }
         };
     }
 }
