@@ -75,8 +75,6 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Handlers only: the module subscribes to events while somebody waits (SPEC 1: it
     // holds nothing while nobody waits), see engine/events.rs.
     events::init();
-    // After events::init, which forgets any subscription a previous load left marked.
-    ffi::watch_propagation(ctx);
     Status::Ok
 }
 
@@ -99,8 +97,12 @@ fn info(ctx: &InfoContext, _for_crash_report: bool) {
     ctx.add_info_field_long_long("watching", i64::from(events::is_watching()));
     #[allow(deprecated)]
     ctx.add_info_field_long_long("event_subscriptions", events::subscriptions() as i64);
-    // Whether the module still listens for propagation becoming possible (a fork, a master
-    // link): only on a server that has had neither an AOF nor a replica since it loaded.
+    // The replication gate (ffi/replication.rs): whether every write is replicated, and
+    // whether the module listens for that becoming so (a fork, a master link), which it
+    // does only on a server with neither an AOF nor a replica, from its first skipped
+    // write on.
+    #[allow(deprecated)]
+    ctx.add_info_field_long_long("propagation_open", i64::from(ffi::propagation_open()));
     #[allow(deprecated)]
     ctx.add_info_field_long_long(
         "propagation_listeners",

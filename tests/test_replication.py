@@ -259,15 +259,63 @@ def listening_for_propagation(client):
     return client.info("rlock")["rlock_propagation_listeners"] == 1
 
 
-def test_a_server_with_an_aof_or_a_master_at_load_never_listens_for_propagation(make_server):
-    """Propagation is possible from the start: no listener, nothing for other traffic to
-    pay (Redis 8.2 walks every module listener on each key deleted or overwritten)."""
+def gate_open(client):
+    return client.info("rlock")["rlock_propagation_open"] == 1
+
+
+def test_the_gate_asks_at_the_first_write_and_listens_only_where_writes_are_dropped(
+        make_server):
+    """Nothing is asked or listened to at load. The first lock write asks: with an AOF or
+    a master every write is replicated from then on, with no listener; with neither the
+    module listens for a fork or a master link (Redis 8.2 walks every module listener on
+    each key deleted or overwritten, so a server where no lock was written has none)."""
     primary = make_server("primary", args=PRIMARY_ARGS)
-    assert not listening_for_propagation(primary.client())
+    p = primary.client()
+    assert not listening_for_propagation(p)
+    p.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE)
+    assert gate_open(p) and not listening_for_propagation(p)
     replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
     assert not listening_for_propagation(replica.client())
     plain = make_server("plain")
-    assert listening_for_propagation(plain.client())
+    c = plain.client()
+    assert not listening_for_propagation(c) and not gate_open(c)
+    c.set("other", "traffic")
+    c.delete("other")
+    assert not listening_for_propagation(c)
+    c.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE)
+    assert listening_for_propagation(c) and not gate_open(c)
+
+
+def test_a_primary_restarted_from_its_rdb_replicates_to_replicas_that_continue(make_server):
+    """A primary without an AOF shut down with a save and started again makes its backlog
+    while it loads its data, after the module loaded: its replica continues from that
+    backlog (a partial resync, no fork, no master link of its own), so the gate must see
+    the backlog at the first write, not at load."""
+    args = ["--repl-diskless-sync-delay", "0", "--hz", "100"]
+    primary = make_server("primary", args=args)
+    p = primary.client()
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    r = replica.client()
+    wait_link_up(r)
+    wait_online(p)
+    p.execute_command("RLOCK.ACQUIRE", "before", "o", LEASE)
+    agree(p, r)
+    with pytest.raises(redis.ConnectionError):
+        p.execute_command("SHUTDOWN", "SAVE")
+    primary.stop()
+    primary.start()
+    p = primary.client()
+    assert info_field(p, "replication", "repl_backlog_active") == "1"
+    wait_link_up(r)
+    wait_until(lambda: int(info_field(p, "stats", "sync_partial_ok")) >= 1, 10,
+               what="the replica's partial resync")
+    assert int(info_field(p, "stats", "sync_full")) == 0
+    p.execute_command("RLOCK.ACQUIRE", "after", "o", LEASE)
+    p.execute_command("RLOCK.ACQUIRE", "before", "o", LEASE)
+    assert gate_open(p)
+    agree(p, r)
+    assert r.hgetall("before") == {b"o": b"2"}
+    assert r.hgetall("after") == {b"o": b"1"}
 
 
 def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server):
@@ -276,10 +324,11 @@ def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server
     those writes, and every write after them is replicated."""
     primary = make_server("primary", args=["--repl-diskless-sync-delay", "0", "--hz", "100"])
     p = primary.client()
-    # Nothing to propagate to yet: the module listens for a fork or a master link.
-    assert listening_for_propagation(p)
     for i in range(5):
         p.execute_command("RLOCK.ACQUIRE", f"early{i}", "a", LEASE)
+    # Nothing to propagate to: the writes were skipped, and the module listens for a fork
+    # or a master link.
+    assert listening_for_propagation(p) and not gate_open(p)
     p.execute_command("RLOCK.ACQUIRE", "early0", "a", LEASE)
     # An AOF turned on at run time, then more writes: a restart from it has them all.
     p.config_set("appendonly", "yes")
@@ -311,20 +360,26 @@ def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server
     assert everything(primary.client()) == before
 
 
+@pytest.mark.parametrize("b_wrote_first", [True, False], ids=["listening", "asking"])
 def test_a_failover_without_aof_keeps_the_promoted_replicas_writes_for_the_old_primary(
-        make_server):
+        make_server, b_wrote_first):
     """B, a replica, is promoted and A, its old primary, attaches to it by partial resync:
     what B wrote in between reaches A from B's backlog, though neither has an AOF and B
-    never forked (its master link coming up is what tells the module to replicate)."""
+    never forked. If B had written a lock before it turned replica, its master link coming
+    up is what tells the module to replicate; if not, its first write asks and finds the
+    backlog."""
     args = ["--repl-diskless-sync-delay", "0", "--hz", "100"]
     a_server = make_server("a", args=args)
     b_server = make_server("b", args=args)  # a replica from run time on, not from its start
     a, b = a_server.client(), b_server.client()
-    assert listening_for_propagation(b)
+    if b_wrote_first:
+        b.execute_command("RLOCK.ACQUIRE", "own", "o", LEASE)  # skipped: b listens
+        assert listening_for_propagation(b) and not gate_open(b)
     assert b.execute_command("REPLICAOF", "127.0.0.1", a_server.port)
     wait_link_up(b)
     wait_online(a)
     wait_until(lambda: not listening_for_propagation(b), 5, what="b's listeners dropped")
+    assert gate_open(b) == b_wrote_first
     a.execute_command("RLOCK.ACQUIRE", "before", "o", LEASE)
     agree(a, b)
     assert b.execute_command("REPLICAOF", "NO", "ONE")

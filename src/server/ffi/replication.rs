@@ -115,39 +115,53 @@ fn batching() -> bool {
 // A server propagates a write only to an AOF or to a replication backlog (which exists
 // once a replica has synced, or while the server is or was a replica); with neither, it
 // drops what a module replicates, after paying for building it (a command lookup, an
-// argv: a quarter of an uncontended RLOCK.ACQUIRE). The module skips that work until
-// propagation becomes possible, and from then on never skips again:
-// - an AOF on at load (CONFIG SET appendonly yes later starts a rewrite: a fork);
-// - a replica's first sync always forks a child (disk or diskless), before which the
-//   backlog holds nothing a replica needs: the snapshot carries every earlier write;
-// - the server is a replica at load, or its link to a master comes up (its backlog
-//   serves its own replicas, and its old master after a failover).
-// Writes skipped before then are in the dataset, which is what an AOF rewrite and a full
-// sync start from.
+// argv: a third of an uncontended RLOCK.ACQUIRE). The module skips that work until
+// propagation becomes possible, and from then on never skips again. Writes skipped before
+// then are in the dataset, which is what an AOF rewrite and a full sync start from.
+//
+// The gate asks the server at the first write it would skip, then listens:
+// - **asking** (`propagation_possible_now`): an AOF, a master, or a backlog (INFO
+//   replication). Asked then and not at load: a master restarted from an RDB that
+//   carries its replication id makes its backlog while it loads its data, after the
+//   modules, and its replicas continue from that backlog without a fork;
+// - **listening**, from that answer on: a fork (a replica's first sync, an AOF turned on:
+//   the backlog before the fork holds nothing a replica needs, the snapshot carries every
+//   earlier write) or a master link coming up (the server turned replica: its backlog
+//   serves its own replicas, and its old master after a failover) opens the gate for
+//   good, and the listeners are dropped then.
+// A server on which no lock was ever written listens to nothing. One that has skipped a
+// write keeps the two listeners until the gate opens: Redis 8.2 and Valkey walk every
+// module listener on each key deleted or overwritten, about 40 instructions (README,
+// *Replication*, on why they stay while the writes pause).
 
 static MAY_PROPAGATE: AtomicBool = AtomicBool::new(false);
 
-/// From now on every write is replicated (see above). Called at load when the server has
-/// an AOF, a backlog or a master, on any fork, and when a link to a master comes up.
+/// From now on every write is replicated (see above).
 pub fn note_may_propagate() {
     MAY_PROPAGATE.store(true, Relaxed);
 }
 
-fn may_propagate() -> bool {
-    MAY_PROPAGATE.load(Relaxed)
+/// True when a write must be replicated; false when the server would drop it (see above).
+fn propagating(ctx: &Context) -> bool {
+    if MAY_PROPAGATE.load(Relaxed) {
+        return true;
+    }
+    if !watching_propagation() && (propagation_possible_now(ctx) || !start_watching(ctx)) {
+        note_may_propagate();
+        return true;
+    }
+    false
 }
 
 /// The fork and master-link events: either makes propagation possible. The listeners
-/// are dropped then, a moment later (not from inside the server's walk over them): Redis
-/// 8.2 walks every module listener on each key deleted or overwritten, so while they stay
-/// they cost other traffic (`make bench-tax`).
+/// are dropped then, a moment later (not from inside the server's walk over them).
 pub(super) extern "C" fn propagation_possible_cb(
     ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
     _subevent: u64,
     _data: *mut c_void,
 ) {
-    if may_propagate() {
+    if MAY_PROPAGATE.load(Relaxed) {
         return;
     }
     note_may_propagate();
@@ -164,27 +178,14 @@ extern "C" fn unwatch_cb(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     unhook(&ctx, Hook::MasterLink);
 }
 
-/// At load: decides whether propagation is already possible; if not, listens for the
-/// events that make it so until one comes. A server without those events (none tested)
-/// replicates always.
-pub fn watch_propagation(ctx: &Context) {
-    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
-    // `may_propagate()` already: a library loaded again keeps its statics (dlclose need not
-    // unmap it), and the event would then never drop its listeners.
-    if may_propagate()
-        || flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0
-        || backlog_active(ctx)
-    {
-        note_may_propagate();
-        return;
+/// Listens for the fork and master-link events. False if the server refused a listener
+/// (then every write is replicated).
+fn start_watching(ctx: &Context) -> bool {
+    if hook(ctx, Hook::Fork) && hook(ctx, Hook::MasterLink) {
+        return true;
     }
-    // A fork (a replica's first sync, an AOF rewrite), or a link to a master coming up
-    // (the server is a replica, with a backlog its own replicas, or its old master after
-    // a failover, may continue from): from then on, replicate.
-    if !(hook(ctx, Hook::Fork) && hook(ctx, Hook::MasterLink)) {
-        unhook(ctx, Hook::Fork);
-        note_may_propagate();
-    }
+    unhook(ctx, Hook::Fork);
+    false
 }
 
 /// True while the module listens for propagation becoming possible (INFO, tests).
@@ -192,8 +193,21 @@ pub fn watching_propagation() -> bool {
     hooked(Hook::Fork) || hooked(Hook::MasterLink)
 }
 
-/// INFO replication's `repl_backlog_active` (a MODULE LOAD into a server that has had
-/// replicas). Read once, at load. Unknown counts as active.
+/// True once every write is replicated (INFO, tests).
+pub fn propagation_open() -> bool {
+    MAY_PROPAGATE.load(Relaxed)
+}
+
+/// An AOF, a master (the server is a replica), or a backlog (it has had replicas, or
+/// been one, or was restarted with its replication id).
+fn propagation_possible_now(ctx: &Context) -> bool {
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx.ctx) } as u32;
+    flags & (raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE) != 0
+        || backlog_active(ctx)
+}
+
+/// INFO replication's `repl_backlog_active`: about 140 000 instructions, hence asked
+/// once. Unknown counts as active.
 fn backlog_active(ctx: &Context) -> bool {
     unsafe {
         let (Some(get), Some(field), Some(free)) = (
@@ -331,7 +345,7 @@ fn send(b: &mut Batch) {
 
 /// Replicates `cmd` with `args`: at once in `effects` mode, else into the unit's batch.
 pub fn replicate(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
-    if !may_propagate() {
+    if !propagating(ctx) {
         return;
     }
     if batching() {
@@ -403,7 +417,7 @@ fn replicate_now(ctx: *mut raw::RedisModuleCtx, cmd: &CStr, args: &[Held]) {
 /// primitives: ZADD with many members, ...). The fixed shapes of [`replicate`] stay for
 /// the lock's hot path, which they keep free of a vector.
 pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) {
-    if !may_propagate() {
+    if !propagating(ctx) {
         return;
     }
     if batching() {
