@@ -184,6 +184,8 @@ CALLS = [
     ("RFENCED.ACQUIRE", "f", "o", LEASE),
     ("RLATCH.TRYSETCOUNT", "l", 1),
     ("RLATCH.COUNTDOWN", "l"),
+    ("RLATCH.TRYSETCOUNT", "l2", 2),
+    ("RLATCH.COUNTDOWN", "l2"),                          # DECR alone: as itself
 ]
 
 
@@ -203,6 +205,15 @@ def test_commands_mode_writes_one_aof_entry_per_module_command(make_server):
     assert len(entries) == len(CALLS), names
     assert names.count(b"RLOCK.APPLY") >= 8, names
     assert names[2] == b"PEXPIREAT", "a command that writes one thing replicates that thing"
+    # A command whose writes follow from its arguments and the key's state alone (no
+    # clock, no grant, no message) replicates as itself (SPEC 1.4's first form).
+    at = {call: entry for call, entry in zip(CALLS, entries)}
+    for call in [("RSEMAPHORE.ACQUIRE", "s", 2), ("RLATCH.COUNTDOWN", "l2")]:
+        assert at[call] == [str(w).encode() for w in call], at[call]
+    # Setting permits or a count, and a latch's last count-down, publish Redisson's
+    # message as well: RLOCK.APPLY.
+    for call in [("RSEMAPHORE.TRYSETPERMITS", "s", 3), ("RLATCH.COUNTDOWN", "l")]:
+        assert at[call][0].upper() == b"RLOCK.APPLY", at[call]
     # And the AOF reloads to the same keys.
     before = everything(c)
     s.restart()

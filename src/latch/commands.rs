@@ -68,9 +68,10 @@ fn count(outcome: Outcome) {
 }
 
 /// What every writing RLATCH command does once its core has planned: write the effects
-/// (replicated as SET/DECRBY/DEL, with their keyspace events), remember the reply under
-/// the request id, grant every awaiter when the latch opened, then publish Redisson's
-/// message for its pub/sub awaiters.
+/// (with their keyspace events; a latch's writes follow from the count alone, so a
+/// command that writes nothing else replicates as itself), remember the reply under the
+/// request id, grant every awaiter when the latch opened, then publish Redisson's message
+/// for its pub/sub awaiters.
 fn carry_out(
     ctx: &Context,
     db: i32,
@@ -78,7 +79,7 @@ fn carry_out(
     request: Option<&RedisString>,
     plan: Plan<LatchState>,
 ) -> RedisValue {
-    store::apply_effects(ctx, name, &plan.effects);
+    store::apply_own_effects(ctx, name, &plan.effects);
     count(plan.outcome);
     remember(ctx, request, remembers(plan.outcome), &plan.reply);
     if plan.wake {

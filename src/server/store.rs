@@ -127,6 +127,13 @@ pub fn read_any(ctx: &Context, name: &[u8]) -> (Value, i64) {
     (value, key.abs_expire())
 }
 
+/// [`apply_effects`] for the running command's own effects when they follow from its
+/// arguments and the key's state alone (no clock): replicated as the command itself when
+/// they are all it replicates (`ffi::as_called`).
+pub fn apply_own_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
+    ffi::as_called(|| apply_effects(ctx, name, effects));
+}
+
 /// Applies a core's effects in order on the key `name` (the command's key, for
 /// [`KeyRef::Main`]) and the auxiliary keys it names (always in `name`'s slot). Each is
 /// done as its plain command would: written with the key API, replicated as that command
@@ -226,13 +233,8 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
                 ffi::notify(ctx, NotifyEvent::GENERIC, c"persist", target);
             }
             Effect::IncrBy(_, delta, result) => {
-                // INCRBY keeps the key's TTL; the key API's StringSet drops it, so it is
-                // put back (a replica runs the INCRBY/DECRBY itself and keeps its own).
-                let at = key.abs_expire();
-                key.string_set(&number(*result));
-                if at >= 0 {
-                    key.set_abs_expire(at);
-                }
+                // In place, keeping the key's TTL as INCRBY does.
+                key.string_write_number(*result);
                 let (cmd, event, by) = if *delta < 0 {
                     (c"DECRBY", c"decrby", -*delta)
                 } else {

@@ -72,14 +72,15 @@ fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Decimal digits of an integer without a heap allocation.
-struct Digits {
+/// Decimal digits of an integer without a heap allocation (the payload's integers, and a
+/// counter written in place by the key API).
+pub struct Digits {
     buf: [u8; 20],
     start: usize,
 }
 
 impl Digits {
-    fn as_bytes(&self) -> &[u8] {
+    pub fn as_bytes(&self) -> &[u8] {
         &self.buf[self.start..]
     }
 }
@@ -91,7 +92,7 @@ const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
 6061626364656667686970717273747576777879\
 8081828384858687888990919293949596979899";
 
-fn itoa(n: i64) -> Digits {
+pub fn itoa(n: i64) -> Digits {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut v = n.unsigned_abs();

@@ -63,6 +63,9 @@ struct Batch {
     first: Option<&'static CStr>,
     first_args: Vec<Held>,
     commands: usize,
+    /// How many of the commands the running command's own writes are, when they follow
+    /// from its arguments and the key's state alone (see [`as_called`]); 0 otherwise.
+    as_called: usize,
 }
 
 /// An argument as it goes to `RedisModule_Replicate`: a string (in the batch, one we hold
@@ -86,6 +89,7 @@ thread_local! {
             first: None,
             first_args: Vec::new(),
             commands: 0,
+            as_called: 0,
         })
     };
 }
@@ -108,6 +112,29 @@ pub fn unit_leave() {
 
 fn batching() -> bool {
     commands_mode() && BATCH.with(|b| b.borrow().depth > 0)
+}
+
+/// Runs `write`, the running command's own writes, when they follow from its arguments
+/// and the key's state alone (no clock, no other client's request): if they turn out to
+/// be all the command replicates, it goes out as it was called
+/// (`RedisModule_ReplicateVerbatim`: no command lookup, no argument built), the first
+/// form of SPEC 1.4; a replica or an AOF reload runs the same command on the same state.
+/// Writes before them (the queue served first) or after them (a grant, a message, a
+/// request-id record) make the batch go out as usual.
+pub fn as_called<R>(write: impl FnOnce() -> R) -> R {
+    let fresh = batching()
+        && BATCH.with(|b| {
+            let b = b.borrow();
+            b.depth == 1 && b.commands == 0
+        });
+    let r = write();
+    if fresh {
+        BATCH.with(|b| {
+            let mut b = b.borrow_mut();
+            b.as_called = b.commands;
+        });
+    }
+    r
 }
 
 // ---- Whether anything can receive what is replicated ----
@@ -320,6 +347,11 @@ fn send(b: &mut Batch) {
         }
         if let Some(f) = raw::RedisModule_Replicate {
             match (b.first, b.commands) {
+                (_, n) if n == b.as_called => {
+                    if let Some(verbatim) = raw::RedisModule_ReplicateVerbatim {
+                        verbatim(ctx);
+                    }
+                }
                 (Some(name), 1) => replicate_now(ctx, name, &b.first_args),
                 _ => {
                     f(
@@ -340,6 +372,7 @@ fn send(b: &mut Batch) {
     release_first(b);
     b.first = None;
     b.commands = 0;
+    b.as_called = 0;
     b.owner = 0;
 }
 
