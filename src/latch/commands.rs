@@ -29,10 +29,15 @@ use crate::server::{ffi, guard, stats};
 use crate::vocab::errors::ERR_WRONGTYPE;
 use crate::vocab::reply::Reply;
 
-/// The latch a key holds, and its absolute expiry (-1 none, -2 no key); a key of another
-/// type, or a string that is no count, is the error the command answers.
+/// The latch a key holds; a key of another type, or a string that is no count, is the
+/// error the command answers.
+fn read_state(ctx: &Context, name: &RedisString) -> Result<LatchState, &'static str> {
+    store::parse_string(ctx, name, latch::parse_state)
+}
+
+/// [`read_state`] and the key's absolute expiry (-1 none, -2 no key).
 fn read(ctx: &Context, name: &RedisString) -> (Result<LatchState, &'static str>, i64) {
-    let (value, at) = store::read_any(ctx, name.as_slice());
+    let (value, at) = store::read_key(ctx, name);
     let state = match value {
         Value::Missing => Ok(LatchState::default()),
         Value::String(v) => latch::parse_state(Some(&v)),
@@ -107,7 +112,7 @@ pub fn try_set_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             3..=5,
             |a| latch::parse_try_set(a).map(|(n, o)| (n, o.id)),
             |db, name, n, request| {
-                let state = read(ctx, name).0.map_err(err)?;
+                let state = read_state(ctx, name).map_err(err)?;
                 Ok(carry_out(
                     ctx,
                     db,
@@ -129,7 +134,7 @@ pub fn count_down(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             2..=4,
             |a| parse_id(a).map(|id| ((), id)),
             |db, name, (), request| {
-                let state = read(ctx, name).0.map_err(err)?;
+                let state = read_state(ctx, name).map_err(err)?;
                 let plan = latch::count_down(&state).map_err(err)?;
                 Ok(carry_out(ctx, db, name, request, plan))
             },
@@ -146,7 +151,7 @@ pub fn delete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             2..=4,
             |a| parse_id(a).map(|id| ((), id)),
             |db, name, (), request| {
-                let state = read(ctx, name).0.map_err(err)?;
+                let state = read_state(ctx, name).map_err(err)?;
                 Ok(carry_out(ctx, db, name, request, latch::delete(&state)))
             },
         )
@@ -159,7 +164,7 @@ pub fn get_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);
         }
-        let state = read(ctx, &args[1]).0.map_err(err)?;
+        let state = read_state(ctx, &args[1]).map_err(err)?;
         Ok(RedisValue::Integer(state.count()))
     })
 }
@@ -279,7 +284,7 @@ impl Ask for LatchAsk {
     /// report), else 0.
     fn timed_out(&self, ctx: &Context, name: &RedisString) -> Reply {
         stats::bump(|s| &s.latch_await_timeouts);
-        let open = matches!(read(ctx, name).0, Ok(state) if state.is_open());
+        let open = matches!(read_state(ctx, name), Ok(state) if state.is_open());
         Reply::Int(open as i64)
     }
 

@@ -29,8 +29,13 @@ use crate::vocab::errors::ERR_WRONGTYPE;
 use crate::vocab::reply::Reply;
 
 /// The count at `name` (the selected db), or the error a command must answer.
-fn read(ctx: &Context, name: &RedisString) -> Result<(SemState, i64), &'static str> {
-    match store::read_any(ctx, name.as_slice()) {
+fn read(ctx: &Context, name: &RedisString) -> Result<SemState, &'static str> {
+    store::parse_string(ctx, name, semaphore::parse_state)
+}
+
+/// [`read`] and the key's absolute expiry (-1 none, -2 no key), for RSEMAPHORE.INFO.
+fn read_with_expiry(ctx: &Context, name: &RedisString) -> Result<(SemState, i64), &'static str> {
+    match store::read_key(ctx, name) {
         (Value::Missing, at) => Ok((SemState::default(), at)),
         (Value::String(v), at) => Ok((semaphore::parse_state(Some(&v))?, at)),
         _ => Err(ERR_WRONGTYPE),
@@ -78,7 +83,7 @@ fn finish(
     let mut available = plan.state.available();
     if plan.wake && engine::has_waiters(db, name.as_slice()) {
         engine::serve(ctx, db, name, path);
-        available = read(ctx, name).map_or(0, |(s, _)| s.available());
+        available = read(ctx, name).map_or(0, |s| s.available());
     }
     if let Some(m) = semaphore::message_after_grants(plan.message.as_deref(), available) {
         store::publish(ctx, &semaphore::channel(name.as_slice()), &m);
@@ -95,7 +100,7 @@ fn write_command<'a, P>(
     run: impl FnOnce(&SemState, P) -> Result<Plan<SemState>, &'static str>,
 ) -> RedisResult {
     pipeline::write_command(ctx, args, arity, parse, |db, name, parsed, request| {
-        let (state, _) = read(ctx, name).map_err(err)?;
+        let state = read(ctx, name).map_err(err)?;
         let plan = run(&state, parsed).map_err(err)?;
         finish(ctx, db, name, &plan, request, Path::Command);
         Ok(ffi::value(plan.reply))
@@ -177,7 +182,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 Ok(((permits, o.id), o.id, waiting))
             },
             |db, name, (permits, id), request| {
-                let (state, _) = read(ctx, name).map_err(err)?;
+                let state = read(ctx, name).map_err(err)?;
                 let queued = engine::has_waiters(db, name.as_slice());
                 let plan = semaphore::acquire(&state, permits, queued);
                 finish(ctx, db, name, &plan, request, Path::Command);
@@ -207,7 +212,7 @@ pub fn available_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);
         }
-        let (state, _) = read(ctx, &args[1]).map_err(err)?;
+        let state = read(ctx, &args[1]).map_err(err)?;
         Ok(RedisValue::Integer(state.available()))
     })
 }
@@ -220,7 +225,7 @@ pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             return Err(RedisError::WrongArity);
         }
         let name = &args[1];
-        let (state, at) = read(ctx, name).map_err(err)?;
+        let (state, at) = read_with_expiry(ctx, name).map_err(err)?;
         let db = ffi::selected_db(ctx);
         let pttl = if at >= 0 {
             (at - ffi::now_ms()).max(0)
@@ -257,7 +262,7 @@ impl Ask for SemAsk {
     }
 
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
-        let Ok((state, _)) = read(ctx, name) else {
+        let Ok(state) = read(ctx, name) else {
             // Not a count (somebody else's data for now): only a write can change that.
             return engine::wait_for_write();
         };
@@ -293,7 +298,7 @@ impl Ask for SemAsk {
         if let Some(id) = &self.request_id {
             store::forget_request(ctx, &args::request_key(name.as_slice(), id));
         }
-        let Ok((state, _)) = read(ctx, name) else {
+        let Ok(state) = read(ctx, name) else {
             return;
         };
         let Ok(plan) = semaphore::release(&state, self.permits) else {

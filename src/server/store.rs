@@ -15,6 +15,7 @@ use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
 use crate::server::ffi::{self, Arg, KeyKind, LockKey};
 use crate::server::tracking::OwnWrite;
 use crate::vocab::effects::{Effect, KeyRef};
+use crate::vocab::errors::ERR_WRONGTYPE;
 use crate::vocab::reply::{self, Reply};
 
 fn number(n: i64) -> RedisString {
@@ -115,8 +116,32 @@ pub enum Value {
 
 /// A key's [`Value`] and its absolute expiry (-1: none; -2: missing), in the selected db.
 pub fn read_any(ctx: &Context, name: &[u8]) -> (Value, i64) {
-    let name = RedisString::create_from_slice(std::ptr::null_mut(), name);
-    let key = LockKey::open(ctx, &name, false);
+    read_key(
+        ctx,
+        &RedisString::create_from_slice(std::ptr::null_mut(), name),
+    )
+}
+
+/// The string value at `name` parsed where it lies (no copy, no expiry read): `parse(None)`
+/// for a missing key, the wrong-type error for a key of another type. The counters'
+/// (semaphore, latch) read on every call.
+pub fn parse_string<T>(
+    ctx: &Context,
+    name: &RedisString,
+    parse: impl FnOnce(Option<&[u8]>) -> Result<T, &'static str>,
+) -> Result<T, &'static str> {
+    let key = LockKey::open(ctx, name, false);
+    match key.kind() {
+        KeyKind::Empty => parse(None),
+        KeyKind::String => key.with_string(|v| parse(Some(v))),
+        _ => Err(ERR_WRONGTYPE),
+    }
+}
+
+/// [`read_any`] of a key named by a string the caller has (the command's own key): no
+/// copy of the name made to open it.
+pub fn read_key(ctx: &Context, name: &RedisString) -> (Value, i64) {
+    let key = LockKey::open(ctx, name, false);
     let value = match key.kind() {
         KeyKind::Empty => return (Value::Missing, -2),
         KeyKind::String => Value::String(key.string_get()),
@@ -144,9 +169,14 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
     }
     let _own = OwnWrite::begin();
     let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
+    // The keys written, each signalled once at the end: the command's own key apart, as
+    // most commands write only it (no copy of its name kept).
+    let mut main_touched = false;
     let mut touched: Vec<RedisString> = Vec::new();
     let mut touch = |target: &RedisString| {
-        if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
+        if std::ptr::eq(target, name) || target.as_slice() == name.as_slice() {
+            main_touched = true;
+        } else if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
             touched.push(bytes(target.as_slice()));
         }
     };
@@ -269,6 +299,9 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
         }
         drop(key);
         touch(target);
+    }
+    if main_touched {
+        ffi::signal_modified(ctx, name);
     }
     for key in &touched {
         ffi::signal_modified(ctx, key);

@@ -196,6 +196,27 @@ impl LockKey {
         }
     }
 
+    /// `f` of the string value where it lies in the server (no copy); `f(&[])` if the key
+    /// holds no string.
+    pub fn with_string<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        if self.kind() != KeyKind::String {
+            return f(&[]);
+        }
+        let mut len: usize = 0;
+        unsafe {
+            let p = raw::RedisModule_StringDMA.unwrap()(
+                self.key,
+                &mut len,
+                raw::REDISMODULE_READ as c_int,
+            );
+            if p.is_null() {
+                f(&[])
+            } else {
+                f(std::slice::from_raw_parts(p.cast::<u8>(), len))
+            }
+        }
+    }
+
     /// Writes the decimal `n` over the string at a key opened for writing, in place, as
     /// INCRBY does: the key keeps its TTL and its place in the keyspace. (StringSet
     /// deletes the key and adds a new one, dropping the TTL: three times the cost on a
