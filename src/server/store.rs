@@ -365,6 +365,14 @@ fn apply_merged(
             ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
             ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
         }
+        // Two fields (a read-write lock's mode and first hold): one call to the key API,
+        // no vector.
+        [Effect::HSet(_, f1, v1), Effect::HSet(_, f2, v2)] => {
+            let (f1, v1, f2, v2) = (bytes(f1), bytes(v1), bytes(f2), bytes(v2));
+            key.hash_set2(&f1, &v1, &f2, &v2);
+            ffi::replicate_argv(ctx, c"HSET", &[target, &f1, &v1, &f2, &v2]);
+            ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
+        }
         _ => {
             let mut argv: Vec<RedisString> = Vec::with_capacity(run.len() * 2);
             for effect in run {

@@ -163,6 +163,27 @@ impl LockKey {
         }
     }
 
+    /// `HSET key f1 v1 f2 v2` in one call.
+    pub fn hash_set2(
+        &self,
+        f1: &RedisString,
+        v1: &RedisString,
+        f2: &RedisString,
+        v2: &RedisString,
+    ) {
+        unsafe {
+            raw::RedisModule_HashSet.unwrap()(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                f1.inner,
+                v1.inner,
+                f2.inner,
+                v2.inner,
+                ptr::null::<c_char>(),
+            );
+        }
+    }
+
     /// `HDEL key field` (binary-safe field).
     pub fn hash_del(&self, field: &RedisString) {
         unsafe {

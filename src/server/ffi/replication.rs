@@ -30,6 +30,7 @@ use crate::vocab::apply::{self, Word};
 /// `Context::replicate`: replication runs on every lock write, so its allocations show
 /// up in profiles. Integers go as `l` (long long), so no `RedisString` is built for them
 /// in `effects` mode.
+#[derive(Clone, Copy)]
 pub enum Arg<'a> {
     Str(&'a RedisString),
     Int(i64),
@@ -454,8 +455,18 @@ pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) 
         return;
     }
     if batching() {
-        let args: Vec<Arg> = args.iter().map(|s| Arg::Str(s)).collect();
-        record(ctx, cmd, &args);
+        // The usual few from a buffer on the stack, not a vector per write.
+        const INLINE: usize = 8;
+        if args.len() <= INLINE {
+            let mut buf = [Arg::Int(0); INLINE];
+            for (slot, s) in buf.iter_mut().zip(args) {
+                *slot = Arg::Str(s);
+            }
+            record(ctx, cmd, &buf[..args.len()]);
+        } else {
+            let args: Vec<Arg> = args.iter().map(|s| Arg::Str(s)).collect();
+            record(ctx, cmd, &args);
+        }
         return;
     }
     let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
