@@ -62,7 +62,96 @@ type Allocator = std::alloc::System;
 #[cfg(test)]
 const ALLOCATOR: Allocator = std::alloc::System;
 
+/// Registers each command with its own entry point, which hands the call to
+/// `ffi::dispatch` with the command's function (see `ffi/commands.rs` for why not
+/// `redis_module!`'s command list). Each entry is `[name, function, flags, first key,
+/// last key, key step]`.
+macro_rules! register_commands {
+    ($ctx:expr, $( [$name:literal, $handler:path, $flags:literal, $first:literal, $last:literal, $step:literal] ),* $(,)?) => {{
+        $(
+            {
+                extern "C" fn entry(
+                    ctx: *mut redis_module::raw::RedisModuleCtx,
+                    argv: *mut *mut redis_module::raw::RedisModuleString,
+                    argc: std::ffi::c_int,
+                ) -> std::ffi::c_int {
+                    ffi::dispatch(ctx, argv, argc, $handler)
+                }
+                let name = concat!($name, "\0");
+                let flags = concat!($flags, "\0");
+                let to_cstr = |s: &'static str| {
+                    std::ffi::CStr::from_bytes_with_nul(s.as_bytes()).expect("a literal")
+                };
+                if ffi::create_command($ctx, to_cstr(name), entry, to_cstr(flags), ($first, $last, $step))
+                    == Status::Err
+                {
+                    return Status::Err;
+                }
+            }
+        )*
+    }};
+}
+
+// One line per command: the table reads as one.
+#[rustfmt::skip]
+fn register(ctx: &Context) -> Status {
+    register_commands!(
+        ctx,
+        // Key at position 1 and nowhere else, so Redis Cluster routes every command.
+        // On 7.0 module commands get no ACL category (see the README's ACL note).
+        ["rlock.acquire", lock::commands::acquire, "write deny-oom", 1, 1, 1],
+        ["rlock.release", lock::commands::release, "write", 1, 1, 1],
+        ["rlock.renew", lock::commands::renew, "write", 1, 1, 1],
+        ["rlock.forcerelease", lock::commands::force_release, "write", 1, 1, 1],
+        ["rlock.info", lock::commands::info, "readonly", 1, 1, 1],
+        // Countdown latch (SPEC 4.5). AWAIT changes nothing: readonly (a replica answers
+        // it at once, never queues it).
+        ["rlatch.trysetcount", latch::commands::try_set_count, "write deny-oom", 1, 1, 1],
+        ["rlatch.countdown", latch::commands::count_down, "write", 1, 1, 1],
+        ["rlatch.getcount", latch::commands::get_count, "readonly", 1, 1, 1],
+        ["rlatch.await", latch::commands::await_open, "readonly", 1, 1, 1],
+        ["rlatch.delete", latch::commands::delete, "write", 1, 1, 1],
+        ["rlatch.info", latch::commands::info, "readonly", 1, 1, 1],
+        // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
+        ["rfenced.acquire", fenced::commands::acquire, "write deny-oom", 1, 1, 1],
+        ["rfenced.gettoken", fenced::commands::get_token, "readonly", 1, 1, 1],
+        // Semaphore (SPEC 4.3, docs/sync-commands.md).
+        ["rsemaphore.trysetpermits", semaphore::commands::try_set_permits, "write deny-oom", 1, 1, 1],
+        ["rsemaphore.addpermits", semaphore::commands::add_permits, "write deny-oom", 1, 1, 1],
+        ["rsemaphore.acquire", semaphore::commands::acquire, "write deny-oom", 1, 1, 1],
+        ["rsemaphore.release", semaphore::commands::release, "write", 1, 1, 1],
+        ["rsemaphore.drainpermits", semaphore::commands::drain_permits, "write", 1, 1, 1],
+        ["rsemaphore.availablepermits", semaphore::commands::available_permits, "readonly", 1, 1, 1],
+        ["rsemaphore.info", semaphore::commands::info, "readonly", 1, 1, 1],
+        // Permit-expirable semaphore (SPEC 4.4, docs/sync-commands.md).
+        ["rpsemaphore.trysetpermits", expirable::commands::try_set_permits, "write deny-oom", 1, 1, 1],
+        ["rpsemaphore.setpermits", expirable::commands::set_permits, "write deny-oom", 1, 1, 1],
+        ["rpsemaphore.addpermits", expirable::commands::add_permits, "write deny-oom", 1, 1, 1],
+        ["rpsemaphore.acquire", expirable::commands::acquire, "write deny-oom", 1, 1, 1],
+        ["rpsemaphore.release", expirable::commands::release, "write", 1, 1, 1],
+        ["rpsemaphore.updateleasetime", expirable::commands::update_lease_time, "write", 1, 1, 1],
+        ["rpsemaphore.leasetime", expirable::commands::lease_time, "readonly", 1, 1, 1],
+        ["rpsemaphore.availablepermits", expirable::commands::available_permits, "readonly", 1, 1, 1],
+        ["rpsemaphore.acquiredpermits", expirable::commands::acquired_permits, "readonly", 1, 1, 1],
+        ["rpsemaphore.info", expirable::commands::info, "readonly", 1, 1, 1],
+        // Read-write lock (SPEC 4.1)
+        ["rrwlock.acquire", rwlock::commands::acquire, "write deny-oom", 1, 1, 1],
+        ["rrwlock.release", rwlock::commands::release, "write", 1, 1, 1],
+        ["rrwlock.renew", rwlock::commands::renew, "write", 1, 1, 1],
+        ["rrwlock.forcerelease", rwlock::commands::force_release, "write", 1, 1, 1],
+        ["rrwlock.info", rwlock::commands::info, "readonly", 1, 1, 1],
+        // Internal (SPEC 1.4): what a module command replicates under
+        // `rlock.replication commands`; refused from ordinary clients. No key positions:
+        // it is only ever read from a primary's stream or an AOF, never routed.
+        ["rlock.apply", server::replication::apply_command, "write", 0, 0, 0],
+    );
+    Status::Ok
+}
+
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    if register(ctx) == Status::Err {
+        return Status::Err;
+    }
     ffi::disable_implicit_signal(ctx);
     ffi::set_block_callbacks(ffi::BlockCallbacks {
         on_timeout: engine::on_timeout,
@@ -117,55 +206,6 @@ redis_module! {
     data_types: [],
     init: init,
     info: info,
-    commands: [
-        // Key at position 1 and nowhere else, so Redis Cluster routes every command.
-        // On 7.0 module commands get no ACL category (see the README's ACL note).
-        ["rlock.acquire", lock::commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rlock.release", lock::commands::release, "write", 1, 1, 1, ""],
-        ["rlock.renew", lock::commands::renew, "write", 1, 1, 1, ""],
-        ["rlock.forcerelease", lock::commands::force_release, "write", 1, 1, 1, ""],
-        ["rlock.info", lock::commands::info, "readonly", 1, 1, 1, ""],
-        // Countdown latch (SPEC 4.5). AWAIT changes nothing: readonly (a replica answers
-        // it at once, never queues it).
-        ["rlatch.trysetcount", latch::commands::try_set_count, "write deny-oom", 1, 1, 1, ""],
-        ["rlatch.countdown", latch::commands::count_down, "write", 1, 1, 1, ""],
-        ["rlatch.getcount", latch::commands::get_count, "readonly", 1, 1, 1, ""],
-        ["rlatch.await", latch::commands::await_open, "readonly", 1, 1, 1, ""],
-        ["rlatch.delete", latch::commands::delete, "write", 1, 1, 1, ""],
-        ["rlatch.info", latch::commands::info, "readonly", 1, 1, 1, ""],
-        // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
-        ["rfenced.acquire", fenced::commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rfenced.gettoken", fenced::commands::get_token, "readonly", 1, 1, 1, ""],
-        // Semaphore (SPEC 4.3, docs/sync-commands.md).
-        ["rsemaphore.trysetpermits", semaphore::commands::try_set_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rsemaphore.addpermits", semaphore::commands::add_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rsemaphore.acquire", semaphore::commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rsemaphore.release", semaphore::commands::release, "write", 1, 1, 1, ""],
-        ["rsemaphore.drainpermits", semaphore::commands::drain_permits, "write", 1, 1, 1, ""],
-        ["rsemaphore.availablepermits", semaphore::commands::available_permits, "readonly", 1, 1, 1, ""],
-        ["rsemaphore.info", semaphore::commands::info, "readonly", 1, 1, 1, ""],
-        // Permit-expirable semaphore (SPEC 4.4, docs/sync-commands.md).
-        ["rpsemaphore.trysetpermits", expirable::commands::try_set_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.setpermits", expirable::commands::set_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.addpermits", expirable::commands::add_permits, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.acquire", expirable::commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rpsemaphore.release", expirable::commands::release, "write", 1, 1, 1, ""],
-        ["rpsemaphore.updateleasetime", expirable::commands::update_lease_time, "write", 1, 1, 1, ""],
-        ["rpsemaphore.leasetime", expirable::commands::lease_time, "readonly", 1, 1, 1, ""],
-        ["rpsemaphore.availablepermits", expirable::commands::available_permits, "readonly", 1, 1, 1, ""],
-        ["rpsemaphore.acquiredpermits", expirable::commands::acquired_permits, "readonly", 1, 1, 1, ""],
-        ["rpsemaphore.info", expirable::commands::info, "readonly", 1, 1, 1, ""],
-        // Read-write lock (SPEC 4.1)
-        ["rrwlock.acquire", rwlock::commands::acquire, "write deny-oom", 1, 1, 1, ""],
-        ["rrwlock.release", rwlock::commands::release, "write", 1, 1, 1, ""],
-        ["rrwlock.renew", rwlock::commands::renew, "write", 1, 1, 1, ""],
-        ["rrwlock.forcerelease", rwlock::commands::force_release, "write", 1, 1, 1, ""],
-        ["rrwlock.info", rwlock::commands::info, "readonly", 1, 1, 1, ""],
-        // Internal (SPEC 1.4): what a module command replicates under
-        // `rlock.replication commands`; refused from ordinary clients. No key positions:
-        // it is only ever read from a primary's stream or an AOF, never routed.
-        ["rlock.apply", server::replication::apply_command, "write", 0, 0, 0, ""],
-    ],
     configurations: [
         i64: [
             ["max-waiters-per-key", &config::MAX_WAITERS_PER_KEY, config::DEFAULT_MAX_WAITERS_PER_KEY,

@@ -218,11 +218,11 @@ fn write_command<'a, P>(
 }
 
 /// RPSEMAPHORE.TRYSETPERMITS <key> <permits> [ID <request-id>]
-pub fn try_set_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| expirable::parse_permits(a).map(|(n, o)| (n, o.id)),
             expirable::try_set_permits,
@@ -231,11 +231,11 @@ pub fn try_set_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RPSEMAPHORE.SETPERMITS <key> <permits> [ID <request-id>]
-pub fn set_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| expirable::parse_permits(a).map(|(n, o)| (n, o.id)),
             expirable::set_permits,
@@ -244,11 +244,11 @@ pub fn set_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RPSEMAPHORE.ADDPERMITS <key> <delta> [ID <request-id>]
-pub fn add_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| expirable::parse_add(a).map(|(n, o)| (n, o.id)),
             expirable::add_permits,
@@ -257,11 +257,11 @@ pub fn add_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RPSEMAPHORE.RELEASE <key> <permit-id> [ID <request-id>]
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| expirable::parse_release(a).map(|(id, o)| (id, o.id)),
             |state, key, id, now| expirable::release(state, key, &id, now),
@@ -270,11 +270,11 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RPSEMAPHORE.UPDATELEASETIME <key> <permit-id> <lease-ms>
-pub fn update_lease_time(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn update_lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             4..=4,
             |a| expirable::parse_update(a).map(|p| (p, None)),
             |state, key, (id, lease), now| {
@@ -285,11 +285,11 @@ pub fn update_lease_time(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms>] [ID <request-id>]
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
-            &args,
+            args,
             3..=10,
             |a| {
                 let (lease, o) = expirable::parse_acquire(a)?;
@@ -363,38 +363,38 @@ fn read_only(
 }
 
 /// RPSEMAPHORE.AVAILABLEPERMITS <key>: expired permits count as back.
-pub fn available_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn available_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        let (state, now) = read_only(ctx, &args, 2)?;
+        let (state, now) = read_only(ctx, args, 2)?;
         Ok(RedisValue::Integer(expirable::available(&state, now)))
     })
 }
 
 /// RPSEMAPHORE.ACQUIREDPERMITS <key>: permits held and not expired.
-pub fn acquired_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquired_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        let (state, now) = read_only(ctx, &args, 2)?;
+        let (state, now) = read_only(ctx, args, 2)?;
         Ok(RedisValue::Integer(expirable::acquired(&state, now)))
     })
 }
 
 /// RPSEMAPHORE.LEASETIME <key> <permit-id>: remaining ms, -1 without lease, -2 not held.
-pub fn lease_time(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 3 {
             return Err(RedisError::WrongArity);
         }
         let id = expirable::parse_permit_id(args[2].as_slice()).map_err(err)?;
-        let (state, now) = read_only(ctx, &args, 3)?;
+        let (state, now) = read_only(ctx, args, 3)?;
         Ok(RedisValue::Integer(expirable::lease_time(&state, &id, now)))
     })
 }
 
 /// RPSEMAPHORE.INFO <key>: available, acquired, permits (their sum), next-expiry-ms (the
 /// earliest lease end from now, -1 none), waiters, waiting-permits.
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        let (state, now) = read_only(ctx, &args, 2)?;
+        let (state, now) = read_only(ctx, args, 2)?;
         let name = args[1].as_slice();
         let db = ffi::selected_db(ctx);
         let (available, acquired) = (

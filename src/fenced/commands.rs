@@ -54,11 +54,11 @@ fn write_token(ctx: &Context, name: &RedisString, plan: &FencedPlan) {
 /// `[nil, token]` when acquired or re-entered (a new token each time, as Redisson's
 /// lockAndGetToken), `[pttl, nil]` when another owner holds it; with WAIT the caller
 /// queues and a handoff answers `[nil, token]` with a token issued at the handoff.
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
-            &args,
+            args,
             4..=usize::MAX,
             lock_commands::parse_acquire,
             |db, name, a, request| {
@@ -95,7 +95,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// RFENCED.GETTOKEN <key>
 ///
 /// The last token issued for the lock (Redisson's getToken), nil before the first.
-pub fn get_token(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn get_token(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);

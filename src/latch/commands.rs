@@ -102,13 +102,13 @@ fn parse_id<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static str> {
 }
 
 /// RLATCH.TRYSETCOUNT <key> <count> [ID <request-id>]
-pub fn try_set_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn try_set_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         // The shared opening serves the awaiters of a latch that opened a moment ago (a
         // DEL whose handoff is pending) before a new count closes it again.
         pipeline::write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| latch::parse_try_set(a).map(|(n, o)| (n, o.id)),
             |db, name, n, request| {
@@ -126,11 +126,11 @@ pub fn try_set_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLATCH.COUNTDOWN <key> [ID <request-id>]
-pub fn count_down(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn count_down(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         pipeline::write_command(
             ctx,
-            &args,
+            args,
             2..=4,
             |a| parse_id(a).map(|id| ((), id)),
             |db, name, (), request| {
@@ -143,11 +143,11 @@ pub fn count_down(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLATCH.DELETE <key> [ID <request-id>]
-pub fn delete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn delete(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         pipeline::write_command(
             ctx,
-            &args,
+            args,
             2..=4,
             |a| parse_id(a).map(|id| ((), id)),
             |db, name, (), request| {
@@ -159,7 +159,7 @@ pub fn delete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLATCH.GETCOUNT <key>
-pub fn get_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn get_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);
@@ -170,11 +170,11 @@ pub fn get_count(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id>]]
-pub fn await_open(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn await_open(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
-            &args,
+            args,
             2..=7,
             |a| {
                 let o = latch::parse_await(a)?;
@@ -211,7 +211,7 @@ pub fn await_open(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// RLATCH.INFO <key>: count (0 without latch), PTTL (-2 without key, -1 without TTL),
 /// and how many clients await it here.
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);

@@ -48,11 +48,11 @@ pub fn parse_acquire<'a>(
 }
 
 /// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
-            &args,
+            args,
             4..=usize::MAX,
             parse_acquire,
             |db, name, a, request| {
@@ -81,11 +81,11 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=6,
             |a| {
                 args::parse_release(a)
@@ -116,11 +116,11 @@ fn parse_renew<'a>(args: &[&'a [u8]]) -> Parsed<'a, (&'a [u8], i64)> {
 }
 
 /// RLOCK.RENEW <key> <owner> <lease-ms>
-pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             4..=4,
             parse_renew,
             |db, name, (owner, lease), request| {
@@ -138,11 +138,11 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLOCK.FORCERELEASE <key>
-pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn force_release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             2..=2,
             |_| Ok(((), None)),
             |db, name, (), request| {
@@ -159,7 +159,7 @@ pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RLOCK.INFO <key>
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);

@@ -120,11 +120,11 @@ fn settle_after(ctx: &Context, db: i32, name: &RedisString, plan: &Plan, now: i6
 }
 
 /// RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
-            &args,
+            args,
             5..=usize::MAX,
             |a| {
                 let (side, a) = rwlock::parse_rw_acquire(a)?;
@@ -197,11 +197,11 @@ fn change<'a, P>(
 }
 
 /// RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>]
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
             ctx,
-            &args,
+            args,
             4..=7,
             |a| {
                 let (side, a) = rwlock::parse_rw_release(a)?;
@@ -216,11 +216,11 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RRWLOCK.RENEW <key> READ|WRITE <owner> <lease-ms>
-pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
             ctx,
-            &args,
+            args,
             5..=5,
             |a| Ok((rwlock::parse_rw_renew(a)?, None)),
             |state, name, (side, owner, lease), now| {
@@ -232,11 +232,11 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RRWLOCK.FORCERELEASE <key> [READ|WRITE]
-pub fn force_release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn force_release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
             ctx,
-            &args,
+            args,
             2..=3,
             |a| Ok((rwlock::parse_rw_force(a)?, None)),
             |state, name, side, now| (rwlock::force_release(state, name, side, now), side),
@@ -250,7 +250,7 @@ fn key(s: &str) -> RedisValueKey {
 
 /// RRWLOCK.INFO <key>: read-only, so read holds past their lease are left out of the
 /// answer rather than dropped (the next write command drops them).
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);

@@ -108,11 +108,11 @@ fn write_command<'a, P>(
 }
 
 /// RSEMAPHORE.TRYSETPERMITS <key> <permits> [PX <ttl-ms>] [ID <request-id>]
-pub fn try_set_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=7,
             |a| semaphore::parse_try_set(a).map(|(n, o)| ((n, o.px), o.id)),
             |state, (permits, px)| {
@@ -128,11 +128,11 @@ pub fn try_set_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RSEMAPHORE.ADDPERMITS <key> <delta> [ID <request-id>]
-pub fn add_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| semaphore::parse_add(a).map(|(n, o)| (n, o.id)),
             semaphore::add_permits,
@@ -141,11 +141,11 @@ pub fn add_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RSEMAPHORE.RELEASE <key> <permits> [ID <request-id>]
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             3..=5,
             |a| semaphore::parse_release(a).map(|(n, o)| (n, o.id)),
             semaphore::release,
@@ -154,11 +154,11 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RSEMAPHORE.DRAINPERMITS <key> [ID <request-id>]
-pub fn drain_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn drain_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
-            &args,
+            args,
             2..=4,
             |a| semaphore::parse_id_only(a).map(|id| ((), id)),
             |state, ()| Ok(semaphore::drain(state)),
@@ -167,11 +167,11 @@ pub fn drain_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
-            &args,
+            args,
             3..=8,
             |a| {
                 let (permits, o) = semaphore::parse_acquire(a)?;
@@ -207,7 +207,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// RSEMAPHORE.AVAILABLEPERMITS <key>
-pub fn available_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn available_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);
@@ -219,7 +219,7 @@ pub fn available_permits(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// RSEMAPHORE.INFO <key>: available, pttl, waiters, waiting-permits (a map under RESP3,
 /// flat pairs under RESP2).
-pub fn info(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
             return Err(RedisError::WrongArity);

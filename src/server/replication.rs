@@ -15,13 +15,13 @@ use crate::vocab::errors::ERR_APPLY_INTERNAL;
 /// key through it. Each carried command runs as a nested call, as the plain command would
 /// (keyspace notifications, WATCH); the whole is replicated verbatim onward (a replica's
 /// own AOF, its replicas).
-pub fn apply_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn apply_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         let flags = ctx.get_flags();
         if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
             return Err(RedisError::Str(ERR_APPLY_INTERNAL));
         }
-        let [_, payload] = &args[..] else {
+        let [_, payload] = args else {
             return Err(RedisError::WrongArity);
         };
         let commands = apply::decode(payload.as_slice()).map_err(RedisError::Str)?;

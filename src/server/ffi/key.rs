@@ -199,22 +199,7 @@ impl LockKey {
 
     /// The value of a string key (copied out).
     pub fn string_get(&self) -> Vec<u8> {
-        if self.kind() != KeyKind::String {
-            return Vec::new();
-        }
-        let mut len: usize = 0;
-        unsafe {
-            let p = raw::RedisModule_StringDMA.unwrap()(
-                self.key,
-                &mut len,
-                raw::REDISMODULE_READ as c_int,
-            );
-            if p.is_null() {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(p.cast::<u8>(), len).to_vec()
-            }
-        }
+        self.with_string(<[u8]>::to_vec)
     }
 
     /// `f` of the string value where it lies in the server (no copy); `f(&[])` if the key

@@ -8,6 +8,8 @@
 //! - Timers: create and stop with our own data type (the crate's `stop_timer` casts the
 //!   stored box wrongly, see the shared notes).
 //! - Replication: plain effects, or one command per unit of work (`replication.rs`).
+//! - Commands: registered with an entry point that lends each call the server's own
+//!   argument strings (`commands.rs`).
 //! - Pub/sub and a few context helpers.
 //!
 //! Every function here checks that the server exports the API it calls and degrades
@@ -195,12 +197,14 @@ pub fn value(reply: Reply) -> redis_module::RedisValue {
 }
 
 mod clients;
+mod commands;
 mod events;
 mod key;
 mod replication;
 mod timers;
 
 pub use clients::*;
+pub use commands::*;
 pub use events::*;
 pub use key::*;
 pub use replication::*;
