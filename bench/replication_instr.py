@@ -160,8 +160,10 @@ def main():
     sections = [
         "## Replication: instructions per call (`make bench-instr`)", "",
         "What a lock command costs once it is propagated (SPEC 1.4). `commands` (the "
-        "default) replicates each module command as one command: the plain command when "
-        "it writes one thing, else one `RLOCK.APPLY` carrying its writes; `effects` "
+        "default) replicates each module command as one command: the command itself when "
+        "its writes follow from its arguments and the key's state alone (the semaphore's "
+        "acquire, the latch's count-down), else the plain command when it writes one "
+        "thing, else one `RLOCK.APPLY` carrying its writes; `effects` "
         "replicates every write as its own plain command (HSET, PEXPIREAT, PUBLISH, ...), "
         "which a replica without the module can apply. Redisson's scripts are its own, "
         "by EVALSHA (Redis 7 replicates a script's effects). Counted as the tables above "
