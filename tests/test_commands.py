@@ -188,6 +188,9 @@ BAD_CALLS = [
     ("unknown option", ["RLOCK.ACQUIRE", "k", "o", "10", "NOWAIT"], "syntax error"),
     ("release extra argument", ["RLOCK.RELEASE", "k", "o", "10", "x"], "syntax error"),
     ("release far too many", ["RLOCK.RELEASE", "k", "o", "10", "ID", "r", "x"], arity("rlock.release")),
+    # More arguments than the entry point lends from its stack buffer (ffi/commands.rs).
+    ("acquire with 40 arguments", ["RLOCK.ACQUIRE", "k", "o", "10", *["x"] * 36],
+     arity("rlock.acquire")),
     ("empty owner on acquire", ["RLOCK.ACQUIRE", "k", "", "10"], ERR_OWNER),
     ("empty owner on release", ["RLOCK.RELEASE", "k", ""], ERR_OWNER),
     ("empty owner on renew", ["RLOCK.RENEW", "k", "", "10"], ERR_OWNER),

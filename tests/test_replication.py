@@ -193,6 +193,42 @@ def module_entries(server):
     return [c for c in aof_commands(server) if c[0].upper() != b"SELECT"]
 
 
+def test_commands_replicated_as_themselves_agree_from_multi_scripts_and_aof(trio):
+    """A command replicated as itself (its writes follow from its arguments and the key's
+    state alone) runs again on the replica and at an AOF reload: called plainly, inside
+    MULTI/EXEC, from a script, with a request id (its record is written with the clock:
+    not as itself) and where waiters are served (a grant: not as itself), the replica
+    and a restart hold exactly the primary's keys."""
+    mode, primary, replica, p, r = trio
+    p.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 10)
+    p.execute_command("RLATCH.TRYSETCOUNT", "l", 10)
+    assert p.execute_command("RSEMAPHORE.ACQUIRE", "s", 2) == 1
+    assert p.execute_command("RLATCH.COUNTDOWN", "l") == 9
+    tx = p.pipeline(transaction=True)
+    tx.execute_command("RSEMAPHORE.ACQUIRE", "s", 1)
+    tx.execute_command("RLATCH.COUNTDOWN", "l")
+    tx.execute_command("RSEMAPHORE.ACQUIRE", "s", 1)
+    assert tx.execute() == [1, 8, 1]
+    assert p.eval("return redis.call('RSEMAPHORE.ACQUIRE', KEYS[1], 1)", 1, "s") == 1
+    assert p.eval("return redis.call('RLATCH.COUNTDOWN', KEYS[1])", 1, "l") == 7
+    assert p.execute_command("RSEMAPHORE.ACQUIRE", "s", 1, "ID", "once") == 1
+    assert p.execute_command("RSEMAPHORE.ACQUIRE", "s", 1, "ID", "once") == 1  # replayed
+    agree(p, r)
+    assert r.get("s") == b"4" and r.get("l") == b"7"
+    # A waiter served by a release, then an acquire as itself again.
+    with background() as pool:
+        got = blocked(pool, primary, "RSEMAPHORE.ACQUIRE", "s", 6, "WAIT", 10000)
+        wait_until(lambda: sem_waiters(p, "RSEMAPHORE.INFO", "s") == 1, 5, what="a waiter")
+        p.execute_command("RSEMAPHORE.RELEASE", "s", 2)
+        assert got.result(timeout=10) == 1
+    p.execute_command("RSEMAPHORE.RELEASE", "s", 1)
+    assert p.execute_command("RSEMAPHORE.ACQUIRE", "s", 1) == 1
+    before = agree(p, r)
+    assert r.get("s") == b"0"
+    primary.restart()
+    assert everything(primary.client()) == before
+
+
 def test_commands_mode_writes_one_aof_entry_per_module_command(make_server):
     s = make_server(args=PRIMARY_ARGS)
     c = s.client()
