@@ -24,7 +24,6 @@ use crate::semaphore::{self, Outcome, Plan, SemState};
 use crate::server::store::{self, Value};
 use crate::server::{ffi, guard, stats};
 use crate::vocab::args;
-use crate::vocab::effects::Effect;
 use crate::vocab::errors::ERR_WRONGTYPE;
 use crate::vocab::reply::Reply;
 
@@ -62,17 +61,7 @@ fn finish(
     request: Option<&RedisString>,
     path: Path,
 ) {
-    // A semaphore's writes follow from its count alone, but TRYSETPERMITS … PX's expiry
-    // from the clock: only the rest may replicate as the command itself.
-    if plan
-        .effects
-        .iter()
-        .any(|e| matches!(e, Effect::PExpireAt(..)))
-    {
-        store::apply_effects(ctx, name, &plan.effects);
-    } else {
-        store::apply_own_effects(ctx, name, &plan.effects);
-    }
+    store::apply_own_effects(ctx, name, &plan.effects);
     count(plan.outcome);
     remember(
         ctx,

@@ -34,6 +34,9 @@ pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
     if !cluster {
         ffi::replicate(ctx, c"PUBLISH", &[Arg::Str(&channel), Arg::Str(&message)]);
     }
+    // A command run again on a replica would publish again; in cluster mode the message
+    // already reaches the shard's replicas (SPUBLISH), unreplicated: never as itself.
+    ffi::not_as_called();
 }
 
 /// Publishes a message to this node's subscribers only, not replicated (a queued ticket's
@@ -152,11 +155,19 @@ pub fn read_key(ctx: &Context, name: &RedisString) -> (Value, i64) {
     (value, key.abs_expire())
 }
 
-/// [`apply_effects`] for the running command's own effects when they follow from its
-/// arguments and the key's state alone (no clock): replicated as the command itself when
-/// they are all it replicates (`ffi::as_called`).
+/// [`apply_effects`] for the running command's own effects, decided by its arguments and
+/// the key's state: replicated as the command itself when they are all it replicates
+/// (`ffi::as_called`), unless they carry a time (an expiry, a lease score), which the
+/// command would compute again from another clock on a replica or at a reload.
 pub fn apply_own_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
-    ffi::as_called(|| apply_effects(ctx, name, effects));
+    let timed = effects
+        .iter()
+        .any(|e| matches!(e, Effect::PExpireAt(..) | Effect::ZAdd(..)));
+    if timed {
+        apply_effects(ctx, name, effects);
+    } else {
+        ffi::as_called(|| apply_effects(ctx, name, effects));
+    }
 }
 
 /// Applies a core's effects in order on the key `name` (the command's key, for

@@ -108,6 +108,9 @@ pub fn unit_leave() {
             send(&mut b);
         }
         b.depth = b.depth.saturating_sub(1);
+        if b.depth == 0 {
+            b.as_called = 0; // a spoiled mark with nothing sent ends with its command
+        }
     });
 }
 
@@ -126,16 +129,26 @@ pub fn as_called<R>(write: impl FnOnce() -> R) -> R {
     let fresh = batching()
         && BATCH.with(|b| {
             let b = b.borrow();
-            b.depth == 1 && b.commands == 0
+            b.depth == 1 && b.commands == 0 && b.as_called == 0
         });
     let r = write();
     if fresh {
         BATCH.with(|b| {
             let mut b = b.borrow_mut();
-            b.as_called = b.commands;
+            if b.as_called == 0 {
+                b.as_called = b.commands;
+            }
         });
     }
     r
+}
+
+/// The running command did something a second run would repeat without the batch
+/// showing it (a message published): it goes out as usual, never as itself.
+pub fn not_as_called() {
+    if batching() {
+        BATCH.with(|b| b.borrow_mut().as_called = usize::MAX);
+    }
 }
 
 // ---- Whether anything can receive what is replicated ----
