@@ -164,6 +164,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // Handlers only: the module subscribes to events while somebody waits (SPEC 1: it
     // holds nothing while nobody waits), see engine/events.rs.
     events::init();
+    // The replication gate's fork handler (ffi/replication.rs): flags only, no listener.
+    ffi::watch_forks();
     Status::Ok
 }
 

@@ -175,8 +175,8 @@ pub fn grant_head(
     now: i64,
 ) -> Head {
     let replace = match state {
-        Ok(LockState::Held { pttl, .. }) => return Head::Wait(*pttl),
         Ok(LockState::Free) => false,
+        Ok(held) => return Head::Wait(held.pttl()),
         Err(_) => true,
     };
     match last().and_then(|last| grant(replace, last, lease, now)) {
@@ -221,7 +221,7 @@ mod tests {
 
     const NOW: i64 = 1_700_000_000_000;
 
-    fn held(owner: &str, count: i64, pttl: i64) -> LockState {
+    fn held(owner: &str, count: i64, pttl: i64) -> LockState<'static> {
         LockState::Held {
             holders: vec![Holder {
                 owner: owner.into(),

@@ -169,6 +169,13 @@ pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
         let (holders, pttl) = match read(&key).map_err(err)? {
             LockState::Free => return Ok(RedisValue::Null),
             LockState::Held { holders, pttl } => (holders, pttl),
+            LockState::Alone { owner, count } => (
+                vec![lock::Holder {
+                    owner: owner.to_vec(),
+                    count,
+                }],
+                key.pttl(),
+            ),
         };
         let waiting = engine::with(|q| q.len(ffi::selected_db(ctx), name.as_slice()));
         let owners = holders
@@ -256,8 +263,7 @@ impl Ask for LockAsk {
         let Ok(state) = read(&key) else { return };
         let count = state.count_of(self.owner());
         // Still exactly what the handoff wrote: that owner alone, count 1.
-        let untold = count == Some(1)
-            && matches!(&state, LockState::Held { holders, .. } if holders.len() == 1);
+        let untold = count == Some(1) && state.holder_count() == 1;
         if untold || count.is_none() {
             // The client was never told: a retry with its request id must not be answered
             // "acquired" from the record the handoff wrote.

@@ -23,14 +23,22 @@ pub struct Holder {
 
 /// What the lock key holds, as far as the algorithm cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LockState {
+pub enum LockState<'a> {
     /// No key: nobody holds the lock.
     Free,
     /// A valid lock hash. `pttl` is the remaining lease in ms, or -1 for a key with no TTL.
     Held { holders: Vec<Holder>, pttl: i64 },
+    /// Read for one owner's command (`store::read_for`): that owner alone holds the lock,
+    /// `count` times. Nothing else is read (no copy of the name, no lease): its own
+    /// commands never answer the lease, only a contended acquire does.
+    Alone { owner: &'a [u8], count: i64 },
 }
 
-impl LockState {
+/// The lease a contended caller would be told for an [`LockState::Alone`] read for
+/// another owner, which the store never does. Absurd on purpose.
+pub const PTTL_NOT_READ: i64 = i64::MIN;
+
+impl LockState<'_> {
     /// The caller's hold count, if it holds the lock.
     pub fn count_of(&self, owner: &[u8]) -> Option<i64> {
         match self {
@@ -38,6 +46,25 @@ impl LockState {
             LockState::Held { holders, .. } => {
                 holders.iter().find(|h| h.owner == owner).map(|h| h.count)
             }
+            LockState::Alone { owner: o, count } => (*o == owner).then_some(*count),
+        }
+    }
+
+    /// How many owners hold the lock.
+    pub fn holder_count(&self) -> usize {
+        match self {
+            LockState::Free => 0,
+            LockState::Held { holders, .. } => holders.len(),
+            LockState::Alone { .. } => 1,
+        }
+    }
+
+    /// The remaining lease, as a contended acquire answers it.
+    pub fn pttl(&self) -> i64 {
+        match self {
+            LockState::Free => -2,
+            LockState::Held { pttl, .. } => *pttl,
+            LockState::Alone { .. } => PTTL_NOT_READ,
         }
     }
 }
@@ -116,7 +143,7 @@ pub fn acquire(
 ) -> Result<Plan, &'static str> {
     match state {
         LockState::Free => Ok(grant(false, lease, now)),
-        LockState::Held { pttl, .. } => match state.count_of(owner) {
+        _ => match state.count_of(owner) {
             Some(count) => {
                 let next = count.checked_add(1).ok_or(ERR_COUNT_OVERFLOW)?;
                 Ok(Plan {
@@ -128,7 +155,10 @@ pub fn acquire(
                     freed: false,
                 })
             }
-            None => Ok(Plan::reply_only(Reply::Int(*pttl), Outcome::Contended)),
+            None => Ok(Plan::reply_only(
+                Reply::Int(state.pttl()),
+                Outcome::Contended,
+            )),
         },
     }
 }
@@ -156,17 +186,16 @@ pub fn grant(replace: bool, lease: i64, now: i64) -> Plan {
 /// the head can be granted, so the engine grants at most one per look.
 pub fn grant_head(state: &Result<LockState, &str>, lease: i64, now: i64) -> Result<Plan, i64> {
     match state {
-        Ok(LockState::Held { pttl, .. }) => Err(*pttl),
         Ok(LockState::Free) => Ok(grant(false, lease, now)),
+        Ok(held) => Err(held.pttl()),
         Err(_) => Ok(grant(true, lease, now)),
     }
 }
 
 /// `RLOCK.RELEASE`: count down; the last release frees the lock.
 pub fn release(state: &LockState, owner: &[u8], lease: Option<i64>, now: i64) -> Plan {
-    let (holders, count) = match (state, state.count_of(owner)) {
-        (LockState::Held { holders, .. }, Some(count)) => (holders, count),
-        _ => return Plan::reply_only(Reply::Nil, Outcome::NotHeld),
+    let Some(count) = state.count_of(owner) else {
+        return Plan::reply_only(Reply::Nil, Outcome::NotHeld);
     };
     if count > 1 {
         return Plan {
@@ -180,7 +209,7 @@ pub fn release(state: &LockState, owner: &[u8], lease: Option<i64>, now: i64) ->
     }
     // Redisson never writes two owners into one lock, but a hash shared by several owners
     // is still a valid lock; the last one out frees it.
-    let last = holders.len() == 1;
+    let last = state.holder_count() == 1;
     Plan {
         delete: last,
         write: (!last).then_some(Write::Remove),
@@ -210,7 +239,7 @@ pub fn renew(state: &LockState, owner: &[u8], lease: i64, now: i64) -> Plan {
 pub fn force_release(state: &LockState) -> Plan {
     match state {
         LockState::Free => Plan::reply_only(Reply::Int(0), Outcome::NoLock),
-        LockState::Held { .. } => Plan {
+        LockState::Held { .. } | LockState::Alone { .. } => Plan {
             delete: true,
             write: None,
             expire_at: None,

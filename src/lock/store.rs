@@ -26,7 +26,7 @@ use crate::vocab::args;
 use crate::vocab::errors::ERR_WRONGTYPE;
 
 /// The lock a key holds, or the error a command must answer when it is not a lock.
-pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
+pub fn read(key: &LockKey) -> Result<LockState<'static>, &'static str> {
     match key.kind() {
         KeyKind::Empty => Ok(LockState::Free),
         KeyKind::Hash => Ok(LockState::Held {
@@ -37,26 +37,18 @@ pub fn read(key: &LockKey) -> Result<LockState, &'static str> {
     }
 }
 
-/// The `pttl` of a lock [`read_for`] found held by the caller alone: not read, since no
-/// reply to a holder carries it (only a contended ACQUIRE answers the PTTL). Absurd on
-/// purpose, should a future caller use it by mistake.
-pub const PTTL_NOT_READ: i64 = i64::MIN;
-
 /// [`read`] for a command by `owner`. The common lock, one owner's field alone, is read
-/// with one field lookup and no TTL lookup ([`PTTL_NOT_READ`]); anything else (another
-/// holder, several, a bad value) falls back to reading every field, which also validates
-/// them.
-pub fn read_for(key: &LockKey, owner: &RedisString) -> Result<LockState, &'static str> {
+/// with one field lookup, nothing copied and no TTL lookup ([`LockState::Alone`]);
+/// anything else (another holder, several, a bad value) falls back to reading every
+/// field, which also validates them.
+pub fn read_for<'a>(key: &LockKey, owner: &'a RedisString) -> Result<LockState<'a>, &'static str> {
     if key.kind() != KeyKind::Hash || key.value_length() != 1 {
         return read(key);
     }
     match key.hash_get_with(owner, args::parse_i64) {
-        Some(Some(count)) if count >= 1 => Ok(LockState::Held {
-            holders: vec![lock::Holder {
-                owner: owner.as_slice().to_vec(),
-                count,
-            }],
-            pttl: PTTL_NOT_READ,
+        Some(Some(count)) if count >= 1 => Ok(LockState::Alone {
+            owner: owner.as_slice(),
+            count,
         }),
         _ => read(key),
     }
@@ -95,12 +87,12 @@ pub fn count(outcome: Outcome) {
 /// replaced by something that is no lock, by a command whose events the module does not
 /// watch on this server (SORT ... STORE on 7.0), gets its unlock message now, lazily
 /// (README, "Freeing and handoff"), and the key is read again.
-pub fn open_for_write(
+pub fn open_for_write<'a>(
     ctx: &Context,
     db: i32,
     name: &RedisString,
-    owner: Option<&RedisString>,
-) -> (LockKey, Result<LockState, &'static str>) {
+    owner: Option<&'a RedisString>,
+) -> (LockKey, Result<LockState<'a>, &'static str>) {
     let read = |key: &LockKey| match owner {
         Some(owner) => read_for(key, owner),
         None => read(key),

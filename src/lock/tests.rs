@@ -6,7 +6,7 @@ use crate::vocab::errors::*;
 
 const NOW: i64 = 1_700_000_000_000;
 
-fn held(holders: &[(&str, i64)], pttl: i64) -> LockState {
+fn held(holders: &[(&str, i64)], pttl: i64) -> LockState<'static> {
     LockState::Held {
         holders: holders
             .iter()
@@ -458,7 +458,19 @@ mod props {
     }
 
     impl Key {
-        fn state(&mut self, now: i64) -> LockState {
+        /// The key as `store::read_for` reads it for `owner`: [`LockState::Alone`] when
+        /// that owner alone holds it, else every field and the lease.
+        fn state_for<'a>(&mut self, owner: &'a [u8], now: i64) -> LockState<'a> {
+            let state = self.state(now);
+            match self.fields.iter().next() {
+                Some((o, c)) if self.fields.len() == 1 && o.as_slice() == owner => {
+                    LockState::Alone { owner, count: *c }
+                }
+                _ => state,
+            }
+        }
+
+        fn state(&mut self, now: i64) -> LockState<'static> {
             if self.expire_at.is_some_and(|at| now >= at) {
                 self.fields.clear();
                 self.expire_at = None;
@@ -520,30 +532,37 @@ mod props {
                 let (owner, plan) = match op {
                     Op::Tick(ms) => { now += ms; continue; }
                     Op::Acquire(o, lease) => {
-                        let plan = acquire(&state, &[o], lease, now).unwrap();
-                        match (&state, state.count_of(&[o])) {
+                        let o = [o];
+                        let state = key.state_for(&o, now);
+                        let plan = acquire(&state, &o, lease, now).unwrap();
+                        match (&state, state.count_of(&o)) {
                             (LockState::Free, _) | (_, Some(_)) => prop_assert_eq!(plan.reply, Reply::Nil),
-                            (LockState::Held { pttl, .. }, None) => {
-                                prop_assert_eq!(plan.reply, Reply::Int(*pttl));
+                            (held, None) => {
+                                prop_assert!(matches!(held, LockState::Held { .. }), "a contended state is a full read");
+                                prop_assert_eq!(plan.reply, Reply::Int(held.pttl()));
                                 prop_assert!(!plan.writes(), "a contended acquire writes nothing");
                             }
                         }
-                        (vec![o], plan)
+                        (o.to_vec(), plan)
                     }
                     Op::Release(o, lease) => {
-                        let plan = release(&state, &[o], lease, now);
-                        let want = match state.count_of(&[o]) {
+                        let o = [o];
+                        let state = key.state_for(&o, now);
+                        let plan = release(&state, &o, lease, now);
+                        let want = match state.count_of(&o) {
                             None => Reply::Nil,
                             Some(1) => Reply::Int(1),
                             Some(_) => Reply::Int(0),
                         };
                         prop_assert_eq!(plan.reply, want);
-                        (vec![o], plan)
+                        (o.to_vec(), plan)
                     }
                     Op::Renew(o, lease) => {
-                        let plan = renew(&state, &[o], lease, now);
-                        prop_assert_eq!(plan.reply, Reply::Int(state.count_of(&[o]).map_or(0, |_| 1)));
-                        (vec![o], plan)
+                        let o = [o];
+                        let state = key.state_for(&o, now);
+                        let plan = renew(&state, &o, lease, now);
+                        prop_assert_eq!(plan.reply, Reply::Int(state.count_of(&o).map_or(0, |_| 1)));
+                        (o.to_vec(), plan)
                     }
                     Op::Force => (vec![], force_release(&state)),
                 };
@@ -559,5 +578,36 @@ mod props {
                 }
             }
         }
+    }
+}
+
+/// The store's one-field read for the owner (`LockState::Alone`) plans exactly what a
+/// full read of the same hash does, for each of the owner's commands; another owner sees
+/// the lock held.
+#[test]
+fn a_lock_read_for_its_owner_alone_plans_as_a_full_read() {
+    for count in [1, 2, 7] {
+        let alone = LockState::Alone { owner: b"a", count };
+        let full = held(&[("a", count)], 500);
+        assert_eq!(alone.count_of(b"a"), Some(count));
+        assert_eq!(alone.count_of(b"b"), None);
+        assert_eq!(alone.holder_count(), full.holder_count());
+        assert_eq!(
+            acquire(&alone, b"a", 70, NOW),
+            acquire(&full, b"a", 70, NOW)
+        );
+        for lease in [None, Some(70)] {
+            assert_eq!(
+                release(&alone, b"a", lease, NOW),
+                release(&full, b"a", lease, NOW)
+            );
+        }
+        assert_eq!(renew(&alone, b"a", 70, NOW), renew(&full, b"a", 70, NOW));
+        assert_eq!(force_release(&alone), force_release(&full));
+        assert_eq!(release(&alone, b"b", None, NOW).outcome, Outcome::NotHeld);
+        assert_eq!(renew(&alone, b"b", 70, NOW).outcome, Outcome::NotHeld);
+        let contended = acquire(&alone, b"b", 70, NOW).unwrap();
+        assert_eq!(contended.outcome, Outcome::Contended);
+        assert!(!contended.writes());
     }
 }

@@ -206,10 +206,8 @@ pub enum Hook {
     SwapDb,
     /// A client connected or disconnected (queued tickets die with their connection).
     ClientChange,
-    /// A fork (a replica's first sync, an AOF rewrite): the replication gate's
+    /// A link to a master came up or went down: the replication gate's
     /// (`replication.rs`), not the watching's, so not in [`ALL_HOOKS`].
-    Fork,
-    /// A link to a master came up: the replication gate's too.
     MasterLink,
 }
 
@@ -245,7 +243,6 @@ impl Hook {
                 raw::REDISMODULE_EVENT_CLIENT_CHANGE,
                 raw::REDISMODULE_CLIENTINFO_VERSION,
             ),
-            Hook::Fork => (raw::REDISMODULE_EVENT_FORK_CHILD, 1),
             Hook::MasterLink => (raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE, 1),
         };
         raw::RedisModuleEvent {
@@ -261,7 +258,7 @@ impl Hook {
             Hook::RoleChanged => Some(role_changed_cb),
             Hook::SwapDb => Some(swapdb_cb),
             Hook::ClientChange => Some(client_change_cb),
-            Hook::Fork | Hook::MasterLink => Some(super::replication::propagation_possible_cb),
+            Hook::MasterLink => Some(super::replication::propagation_possible_cb),
         }
     }
 }

@@ -160,26 +160,69 @@ pub fn not_as_called() {
 // propagation becomes possible, and from then on never skips again. Writes skipped before
 // then are in the dataset, which is what an AOF rewrite and a full sync start from.
 //
-// The gate asks the server at the first write it would skip, then listens:
+// The gate asks the server at the first write it would skip, then watches:
 // - **asking** (`propagation_possible_now`): an AOF, a master, or a backlog (INFO
 //   replication). Asked then and not at load: a master restarted from an RDB that
 //   carries its replication id makes its backlog while it loads its data, after the
 //   modules, and its replicas continue from that backlog without a fork;
-// - **listening**, from that answer on: a fork (a replica's first sync, an AOF turned on:
-//   the backlog before the fork holds nothing a replica needs, the snapshot carries every
-//   earlier write) or a master link coming up (the server turned replica: its backlog
-//   serves its own replicas, and its old master after a failover) opens the gate for
-//   good, and the listeners are dropped then.
+// - **watching**, from that answer on, for either of:
+//   - a fork (a replica's first sync, an AOF turned on: the backlog before the fork
+//     holds nothing a replica needs, the snapshot carries every earlier write). The
+//     process's fork handler (`pthread_atfork`, registered at load) notes it, which
+//     costs the server nothing between forks. A server event listener would: Redis 8.2
+//     and Valkey walk every module listener on each key deleted or overwritten (about
+//     40 instructions each). glibc drops the handler when the library is unloaded;
+//   - a master link coming up (the server turned replica: its backlog serves its own
+//     replicas, and its old master after a failover), the one server event listened to.
+//   Either opens the gate for good; the next write drops the listener (or a 0-ms timer,
+//   from inside the server's walk over its listeners).
 // A server on which no lock was ever written listens to nothing. One that has skipped a
-// write keeps the two listeners until the gate opens: Redis 8.2 and Valkey walk every
-// module listener on each key deleted or overwritten, about 40 instructions (README,
-// *Replication*, on why they stay while the writes pause).
+// write keeps the one listener until the gate opens (README, *Replication*, on why it
+// stays while the writes pause).
 
 static MAY_PROPAGATE: AtomicBool = AtomicBool::new(false);
+/// Set while the gate watches (see above): a fork then opens it.
+static FORK_OPENS: AtomicBool = AtomicBool::new(false);
+/// A fork came while the gate watched; the next write opens the gate.
+static FORKED: AtomicBool = AtomicBool::new(false);
+/// The fork handler is registered (once per loaded copy of the library: a copy that
+/// stays mapped after MODULE UNLOAD keeps both it and this flag).
+static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
+
+extern "C" {
+    // glibc's (libc_nonshared's) version registers the handler under this library's
+    // `__dso_handle`, and `dlclose` unregisters it before the code is unmapped.
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> c_int;
+}
+
+/// In the server after each fork (any: a save, a rewrite, a replica's sync), on the
+/// thread that forked. Only flags: no server API is called here.
+extern "C" fn after_fork_in_parent() {
+    if FORK_OPENS.load(Relaxed) {
+        FORKED.store(true, Relaxed);
+    }
+}
+
+/// Registers the fork handler (from init). Without it, a gate that would have to watch
+/// opens instead.
+pub fn watch_forks() {
+    FORK_OPENS.store(false, Relaxed);
+    FORKED.store(false, Relaxed);
+    MAY_PROPAGATE.store(false, Relaxed);
+    if !FORK_HANDLER.load(Relaxed) {
+        let ok = unsafe { pthread_atfork(None, Some(after_fork_in_parent), None) } == 0;
+        FORK_HANDLER.store(ok, Relaxed);
+    }
+}
 
 /// From now on every write is replicated (see above).
 pub fn note_may_propagate() {
     MAY_PROPAGATE.store(true, Relaxed);
+    FORK_OPENS.store(false, Relaxed);
 }
 
 /// True when a write must be replicated; false when the server would drop it (see above).
@@ -187,15 +230,36 @@ fn propagating(ctx: &Context) -> bool {
     if MAY_PROPAGATE.load(Relaxed) {
         return true;
     }
-    if !watching_propagation() && (propagation_possible_now(ctx) || !start_watching(ctx)) {
+    if FORKED.load(Relaxed) {
+        open_and_unwatch(ctx.ctx);
+        return true;
+    }
+    if watching_propagation() {
+        return false;
+    }
+    if propagation_possible_now(ctx) || !start_watching(ctx) {
         note_may_propagate();
         return true;
     }
     false
 }
 
-/// The fork and master-link events: either makes propagation possible. The listeners
-/// are dropped then, a moment later (not from inside the server's walk over them).
+/// Opens the gate and drops the master-link listener: now, or from a 0-ms timer when
+/// the server is walking its listeners (inside an event callback of ours).
+fn open_and_unwatch(ctx: *mut raw::RedisModuleCtx) {
+    note_may_propagate();
+    if !in_event() {
+        unhook(&Context::new(ctx), Hook::MasterLink);
+        return;
+    }
+    unsafe {
+        if let Some(create) = raw::RedisModule_CreateTimer {
+            create(ctx, 0, Some(unwatch_cb), ptr::null_mut());
+        }
+    }
+}
+
+/// A master link came up or went down: propagation is possible (see above).
 pub(super) extern "C" fn propagation_possible_cb(
     ctx: *mut raw::RedisModuleCtx,
     _eid: raw::RedisModuleEvent,
@@ -205,38 +269,32 @@ pub(super) extern "C" fn propagation_possible_cb(
     if MAY_PROPAGATE.load(Relaxed) {
         return;
     }
-    note_may_propagate();
-    unsafe {
-        if let Some(create) = raw::RedisModule_CreateTimer {
-            create(ctx, 0, Some(unwatch_cb), ptr::null_mut());
-        }
-    }
+    let _in_event = InEvent::enter();
+    open_and_unwatch(ctx);
 }
 
 extern "C" fn unwatch_cb(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
-    let ctx = Context::new(ctx);
-    unhook(&ctx, Hook::Fork);
-    unhook(&ctx, Hook::MasterLink);
+    unhook(&Context::new(ctx), Hook::MasterLink);
 }
 
-/// Listens for the fork and master-link events. False if the server refused a listener
-/// (then every write is replicated).
+/// Starts watching for a fork or a master link. False if the fork handler is missing or
+/// the server refused the listener (then every write is replicated).
 fn start_watching(ctx: &Context) -> bool {
-    if hook(ctx, Hook::Fork) && hook(ctx, Hook::MasterLink) {
-        return true;
+    if !FORK_HANDLER.load(Relaxed) || !hook(ctx, Hook::MasterLink) {
+        return false;
     }
-    unhook(ctx, Hook::Fork);
-    false
+    FORK_OPENS.store(true, Relaxed);
+    true
 }
 
 /// True while the module listens for propagation becoming possible (INFO, tests).
 pub fn watching_propagation() -> bool {
-    hooked(Hook::Fork) || hooked(Hook::MasterLink)
+    hooked(Hook::MasterLink)
 }
 
 /// True once every write is replicated (INFO, tests).
 pub fn propagation_open() -> bool {
-    MAY_PROPAGATE.load(Relaxed)
+    MAY_PROPAGATE.load(Relaxed) || FORKED.load(Relaxed)
 }
 
 /// An AOF, a master (the server is a replica), or a backlog (it has had replicas, or
