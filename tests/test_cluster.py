@@ -165,6 +165,49 @@ def test_the_unlock_message_goes_to_shard_subscribers_of_the_owning_node(cluster
             s.close()
 
 
+def test_a_replica_hears_each_sharded_message_once(cluster):
+    """In cluster mode a module's SPUBLISH is not in the replication stream: the master
+    sends it to its shard's nodes over the cluster bus. A command that publishes must then
+    never reach the replica as itself (ffi::not_as_called): run again there, it would
+    publish a second time. A latch counted down to zero (a DEL and its message) and a
+    lock released (a DEL and its unlock message), each heard exactly once on the replica,
+    whose stream is applied before the marker the master publishes last."""
+    replica = next(s for s in cluster.nodes
+                   if info_field(s.client(), "replication", "role") == "slave")
+    master = cluster.by_port(info_field(replica.client(), "replication", "master_port"))
+    lo, hi = cluster.slot_ranges(master)[0]
+    latch, lock = key_on(lo, hi, "once-latch"), key_on(lo, hi, "once-lock")
+    c, rc = master.client(), replica.client()
+    cases = [
+        (f"redisson_countdownlatch__channel__{{{latch}}}",
+         [("RLATCH.TRYSETCOUNT", latch, 2), ("RLATCH.COUNTDOWN", latch),
+          ("RLATCH.COUNTDOWN", latch)], [b"1", b"0"]),
+        (f"redisson_lock__channel:{{{lock}}}",
+         [("RLOCK.ACQUIRE", lock, "o", LEASE), ("RLOCK.ACQUIRE", lock, "o", LEASE),
+          ("RLOCK.RELEASE", lock, "o"), ("RLOCK.RELEASE", lock, "o")], [b"0"]),
+    ]
+    for channel, calls, heard in cases:
+        sub = rc.pubsub()
+        try:
+            sub.ssubscribe(channel)
+            assert sub.get_message(timeout=5)["type"] == "ssubscribe"
+            for call in calls:
+                c.execute_command(*call)
+            wait_replicated(c, rc)
+            c.execute_command("SPUBLISH", channel, "marker")
+            got = []
+            for _ in range(20):
+                msg = sub.get_message(timeout=5)
+                assert msg is not None, f"no marker on the replica after {got}"
+                if msg["data"] == b"marker":
+                    break
+                got.append(msg["data"])
+            assert got == heard, channel
+            assert c.exists(latch) == 0 and c.exists(lock) == 0
+        finally:
+            sub.close()
+
+
 def test_a_subscriber_to_the_channel_of_a_braced_key_is_on_the_same_node(cluster):
     # Redisson's prefixName: key "a{tag}b" -> channel "redisson_lock__channel:a{tag}b",
     # which hashes to the tag's slot, so SSUBSCRIBE reaches the lock's node.
