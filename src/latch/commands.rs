@@ -24,6 +24,7 @@ use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::latch::{self, LatchState};
 use crate::pipeline::{self, err, remember, waiting_command, Answer, Waiting};
 use crate::semaphore::{parse_options, remembers, Allowed, Outcome, Plan};
+use crate::server::ffi::LockKey;
 use crate::server::store::{self, Value};
 use crate::server::{ffi, guard, stats};
 use crate::vocab::errors::ERR_WRONGTYPE;
@@ -33,6 +34,11 @@ use crate::vocab::reply::Reply;
 /// error the command answers.
 fn read_state(ctx: &Context, name: &RedisString) -> Result<LatchState, &'static str> {
     store::parse_string(ctx, name, latch::parse_state)
+}
+
+/// [`read_state`] for a writing command: the key stays open to be written through.
+fn open_state(ctx: &Context, name: &RedisString) -> (LockKey, Result<LatchState, &'static str>) {
+    store::open_string(ctx, name, latch::parse_state)
 }
 
 /// [`read_state`] and the key's absolute expiry (-1 none, -2 no key).
@@ -81,10 +87,11 @@ fn carry_out(
     ctx: &Context,
     db: i32,
     name: &RedisString,
+    key: LockKey,
     request: Option<&RedisString>,
     plan: Plan<LatchState>,
 ) -> RedisValue {
-    store::apply_own_effects(ctx, name, &plan.effects);
+    store::apply_own_effects_in(ctx, name, key, &plan.effects);
     count(plan.outcome);
     remember(ctx, request, remembers(plan.outcome), &plan.reply);
     if plan.wake {
@@ -112,14 +119,9 @@ pub fn try_set_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
             3..=5,
             |a| latch::parse_try_set(a).map(|(n, o)| (n, o.id)),
             |db, name, n, request| {
-                let state = read_state(ctx, name).map_err(err)?;
-                Ok(carry_out(
-                    ctx,
-                    db,
-                    name,
-                    request,
-                    latch::try_set_count(&state, n),
-                ))
+                let (key, state) = open_state(ctx, name);
+                let plan = latch::try_set_count(&state.map_err(err)?, n);
+                Ok(carry_out(ctx, db, name, key, request, plan))
             },
         )
     })
@@ -134,9 +136,9 @@ pub fn count_down(ctx: &Context, args: &[RedisString]) -> RedisResult {
             2..=4,
             |a| parse_id(a).map(|id| ((), id)),
             |db, name, (), request| {
-                let state = read_state(ctx, name).map_err(err)?;
-                let plan = latch::count_down(&state).map_err(err)?;
-                Ok(carry_out(ctx, db, name, request, plan))
+                let (key, state) = open_state(ctx, name);
+                let plan = latch::count_down(&state.map_err(err)?).map_err(err)?;
+                Ok(carry_out(ctx, db, name, key, request, plan))
             },
         )
     })
@@ -151,8 +153,9 @@ pub fn delete(ctx: &Context, args: &[RedisString]) -> RedisResult {
             2..=4,
             |a| parse_id(a).map(|id| ((), id)),
             |db, name, (), request| {
-                let state = read_state(ctx, name).map_err(err)?;
-                Ok(carry_out(ctx, db, name, request, latch::delete(&state)))
+                let (key, state) = open_state(ctx, name);
+                let plan = latch::delete(&state.map_err(err)?);
+                Ok(carry_out(ctx, db, name, key, request, plan))
             },
         )
     })

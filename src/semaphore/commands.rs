@@ -21,6 +21,7 @@ use crate::pipeline::{
     self, err, int_map as map, remember, request_key, waiting_command, Answer, Waiting,
 };
 use crate::semaphore::{self, Outcome, Plan, SemState};
+use crate::server::ffi::LockKey;
 use crate::server::store::{self, Value};
 use crate::server::{ffi, guard, stats};
 use crate::vocab::args;
@@ -30,6 +31,11 @@ use crate::vocab::reply::Reply;
 /// The count at `name` (the selected db), or the error a command must answer.
 fn read(ctx: &Context, name: &RedisString) -> Result<SemState, &'static str> {
     store::parse_string(ctx, name, semaphore::parse_state)
+}
+
+/// [`read`] for a writing command: the key stays open to be written through ([`finish`]).
+fn open(ctx: &Context, name: &RedisString) -> (LockKey, Result<SemState, &'static str>) {
+    store::open_string(ctx, name, semaphore::parse_state)
 }
 
 /// [`read`] and the key's absolute expiry (-1 none, -2 no key), for RSEMAPHORE.INFO.
@@ -57,11 +63,12 @@ fn finish(
     ctx: &Context,
     db: i32,
     name: &RedisString,
+    key: LockKey,
     plan: &Plan<SemState>,
     request: Option<&RedisString>,
     path: Path,
 ) {
-    store::apply_own_effects(ctx, name, &plan.effects);
+    store::apply_own_effects_in(ctx, name, key, &plan.effects);
     count(plan.outcome);
     remember(
         ctx,
@@ -89,9 +96,9 @@ fn write_command<'a, P>(
     run: impl FnOnce(&SemState, P) -> Result<Plan<SemState>, &'static str>,
 ) -> RedisResult {
     pipeline::write_command(ctx, args, arity, parse, |db, name, parsed, request| {
-        let state = read(ctx, name).map_err(err)?;
-        let plan = run(&state, parsed).map_err(err)?;
-        finish(ctx, db, name, &plan, request, Path::Command);
+        let (key, state) = open(ctx, name);
+        let plan = run(&state.map_err(err)?, parsed).map_err(err)?;
+        finish(ctx, db, name, key, &plan, request, Path::Command);
         Ok(ffi::value(plan.reply))
     })
 }
@@ -171,10 +178,10 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 Ok(((permits, o.id), o.id, waiting))
             },
             |db, name, (permits, id), request| {
-                let state = read(ctx, name).map_err(err)?;
+                let (key, state) = open(ctx, name);
                 let queued = engine::has_waiters(db, name.as_slice());
-                let plan = semaphore::acquire(&state, permits, queued);
-                finish(ctx, db, name, &plan, request, Path::Command);
+                let plan = semaphore::acquire(&state.map_err(err)?, permits, queued);
+                finish(ctx, db, name, key, &plan, request, Path::Command);
                 let reply = ffi::value(plan.reply);
                 if plan.outcome != Outcome::Contended {
                     return Ok(Answer::Now(reply));
@@ -287,14 +294,14 @@ impl Ask for SemAsk {
         if let Some(id) = &self.request_id {
             store::forget_request(ctx, &args::request_key(name.as_slice(), id));
         }
-        let Ok(state) = read(ctx, name) else {
+        let (key, Ok(state)) = open(ctx, name) else {
             return;
         };
         let Ok(plan) = semaphore::release(&state, self.permits) else {
             return;
         };
         stats::bump(|s| &s.revoked_handoffs);
-        finish(ctx, db, name, &plan, None, Path::Event);
+        finish(ctx, db, name, key, &plan, None, Path::Event);
     }
 
     fn units(&self) -> i64 {

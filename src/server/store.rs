@@ -141,6 +141,24 @@ pub fn parse_string<T>(
     }
 }
 
+/// [`parse_string`] for a command that writes what it read: the key opened once, for
+/// writing, and handed back to be written through ([`apply_own_effects_in`]), as the
+/// command it stands for (DECRBY, INCRBY) looks its key up once. A second open costs a
+/// key lookup and a handle, about 800 instructions.
+pub fn open_string<T>(
+    ctx: &Context,
+    name: &RedisString,
+    parse: impl FnOnce(Option<&[u8]>) -> Result<T, &'static str>,
+) -> (LockKey, Result<T, &'static str>) {
+    let key = LockKey::open(ctx, name, true);
+    let state = match key.kind() {
+        KeyKind::Empty => parse(None),
+        KeyKind::String => key.with_string(|v| parse(Some(v))),
+        _ => Err(ERR_WRONGTYPE),
+    };
+    (key, state)
+}
+
 /// [`read_any`] of a key named by a string the caller has (the command's own key): no
 /// copy of the name made to open it.
 pub fn read_key(ctx: &Context, name: &RedisString) -> (Value, i64) {
@@ -170,11 +188,36 @@ pub fn apply_own_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) 
     }
 }
 
+/// [`apply_own_effects`] through the command's key already open for writing
+/// ([`open_string`]), closed after them (before anything serves the key's queue).
+pub fn apply_own_effects_in(ctx: &Context, name: &RedisString, key: LockKey, effects: &[Effect]) {
+    let timed = effects
+        .iter()
+        .any(|e| matches!(e, Effect::PExpireAt(..) | Effect::ZAdd(..)));
+    if timed {
+        apply_effects_with(ctx, name, Some(&key), effects);
+    } else {
+        ffi::as_called(|| apply_effects_with(ctx, name, Some(&key), effects));
+    }
+}
+
 /// Applies a core's effects in order on the key `name` (the command's key, for
 /// [`KeyRef::Main`]) and the auxiliary keys it names (always in `name`'s slot). Each is
 /// done as its plain command would: written with the key API, replicated as that command
 /// (absolute expiries, SPEC 1.4), its keyspace notification fired, WATCH signalled.
 pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
+    apply_effects_with(ctx, name, None, effects);
+}
+
+/// [`apply_effects`], writing the command's own key through `main` when the caller has it
+/// open for writing: every write to it goes through that one handle (a second handle on
+/// a key one of them replaced would point at a freed value).
+fn apply_effects_with(
+    ctx: &Context,
+    name: &RedisString,
+    main: Option<&LockKey>,
+    effects: &[Effect],
+) {
     if effects.is_empty() {
         return;
     }
@@ -202,7 +245,7 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
         // lookup and a propagated argv).
         if let Some(merged) = merged_run(&effects[i - 1..]) {
             i += merged - 1;
-            apply_merged(ctx, name, &effects[i - merged..i], &mut touch);
+            apply_merged(ctx, name, main, &effects[i - merged..i], &mut touch);
             continue;
         }
         let key_ref = match effect {
@@ -225,7 +268,14 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
                 &aux
             }
         };
-        let key = LockKey::open(ctx, target, true);
+        let opened;
+        let key = match (key_ref, main) {
+            (KeyRef::Main, Some(main)) => main,
+            _ => {
+                opened = LockKey::open(ctx, target, true);
+                &opened
+            }
+        };
         match effect {
             Effect::Del(_) => {
                 if key.kind() == KeyKind::Empty {
@@ -308,7 +358,6 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
                 ffi::notify(ctx, NotifyEvent::ZSET, c"zrem", target);
             }
         }
-        drop(key);
         touch(target);
     }
     if main_touched {
@@ -340,6 +389,7 @@ fn merged_run(effects: &[Effect]) -> Option<usize> {
 fn apply_merged(
     ctx: &Context,
     name: &RedisString,
+    main: Option<&LockKey>,
     run: &[Effect],
     touch: &mut impl FnMut(&RedisString),
 ) {
@@ -356,7 +406,14 @@ fn apply_merged(
             &aux
         }
     };
-    let key = LockKey::open(ctx, target, true);
+    let opened;
+    let key = match (key_ref, main) {
+        (KeyRef::Main, Some(main)) => main,
+        _ => {
+            opened = LockKey::open(ctx, target, true);
+            &opened
+        }
+    };
     match run {
         [Effect::Set(_, value), Effect::PExpireAt(_, at)] => {
             let value = bytes(value);
@@ -401,6 +458,5 @@ fn apply_merged(
             ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
         }
     }
-    drop(key);
     touch(target);
 }
