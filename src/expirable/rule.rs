@@ -23,7 +23,7 @@ use crate::semaphore::{
     parse_count, parse_int, parse_options, Allowed, Options, Outcome, Plan, Reply, MAX_PERMITS,
 };
 use crate::vocab::args::MAX_MS;
-use crate::vocab::effects::{suffix_name, Effect, KeyRef};
+use crate::vocab::effects::{suffix_name, Effect, Effects, KeyRef};
 use crate::vocab::errors::{
     ERR_INTERNAL, ERR_NOT_A_PERMIT_SET, ERR_PERMITS, ERR_PERMITS_DELTA, ERR_PERMITS_OVERFLOW,
     ERR_PERMIT_ID, ERR_PERMIT_LEASE, ERR_SYNTAX,
@@ -131,7 +131,7 @@ struct Build {
     /// The permit zset's name.
     zset: Vec<u8>,
     s: ExpState,
-    effects: Vec<Effect>,
+    effects: Effects,
     wake: bool,
     message: Option<Vec<u8>>,
     reclaimed: i64,
@@ -145,7 +145,7 @@ impl Build {
         let mut b = Build {
             zset: timeout_key(key),
             s: state.clone(),
-            effects: Vec::new(),
+            effects: Effects::new(),
             wake: false,
             message: None,
             reclaimed: 0,

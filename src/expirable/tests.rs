@@ -67,7 +67,7 @@ fn acquire_writes_redissons_layout() {
     )
     .unwrap();
     assert_eq!(
-        p.effects,
+        p.effects.to_vec(),
         vec![
             Effect::IncrBy(KeyRef::Main, -1, 1),
             Effect::ZAdd(zset_key(), vec![(1500, id(1).to_vec())]),
@@ -214,7 +214,7 @@ fn update_lease_time_moves_a_held_permits_end() {
     let s = state(0, &[(1, 500)]);
     let p = update_lease_time(&s, K, &id(1), Some(1000), 400).unwrap();
     assert_eq!(
-        p.effects,
+        p.effects.to_vec(),
         vec![Effect::ZAdd(zset_key(), vec![(1400, id(1).to_vec())])]
     );
     assert_eq!(p.reply, Reply::Int(1));
@@ -250,7 +250,10 @@ fn it_refuses_setpermits_whose_sum_or_step_would_wrap() {
 #[test]
 fn setting_and_adding_permits_match_redisson() {
     let p = try_set_permits(&ExpState::default(), K, 3, 0).unwrap();
-    assert_eq!(p.effects, vec![Effect::Set(KeyRef::Main, b"3".to_vec())]);
+    assert_eq!(
+        p.effects.to_vec(),
+        vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+    );
     assert_eq!((p.message.as_deref(), p.wake), (Some(&b"3"[..]), true));
     assert_eq!(
         try_set_permits(&state(0, &[]), K, 3, 0).unwrap().reply,
@@ -258,7 +261,7 @@ fn setting_and_adding_permits_match_redisson() {
     );
     // setPermits: available + held == permits.
     let p = set_permits(&state(1, &[(1, NO_LEASE)]), K, 5, 0).unwrap();
-    assert_eq!(p.effects, vec![Effect::IncrBy(KeyRef::Main, 3, 4)]);
+    assert_eq!(p.effects.to_vec(), vec![Effect::IncrBy(KeyRef::Main, 3, 4)]);
     assert_eq!(p.message, Some(b"5".to_vec()));
     let p = set_permits(&state(4, &[(1, NO_LEASE)]), K, 5, 0).unwrap();
     assert!(p.effects.is_empty() && p.message.is_none());
@@ -266,7 +269,10 @@ fn setting_and_adding_permits_match_redisson() {
     let mut s = state(1, &[]);
     s.expire_at = Some(100);
     let p = add_permits(&s, K, 2, 0).unwrap();
-    assert_eq!(p.effects, vec![Effect::Set(KeyRef::Main, b"3".to_vec())]);
+    assert_eq!(
+        p.effects.to_vec(),
+        vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+    );
     assert_eq!(
         (p.message.as_deref(), p.state.expire_at),
         (Some(&b"2"[..]), None)

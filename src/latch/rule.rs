@@ -189,7 +189,10 @@ mod tests {
     #[test]
     fn try_set_count_creates_and_publishes_new_count() {
         let p = try_set_count(&NONE, 3);
-        assert_eq!(p.effects, vec![Effect::Set(KeyRef::Main, b"3".to_vec())]);
+        assert_eq!(
+            p.effects.to_vec(),
+            vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+        );
         assert_eq!(
             (p.reply.clone(), p.message.clone()),
             (Reply::Int(1), Some(b"1".to_vec()))
@@ -225,7 +228,7 @@ mod tests {
         for (state, reply, effects, message, wake) in table {
             let p = count_down(&state).unwrap();
             assert_eq!(p.reply, Reply::Int(reply), "{state:?}");
-            assert_eq!(p.effects, effects, "{state:?}");
+            assert_eq!(p.effects.to_vec(), effects, "{state:?}");
             assert_eq!(p.message.as_deref(), message, "{state:?}");
             assert_eq!(p.wake, wake, "{state:?}");
         }
@@ -238,7 +241,7 @@ mod tests {
     #[test]
     fn delete_publishes_new_count_and_opens() {
         let p = delete(&latch(2));
-        assert_eq!(p.effects, vec![Effect::Del(KeyRef::Main)]);
+        assert_eq!(p.effects.to_vec(), vec![Effect::Del(KeyRef::Main)]);
         assert_eq!(
             (p.message.as_deref(), p.wake),
             (Some(NEW_COUNT_MESSAGE), true)

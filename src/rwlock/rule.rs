@@ -22,7 +22,7 @@
 use super::state::*;
 
 use crate::vocab::args::{parse_acquire, parse_release, parse_renew, AcquireArgs, ReleaseArgs};
-use crate::vocab::effects::{Effect, KeyRef};
+use crate::vocab::effects::{Effect, Effects, KeyRef};
 use crate::vocab::errors::{
     ERR_COUNT_OVERFLOW, ERR_RW_OWNER_SUFFIX, ERR_RW_READ_HELD, ERR_RW_SIDE, ERR_RW_TOO_MANY_HOLDS,
     ERR_SYNTAX,
@@ -54,7 +54,7 @@ pub enum Outcome {
 /// What a command does: its effects in order, its reply, and what the engine does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    pub effects: Vec<Effect>,
+    pub effects: Effects,
     pub reply: Reply,
     pub outcome: Outcome,
     /// Waiters may now be servable: the engine loops [`grant`] over its queue head.
@@ -73,7 +73,7 @@ pub struct Plan {
 struct Build<'a> {
     key: &'a [u8],
     s: RwState,
-    effects: Vec<Effect>,
+    effects: Effects,
     wake: bool,
     message: Option<&'static [u8]>,
     dropped: u32,
@@ -262,7 +262,7 @@ fn normalize<'a>(state: &RwState, key: &'a [u8], now: i64) -> Build<'a> {
     let mut b = Build {
         key,
         s: state.clone(),
-        effects: Vec::new(),
+        effects: Effects::new(),
         wake: false,
         message: None,
         dropped: 0,

@@ -237,7 +237,7 @@ fn acquire_table() {
     for (name, state, side, owner, queued, reply, outcome, effects) in rows {
         let plan = acq(&state, side, owner, 100, queued);
         assert_eq!(
-            (plan.reply, plan.outcome, &plan.effects),
+            (plan.reply, plan.outcome, &plan.effects.to_vec()),
             (reply, outcome, &effects),
             "{name}"
         );
@@ -434,7 +434,7 @@ fn release_table() {
             (
                 plan.reply,
                 plan.outcome,
-                &plan.effects,
+                &plan.effects.to_vec(),
                 plan.wake,
                 plan.message
             ),
@@ -450,7 +450,7 @@ fn renew_rearms_every_hold_of_the_owner_on_its_side() {
     let plan = renew(&s, K, Side::Read, b"a", 1000, NOW);
     assert_eq!(plan.reply, Reply::Int(1));
     assert_eq!(
-        plan.effects,
+        plan.effects.to_vec(),
         vec![
             Effect::PExpireAt(tk("a", 1), NOW + 1000),
             Effect::PExpireAt(tk("a", 2), NOW + 1000),
@@ -461,7 +461,7 @@ fn renew_rearms_every_hold_of_the_owner_on_its_side() {
     // key back.
     let s2 = reading(&[("a", &[-10, 20])], 20);
     assert_eq!(
-        renew(&s2, K, Side::Read, b"a", 1000, NOW).effects,
+        renew(&s2, K, Side::Read, b"a", 1000, NOW).effects.to_vec(),
         vec![
             Effect::Set(tk("a", 1), b"1".to_vec()),
             Effect::PExpireAt(tk("a", 1), NOW + 1000),
@@ -480,7 +480,7 @@ fn renew_rearms_every_hold_of_the_owner_on_its_side() {
     let w = writing("w", 1, &[], 300);
     let plan = renew(&w, K, Side::Write, b"w", 1000, NOW);
     assert_eq!(
-        (plan.reply, plan.effects),
+        (plan.reply, plan.effects.to_vec()),
         (Reply::Int(1), vec![expire_main(NOW + 1000)])
     );
 }
@@ -499,7 +499,12 @@ fn force_release_frees_any_mode_or_only_its_own() {
     );
     let plan = force_release(&r, K, Some(Side::Read), NOW);
     assert_eq!(
-        (plan.reply, plan.effects, plan.message, plan.state.is_free()),
+        (
+            plan.reply,
+            plan.effects.to_vec(),
+            plan.message,
+            plan.state.is_free()
+        ),
         (
             Reply::Int(1),
             vec![Effect::Del(tk("a", 1)), Effect::Del(KeyRef::Main)],
@@ -525,7 +530,7 @@ fn each_read_hold_ends_at_its_own_lease_while_others_renew() {
     let plan = expire(&s, K, NOW);
     assert_eq!(plan.dropped, 1);
     assert_eq!(
-        plan.effects,
+        plan.effects.to_vec(),
         vec![
             hdel("dead"),
             Effect::Del(tk("dead", 1)),
@@ -535,7 +540,7 @@ fn each_read_hold_ends_at_its_own_lease_while_others_renew() {
     assert!(!plan.wake, "a reader remains: nobody new can be served");
     // One live hold of an owner keeps it: its lease is its longest hold's.
     let s = reading(&[("a", &[-1, 400])], 400);
-    assert_eq!(expire(&s, K, NOW).effects, vec![]);
+    assert_eq!(expire(&s, K, NOW).effects.to_vec(), vec![]);
     // The last reader's lease ends: the lock is freed as by its unlock.
     let s = reading(&[("a", &[0])], 900);
     let plan = expire(&s, K, NOW);

@@ -18,7 +18,7 @@
 
 use crate::vocab::args;
 use crate::vocab::args::{parse_i64, MAX_MS};
-use crate::vocab::effects::{prefix_name, Effect, KeyRef};
+use crate::vocab::effects::{prefix_name, Effect, Effects, KeyRef};
 use crate::vocab::errors::{
     ERR_EMPTY_ID, ERR_NOT_A_SEMAPHORE, ERR_PERMITS, ERR_PERMITS_DELTA, ERR_PERMITS_OVERFLOW,
     ERR_PERMIT_COUNT, ERR_SYNTAX, ERR_TIMEOUT, ERR_TTL,
@@ -72,7 +72,7 @@ pub enum Outcome {
 /// What a command does: its effects in order, its reply, and what the engine does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan<S> {
-    pub effects: Vec<Effect>,
+    pub effects: Effects,
     pub reply: Reply,
     pub outcome: Outcome,
     /// Waiters may now be servable: the engine loops `grant` over its queue head.
@@ -87,7 +87,7 @@ pub struct Plan<S> {
 impl<S> Plan<S> {
     pub(crate) fn new(state: S, reply: Reply, outcome: Outcome) -> Plan<S> {
         Plan {
-            effects: Vec::new(),
+            effects: Effects::new(),
             reply,
             outcome,
             wake: false,
@@ -432,13 +432,16 @@ mod tests {
         // (state, permits, ttl, reply, effects, message)
         let p = try_set_permits(&NONE, 3, None, 1000);
         assert_eq!(p.reply, Reply::Int(1));
-        assert_eq!(p.effects, vec![Effect::Set(KeyRef::Main, b"3".to_vec())]);
+        assert_eq!(
+            p.effects.to_vec(),
+            vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+        );
         assert_eq!(p.message, Some(b"3".to_vec()));
         assert!(p.wake);
         assert_eq!(p.state, sem(3));
         let p = try_set_permits(&NONE, 2, Some(500), 1000);
         assert_eq!(
-            p.effects,
+            p.effects.to_vec(),
             vec![
                 Effect::Set(KeyRef::Main, b"2".to_vec()),
                 Effect::PExpireAt(KeyRef::Main, 1500)
@@ -475,7 +478,7 @@ mod tests {
             assert!(p.message.is_none() && !p.wake);
         }
         assert_eq!(
-            acquire(&sem(3), 2, false).effects,
+            acquire(&sem(3), 2, false).effects.to_vec(),
             vec![Effect::IncrBy(KeyRef::Main, -2, 1)]
         );
     }
@@ -483,7 +486,7 @@ mod tests {
     #[test]
     fn release_adds_permits_and_publishes_the_new_count() {
         let p = release(&sem(1), 2).unwrap();
-        assert_eq!(p.effects, vec![Effect::IncrBy(KeyRef::Main, 2, 3)]);
+        assert_eq!(p.effects.to_vec(), vec![Effect::IncrBy(KeyRef::Main, 2, 3)]);
         assert_eq!(
             (p.reply.clone(), p.message.clone(), p.wake),
             (Reply::Int(3), Some(b"3".to_vec()), true)
@@ -501,7 +504,10 @@ mod tests {
     #[test]
     fn add_permits_sets_the_new_count_and_may_go_negative() {
         let p = add_permits(&sem(1), -3).unwrap();
-        assert_eq!(p.effects, vec![Effect::Set(KeyRef::Main, b"-2".to_vec())]);
+        assert_eq!(
+            p.effects.to_vec(),
+            vec![Effect::Set(KeyRef::Main, b"-2".to_vec())]
+        );
         assert_eq!(p.message, Some(b"-2".to_vec()));
         assert!(!p.wake, "fewer permits serve nobody new");
         let p = add_permits(&NONE, 4).unwrap();
@@ -516,7 +522,10 @@ mod tests {
     fn drain_takes_everything_and_resets_to_zero() {
         let p = drain(&sem(5));
         assert_eq!((p.reply.clone(), p.state), (Reply::Int(5), sem(0)));
-        assert_eq!(p.effects, vec![Effect::Set(KeyRef::Main, b"0".to_vec())]);
+        assert_eq!(
+            p.effects.to_vec(),
+            vec![Effect::Set(KeyRef::Main, b"0".to_vec())]
+        );
         assert!(p.message.is_none());
         assert_eq!(
             drain(&sem(-2)).reply,

@@ -6,6 +6,11 @@
 //! Also the names Redisson derives from a lock name (its `prefixName`/`suffixName` rules),
 //! which put every auxiliary key and channel in the name's cluster slot.
 
+/// A plan's effects, in order. Inline up to three (a count-down, a permit taken, a new
+/// write lock's mode, hold and lease), so planning a command allocates nothing for them;
+/// more spill to the heap.
+pub type Effects = smallvec::SmallVec<[Effect; 3]>;
+
 /// Which key an effect writes. Auxiliary keys are named by their bytes; they are always
 /// built by [`prefix_name`] or [`suffix_name`] from the main key, so they share its slot.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
