@@ -91,9 +91,11 @@ fn carry_out(
     request: Option<&RedisString>,
     plan: Plan<LatchState>,
 ) -> RedisValue {
-    store::apply_own_effects_in(ctx, name, key, &plan.effects);
+    let recorded = request.is_some() && remembers(plan.outcome);
+    let alone = !plan.wake && plan.message.is_none() && !recorded;
+    store::apply_own_effects_in(ctx, name, key, &plan.effects, alone);
     count(plan.outcome);
-    remember(ctx, request, remembers(plan.outcome), &plan.reply);
+    remember(ctx, request, recorded, &plan.reply);
     if plan.wake {
         engine::serve(ctx, db, name, Path::Command);
     }

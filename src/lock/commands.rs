@@ -127,7 +127,8 @@ pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let (key, state) = open_for_write(ctx, db, name, Some(&args[2]));
                 let now = ffi::now_ms();
                 let plan = lock::renew(&state.map_err(err)?, owner, lease, now);
-                write(ctx, key, name, &args[2], &plan, request, now);
+                // One PEXPIREAT, nothing after it (a renewal is not remembered).
+                ffi::direct(|| write(ctx, key, name, &args[2], &plan, request, now));
                 if plan.expire_at.is_some() {
                     engine::note_expiry(ctx, db, name.as_slice(), lease);
                 }

@@ -68,14 +68,11 @@ fn finish(
     request: Option<&RedisString>,
     path: Path,
 ) {
-    store::apply_own_effects_in(ctx, name, key, &plan.effects);
+    let recorded = request.is_some() && semaphore::remembers(plan.outcome);
+    let alone = !plan.wake && plan.message.is_none() && !recorded;
+    store::apply_own_effects_in(ctx, name, key, &plan.effects, alone);
     count(plan.outcome);
-    remember(
-        ctx,
-        request,
-        semaphore::remembers(plan.outcome),
-        &plan.reply,
-    );
+    remember(ctx, request, recorded, &plan.reply);
     let mut available = plan.state.available();
     if plan.wake && engine::has_waiters(db, name.as_slice()) {
         engine::serve(ctx, db, name, path);

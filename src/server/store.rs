@@ -173,31 +173,30 @@ pub fn read_key(ctx: &Context, name: &RedisString) -> (Value, i64) {
     (value, key.abs_expire())
 }
 
-/// [`apply_effects`] for the running command's own effects, decided by its arguments and
-/// the key's state: replicated as the command itself when they are all it replicates
-/// (`ffi::as_called`), unless they carry a time (an expiry, a lease score), which the
-/// command would compute again from another clock on a replica or at a reload.
-pub fn apply_own_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
+/// Applies the running command's own effects, decided by its arguments and the key's
+/// state, through its key already open for writing ([`open_string`]; closed after them,
+/// before anything serves the key's queue): replicated as the command itself when they
+/// are all it replicates (`ffi::as_called`), unless they carry a time (an expiry, a lease
+/// score), which the command would compute again from another clock on a replica or at a
+/// reload. `alone`: the command's plan says nothing follows them (no grant, no message,
+/// no request-id record), so they need not even be recorded (`ffi::as_called_alone`).
+pub fn apply_own_effects_in(
+    ctx: &Context,
+    name: &RedisString,
+    key: LockKey,
+    effects: &[Effect],
+    alone: bool,
+) {
     let timed = effects
         .iter()
         .any(|e| matches!(e, Effect::PExpireAt(..) | Effect::ZAdd(..)));
+    let apply = || apply_effects_with(ctx, name, Some(&key), effects);
     if timed {
-        apply_effects(ctx, name, effects);
+        apply();
+    } else if alone {
+        ffi::as_called_alone(apply);
     } else {
-        ffi::as_called(|| apply_effects(ctx, name, effects));
-    }
-}
-
-/// [`apply_own_effects`] through the command's key already open for writing
-/// ([`open_string`]), closed after them (before anything serves the key's queue).
-pub fn apply_own_effects_in(ctx: &Context, name: &RedisString, key: LockKey, effects: &[Effect]) {
-    let timed = effects
-        .iter()
-        .any(|e| matches!(e, Effect::PExpireAt(..) | Effect::ZAdd(..)));
-    if timed {
-        apply_effects_with(ctx, name, Some(&key), effects);
-    } else {
-        ffi::as_called(|| apply_effects_with(ctx, name, Some(&key), effects));
+        ffi::as_called(apply);
     }
 }
 

@@ -9,7 +9,7 @@
 /// A plan's effects, in order. Inline up to three (a count-down, a permit taken, a new
 /// write lock's mode, hold and lease), so planning a command allocates nothing for them;
 /// more spill to the heap.
-pub type Effects = smallvec::SmallVec<[Effect; 3]>;
+pub type Effects = smallvec::SmallVec<[Effect; 4]>;
 
 /// Which key an effect writes. Auxiliary keys are named by their bytes; they are always
 /// built by [`prefix_name`] or [`suffix_name`] from the main key, so they share its slot.

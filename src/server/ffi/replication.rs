@@ -67,6 +67,14 @@ struct Batch {
     /// How many of the commands the running command's own writes are, when they follow
     /// from its arguments and the key's state alone (see [`as_called`]); 0 otherwise.
     as_called: usize,
+    /// While the own writes of a command that writes nothing else run
+    /// ([`as_called_alone`]): they are counted in `unrecorded`, not recorded.
+    skip_own: bool,
+    /// Own writes counted and not recorded: the command itself stands for them.
+    unrecorded: usize,
+    /// While the one write of a command that writes nothing else runs ([`direct`]): it
+    /// goes out at once, not through the batch.
+    direct: bool,
 }
 
 /// An argument as it goes to `RedisModule_Replicate`: a string (in the batch, one we hold
@@ -91,6 +99,9 @@ thread_local! {
             first_args: Vec::new(),
             commands: 0,
             as_called: 0,
+            skip_own: false,
+            unrecorded: 0,
+            direct: false,
         })
     };
 }
@@ -110,12 +121,36 @@ pub fn unit_leave() {
         b.depth = b.depth.saturating_sub(1);
         if b.depth == 0 {
             b.as_called = 0; // a spoiled mark with nothing sent ends with its command
+            b.skip_own = false;
+            b.unrecorded = 0;
+            b.direct = false;
         }
     });
 }
 
+/// True when a write joins the running unit's batch (see [`direct`] for the exception).
 fn batching() -> bool {
-    commands_mode() && BATCH.with(|b| b.borrow().depth > 0)
+    commands_mode()
+        && BATCH.with(|b| {
+            let b = b.borrow();
+            b.depth > 0 && !(b.direct && b.depth == 1)
+        })
+}
+
+/// Runs `write`, the running command's only write, when its plan says nothing follows it
+/// (no grant, no message, no request-id record) and it cannot go out as the command
+/// itself (a renewed lease carries the time): it goes out at once as its plain command,
+/// as `effects` mode sends it, without being held in the batch and released after
+/// (about 250 instructions). Should anything be written after it after all, that goes
+/// out when the unit ends, after it, in the order it ran.
+pub fn direct<R>(write: impl FnOnce() -> R) -> R {
+    if !fresh() {
+        return write();
+    }
+    BATCH.with(|b| b.borrow_mut().direct = true);
+    let r = write();
+    BATCH.with(|b| b.borrow_mut().direct = false);
+    r
 }
 
 /// Runs `write`, the running command's own writes, when they follow from its arguments
@@ -126,11 +161,7 @@ fn batching() -> bool {
 /// Writes before them (the queue served first) or after them (a grant, a message, a
 /// request-id record) make the batch go out as usual.
 pub fn as_called<R>(write: impl FnOnce() -> R) -> R {
-    let fresh = batching()
-        && BATCH.with(|b| {
-            let b = b.borrow();
-            b.depth == 1 && b.commands == 0 && b.as_called == 0
-        });
+    let fresh = fresh();
     let r = write();
     if fresh {
         BATCH.with(|b| {
@@ -143,11 +174,39 @@ pub fn as_called<R>(write: impl FnOnce() -> R) -> R {
     r
 }
 
+/// [`as_called`] for a command whose plan says it writes, publishes and records nothing
+/// after `write` (no grant, no message, no request-id record): its own writes are
+/// counted, not recorded, since the command itself will stand for them (no argument
+/// held, none released).
+pub fn as_called_alone<R>(write: impl FnOnce() -> R) -> R {
+    if !fresh() {
+        return write();
+    }
+    BATCH.with(|b| b.borrow_mut().skip_own = true);
+    let r = write();
+    BATCH.with(|b| b.borrow_mut().skip_own = false);
+    r
+}
+
+/// Nothing replicated yet by the running command, outside any nested unit: its next
+/// writes may be all it replicates.
+fn fresh() -> bool {
+    batching()
+        && BATCH.with(|b| {
+            let b = b.borrow();
+            b.depth == 1 && b.commands == 0 && b.as_called == 0
+        })
+}
+
 /// The running command did something a second run would repeat without the batch
 /// showing it (a message published): it goes out as usual, never as itself.
 pub fn not_as_called() {
     if batching() {
-        BATCH.with(|b| b.borrow_mut().as_called = usize::MAX);
+        BATCH.with(|b| {
+            let mut b = b.borrow_mut();
+            debug_assert!(b.unrecorded == 0, "a command said alone published");
+            b.as_called = usize::MAX;
+        });
     }
 }
 
@@ -350,7 +409,19 @@ fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
         if b.commands > 0 && b.db != db {
             send(b);
         }
-        match b.commands {
+        if b.skip_own && b.depth == 1 {
+            if b.commands == 0 {
+                b.ctx = ctx.ctx;
+                b.db = db;
+                b.owner = b.depth;
+            }
+            b.commands += 1;
+            b.unrecorded += 1;
+            b.as_called = b.commands;
+            return;
+        }
+        debug_assert!(b.unrecorded == 0, "a command said alone wrote more");
+        match b.commands - b.unrecorded {
             0 => {
                 b.ctx = ctx.ctx;
                 b.db = db;
@@ -418,8 +489,18 @@ fn send(b: &mut Batch) {
             raw::RedisModule_SelectDb.unwrap()(ctx, b.db);
         }
         if let Some(f) = raw::RedisModule_Replicate {
-            match (b.first, b.commands) {
-                (_, n) if n == b.as_called => {
+            // The command itself for its own writes that were not recorded (they came
+            // first); then what was recorded after them, if anything (a bug: see
+            // `as_called_alone`), which still replays in the order it ran.
+            let recorded = b.commands - b.unrecorded;
+            if b.unrecorded > 0 {
+                if let Some(verbatim) = raw::RedisModule_ReplicateVerbatim {
+                    verbatim(ctx);
+                }
+            }
+            match (b.first, recorded) {
+                (_, 0) => {}
+                (_, n) if b.unrecorded == 0 && n == b.as_called => {
                     if let Some(verbatim) = raw::RedisModule_ReplicateVerbatim {
                         verbatim(ctx);
                     }
@@ -445,6 +526,7 @@ fn send(b: &mut Batch) {
     b.first = None;
     b.commands = 0;
     b.as_called = 0;
+    b.unrecorded = 0;
     b.owner = 0;
 }
 
