@@ -345,35 +345,29 @@ def test_a_fork_opens_the_gate_without_a_listener_and_outlives_the_module(make_s
     assert listening_for_propagation(c) and not gate_open(c)
     assert c.info("rlock")["rlock_event_subscriptions"] == 0
 
-    def saved(forks):
-        return (c.info("stats")["total_forks"] > forks
-                and c.info("persistence")["rdb_bgsave_in_progress"] == 0)
+    def fork(what):
+        forks = c.info("stats")["total_forks"]
+        c.bgsave()
+        wait_until(lambda: c.info("stats")["total_forks"] > forks
+                   and c.info("persistence")["rdb_bgsave_in_progress"] == 0, 10, what=what)
 
-    forks = c.info("stats")["total_forks"]
-    c.bgsave()
-    wait_until(lambda: saved(forks), 10, what="the BGSAVE")
+    fork("the BGSAVE")
     assert gate_open(c) and listening_for_propagation(c)
     c.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE)
     assert gate_open(c) and not listening_for_propagation(c)
 
     # Unloaded while watching (a lock written after the module came back), then forks.
     assert c.execute_command("MODULE", "UNLOAD", "rlock") == b"OK"
-    forks = c.info("stats")["total_forks"]
-    c.bgsave()
-    wait_until(lambda: saved(forks), 10, what="a BGSAVE without the module")
+    fork("a BGSAVE without the module")
     c.execute_command("MODULE", "LOAD", MODULE)
     assert not gate_open(c)
     c.execute_command("RLOCK.ACQUIRE", "k2", "a", LEASE)
     assert listening_for_propagation(c) and not gate_open(c)
     assert c.execute_command("MODULE", "UNLOAD", "rlock") == b"OK"
-    forks = c.info("stats")["total_forks"]
-    c.bgsave()
-    wait_until(lambda: saved(forks), 10, what="a BGSAVE after unloading a watching module")
+    fork("a BGSAVE after unloading a watching module")
     c.execute_command("MODULE", "LOAD", MODULE)
     c.execute_command("RLOCK.ACQUIRE", "k3", "a", LEASE)
-    forks = c.info("stats")["total_forks"]
-    c.bgsave()
-    wait_until(lambda: saved(forks), 10, what="a BGSAVE with the module loaded again")
+    fork("a BGSAVE with the module loaded again")
     assert gate_open(c)
     server.assert_alive()
 

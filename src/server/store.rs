@@ -267,14 +267,7 @@ fn apply_effects_with(
                 &aux
             }
         };
-        let opened;
-        let key = match (key_ref, main) {
-            (KeyRef::Main, Some(main)) => main,
-            _ => {
-                opened = LockKey::open(ctx, target, true);
-                &opened
-            }
-        };
+        let key = Handle::of(ctx, key_ref, target, main);
         match effect {
             Effect::Del(_) => {
                 if key.kind() == KeyKind::Empty {
@@ -367,6 +360,38 @@ fn apply_effects_with(
     }
 }
 
+/// The key an effect writes, open for writing: the command's own key through the
+/// caller's handle when it has one (every write to it must go through that handle),
+/// else opened now and closed when dropped.
+enum Handle<'a> {
+    Lent(&'a LockKey),
+    Opened(LockKey),
+}
+
+impl<'a> Handle<'a> {
+    fn of(
+        ctx: &Context,
+        key_ref: &KeyRef,
+        target: &RedisString,
+        main: Option<&'a LockKey>,
+    ) -> Self {
+        match (key_ref, main) {
+            (KeyRef::Main, Some(main)) => Handle::Lent(main),
+            _ => Handle::Opened(LockKey::open(ctx, target, true)),
+        }
+    }
+}
+
+impl std::ops::Deref for Handle<'_> {
+    type Target = LockKey;
+    fn deref(&self) -> &LockKey {
+        match self {
+            Handle::Lent(key) => key,
+            Handle::Opened(key) => key,
+        }
+    }
+}
+
 /// How many effects from the start of `effects` go out as one merged command (see
 /// [`apply_effects`]), if at least two do.
 fn merged_run(effects: &[Effect]) -> Option<usize> {
@@ -405,14 +430,7 @@ fn apply_merged(
             &aux
         }
     };
-    let opened;
-    let key = match (key_ref, main) {
-        (KeyRef::Main, Some(main)) => main,
-        _ => {
-            opened = LockKey::open(ctx, target, true);
-            &opened
-        }
-    };
+    let key = Handle::of(ctx, key_ref, target, main);
     match run {
         [Effect::Set(_, value), Effect::PExpireAt(_, at)] => {
             let value = bytes(value);

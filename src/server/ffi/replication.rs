@@ -144,12 +144,18 @@ fn batching() -> bool {
 /// (about 250 instructions). Should anything be written after it after all, that goes
 /// out when the unit ends, after it, in the order it ran.
 pub fn direct<R>(write: impl FnOnce() -> R) -> R {
+    with_fresh_flag(|b| &mut b.direct, write)
+}
+
+/// Runs `write` with one of the batch's flags set, if the running command has replicated
+/// nothing yet (else the flag would not say the truth about its writes).
+fn with_fresh_flag<R>(flag: fn(&mut Batch) -> &mut bool, write: impl FnOnce() -> R) -> R {
     if !fresh() {
         return write();
     }
-    BATCH.with(|b| b.borrow_mut().direct = true);
+    BATCH.with(|b| *flag(&mut b.borrow_mut()) = true);
     let r = write();
-    BATCH.with(|b| b.borrow_mut().direct = false);
+    BATCH.with(|b| *flag(&mut b.borrow_mut()) = false);
     r
 }
 
@@ -179,13 +185,7 @@ pub fn as_called<R>(write: impl FnOnce() -> R) -> R {
 /// counted, not recorded, since the command itself will stand for them (no argument
 /// held, none released).
 pub fn as_called_alone<R>(write: impl FnOnce() -> R) -> R {
-    if !fresh() {
-        return write();
-    }
-    BATCH.with(|b| b.borrow_mut().skip_own = true);
-    let r = write();
-    BATCH.with(|b| b.borrow_mut().skip_own = false);
-    r
+    with_fresh_flag(|b| &mut b.skip_own, write)
 }
 
 /// Nothing replicated yet by the running command, outside any nested unit: its next
