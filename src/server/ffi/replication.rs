@@ -402,23 +402,24 @@ fn create_long(n: i64) -> *mut raw::RedisModuleString {
 
 /// Adds one command to the batch.
 fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
-    let db = selected_db(ctx);
     BATCH.with(|b| {
         let mut b = b.borrow_mut();
         let b = &mut *b;
-        if b.commands > 0 && b.db != db {
-            send(b);
-        }
         if b.skip_own && b.depth == 1 {
+            // The command's own writes, all in its db: asked once, at the first.
             if b.commands == 0 {
                 b.ctx = ctx.ctx;
-                b.db = db;
+                b.db = selected_db(ctx);
                 b.owner = b.depth;
             }
             b.commands += 1;
             b.unrecorded += 1;
             b.as_called = b.commands;
             return;
+        }
+        let db = selected_db(ctx);
+        if b.commands > 0 && b.db != db {
+            send(b);
         }
         debug_assert!(b.unrecorded == 0, "a command said alone wrote more");
         match b.commands - b.unrecorded {
