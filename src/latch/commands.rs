@@ -92,8 +92,7 @@ fn carry_out(
     plan: Plan<LatchState>,
 ) -> RedisValue {
     let recorded = request.is_some() && remembers(plan.outcome);
-    let alone = !plan.wake && plan.message.is_none() && !recorded;
-    store::apply_own_effects_in(ctx, name, key, &plan.effects, alone);
+    store::apply_own_effects_in(ctx, name, key, &plan.effects, plan.alone(recorded));
     count(plan.outcome);
     remember(ctx, request, recorded, &plan.reply);
     if plan.wake {

@@ -69,8 +69,7 @@ fn finish(
     path: Path,
 ) {
     let recorded = request.is_some() && semaphore::remembers(plan.outcome);
-    let alone = !plan.wake && plan.message.is_none() && !recorded;
-    store::apply_own_effects_in(ctx, name, key, &plan.effects, alone);
+    store::apply_own_effects_in(ctx, name, key, &plan.effects, plan.alone(recorded));
     count(plan.outcome);
     remember(ctx, request, recorded, &plan.reply);
     let mut available = plan.state.available();

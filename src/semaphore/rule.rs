@@ -95,6 +95,14 @@ impl<S> Plan<S> {
             state,
         }
     }
+
+    /// True when nothing follows the plan's effects: no queue to serve (`wake`), no
+    /// message, and no request-id record (`recorded`: the call has an ID and the outcome
+    /// [`remembers`]). Its own writes may then go out as the command itself without being
+    /// recorded first (`store::apply_own_effects_in`).
+    pub fn alone(&self, recorded: bool) -> bool {
+        !self.wake && self.message.is_none() && !recorded
+    }
 }
 
 /// What the semaphore's key holds. `None`: no key (0 permits, as Redisson reads it).
@@ -405,6 +413,23 @@ pub fn parse_id_only<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_plan_is_alone_when_nothing_follows_its_effects() {
+        let plan = |wake, message: Option<&[u8]>| Plan {
+            wake,
+            message: message.map(<[u8]>::to_vec),
+            ..Plan::new(sem(1), Reply::Int(1), Outcome::Acquired)
+        };
+        assert!(plan(false, None).alone(false));
+        assert!(
+            !plan(false, None).alone(true),
+            "a request-id record follows"
+        );
+        assert!(!plan(true, None).alone(false), "a grant may follow");
+        assert!(!plan(false, Some(b"1")).alone(false), "a message follows");
+    }
+
     use super::*;
 
     fn sem(n: i64) -> SemState {
