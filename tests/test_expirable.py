@@ -31,6 +31,18 @@ def permits(r, key="p"):
     return {m.hex(): int(s) for m, s in r.zrange("{%s}:timeout" % key, 0, -1, withscores=True)}
 
 
+def test_an_acquire_passes_the_count_keys_ttl_to_the_zset_as_redisson_does(r):
+    """The acquire reads the count key where it will write it (one handle): its expiry
+    is read there too, and copied to the permit zset, as Redisson's script does."""
+    ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 3)
+    ps(r, "RPSEMAPHORE.ACQUIRE", "p", 60_000)
+    assert r.pttl("{p}:timeout") == -1, "no TTL on the count key: none on the zset"
+    r.pexpireat("p", int(time.time() * 1000) + 20_000)
+    ps(r, "RPSEMAPHORE.ACQUIRE", "p", 60_000)
+    assert r.pexpiretime("{p}:timeout") == r.pexpiretime("p")
+    assert r.get("p") == b"1" and 0 < r.pttl("p") <= 20_000, "the count keeps its TTL"
+
+
 def test_every_command_and_its_reply(r):
     assert ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 3) == 1
     assert ps(r, "RPSEMAPHORE.TRYSETPERMITS", "p", 5) == 0

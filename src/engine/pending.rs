@@ -179,6 +179,11 @@ pub fn arm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8], fir
 pub fn disarm_key_timer(ctx: &Context, kind: KeyTimerKind, db: i32, key: &[u8]) {
     let old = KEY_TIMERS.with(|t| {
         let mut t = t.borrow_mut();
+        // Nothing armed is the common case (timers only while someone waits): no key
+        // copied, nothing hashed.
+        if t.armed.is_empty() {
+            return None;
+        }
         let old = t.armed.remove(&(kind, db, key.to_vec()))?;
         t.tags.remove(&old.tag);
         Some(old)

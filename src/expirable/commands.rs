@@ -107,41 +107,58 @@ fn read(ctx: &Context, name: &[u8], now: i64) -> Result<ExpState, &'static str> 
 /// it reclaims) and the earliest lease still running (when the state may change by
 /// itself), as Redisson's acquire script reads only the expired range. Reading every
 /// permit made an acquire cost more with each permit held: 0.8× Redisson's script with
-/// about 40 held.
-fn read_for_acquire(ctx: &Context, name: &[u8], now: i64) -> Result<ExpState, &'static str> {
-    let zset_name =
-        RedisString::create_from_slice(std::ptr::null_mut(), &expirable::timeout_key(name));
+/// about 40 held. The count key is opened for writing and handed back, for [`finish`] to
+/// write through (one lookup of it, not two).
+fn read_for_acquire(
+    ctx: &Context,
+    name: &RedisString,
+    now: i64,
+) -> Result<(LockKey, ExpState), &'static str> {
+    let zset_name = RedisString::create_from_slice(
+        std::ptr::null_mut(),
+        &expirable::timeout_key(name.as_slice()),
+    );
     let zset = LockKey::open(ctx, &zset_name, false);
     let members = match zset.kind() {
         KeyKind::Empty => Vec::new(),
-        KeyKind::Zset => {
-            let mut members = zset.zset_range(f64::NEG_INFINITY, false, now as f64, usize::MAX);
-            members.extend(zset.zset_range(now as f64, true, f64::INFINITY, 1));
-            members
-        }
+        KeyKind::Zset => zset.zset_through(|at| at > now),
         _ => return Err(ERR_WRONGTYPE),
     };
     drop(zset);
-    read_with(ctx, name, now, members)
+    let count = LockKey::open(ctx, name, true);
+    let state = state_of(&count, now, members)?;
+    Ok((count, state))
 }
 
-/// The state from the count key and the given permits.
+/// The state from the count key of `name` and the given permits.
 fn read_with(
     ctx: &Context,
     name: &[u8],
     now: i64,
     members: Vec<(Vec<u8>, i64)>,
 ) -> Result<ExpState, &'static str> {
-    let (count, at) = store::read_any(ctx, name);
-    let value = match &count {
-        Value::Missing => None,
-        Value::String(v) => Some(&v[..]),
-        _ => return Err(ERR_WRONGTYPE),
-    };
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), name);
+    state_of(&LockKey::open(ctx, &name, false), now, members)
+}
+
+/// The state from the count key, open as `count`, and the given permits (read where they
+/// lie: the count is parsed in place).
+fn state_of(
+    count: &LockKey,
+    now: i64,
+    members: Vec<(Vec<u8>, i64)>,
+) -> Result<ExpState, &'static str> {
+    let at = count.abs_expire();
     let pttl = if at >= 0 { (at - now).max(0) } else { -1 };
     // Scores come as integers; a spoiled one reads as i64::MIN, which the core refuses.
     let members = members.into_iter().map(|(m, s)| (m, s as f64));
-    expirable::parse_state(value, pttl, members, now)
+    match count.kind() {
+        KeyKind::Empty => expirable::parse_state(None, pttl, members, now),
+        KeyKind::String => {
+            count.with_string(|v| expirable::parse_state(Some(v), pttl, members, now))
+        }
+        _ => Err(ERR_WRONGTYPE),
+    }
 }
 
 fn count(outcome: Outcome) {
@@ -169,17 +186,22 @@ fn arm(ctx: &Context, db: i32, name: &[u8], state: &ExpState) {
     }
 }
 
-/// Writes a plan, remembers its reply, serves the queue when permits came back, publishes
-/// Redisson's message capped by what the queue left, and arms the lease timer.
+/// Writes a plan (through the count key when the caller has it open for writing, which
+/// is closed then), remembers its reply, serves the queue when permits came back,
+/// publishes Redisson's message capped by what the queue left, and arms the lease timer.
 fn finish(
     ctx: &Context,
     db: i32,
     name: &RedisString,
+    count_key: Option<LockKey>,
     plan: &Plan<ExpState>,
     request: Option<&RedisString>,
     path: Path,
 ) {
-    store::apply_effects(ctx, name, &plan.effects);
+    match count_key {
+        Some(key) => store::apply_effects_in(ctx, name, key, &plan.effects),
+        None => store::apply_effects(ctx, name, &plan.effects),
+    }
     // Before serving: each grant arms for the state it leaves.
     arm(ctx, db, name.as_slice(), &plan.state);
     count(plan.outcome);
@@ -206,13 +228,13 @@ fn write_command<'a, P>(
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
     parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
-    run: impl FnOnce(&ExpState, &[u8], P, i64) -> Result<Plan<ExpState>, &'static str>,
+    run: impl FnOnce(ExpState, &[u8], P, i64) -> Result<Plan<ExpState>, &'static str>,
 ) -> RedisResult {
     pipeline::write_command(ctx, args, arity, parse, |db, name, parsed, request| {
         let now = ffi::now_ms();
         let state = read(ctx, name.as_slice(), now).map_err(err)?;
-        let plan = run(&state, name.as_slice(), parsed, now).map_err(err)?;
-        finish(ctx, db, name, &plan, request, Path::Command);
+        let plan = run(state, name.as_slice(), parsed, now).map_err(err)?;
+        finish(ctx, db, name, None, &plan, request, Path::Command);
         Ok(ffi::value(plan.reply))
     })
 }
@@ -301,7 +323,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
             },
             |db, name, (lease, permits, id), request| {
                 let now = ffi::now_ms();
-                let state = read_for_acquire(ctx, name.as_slice(), now).map_err(err)?;
+                let (count, state) = read_for_acquire(ctx, name, now).map_err(err)?;
                 let (permits, many) = (permits.unwrap_or(1), permits.is_some());
                 // New ids are not looked up in the rest of the set (the core checks those it
                 // was given): a lookup scans a small set's listpack, per id, on every
@@ -310,7 +332,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let ids = new_ids(permits);
                 let queued = engine::has_waiters(db, name.as_slice());
                 let plan = expirable::acquire(
-                    &state,
+                    state,
                     name.as_slice(),
                     permits,
                     lease,
@@ -320,7 +342,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     queued,
                 )
                 .map_err(err)?;
-                finish(ctx, db, name, &plan, request, Path::Command);
+                finish(ctx, db, name, Some(count), &plan, request, Path::Command);
                 let reply = ffi::value(plan.reply);
                 if plan.outcome != Outcome::Contended {
                     return Ok(Answer::Now(reply));
@@ -444,13 +466,13 @@ fn on_lease_end(ctx: &Context, db: i32, name: &RedisString) {
     let Ok(state) = read(ctx, name.as_slice(), now) else {
         return; // no longer a semaphore: nothing of ours to reclaim
     };
-    let Ok(plan) = expirable::expire(&state, name.as_slice(), now) else {
+    let Ok(plan) = expirable::expire(state, name.as_slice(), now) else {
         return;
     };
     if let Reply::Int(n) = plan.reply {
         stats::add(|s| &s.psem_permits_expired, n.max(0) as u64);
     }
-    finish(ctx, db, name, &plan, None, Path::Event);
+    finish(ctx, db, name, None, &plan, None, Path::Event);
 }
 
 /// A queued `RPSEMAPHORE.ACQUIRE ... WAIT`, its permit ids drawn when it arrived. Kept
@@ -490,7 +512,8 @@ impl Ask for ExpAsk {
         let Ok(state) = read(ctx, name.as_slice(), now) else {
             return engine::wait_for_write();
         };
-        match expirable::grant(&state, name.as_slice(), &self.request(), now) {
+        // The state is kept for `wait_check` when the head cannot be served.
+        match expirable::grant(state.clone(), name.as_slice(), &self.request(), now) {
             Some(Ok(plan)) => {
                 let request = request_key(name, self.request_id.as_deref());
                 Check::Grant(Box::new(move |ctx, name| {
@@ -533,11 +556,11 @@ impl Ask for ExpAsk {
             let Ok(state) = read(ctx, name.as_slice(), now) else {
                 return;
             };
-            if let Ok(plan) = expirable::release(&state, name.as_slice(), id, now) {
+            if let Ok(plan) = expirable::release(state, name.as_slice(), id, now) {
                 if plan.outcome == Outcome::Released {
                     stats::bump(|s| &s.revoked_handoffs);
                 }
-                finish(ctx, db, name, &plan, None, Path::Event);
+                finish(ctx, db, name, None, &plan, None, Path::Event);
             }
         }
     }

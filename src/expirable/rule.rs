@@ -141,10 +141,10 @@ impl Build {
     /// Every plan starts here: permits whose lease ended at or before `now` go back to the
     /// pool, as the prefix of Redisson's scripts does it (one ZREM, one INCRBY, and the new
     /// count published when positive).
-    fn start(state: &ExpState, key: &[u8], now: i64) -> Result<Build, &'static str> {
+    fn start(state: ExpState, key: &[u8], now: i64) -> Result<Build, &'static str> {
         let mut b = Build {
             zset: timeout_key(key),
-            s: state.clone(),
+            s: state,
             effects: Effects::new(),
             wake: false,
             message: None,
@@ -210,7 +210,7 @@ fn expiry(lease: Option<i64>, now: i64) -> i64 {
 
 /// The engine's timer (and its first step on a key with waiters): reclaim what ran out.
 /// Reply: how many permits came back.
-pub fn expire(state: &ExpState, key: &[u8], now: i64) -> Result<Plan<ExpState>, &'static str> {
+pub fn expire(state: ExpState, key: &[u8], now: i64) -> Result<Plan<ExpState>, &'static str> {
     let b = Build::start(state, key, now)?;
     let n = b.reclaimed;
     Ok(b.finish(Reply::Int(n), Outcome::Expired))
@@ -223,7 +223,7 @@ pub fn expire(state: &ExpState, key: &[u8], now: i64) -> Result<Plan<ExpState>, 
 /// passes it on to the zset.
 #[allow(clippy::too_many_arguments)]
 pub fn acquire(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     permits: i64,
     lease: Option<i64>,
@@ -260,11 +260,10 @@ pub fn acquire(
     if let Some(ttl_end) = b.s.expire_at.filter(|&end| end > now) {
         b.effects.push(Effect::PExpireAt(b.zset(), ttl_end));
     }
-    let hex: Vec<Vec<u8>> = ids.iter().map(|id| id_to_hex(id)).collect();
     let reply = if many {
-        Reply::Array(hex.into_iter().map(Reply::Bulk).collect())
+        Reply::Array(ids.iter().map(|id| Reply::Bulk(id_to_hex(id))).collect())
     } else {
-        Reply::Bulk(hex.into_iter().next().unwrap_or_default())
+        Reply::Bulk(id_to_hex(&ids[0]))
     };
     Ok(b.finish(reply, Outcome::Acquired))
 }
@@ -273,7 +272,7 @@ pub fn acquire(
 /// published), or 0 when no such permit is held, expired ones included (their reclaim
 /// already returned them, as Redisson's release does while answering 0).
 pub fn release(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     id: &[u8],
     now: i64,
@@ -291,7 +290,7 @@ pub fn release(
 /// `RPSEMAPHORE.UPDATELEASETIME key permit-id lease-ms`: 1 and the permit's lease
 /// re-armed to `now + lease` (`None`: no lease), or 0 when it is not held (any more).
 pub fn update_lease_time(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     id: &[u8],
     lease: Option<i64>,
@@ -313,7 +312,7 @@ pub fn update_lease_time(
 /// `RPSEMAPHORE.TRYSETPERMITS key permits`: 1 and the count set when there is no count
 /// key (Redisson publishes the permits), else 0.
 pub fn try_set_permits(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     permits: i64,
     now: i64,
@@ -332,7 +331,7 @@ pub fn try_set_permits(
 /// permits stay held; the available count may go negative). Reply: the available count.
 /// Redisson publishes the permits when the total changed.
 pub fn set_permits(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     permits: i64,
     now: i64,
@@ -368,7 +367,7 @@ pub fn set_permits(
 /// drops the count key's TTL, as Redisson). Reply: the new count. Redisson publishes the
 /// delta when it is positive.
 pub fn add_permits(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     delta: i64,
     now: i64,
@@ -423,7 +422,7 @@ pub struct Request {
 /// permits count, the plan reclaims them), else `None`: stop, the requests behind it wait
 /// too. `Some(Err(..))` only for an internal inconsistency: answer that waiter with it.
 pub fn grant(
-    state: &ExpState,
+    state: ExpState,
     key: &[u8],
     request: &Request,
     now: i64,

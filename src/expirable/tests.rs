@@ -55,17 +55,7 @@ fn state_reads_integer_scores_only() {
 
 #[test]
 fn acquire_writes_redissons_layout() {
-    let p = acquire(
-        &state(2, &[]),
-        K,
-        1,
-        Some(500),
-        &[id(1)],
-        false,
-        1000,
-        false,
-    )
-    .unwrap();
+    let p = acquire(state(2, &[]), K, 1, Some(500), &[id(1)], false, 1000, false).unwrap();
     assert_eq!(
         p.effects.to_vec(),
         vec![
@@ -78,7 +68,7 @@ fn acquire_writes_redissons_layout() {
     assert_eq!(p.state.next_expiry(), Some(1500));
     // No lease: Redisson's score; several permits: an array.
     let p = acquire(
-        &state(2, &[]),
+        state(2, &[]),
         K,
         2,
         None,
@@ -106,7 +96,7 @@ fn acquire_writes_redissons_layout() {
     // The count key's TTL goes to the zset.
     let mut s = state(1, &[]);
     s.expire_at = Some(9000);
-    let p = acquire(&s, K, 1, None, &[id(1)], false, 1000, false).unwrap();
+    let p = acquire(s.clone(), K, 1, None, &[id(1)], false, 1000, false).unwrap();
     assert_eq!(p.effects.last(), Some(&Effect::PExpireAt(zset_key(), 9000)));
 }
 
@@ -120,7 +110,7 @@ fn acquire_refuses_without_permits_or_behind_a_queue() {
         (state(-1, &[]), 1, false),
     ] {
         let ids = [id(1), id(2)];
-        let p = acquire(&s, K, permits, Some(10), &ids, false, 0, queued).unwrap();
+        let p = acquire(s.clone(), K, permits, Some(10), &ids, false, 0, queued).unwrap();
         assert_eq!(
             (p.reply, p.outcome),
             (Reply::Nil, Outcome::Contended),
@@ -129,12 +119,12 @@ fn acquire_refuses_without_permits_or_behind_a_queue() {
         assert!(p.effects.is_empty());
     }
     assert_eq!(
-        acquire(&state(3, &[]), K, 2, None, &[id(1)], true, 0, false),
+        acquire(state(3, &[]), K, 2, None, &[id(1)], true, 0, false),
         Err(ERR_INTERNAL),
         "fewer ids than permits"
     );
     assert_eq!(
-        acquire(&state(3, &[(1, 50)]), K, 1, None, &[id(1)], false, 0, false),
+        acquire(state(3, &[(1, 50)]), K, 1, None, &[id(1)], false, 0, false),
         Err(ERR_INTERNAL),
         "an id already held"
     );
@@ -143,7 +133,7 @@ fn acquire_refuses_without_permits_or_behind_a_queue() {
 #[test]
 fn every_plan_reclaims_expired_permits_first() {
     let s = state(0, &[(1, 100), (2, 200), (3, NO_LEASE)]);
-    let p = acquire(&s, K, 1, Some(50), &[id(9)], false, 200, false).unwrap();
+    let p = acquire(s.clone(), K, 1, Some(50), &[id(9)], false, 200, false).unwrap();
     assert_eq!(
         p.effects[..2],
         [
@@ -159,7 +149,17 @@ fn every_plan_reclaims_expired_permits_first() {
     assert_eq!(p.state.available, Some(1));
     assert_eq!(p.state.permits.len(), 2);
     // A refused acquire still reclaims.
-    let p = acquire(&s, K, 3, None, &[id(7), id(8), id(9)], true, 150, false).unwrap();
+    let p = acquire(
+        s.clone(),
+        K,
+        3,
+        None,
+        &[id(7), id(8), id(9)],
+        true,
+        150,
+        false,
+    )
+    .unwrap();
     assert_eq!(p.outcome, Outcome::Contended);
     assert_eq!(p.state.available, Some(1));
     assert!(p.wake, "reclaimed permits may serve the queue");
@@ -168,9 +168,9 @@ fn every_plan_reclaims_expired_permits_first() {
 #[test]
 fn expire_is_exact_at_the_lease_end() {
     let s = state(0, &[(1, 100)]);
-    let p = expire(&s, K, 99).unwrap();
+    let p = expire(s.clone(), K, 99).unwrap();
     assert!(p.effects.is_empty() && !p.wake && p.reply == Reply::Int(0));
-    let p = expire(&s, K, 100).unwrap();
+    let p = expire(s.clone(), K, 100).unwrap();
     assert_eq!(p.reply, Reply::Int(1));
     assert_eq!(p.state.available, Some(1));
     assert!(p.state.permits.is_empty() && p.wake);
@@ -181,13 +181,13 @@ fn expire_is_exact_at_the_lease_end() {
         permits: state(0, &[(1, 100)]).permits,
         ..ExpState::default()
     };
-    assert_eq!(expire(&s, K, 100).unwrap().state.available, Some(1));
+    assert_eq!(expire(s.clone(), K, 100).unwrap().state.available, Some(1));
 }
 
 #[test]
 fn release_returns_a_held_permit_only() {
     let s = state(0, &[(1, 500), (2, 100)]);
-    let p = release(&s, K, &id(1), 200).unwrap();
+    let p = release(s.clone(), K, &id(1), 200).unwrap();
     assert_eq!(p.reply, Reply::Int(1));
     assert_eq!(p.state.available, Some(2), "its permit and the expired one");
     assert_eq!(p.message, Some(b"2".to_vec()));
@@ -198,31 +198,31 @@ fn release_returns_a_held_permit_only() {
             Effect::IncrBy(KeyRef::Main, 1, 2)
         ]
     );
-    let p = release(&s, K, &id(2), 200).unwrap();
+    let p = release(s.clone(), K, &id(2), 200).unwrap();
     assert_eq!((p.reply, p.outcome), (Reply::Int(0), Outcome::NotHeld));
     assert_eq!(
         p.state.available,
         Some(1),
         "expired: reclaimed, not released"
     );
-    let p = release(&s, K, &id(9), 0).unwrap();
+    let p = release(s.clone(), K, &id(9), 0).unwrap();
     assert!(p.effects.is_empty() && p.reply == Reply::Int(0));
 }
 
 #[test]
 fn update_lease_time_moves_a_held_permits_end() {
     let s = state(0, &[(1, 500)]);
-    let p = update_lease_time(&s, K, &id(1), Some(1000), 400).unwrap();
+    let p = update_lease_time(s.clone(), K, &id(1), Some(1000), 400).unwrap();
     assert_eq!(
         p.effects.to_vec(),
         vec![Effect::ZAdd(zset_key(), vec![(1400, id(1).to_vec())])]
     );
     assert_eq!(p.reply, Reply::Int(1));
     assert_eq!(p.state.next_expiry(), Some(1400));
-    let p = update_lease_time(&s, K, &id(1), None, 400).unwrap();
+    let p = update_lease_time(s.clone(), K, &id(1), None, 400).unwrap();
     assert_eq!(p.state.permits[&id(1).to_vec()], NO_LEASE);
     assert_eq!(
-        update_lease_time(&s, K, &id(1), Some(10), 500)
+        update_lease_time(s.clone(), K, &id(1), Some(10), 500)
             .unwrap()
             .reply,
         Reply::Int(0)
@@ -238,37 +238,40 @@ fn it_refuses_setpermits_whose_sum_or_step_would_wrap() {
     // `available + held` wrapping on RPSEMAPHORE.SETPERMITS).
     let full = state(i64::MAX, &[(1, NO_LEASE)]);
     assert_eq!(
-        set_permits(&full, K, 2, 0).err(),
+        set_permits(full.clone(), K, 2, 0).err(),
         Some(ERR_PERMITS_OVERFLOW)
     );
     let low = state(i64::MIN, &[]);
-    assert_eq!(set_permits(&low, K, 2, 0).err(), Some(ERR_PERMITS_OVERFLOW));
-    let p = set_permits(&state(i64::MAX - 1, &[(1, NO_LEASE)]), K, i64::MAX, 0).unwrap();
+    assert_eq!(
+        set_permits(low.clone(), K, 2, 0).err(),
+        Some(ERR_PERMITS_OVERFLOW)
+    );
+    let p = set_permits(state(i64::MAX - 1, &[(1, NO_LEASE)]), K, i64::MAX, 0).unwrap();
     assert!(p.effects.is_empty(), "exactly the total: nothing to change");
 }
 
 #[test]
 fn setting_and_adding_permits_match_redisson() {
-    let p = try_set_permits(&ExpState::default(), K, 3, 0).unwrap();
+    let p = try_set_permits(ExpState::default(), K, 3, 0).unwrap();
     assert_eq!(
         p.effects.to_vec(),
         vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
     );
     assert_eq!((p.message.as_deref(), p.wake), (Some(&b"3"[..]), true));
     assert_eq!(
-        try_set_permits(&state(0, &[]), K, 3, 0).unwrap().reply,
+        try_set_permits(state(0, &[]), K, 3, 0).unwrap().reply,
         Reply::Int(0)
     );
     // setPermits: available + held == permits.
-    let p = set_permits(&state(1, &[(1, NO_LEASE)]), K, 5, 0).unwrap();
+    let p = set_permits(state(1, &[(1, NO_LEASE)]), K, 5, 0).unwrap();
     assert_eq!(p.effects.to_vec(), vec![Effect::IncrBy(KeyRef::Main, 3, 4)]);
     assert_eq!(p.message, Some(b"5".to_vec()));
-    let p = set_permits(&state(4, &[(1, NO_LEASE)]), K, 5, 0).unwrap();
+    let p = set_permits(state(4, &[(1, NO_LEASE)]), K, 5, 0).unwrap();
     assert!(p.effects.is_empty() && p.message.is_none());
     // addPermits publishes the delta, only when positive, and SETs (TTL dropped).
     let mut s = state(1, &[]);
     s.expire_at = Some(100);
-    let p = add_permits(&s, K, 2, 0).unwrap();
+    let p = add_permits(s.clone(), K, 2, 0).unwrap();
     assert_eq!(
         p.effects.to_vec(),
         vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
@@ -277,7 +280,7 @@ fn setting_and_adding_permits_match_redisson() {
         (p.message.as_deref(), p.state.expire_at),
         (Some(&b"2"[..]), None)
     );
-    let p = add_permits(&s, K, -2, 0).unwrap();
+    let p = add_permits(s.clone(), K, -2, 0).unwrap();
     assert_eq!((p.message, p.wake, p.reply), (None, false, Reply::Int(-1)));
 }
 
@@ -290,16 +293,16 @@ fn grant_stops_at_a_head_that_does_not_fit() {
         ids: vec![id(7), id(8), id(9)],
         many: true,
     };
-    assert!(grant(&s, K, &big, 100).is_none());
+    assert!(grant(s.clone(), K, &big, 100).is_none());
     let two = Request {
         permits: 2,
         lease: Some(10),
         ids: vec![id(7), id(8)],
         many: true,
     };
-    let p = grant(&s, K, &two, 100).unwrap().unwrap();
+    let p = grant(s.clone(), K, &two, 100).unwrap().unwrap();
     assert_eq!(p.state.available, Some(0), "the expired permit counted");
-    assert!(grant(&s, K, &two, 99).is_none());
+    assert!(grant(s.clone(), K, &two, 99).is_none());
 }
 
 #[test]
@@ -374,7 +377,7 @@ mod model {
         ) {
             let mut now = 1_000i64;
             let mut total = start;
-            let mut s = try_set_permits(&ExpState::default(), K, start, now).unwrap().state;
+            let mut s = try_set_permits(ExpState::default(), K, start, now).unwrap().state;
             let mut next_id = 0u8;
             // What the model says each permit's end is.
             let mut ends: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
@@ -388,7 +391,7 @@ mod model {
                             })
                             .collect();
                         if ids.iter().any(|i| s.permits.contains_key(&i[..])) { continue; }
-                        let p = acquire(&s, K, n, lease, &ids, true, now, false).unwrap();
+                        let p = acquire(s.clone(), K, n, lease, &ids, true, now, false).unwrap();
                         if p.outcome == Outcome::Acquired {
                             for i in &ids { ends.insert(i.to_vec(), expiry(lease, now)); }
                         }
@@ -396,23 +399,23 @@ mod model {
                     }
                     Op::Release(i) => {
                         let Some(id) = pick(&s, i) else { continue };
-                        let p = release(&s, K, &id, now).unwrap();
+                        let p = release(s.clone(), K, &id, now).unwrap();
                         prop_assert_eq!(p.reply.clone(), Reply::Int((ends[&id] > now) as i64));
                         ends.remove(&id);
                         p
                     }
                     Op::Update(i, lease) => {
                         let Some(id) = pick(&s, i) else { continue };
-                        let p = update_lease_time(&s, K, &id, lease, now).unwrap();
+                        let p = update_lease_time(s.clone(), K, &id, lease, now).unwrap();
                         if p.reply == Reply::Int(1) { ends.insert(id, expiry(lease, now)); }
                         p
                     }
-                    Op::Add(d) => { total += d; add_permits(&s, K, d, now).unwrap() }
+                    Op::Add(d) => { total += d; add_permits(s.clone(), K, d, now).unwrap() }
                     Op::Tick(ms) => { now += ms; continue; }
                     Op::Timer => {
                         let Some(at) = s.next_expiry() else { continue };
                         now = now.max(at);
-                        expire(&s, K, now).unwrap()
+                        expire(s.clone(), K, now).unwrap()
                     }
                 };
                 s = plan.state;
@@ -435,13 +438,13 @@ mod model {
             lease in 1..10_000_000i64,
             now in 0..2_000_000_000_000i64
         ) {
-            let s = try_set_permits(&ExpState::default(), K, 1, now).unwrap().state;
-            let s = acquire(&s, K, 1, Some(lease), &[[1; ID_BYTES]], false, now, false).unwrap().state;
+            let s = try_set_permits(ExpState::default(), K, 1, now).unwrap().state;
+            let s = acquire(s.clone(), K, 1, Some(lease), &[[1; ID_BYTES]], false, now, false).unwrap().state;
             prop_assert_eq!(s.next_expiry(), Some(now + lease));
-            let before = expire(&s, K, now + lease - 1).unwrap();
+            let before = expire(s.clone(), K, now + lease - 1).unwrap();
             prop_assert_eq!(before.state.available(), 0);
             prop_assert!(before.effects.is_empty());
-            let at = expire(&s, K, now + lease).unwrap();
+            let at = expire(s.clone(), K, now + lease).unwrap();
             prop_assert_eq!(at.state.available(), 1);
             prop_assert!(at.state.permits.is_empty());
             prop_assert!(at.wake);

@@ -11,6 +11,7 @@
 //! by hand what the call path would have done for it.
 
 use redis_module::{Context, ContextFlags, NotifyEvent, RedisString};
+use smallvec::{smallvec, SmallVec};
 
 use crate::server::ffi::{self, Arg, KeyKind, LockKey};
 use crate::server::tracking::OwnWrite;
@@ -208,6 +209,12 @@ pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
     apply_effects_with(ctx, name, None, effects);
 }
 
+/// [`apply_effects`] through the command's own key, which the caller opened for writing
+/// when it read it (one key lookup, not two); closed after them.
+pub fn apply_effects_in(ctx: &Context, name: &RedisString, key: LockKey, effects: &[Effect]) {
+    apply_effects_with(ctx, name, Some(&key), effects);
+}
+
 /// [`apply_effects`], writing the command's own key through `main` when the caller has it
 /// open for writing: every write to it goes through that one handle (a second handle on
 /// a key one of them replaced would point at a freed value).
@@ -327,16 +334,22 @@ fn apply_effects_with(
                 ffi::notify(ctx, NotifyEvent::STRING, event, target);
             }
             Effect::ZAdd(_, items) => {
-                let mut argv = Vec::with_capacity(items.len() * 2);
-                for (score, member) in items {
-                    let member = bytes(member);
-                    key.zset_add(*score, &member);
-                    argv.push(number(*score));
-                    argv.push(member);
+                // Scores go out as integers: no string is made for one unless the write
+                // is replicated on its own (`effects` mode).
+                let members: SmallVec<[RedisString; 2]> = items
+                    .iter()
+                    .map(|(score, member)| {
+                        let member = bytes(member);
+                        key.zset_add(*score, &member);
+                        member
+                    })
+                    .collect();
+                let mut args: SmallVec<[Arg; 5]> = smallvec![Arg::Str(target)];
+                for ((score, _), member) in items.iter().zip(&members) {
+                    args.push(Arg::Int(*score));
+                    args.push(Arg::Str(member));
                 }
-                let mut args: Vec<&RedisString> = vec![target];
-                args.extend(argv.iter());
-                ffi::replicate_argv(ctx, c"ZADD", &args);
+                ffi::replicate(ctx, c"ZADD", &args);
                 ffi::notify(ctx, NotifyEvent::ZSET, c"zadd", target);
             }
             Effect::ZRem(_, members) => {

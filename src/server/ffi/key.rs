@@ -279,35 +279,28 @@ impl LockKey {
     /// Every (member, score) of a sorted set, lowest score first (non-integer scores as
     /// i64::MIN; out-of-range ones saturate).
     pub fn zset_items(&self) -> Vec<(Vec<u8>, i64)> {
-        self.zset_range(f64::NEG_INFINITY, false, f64::INFINITY, usize::MAX)
+        self.zset_through(|_| false)
     }
 
-    /// [`zset_items`](Self::zset_items) with scores from `min` (excluded if `min_excluded`)
-    /// to `max`, at most `limit` of them: a reader that needs only part of a large set
-    /// (the permits whose lease ended) pays for that part.
-    pub fn zset_range(
-        &self,
-        min: f64,
-        min_excluded: bool,
-        max: f64,
-        limit: usize,
-    ) -> Vec<(Vec<u8>, i64)> {
+    /// [`zset_items`](Self::zset_items) from the lowest score up to and including the
+    /// first member whose score `last` accepts: a reader that needs only the start of a
+    /// large set (the permits whose lease ended, and the next to end) pays for that part,
+    /// in one walk.
+    pub fn zset_through(&self, mut last: impl FnMut(i64) -> bool) -> Vec<(Vec<u8>, i64)> {
         let mut out = Vec::new();
-        if self.kind() != KeyKind::Zset || limit == 0 {
+        if self.kind() != KeyKind::Zset {
             return out;
         }
         unsafe {
             let first = raw::RedisModule_ZsetFirstInScoreRange.unwrap()(
                 self.key,
-                min,
-                max,
-                c_int::from(min_excluded),
+                f64::NEG_INFINITY,
+                f64::INFINITY,
+                0,
                 0,
             );
             if first == raw::REDISMODULE_OK as c_int {
-                while out.len() < limit
-                    && raw::RedisModule_ZsetRangeEndReached.unwrap()(self.key) == 0
-                {
+                while raw::RedisModule_ZsetRangeEndReached.unwrap()(self.key) == 0 {
                     let mut score: f64 = 0.0;
                     let member =
                         raw::RedisModule_ZsetRangeCurrentElement.unwrap()(self.key, &mut score);
@@ -323,7 +316,7 @@ impl LockKey {
                     };
                     out.push((string_bytes(member).to_vec(), score));
                     raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), member);
-                    if raw::RedisModule_ZsetRangeNext.unwrap()(self.key) == 0 {
+                    if last(score) || raw::RedisModule_ZsetRangeNext.unwrap()(self.key) == 0 {
                         break;
                     }
                 }
