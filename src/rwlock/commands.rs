@@ -23,8 +23,8 @@ use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::pipeline::{err, remember, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
-use crate::server::ffi::{self, LockKey};
-use crate::server::store::{self, Value};
+use crate::server::ffi::{self, KeyKind, LockKey};
+use crate::server::store;
 use crate::server::{guard, stats};
 use crate::vocab::args;
 use crate::vocab::effects::{Effect, KeyRef};
@@ -65,12 +65,30 @@ fn abs_to_pttl(at: i64, now: i64) -> i64 {
 /// A missing key is a free lock; a hash not in Redisson's RW layout (a plain RLOCK lock
 /// among them) is `ERR_NOT_A_RWLOCK`; any other type `WRONGTYPE`.
 fn read_state(ctx: &Context, name: &[u8], now: i64) -> Result<RwState, &'static str> {
-    let (value, at) = store::read_any(ctx, name);
-    let fields = match value {
-        Value::Missing => return Ok(RwState::free()),
-        Value::Hash(fields) => fields,
+    state_of(ctx, &LockKey::open(ctx, &rs(name), false), name, now)
+}
+
+/// [`read_state`] for a command that writes what it read: the lock's key opened once,
+/// for writing, and handed back for [`write`] to write through (a second open costs a
+/// key lookup and a handle, about 600 instructions).
+fn open_state(
+    ctx: &Context,
+    name: &RedisString,
+    now: i64,
+) -> Result<(LockKey, RwState), &'static str> {
+    let key = LockKey::open(ctx, name, true);
+    let state = state_of(ctx, &key, name.as_slice(), now)?;
+    Ok((key, state))
+}
+
+/// The state of the lock `name`, its key open as `key`.
+fn state_of(ctx: &Context, key: &LockKey, name: &[u8], now: i64) -> Result<RwState, &'static str> {
+    let fields = match key.kind() {
+        KeyKind::Empty => return Ok(RwState::free()),
+        KeyKind::Hash => key.hash_fields(),
         _ => return Err(ERR_WRONGTYPE),
     };
+    let at = key.abs_expire();
     let view = rwlock::parse_hash(fields)?;
     let pttls: Vec<i64> = view
         .timeout_keys(name)
@@ -136,12 +154,12 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
             },
             |db, name, (side, owner, lease, id), request| {
                 let now = ffi::now_ms();
-                let state = read_state(ctx, name.as_slice(), now).map_err(err)?;
+                let (key, state) = open_state(ctx, name, now).map_err(err)?;
                 let queued = engine::has_waiters(db, name.as_slice());
                 let plan =
                     rwlock::acquire(&state, name.as_slice(), side, owner, lease, now, queued)
                         .map_err(err)?;
-                let reply = write(ctx, name, &plan, Some(side), request);
+                let reply = write(ctx, name, key, &plan, Some(side), request);
                 // Whatever the plan dropped (dead readers) may concern those already
                 // queued, whether or not this call joins them.
                 settle_after(ctx, db, name, &plan, now);
@@ -159,16 +177,17 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// Writes a plan's effects, counts its outcome and remembers its reply under the request
-/// id if it changed the lock; the reply.
+/// Writes a plan's effects (through the lock's key, closed then), counts its outcome and
+/// remembers its reply under the request id if it changed the lock; the reply.
 fn write(
     ctx: &Context,
     name: &RedisString,
+    key: LockKey,
     plan: &Plan,
     side: Option<Side>,
     request: Option<&RedisString>,
 ) -> RedisValue {
-    store::apply_effects(ctx, name, &plan.effects);
+    store::apply_effects_in(ctx, name, key, &plan.effects);
     count(plan, side);
     let reply: reply::Reply = plan.reply.into();
     remember(ctx, request, rwlock::remembers(plan.outcome), &reply);
@@ -188,9 +207,9 @@ fn change<'a, P>(
 ) -> RedisResult {
     write_command(ctx, args, arity, parse, |db, name, parsed, request| {
         let now = ffi::now_ms();
-        let state = read_state(ctx, name.as_slice(), now).map_err(err)?;
+        let (key, state) = open_state(ctx, name, now).map_err(err)?;
         let (plan, side) = plan(&state, name.as_slice(), parsed, now);
-        let reply = write(ctx, name, &plan, side, request);
+        let reply = write(ctx, name, key, &plan, side, request);
         settle_after(ctx, db, name, &plan, now);
         Ok(reply)
     })
