@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use crate::vocab::args::parse_i64;
-use crate::vocab::effects::{prefix_name, suffix_name};
+use crate::vocab::apply::itoa;
+use crate::vocab::effects::{prefix_name, suffix_name_with};
 use crate::vocab::errors::{ERR_NOT_A_RWLOCK, ERR_RW_TOO_MANY_HOLDS};
 
 pub const MODE_FIELD: &[u8] = b"mode";
@@ -148,10 +149,7 @@ pub(super) fn lease_end(ends: &[i64]) -> i64 {
 /// The timeout key of an owner's `n`-th read hold: `{name}:<owner>:rwlock_timeout:<n>`
 /// (RedissonReadLock.getReadWriteTimeoutNamePrefix, in the name's slot).
 pub fn timeout_key(key: &[u8], owner: &[u8], n: i64) -> Vec<u8> {
-    let mut name = suffix_name(key, owner);
-    name.extend_from_slice(b":rwlock_timeout:");
-    name.extend_from_slice(n.to_string().as_bytes());
-    name
+    suffix_name_with(key, owner, &[b":rwlock_timeout:", itoa(n).as_bytes()])
 }
 
 /// Both halves publish on `redisson_rwlock:{name}`.

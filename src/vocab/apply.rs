@@ -72,8 +72,8 @@ fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Decimal digits of an integer without a heap allocation (the payload's integers, and a
-/// counter written in place by the key API).
+/// Decimal digits of an integer without a heap allocation (the payload's integers, a
+/// counter written in place by the key API, the number in a read hold's key name).
 pub struct Digits {
     buf: [u8; 20],
     start: usize,

@@ -62,10 +62,20 @@ pub fn prefix_name(prefix: &[u8], name: &[u8]) -> Vec<u8> {
 /// Redisson's `RedissonObject.suffixName`: `{name}:suffix`, or `name:suffix` when the name
 /// already has a `{`.
 pub fn suffix_name(name: &[u8], suffix: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(name.len() + suffix.len() + 3);
+    suffix_name_with(name, suffix, &[])
+}
+
+/// [`suffix_name`] followed by `more`, in one allocation (names built on every call,
+/// such as a read hold's timeout key).
+pub fn suffix_name_with(name: &[u8], suffix: &[u8], more: &[&[u8]]) -> Vec<u8> {
+    let rest: usize = more.iter().map(|m| m.len()).sum();
+    let mut out = Vec::with_capacity(name.len() + suffix.len() + 3 + rest);
     push_tagged(&mut out, name);
     out.push(b':');
     out.extend_from_slice(suffix);
+    for m in more {
+        out.extend_from_slice(m);
+    }
     out
 }
 
