@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::vocab::args::parse_i64;
 use crate::vocab::apply::itoa;
+use crate::vocab::args::parse_i64;
 use crate::vocab::effects::{prefix_name, suffix_name_with};
 use crate::vocab::errors::{ERR_NOT_A_RWLOCK, ERR_RW_TOO_MANY_HOLDS};
 

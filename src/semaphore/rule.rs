@@ -413,6 +413,12 @@ pub fn parse_id_only<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn sem(n: i64) -> SemState {
+        SemState { available: Some(n) }
+    }
+    const NONE: SemState = SemState { available: None };
 
     #[test]
     fn a_plan_is_alone_when_nothing_follows_its_effects() {
@@ -429,13 +435,6 @@ mod tests {
         assert!(!plan(true, None).alone(false), "a grant may follow");
         assert!(!plan(false, Some(b"1")).alone(false), "a message follows");
     }
-
-    use super::*;
-
-    fn sem(n: i64) -> SemState {
-        SemState { available: Some(n) }
-    }
-    const NONE: SemState = SemState { available: None };
 
     #[test]
     fn channel_follows_prefix_name() {
