@@ -45,6 +45,18 @@ def test_acquire_release_notify_like_hset_hincrby_pexpire_del(server, events):
     assert events(1) == [("del", "k")]
 
 
+def test_a_request_id_record_notifies_like_set_pxat(server, events):
+    """The record is written as `SET <id key> <reply> PXAT <at>` would write it, so it fires
+    what that command fires: "set", then "expire"."""
+    r = server.client()
+    r.execute_command("RLOCK.ACQUIRE", "k", "a", 1000, "ID", "r1")
+    got = events(4)
+    assert got[:2] == [("hset", "k"), ("expire", "k")]
+    record = got[2][1]
+    assert got[2:] == [("set", record), ("expire", record)]
+    assert r.pttl(record) > 0
+
+
 def test_commands_that_change_nothing_notify_nothing(server, events):
     r = server.client()
     r.hset("k", "a", 1)

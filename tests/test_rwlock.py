@@ -141,6 +141,23 @@ def test_readers_share_and_the_layout_is_redissons(r):
     assert 19_000 < i[b"pttl"] <= 20_000
 
 
+def test_each_timeout_key_holds_a_value_of_its_own(r):
+    """The module keeps server strings of its constant words (`mode`, `1`) for hash
+    fields, which the server copies; a key's value is the string object itself, so a
+    timeout key's `1` is made for it. Shared, the keys would share one LRU/LFU clock, and
+    Valkey re-makes a stored value to embed its key."""
+    for owner in ("a", "b", "c"):
+        assert acq(r, "rw", "READ", owner) is None
+    assert acq(r, "rw", "READ", "a") is None  # re-entry
+    assert renew(r, "rw", "READ", "a") == 1
+    keys = [timeout_key("rw", o, n) for o, n in (("a", 1), ("a", 2), ("b", 1), ("c", 1))]
+    for k in keys:
+        assert r.get(k) == b"1"
+        assert r.object("refcount", k) == 1, k
+    r.append(keys[0], "x")
+    assert [r.get(k) for k in keys] == [b"1x", b"1", b"1", b"1"]
+
+
 def test_a_writer_excludes_everyone_and_replies_the_pttl(r):
     assert acq(r, "rw", "WRITE", "w", 10_000) is None
     assert r.hgetall("rw") == {b"mode": b"write", b"w:write": b"1"}

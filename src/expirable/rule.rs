@@ -180,8 +180,11 @@ impl Build {
     }
 
     fn set(&mut self, value: i64) {
-        self.effects
-            .push(Effect::Set(KeyRef::Main, value.to_string().into_bytes()));
+        self.effects.push(Effect::Set(
+            KeyRef::Main,
+            value.to_string().into_bytes().into(),
+            None,
+        ));
         self.s.available = Some(value);
         // SET drops the count key's TTL.
         self.s.expire_at = None;

@@ -255,7 +255,7 @@ fn setting_and_adding_permits_match_redisson() {
     let p = try_set_permits(ExpState::default(), K, 3, 0).unwrap();
     assert_eq!(
         p.effects.to_vec(),
-        vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+        vec![Effect::Set(KeyRef::Main, b"3".to_vec().into(), None)]
     );
     assert_eq!((p.message.as_deref(), p.wake), (Some(&b"3"[..]), true));
     assert_eq!(
@@ -274,7 +274,7 @@ fn setting_and_adding_permits_match_redisson() {
     let p = add_permits(s.clone(), K, 2, 0).unwrap();
     assert_eq!(
         p.effects.to_vec(),
-        vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+        vec![Effect::Set(KeyRef::Main, b"3".to_vec().into(), None)]
     );
     assert_eq!(
         (p.message.as_deref(), p.state.expire_at),

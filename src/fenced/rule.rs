@@ -115,13 +115,16 @@ impl FencedPlan {
         match self.lock.write {
             Some(Write::Set(n)) => out.push(Effect::HSet(
                 KeyRef::Main,
-                owner.to_vec(),
-                n.to_string().into_bytes(),
+                owner.to_vec().into(),
+                n.to_string().into_bytes().into(),
             )),
-            Some(Write::IncrBy(delta, result)) => {
-                out.push(Effect::HIncrBy(KeyRef::Main, owner.to_vec(), delta, result))
-            }
-            Some(Write::Remove) => out.push(Effect::HDel(KeyRef::Main, owner.to_vec())),
+            Some(Write::IncrBy(delta, result)) => out.push(Effect::HIncrBy(
+                KeyRef::Main,
+                owner.to_vec().into(),
+                delta,
+                result,
+            )),
+            Some(Write::Remove) => out.push(Effect::HDel(KeyRef::Main, owner.to_vec().into())),
             None => {}
         }
         if let Some(at) = self.lock.expire_at {
@@ -134,8 +137,13 @@ impl FencedPlan {
     /// `SET redisson_lock_token:{key} <token>`, when the plan issues a token: the write
     /// after the lock's own (which the glue writes as the plain lock's, `lock::store::apply`).
     pub fn token_effect(&self, key: &[u8]) -> Option<Effect> {
-        self.token
-            .map(|token| Effect::Set(KeyRef::Aux(token_key(key)), token.to_string().into_bytes()))
+        self.token.map(|token| {
+            Effect::Set(
+                KeyRef::Aux(token_key(key)),
+                token.to_string().into_bytes().into(),
+                None,
+            )
+        })
     }
 }
 
@@ -299,11 +307,12 @@ mod tests {
         assert_eq!(
             plan.effects(b"f", b"a"),
             vec![
-                Effect::HSet(KeyRef::Main, b"a".to_vec(), b"1".to_vec()),
+                Effect::HSet(KeyRef::Main, b"a".to_vec().into(), b"1".to_vec().into()),
                 Effect::PExpireAt(KeyRef::Main, NOW + 100),
                 Effect::Set(
                     KeyRef::Aux(b"redisson_lock_token:{f}".to_vec()),
-                    (NOW << CLOCK_SHIFT).to_string().into_bytes()
+                    (NOW << CLOCK_SHIFT).to_string().into_bytes().into(),
+                    None
                 ),
             ]
         );
@@ -313,7 +322,7 @@ mod tests {
         assert_eq!(plan.reply, FencedReply::Acquired(last + 1));
         assert_eq!(
             plan.effects(b"f", b"a")[0],
-            Effect::HIncrBy(KeyRef::Main, b"a".to_vec(), 1, 2)
+            Effect::HIncrBy(KeyRef::Main, b"a".to_vec().into(), 1, 2)
         );
         // Another owner: the PTTL, no token, nothing written.
         let plan = acquire(&held("a", 1, 50), || unreachable!(), b"b", 100, NOW).unwrap();

@@ -65,8 +65,11 @@ pub fn try_set_count(state: &LatchState, count: i64) -> Plan<LatchState> {
         Reply::Int(1),
         Outcome::Set,
     );
-    plan.effects
-        .push(Effect::Set(KeyRef::Main, count.to_string().into_bytes()));
+    plan.effects.push(Effect::Set(
+        KeyRef::Main,
+        count.to_string().into_bytes().into(),
+        None,
+    ));
     plan.message = Some(NEW_COUNT_MESSAGE.to_vec());
     plan
 }
@@ -191,7 +194,7 @@ mod tests {
         let p = try_set_count(&NONE, 3);
         assert_eq!(
             p.effects.to_vec(),
-            vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+            vec![Effect::Set(KeyRef::Main, b"3".to_vec().into(), None)]
         );
         assert_eq!(
             (p.reply.clone(), p.message.clone()),

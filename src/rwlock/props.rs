@@ -60,25 +60,28 @@ impl Store {
                     self.expiry.remove(k);
                 }
                 Effect::HSet(k, f, v) => {
-                    self.hash(k).insert(f.clone(), v.clone());
+                    self.hash(k).insert(f.to_vec(), v.to_vec());
                 }
                 Effect::HIncrBy(k, f, delta, result) => {
                     let h = self.hash(k);
-                    let cur = h.get(f).map_or(0, |v| parse_i64(v).unwrap());
+                    let cur = h.get(&f[..]).map_or(0, |v| parse_i64(v).unwrap());
                     assert_eq!(cur + delta, *result, "HINCRBY's stated result");
-                    h.insert(f.clone(), result.to_string().into_bytes());
+                    h.insert(f.to_vec(), result.to_string().into_bytes());
                 }
                 Effect::HDel(k, f) => {
                     let h = self.hash(k);
-                    h.remove(f);
+                    h.remove(&f[..]);
                     if h.is_empty() {
                         self.vals.remove(k);
                         self.expiry.remove(k);
                     }
                 }
-                Effect::Set(k, _) => {
+                Effect::Set(k, _, at) => {
                     self.vals.insert(k.clone(), Val::Str);
-                    self.expiry.remove(k);
+                    match at {
+                        Some(at) => self.expiry.insert(k.clone(), *at),
+                        None => self.expiry.remove(k),
+                    };
                 }
                 Effect::PExpireAt(k, at) => {
                     if self.vals.contains_key(k) {

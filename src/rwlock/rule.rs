@@ -22,7 +22,7 @@
 use super::state::*;
 
 use crate::vocab::args::{parse_acquire, parse_release, parse_renew, AcquireArgs, ReleaseArgs};
-use crate::vocab::effects::{Effect, Effects, KeyRef};
+use crate::vocab::effects::{Effect, Effects, KeyRef, ONE};
 use crate::vocab::errors::{
     ERR_COUNT_OVERFLOW, ERR_RW_OWNER_SUFFIX, ERR_RW_READ_HELD, ERR_RW_SIDE, ERR_RW_TOO_MANY_HOLDS,
     ERR_SYNTAX,
@@ -84,8 +84,8 @@ impl Build<'_> {
         if self.s.mode != Some(mode) {
             self.effects.push(Effect::HSet(
                 KeyRef::Main,
-                MODE_FIELD.to_vec(),
-                mode.as_bytes().to_vec(),
+                MODE_FIELD.into(),
+                mode.as_bytes().into(),
             ));
             self.s.mode = Some(mode);
         }
@@ -97,12 +97,12 @@ impl Build<'_> {
             Some(w) => {
                 let next = w.count.checked_add(1).ok_or(ERR_COUNT_OVERFLOW)?;
                 self.effects
-                    .push(Effect::HIncrBy(KeyRef::Main, field, 1, next));
+                    .push(Effect::HIncrBy(KeyRef::Main, field.into(), 1, next));
                 w.count = next;
             }
             None => {
                 self.effects
-                    .push(Effect::HSet(KeyRef::Main, field, b"1".to_vec()));
+                    .push(Effect::HSet(KeyRef::Main, field.into(), ONE));
                 self.s.writer = Some(Writer {
                     owner: owner.to_vec(),
                     count: 1,
@@ -121,10 +121,10 @@ impl Build<'_> {
         if w.count > 1 {
             w.count -= 1;
             self.effects
-                .push(Effect::HIncrBy(KeyRef::Main, field, -1, w.count));
+                .push(Effect::HIncrBy(KeyRef::Main, field.into(), -1, w.count));
             false
         } else {
-            self.effects.push(Effect::HDel(KeyRef::Main, field));
+            self.effects.push(Effect::HDel(KeyRef::Main, field.into()));
             self.s.writer = None;
             true
         }
@@ -138,14 +138,12 @@ impl Build<'_> {
         }
         let n = count + 1;
         self.effects.push(if count == 0 {
-            Effect::HSet(KeyRef::Main, owner.to_vec(), b"1".to_vec())
+            Effect::HSet(KeyRef::Main, owner.to_vec().into(), ONE)
         } else {
-            Effect::HIncrBy(KeyRef::Main, owner.to_vec(), 1, n)
+            Effect::HIncrBy(KeyRef::Main, owner.to_vec().into(), 1, n)
         });
         let timeout = KeyRef::Aux(timeout_key(self.key, owner, n));
-        self.effects
-            .push(Effect::Set(timeout.clone(), b"1".to_vec()));
-        self.effects.push(Effect::PExpireAt(timeout, end));
+        self.effects.push(Effect::Set(timeout, ONE, Some(end)));
         self.s.readers.entry(owner.to_vec()).or_default().push(end);
         Ok(())
     }
@@ -158,11 +156,15 @@ impl Build<'_> {
         let n = ends.len() as i64;
         ends.pop();
         if n > 1 {
-            self.effects
-                .push(Effect::HIncrBy(KeyRef::Main, owner.to_vec(), -1, n - 1));
+            self.effects.push(Effect::HIncrBy(
+                KeyRef::Main,
+                owner.to_vec().into(),
+                -1,
+                n - 1,
+            ));
         } else {
             self.effects
-                .push(Effect::HDel(KeyRef::Main, owner.to_vec()));
+                .push(Effect::HDel(KeyRef::Main, owner.to_vec().into()));
             self.s.readers.remove(owner);
         }
         self.effects
@@ -173,7 +175,7 @@ impl Build<'_> {
     fn drop_reader(&mut self, owner: &[u8]) {
         if let Some(ends) = self.s.readers.remove(owner) {
             self.effects
-                .push(Effect::HDel(KeyRef::Main, owner.to_vec()));
+                .push(Effect::HDel(KeyRef::Main, owner.to_vec().into()));
             for n in 1..=ends.len() as i64 {
                 self.effects
                     .push(Effect::Del(KeyRef::Aux(timeout_key(self.key, owner, n))));
@@ -189,10 +191,11 @@ impl Build<'_> {
         };
         for (i, e) in ends.iter_mut().enumerate() {
             let key = KeyRef::Aux(timeout_key(self.key, owner, i as i64 + 1));
-            if *e <= now {
-                self.effects.push(Effect::Set(key.clone(), b"1".to_vec()));
-            }
-            self.effects.push(Effect::PExpireAt(key, end));
+            self.effects.push(if *e <= now {
+                Effect::Set(key, ONE, Some(end))
+            } else {
+                Effect::PExpireAt(key, end)
+            });
             *e = end;
         }
     }

@@ -10,13 +10,22 @@ fn tk(owner: &str, n: i64) -> KeyRef {
     KeyRef::Aux(timeout_key(K, owner.as_bytes(), n))
 }
 fn main_hset(field: &str, value: &str) -> Effect {
-    Effect::HSet(KeyRef::Main, field.into(), value.into())
+    Effect::HSet(
+        KeyRef::Main,
+        field.as_bytes().to_vec().into(),
+        value.as_bytes().to_vec().into(),
+    )
 }
 fn incr(field: &str, delta: i64, result: i64) -> Effect {
-    Effect::HIncrBy(KeyRef::Main, field.into(), delta, result)
+    Effect::HIncrBy(
+        KeyRef::Main,
+        field.as_bytes().to_vec().into(),
+        delta,
+        result,
+    )
 }
 fn hdel(field: &str) -> Effect {
-    Effect::HDel(KeyRef::Main, field.into())
+    Effect::HDel(KeyRef::Main, field.as_bytes().to_vec().into())
 }
 fn expire_main(at: i64) -> Effect {
     Effect::PExpireAt(KeyRef::Main, at)
@@ -85,8 +94,7 @@ fn acquire_table() {
             vec![
                 main_hset("mode", "read"),
                 main_hset("a", "1"),
-                Effect::Set(tk("a", 1), b"1".to_vec()),
-                Effect::PExpireAt(tk("a", 1), NOW + 100),
+                Effect::Set(tk("a", 1), b"1".to_vec().into(), Some(NOW + 100)),
                 expire_main(NOW + 100),
             ],
         ),
@@ -114,8 +122,7 @@ fn acquire_table() {
             Acquired,
             vec![
                 main_hset("b", "1"),
-                Effect::Set(tk("b", 1), b"1".to_vec()),
-                Effect::PExpireAt(tk("b", 1), NOW + 100),
+                Effect::Set(tk("b", 1), b"1".to_vec().into(), Some(NOW + 100)),
                 expire_main(NOW + 100),
             ],
         ),
@@ -129,8 +136,7 @@ fn acquire_table() {
             Reentered,
             vec![
                 incr("a", 1, 2),
-                Effect::Set(tk("a", 2), b"1".to_vec()),
-                Effect::PExpireAt(tk("a", 2), NOW + 100),
+                Effect::Set(tk("a", 2), b"1".to_vec().into(), Some(NOW + 100)),
             ],
         ),
         (
@@ -183,8 +189,7 @@ fn acquire_table() {
             Acquired,
             vec![
                 main_hset("w", "1"),
-                Effect::Set(tk("w", 1), b"1".to_vec()),
-                Effect::PExpireAt(tk("w", 1), NOW + 100),
+                Effect::Set(tk("w", 1), b"1".to_vec().into(), Some(NOW + 100)),
                 expire_main(NOW + 100),
             ],
         ),
@@ -218,8 +223,7 @@ fn acquire_table() {
             vec![
                 main_hset("mode", "read"),
                 main_hset("b", "1"),
-                Effect::Set(tk("b", 1), b"1".to_vec()),
-                Effect::PExpireAt(tk("b", 1), NOW + 100),
+                Effect::Set(tk("b", 1), b"1".to_vec().into(), Some(NOW + 100)),
                 expire_main(NOW + 100),
             ],
         ),
@@ -463,8 +467,7 @@ fn renew_rearms_every_hold_of_the_owner_on_its_side() {
     assert_eq!(
         renew(&s2, K, Side::Read, b"a", 1000, NOW).effects.to_vec(),
         vec![
-            Effect::Set(tk("a", 1), b"1".to_vec()),
-            Effect::PExpireAt(tk("a", 1), NOW + 1000),
+            Effect::Set(tk("a", 1), b"1".to_vec().into(), Some(NOW + 1000)),
             Effect::PExpireAt(tk("a", 2), NOW + 1000),
             expire_main(NOW + 1000),
         ]

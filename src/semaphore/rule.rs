@@ -18,7 +18,7 @@
 
 use crate::vocab::args;
 use crate::vocab::args::{parse_i64, MAX_MS};
-use crate::vocab::effects::{prefix_name, Effect, Effects, KeyRef};
+use crate::vocab::effects::{prefix_name, Bytes, Effect, Effects, KeyRef};
 use crate::vocab::errors::{
     ERR_EMPTY_ID, ERR_NOT_A_SEMAPHORE, ERR_PERMITS, ERR_PERMITS_DELTA, ERR_PERMITS_OVERFLOW,
     ERR_PERMIT_COUNT, ERR_SYNTAX, ERR_TIMEOUT, ERR_TTL,
@@ -153,11 +153,9 @@ pub fn try_set_permits(
         Reply::Int(1),
         Outcome::Set,
     );
-    plan.effects.push(Effect::Set(KeyRef::Main, int(permits)));
-    if let Some(ttl) = ttl {
-        plan.effects
-            .push(Effect::PExpireAt(KeyRef::Main, now.saturating_add(ttl)));
-    }
+    let at = ttl.map(|ttl| now.saturating_add(ttl));
+    plan.effects
+        .push(Effect::Set(KeyRef::Main, int(permits).into(), at));
     plan.wake = permits > 0;
     plan.message = Some(int(permits));
     plan
@@ -178,7 +176,8 @@ pub fn add_permits(state: &SemState, delta: i64) -> Result<Plan<SemState>, &'sta
         Reply::Int(next),
         Outcome::Changed,
     );
-    plan.effects.push(Effect::Set(KeyRef::Main, int(next)));
+    plan.effects
+        .push(Effect::Set(KeyRef::Main, int(next).into(), None));
     plan.wake = delta > 0;
     plan.message = Some(int(next));
     Ok(plan)
@@ -251,7 +250,8 @@ pub fn drain(state: &SemState) -> Plan<SemState> {
                 Reply::Int(old),
                 Outcome::Drained,
             );
-            plan.effects.push(Effect::Set(KeyRef::Main, b"0".to_vec()));
+            plan.effects
+                .push(Effect::Set(KeyRef::Main, Bytes::Borrowed(b"0"), None));
             plan
         }
     }
@@ -458,7 +458,7 @@ mod tests {
         assert_eq!(p.reply, Reply::Int(1));
         assert_eq!(
             p.effects.to_vec(),
-            vec![Effect::Set(KeyRef::Main, b"3".to_vec())]
+            vec![Effect::Set(KeyRef::Main, b"3".to_vec().into(), None)]
         );
         assert_eq!(p.message, Some(b"3".to_vec()));
         assert!(p.wake);
@@ -466,10 +466,7 @@ mod tests {
         let p = try_set_permits(&NONE, 2, Some(500), 1000);
         assert_eq!(
             p.effects.to_vec(),
-            vec![
-                Effect::Set(KeyRef::Main, b"2".to_vec()),
-                Effect::PExpireAt(KeyRef::Main, 1500)
-            ]
+            vec![Effect::Set(KeyRef::Main, b"2".to_vec().into(), Some(1500))]
         );
         let p = try_set_permits(&NONE, 0, None, 1000);
         assert!(!p.wake, "zero permits serve nobody");
@@ -530,7 +527,7 @@ mod tests {
         let p = add_permits(&sem(1), -3).unwrap();
         assert_eq!(
             p.effects.to_vec(),
-            vec![Effect::Set(KeyRef::Main, b"-2".to_vec())]
+            vec![Effect::Set(KeyRef::Main, b"-2".to_vec().into(), None)]
         );
         assert_eq!(p.message, Some(b"-2".to_vec()));
         assert!(!p.wake, "fewer permits serve nobody new");
@@ -548,7 +545,7 @@ mod tests {
         assert_eq!((p.reply.clone(), p.state), (Reply::Int(5), sem(0)));
         assert_eq!(
             p.effects.to_vec(),
-            vec![Effect::Set(KeyRef::Main, b"0".to_vec())]
+            vec![Effect::Set(KeyRef::Main, b"0".to_vec().into(), None)]
         );
         assert!(p.message.is_none());
         assert_eq!(

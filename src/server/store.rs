@@ -15,12 +15,46 @@ use smallvec::{smallvec, SmallVec};
 
 use crate::server::ffi::{self, Arg, KeyKind, LockKey};
 use crate::server::tracking::OwnWrite;
-use crate::vocab::effects::{Effect, KeyRef};
+use crate::vocab::effects::{Bytes, Effect, KeyRef};
 use crate::vocab::errors::ERR_WRONGTYPE;
 use crate::vocab::reply::{self, Reply};
 
 fn number(n: i64) -> RedisString {
     ffi::long_string(n)
+}
+
+/// An effect's bytes as a server string: the module's kept one for a constant word
+/// ([`ffi::kept_string`]), else one made for this write.
+enum Word {
+    Kept(&'static RedisString),
+    Made(RedisString),
+}
+
+impl std::ops::Deref for Word {
+    type Target = RedisString;
+    fn deref(&self) -> &RedisString {
+        match self {
+            Word::Kept(s) => s,
+            Word::Made(s) => s,
+        }
+    }
+}
+
+/// A string to be stored as a key's value (`SET`): always one made for this write, never
+/// a kept one. The server keeps the string object itself as the value (a hash copies its
+/// fields instead): a shared object would share its LRU/LFU clock between keys, and
+/// Valkey re-makes a value to embed its key in it.
+fn stored(b: &[u8]) -> RedisString {
+    RedisString::create_from_slice(std::ptr::null_mut(), b)
+}
+
+/// For a hash's field or value, which the server copies (see [`stored`] for a key's value).
+fn word(b: &Bytes) -> Word {
+    let made = |b: &[u8]| Word::Made(RedisString::create_from_slice(std::ptr::null_mut(), b));
+    match b {
+        Bytes::Borrowed(w) => ffi::kept_string(w).map_or_else(|| made(w), Word::Kept),
+        Bytes::Owned(v) => made(v),
+    }
 }
 
 /// Publishes a Redisson message on one of its channels (every primitive's messages go
@@ -71,20 +105,27 @@ pub fn remember(ctx: &Context, request: &RedisString, reply: &Reply, now: i64) {
     let _own = OwnWrite::begin();
     let value = RedisString::create_from_slice(std::ptr::null_mut(), &reply::encode(reply));
     let at = now + crate::server::config::request_id_window_ms();
-    key.string_set(&value);
+    set_px_at(ctx, &key, request, &value, at);
+    ffi::signal_modified(ctx, request);
+}
+
+/// `SET key value PXAT at` through the key API, replicated and notified as that command
+/// ("set", then "expire"). `target` is the key's name.
+fn set_px_at(ctx: &Context, key: &LockKey, target: &RedisString, value: &RedisString, at: i64) {
+    key.string_set(value);
     key.set_abs_expire(at);
     ffi::replicate(
         ctx,
         c"SET",
         &[
-            Arg::Str(request),
-            Arg::Str(&value),
+            Arg::Str(target),
+            Arg::Str(value),
             Arg::Word(c"PXAT"),
             Arg::Int(at),
         ],
     );
-    ffi::notify(ctx, NotifyEvent::STRING, c"set", request);
-    ffi::signal_modified(ctx, request);
+    ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
+    ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
 }
 
 /// Deletes a remembered reply (a handoff taken back before its client was told).
@@ -230,24 +271,24 @@ fn apply_effects_with(
     let _own = OwnWrite::begin();
     let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
     // The keys written, each signalled once at the end: the command's own key apart, as
-    // most commands write only it (no copy of its name kept).
+    // most commands write only it. Another key's string is kept by reference (retained,
+    // not copied); a read hold writes one.
     let mut main_touched = false;
-    let mut touched: Vec<RedisString> = Vec::new();
+    let mut touched: SmallVec<[RedisString; 2]> = SmallVec::new();
     let mut touch = |target: &RedisString| {
         if std::ptr::eq(target, name) || target.as_slice() == name.as_slice() {
             main_touched = true;
         } else if !touched.iter().any(|t| t.as_slice() == target.as_slice()) {
-            touched.push(bytes(target.as_slice()));
+            touched.push(RedisString::new(None, target.inner));
         }
     };
     let mut i = 0;
     while i < effects.len() {
         let effect = &effects[i];
         i += 1;
-        // Two runs are written as one command each (the RW lock's new read hold and new
-        // lock): `SET k v` + `PEXPIREAT k at` as `SET k v PXAT at`, and consecutive HSETs
-        // of one key as one HSET of several fields. Same writes, same notifications as
-        // those commands fire; fewer commands replicated (each costs the server a command
+        // Consecutive HSETs of one key (a new RW lock's mode and first hold) are written
+        // as one HSET of several fields: the same writes and notification as that command;
+        // one command replicated, not one per field (each costs the server a command
         // lookup and a propagated argv).
         if let Some(merged) = merged_run(&effects[i - 1..]) {
             i += merged - 1;
@@ -285,13 +326,13 @@ fn apply_effects_with(
                 ffi::notify(ctx, NotifyEvent::GENERIC, c"del", target);
             }
             Effect::HSet(_, field, value) => {
-                let (field, value) = (bytes(field), bytes(value));
+                let (field, value) = (word(field), word(value));
                 key.hash_set(&field, &value);
                 ffi::replicate_argv(ctx, c"HSET", &[target, &field, &value]);
                 ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
             }
             Effect::HIncrBy(_, field, delta, result) => {
-                let field = bytes(field);
+                let field = word(field);
                 key.hash_set(&field, &number(*result));
                 ffi::replicate(
                     ctx,
@@ -301,16 +342,19 @@ fn apply_effects_with(
                 ffi::notify(ctx, NotifyEvent::HASH, c"hincrby", target);
             }
             Effect::HDel(_, field) => {
-                let field = bytes(field);
+                let field = word(field);
                 key.hash_del(&field);
                 ffi::replicate(ctx, c"HDEL", &[Arg::Str(target), Arg::Str(&field)]);
                 ffi::notify(ctx, NotifyEvent::HASH, c"hdel", target);
             }
-            Effect::Set(_, value) => {
-                let value = bytes(value);
+            Effect::Set(_, value, None) => {
+                let value = stored(value);
                 key.string_set(&value);
                 ffi::replicate(ctx, c"SET", &[Arg::Str(target), Arg::Str(&value)]);
                 ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
+            }
+            Effect::Set(_, value, Some(at)) => {
+                set_px_at(ctx, &key, target, &stored(value), *at);
             }
             Effect::PExpireAt(_, at) => {
                 key.set_abs_expire(*at);
@@ -409,7 +453,6 @@ impl std::ops::Deref for Handle<'_> {
 /// [`apply_effects`]), if at least two do.
 fn merged_run(effects: &[Effect]) -> Option<usize> {
     match effects {
-        [Effect::Set(k, _), Effect::PExpireAt(k2, _), ..] if k == k2 => Some(2),
         [Effect::HSet(k, ..), ..] => {
             let run = effects
                 .iter()
@@ -431,9 +474,8 @@ fn apply_merged(
     touch: &mut impl FnMut(&RedisString),
 ) {
     let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
-    let key_ref = match &run[0] {
-        Effect::Set(k, _) | Effect::HSet(k, ..) => k,
-        _ => return,
+    let Effect::HSet(key_ref, ..) = &run[0] else {
+        return;
     };
     let aux;
     let target: &RedisString = match key_ref {
@@ -445,44 +487,26 @@ fn apply_merged(
     };
     let key = Handle::of(ctx, key_ref, target, main);
     match run {
-        [Effect::Set(_, value), Effect::PExpireAt(_, at)] => {
-            let value = bytes(value);
-            key.string_set(&value);
-            key.set_abs_expire(*at);
-            ffi::replicate(
-                ctx,
-                c"SET",
-                &[
-                    Arg::Str(target),
-                    Arg::Str(&value),
-                    Arg::Word(c"PXAT"),
-                    Arg::Int(*at),
-                ],
-            );
-            // SET ... PXAT fires "set", then "expire".
-            ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
-            ffi::notify(ctx, NotifyEvent::GENERIC, c"expire", target);
-        }
         // Two fields (a read-write lock's mode and first hold): one call to the key API,
         // no vector.
         [Effect::HSet(_, f1, v1), Effect::HSet(_, f2, v2)] => {
-            let (f1, v1, f2, v2) = (bytes(f1), bytes(v1), bytes(f2), bytes(v2));
+            let (f1, v1, f2, v2) = (word(f1), word(v1), word(f2), word(v2));
             key.hash_set2(&f1, &v1, &f2, &v2);
             ffi::replicate_argv(ctx, c"HSET", &[target, &f1, &v1, &f2, &v2]);
             ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);
         }
         _ => {
-            let mut argv: Vec<RedisString> = Vec::with_capacity(run.len() * 2);
+            let mut argv: Vec<Word> = Vec::with_capacity(run.len() * 2);
             for effect in run {
                 if let Effect::HSet(_, field, value) = effect {
-                    let (field, value) = (bytes(field), bytes(value));
+                    let (field, value) = (word(field), word(value));
                     key.hash_set(&field, &value);
                     argv.push(field);
                     argv.push(value);
                 }
             }
             let mut args: Vec<&RedisString> = vec![target];
-            args.extend(argv.iter());
+            args.extend(argv.iter().map(|w| &**w));
             ffi::replicate_argv(ctx, c"HSET", &args);
             // One HSET of several fields fires one "hset".
             ffi::notify(ctx, NotifyEvent::HASH, c"hset", target);

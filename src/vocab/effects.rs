@@ -6,10 +6,20 @@
 //! Also the names Redisson derives from a lock name (its `prefixName`/`suffixName` rules),
 //! which put every auxiliary key and channel in the name's cluster slot.
 
-/// A plan's effects, in order. Inline up to three (a count-down, a permit taken, a new
-/// write lock's mode, hold and lease), so planning a command allocates nothing for them;
-/// more spill to the heap.
-pub type Effects = smallvec::SmallVec<[Effect; 4]>;
+/// The bytes an effect writes (a field, a value): a word of the layout (`mode`, `write`,
+/// `1`) lent for the program's life, or bytes made for this call. A constant is neither
+/// copied when planned nor made into a server string on every call (the glue keeps one
+/// per word), which is most of a new RW lock's own cost.
+pub type Bytes = std::borrow::Cow<'static, [u8]>;
+
+/// The value `1`: a new hold's count, a timeout key's value.
+pub const ONE: Bytes = Bytes::Borrowed(b"1");
+
+/// A plan's effects, in order. Inline up to five (a count-down, a permit taken, a new
+/// write lock's mode, hold and lease, a new read lock's mode, hold, timeout key and its
+/// lease, and the hash's lease), so planning a command allocates nothing for them; more
+/// spill to the heap.
+pub type Effects = smallvec::SmallVec<[Effect; 5]>;
 
 /// Which key an effect writes. Auxiliary keys are named by their bytes; they are always
 /// built by [`prefix_name`] or [`suffix_name`] from the main key, so they share its slot.
@@ -26,14 +36,15 @@ pub enum Effect {
     /// `DEL key` (a no-op on a missing key: the glue need not replicate it then).
     Del(KeyRef),
     /// `HSET key field value`.
-    HSet(KeyRef, Vec<u8>, Vec<u8>),
+    HSet(KeyRef, Bytes, Bytes),
     /// `HINCRBY key field delta`; the last value is the field's value after it, so the glue
     /// can write the result without reading the field again (and tests can check it).
-    HIncrBy(KeyRef, Vec<u8>, i64, i64),
+    HIncrBy(KeyRef, Bytes, i64, i64),
     /// `HDEL key field`.
-    HDel(KeyRef, Vec<u8>),
-    /// `SET key value` (drops any TTL, like SET; a PExpireAt may follow).
-    Set(KeyRef, Vec<u8>),
+    HDel(KeyRef, Bytes),
+    /// `SET key value`, or `SET key value PXAT at` with a deadline (ms since the epoch).
+    /// Without one it drops any TTL, like SET.
+    Set(KeyRef, Bytes, Option<i64>),
     /// `PEXPIREAT key at`, `at` in ms since the epoch.
     PExpireAt(KeyRef, i64),
     /// `PERSIST key`: the lease became unbounded (only when some hold had no TTL).

@@ -141,6 +141,38 @@ pub fn with_count_string<R>(n: i64, f: impl FnOnce(&RedisString) -> R) -> R {
     }
 }
 
+/// At most this many words are kept (see [`kept_string`]); the layouts use a handful.
+const KEPT_WORDS: usize = 32;
+
+/// A module string of a word that lives as long as the module (a layout's `mode`,
+/// `write`, `1`), made on its first use and lent on every later one, as
+/// [`with_count_string`] does for counts: a new RW lock writes three such words, and
+/// making and freeing a string for each was a tenth of its cost. `None` once
+/// [`KEPT_WORDS`] are kept (the caller makes a string of its own), so the table stays
+/// bounded whatever the callers pass.
+pub fn kept_string(word: &'static [u8]) -> Option<&'static RedisString> {
+    thread_local! {
+        // Redis calls modules on its main thread only. The strings are never freed: they
+        // are few and small, like `with_count_string`'s.
+        static KEPT: std::cell::RefCell<Vec<(&'static [u8], &'static RedisString)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    KEPT.with_borrow_mut(|kept| {
+        if let Some(&(_, s)) = kept.iter().find(|(w, _)| *w == word) {
+            return Some(s);
+        }
+        if kept.len() >= KEPT_WORDS {
+            return None;
+        }
+        let s: &'static RedisString = Box::leak(Box::new(RedisString::create_from_slice(
+            ptr::null_mut(),
+            word,
+        )));
+        kept.push((word, s));
+        Some(s)
+    })
+}
+
 /// True while clients are paused for writes (CLIENT PAUSE WRITE/ALL, a failover). Redis
 /// then keeps expired keys in place while reporting them missing, so a timer that wrote
 /// a lock over one would hit an assertion; timers wait for the pause to end instead.
