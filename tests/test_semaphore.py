@@ -56,6 +56,23 @@ def test_try_set_with_a_ttl_and_add_drops_it_as_redisson_does(r):
     assert r.pttl("t") == -1, "ADDPERMITS SETs, which drops it (Redisson's addPermits)"
 
 
+def test_a_count_written_in_place_grows_and_shrinks_its_digits(r):
+    """The count is written over as it lies when its number of digits stays, else resized
+    first: every length change, both ways and across the sign, keeps the TTL."""
+    assert sem(r, "RSEMAPHORE.TRYSETPERMITS", "d", 10, "PX", 60_000) == 1
+    steps = [("ACQUIRE", 1, b"9"), ("ACQUIRE", 1, b"8"), ("RELEASE", 2, b"10"),
+             ("RELEASE", 90, b"100"), ("ACQUIRE", 100, b"0"), ("RELEASE", 12345, b"12345"),
+             ("ACQUIRE", 12345, b"0"), ("RELEASE", 7, b"7")]
+    for op, n, want in steps:
+        sem(r, f"RSEMAPHORE.{op}", "d", n)
+        assert r.get("d") == want, (op, n)
+        assert 0 < r.pttl("d") <= 60_000, (op, n)
+    assert sem(r, "RSEMAPHORE.RELEASE", "fresh", 3) == 3 and r.get("fresh") == b"3"
+    r.set("enc", 5)  # an int-encoded value, shared with nobody after the write
+    assert sem(r, "RSEMAPHORE.RELEASE", "enc", 5) == 10 and r.get("enc") == b"10"
+    assert sem(r, "RSEMAPHORE.ACQUIRE", "enc", 1) == 1 and r.get("enc") == b"9"
+
+
 def test_a_big_request_at_the_head_is_served_before_later_small_ones(server):
     r = server.client()
     sem(r, "RSEMAPHORE.TRYSETPERMITS", "s", 0)

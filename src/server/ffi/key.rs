@@ -230,21 +230,31 @@ impl LockKey {
     pub fn string_write_number(&self, n: i64) {
         let digits = crate::vocab::apply::itoa(n);
         let digits = digits.as_bytes();
-        unsafe {
-            if raw::RedisModule_StringTruncate.unwrap()(self.key, digits.len())
-                != raw::REDISMODULE_OK as c_int
-            {
+        let dma = || {
+            let mut len: usize = 0;
+            let p = unsafe {
+                raw::RedisModule_StringDMA.unwrap()(
+                    self.key,
+                    &mut len,
+                    raw::REDISMODULE_WRITE as c_int,
+                )
+            };
+            (p, len)
+        };
+        // A count mostly keeps its number of digits: then it is written over as it lies,
+        // without resizing it first. (An empty key gives a length of 0: it is created by
+        // the resize.)
+        let (mut p, mut len) = dma();
+        if p.is_null() || len != digits.len() {
+            let resized =
+                unsafe { raw::RedisModule_StringTruncate.unwrap()(self.key, digits.len()) };
+            if resized != raw::REDISMODULE_OK as c_int {
                 return;
             }
-            let mut len: usize = 0;
-            let p = raw::RedisModule_StringDMA.unwrap()(
-                self.key,
-                &mut len,
-                raw::REDISMODULE_WRITE as c_int,
-            );
-            if !p.is_null() && len == digits.len() {
-                ptr::copy_nonoverlapping(digits.as_ptr(), p.cast::<u8>(), len);
-            }
+            (p, len) = dma();
+        }
+        if !p.is_null() && len == digits.len() {
+            unsafe { ptr::copy_nonoverlapping(digits.as_ptr(), p.cast::<u8>(), len) };
         }
     }
 
