@@ -60,7 +60,8 @@ pub fn anyone_waits() -> bool {
 
 /// True when somebody waits for this key. Cheap when nobody waits anywhere.
 pub fn has_waiters(db: i32, key: &[u8]) -> bool {
-    with(|q| q.total > 0 && q.len(db, key) > 0)
+    // Asked several times by every command: nobody waiting is one load, not a borrow.
+    anyone_waits() && with(|q| q.len(db, key) > 0)
 }
 
 /// The sum of [`Ask::units`] over a key's queue (0 without waiters).

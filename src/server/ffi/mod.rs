@@ -24,6 +24,8 @@
 use std::ffi::{c_int, c_long, c_void};
 use std::os::raw::c_char;
 use std::ptr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicPtr, AtomicUsize};
 use std::sync::OnceLock;
 
 use redis_module::{raw, Context, RedisString};
@@ -144,33 +146,47 @@ pub fn with_count_string<R>(n: i64, f: impl FnOnce(&RedisString) -> R) -> R {
 /// At most this many words are kept (see [`kept_string`]); the layouts use a handful.
 const KEPT_WORDS: usize = 32;
 
+// The kept words (address, length) and their strings, in statics read by plain loads: a
+// thread-local's lookup and borrow were half the cost of finding a word. Atomics only so
+// that they may be statics: Redis calls modules on its main thread alone.
+static KEPT_AT: [AtomicPtr<u8>; KEPT_WORDS] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; KEPT_WORDS];
+static KEPT_LEN: [AtomicUsize; KEPT_WORDS] = [const { AtomicUsize::new(0) }; KEPT_WORDS];
+static KEPT_STR: [AtomicPtr<RedisString>; KEPT_WORDS] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; KEPT_WORDS];
+static KEPT_COUNT: AtomicUsize = AtomicUsize::new(0);
+
 /// A module string of a word that lives as long as the module (a layout's `mode`,
 /// `write`, `1`), made on its first use and lent on every later one, as
 /// [`with_count_string`] does for counts: a new RW lock writes three such words, and
-/// making and freeing a string for each was a tenth of its cost. `None` once
-/// [`KEPT_WORDS`] are kept (the caller makes a string of its own), so the table stays
-/// bounded whatever the callers pass.
+/// making and freeing a string for each was a tenth of its cost. Found by the word's
+/// address (a constant's bytes stay where they are; the same word at two addresses takes
+/// two entries). `None` once [`KEPT_WORDS`] are kept (the caller makes a string of its
+/// own), so the table stays bounded whatever the callers pass. The strings are never
+/// freed: they are few and small, like `with_count_string`'s.
 pub fn kept_string(word: &'static [u8]) -> Option<&'static RedisString> {
-    thread_local! {
-        // Redis calls modules on its main thread only. The strings are never freed: they
-        // are few and small, like `with_count_string`'s.
-        static KEPT: std::cell::RefCell<Vec<(&'static [u8], &'static RedisString)>> =
-            const { std::cell::RefCell::new(Vec::new()) };
+    let n = KEPT_COUNT.load(Relaxed);
+    for i in 0..n {
+        if KEPT_AT[i].load(Relaxed).cast_const() == word.as_ptr()
+            && KEPT_LEN[i].load(Relaxed) == word.len()
+        {
+            // Stored below from a leaked box: valid for the module's life, and only this
+            // thread reads it.
+            return Some(unsafe { &*KEPT_STR[i].load(Relaxed) });
+        }
     }
-    KEPT.with_borrow_mut(|kept| {
-        if let Some(&(_, s)) = kept.iter().find(|(w, _)| *w == word) {
-            return Some(s);
-        }
-        if kept.len() >= KEPT_WORDS {
-            return None;
-        }
-        let s: &'static RedisString = Box::leak(Box::new(RedisString::create_from_slice(
-            ptr::null_mut(),
-            word,
-        )));
-        kept.push((word, s));
-        Some(s)
-    })
+    if n >= KEPT_WORDS {
+        return None;
+    }
+    let s: &'static RedisString = Box::leak(Box::new(RedisString::create_from_slice(
+        ptr::null_mut(),
+        word,
+    )));
+    KEPT_STR[n].store(ptr::from_ref(s).cast_mut(), Relaxed);
+    KEPT_AT[n].store(word.as_ptr().cast_mut(), Relaxed);
+    KEPT_LEN[n].store(word.len(), Relaxed);
+    KEPT_COUNT.store(n + 1, Relaxed);
+    Some(s)
 }
 
 /// True while clients are paused for writes (CLIENT PAUSE WRITE/ALL, a failover). Redis
