@@ -40,20 +40,19 @@ impl std::ops::Deref for Word {
     }
 }
 
-/// A string to be stored as a key's value (`SET`): always one made for this write, never
-/// a kept one. The server keeps the string object itself as the value (a hash copies its
-/// fields instead): a shared object would share its LRU/LFU clock between keys, and
-/// Valkey re-makes a value to embed its key in it.
-fn stored(b: &[u8]) -> RedisString {
+/// A server string made for this write (a key name, a message). A key's own value
+/// (`SET`) is always one of these, never a kept one: the server keeps the string object
+/// itself as the value (a hash copies its fields instead), so a shared object would share
+/// its LRU/LFU clock between keys, and Valkey re-makes a value to embed its key in it.
+fn made(b: &[u8]) -> RedisString {
     RedisString::create_from_slice(std::ptr::null_mut(), b)
 }
 
-/// For a hash's field or value, which the server copies (see [`stored`] for a key's value).
+/// For a hash's field or value, which the server copies (see [`made`] for a key's value).
 fn word(b: &Bytes) -> Word {
-    let made = |b: &[u8]| Word::Made(RedisString::create_from_slice(std::ptr::null_mut(), b));
     match b {
-        Bytes::Borrowed(w) => ffi::kept_string(w).map_or_else(|| made(w), Word::Kept),
-        Bytes::Owned(v) => made(v),
+        Bytes::Borrowed(w) => ffi::kept_string(w).map_or_else(|| Word::Made(made(w)), Word::Kept),
+        Bytes::Owned(v) => Word::Made(made(v)),
     }
 }
 
@@ -62,8 +61,8 @@ fn word(b: &Bytes) -> Word {
 /// cluster bus reaches the shard's replicas); otherwise with PUBLISH, replicated, so that
 /// subscribers connected to replicas hear it too.
 pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
-    let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
-    let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
+    let channel = made(channel);
+    let message = made(message);
     let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
     ffi::publish(ctx, &channel, &message, cluster);
     if !cluster {
@@ -78,8 +77,8 @@ pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
 /// end, docs/tickets.md: its client listens where it queued the ticket): SPUBLISH in
 /// cluster mode, else PUBLISH.
 pub fn publish_here(ctx: &Context, channel: &[u8], message: &[u8]) {
-    let channel = RedisString::create_from_slice(std::ptr::null_mut(), channel);
-    let message = RedisString::create_from_slice(std::ptr::null_mut(), message);
+    let channel = made(channel);
+    let message = made(message);
     let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
     ffi::publish(ctx, &channel, &message, cluster);
 }
@@ -103,7 +102,7 @@ pub fn remember(ctx: &Context, request: &RedisString, reply: &Reply, now: i64) {
         return; // somebody else's data: never overwrite it
     }
     let _own = OwnWrite::begin();
-    let value = RedisString::create_from_slice(std::ptr::null_mut(), &reply::encode(reply));
+    let value = made(&reply::encode(reply));
     let at = now + crate::server::config::request_id_window_ms();
     set_px_at(ctx, &key, request, &value, at);
     ffi::signal_modified(ctx, request);
@@ -130,7 +129,7 @@ fn set_px_at(ctx: &Context, key: &LockKey, target: &RedisString, value: &RedisSt
 
 /// Deletes a remembered reply (a handoff taken back before its client was told).
 pub fn forget_request(ctx: &Context, request: &[u8]) {
-    let name = RedisString::create_from_slice(std::ptr::null_mut(), request);
+    let name = made(request);
     let key = LockKey::open(ctx, &name, true);
     if !key.is_string() {
         return;
@@ -161,10 +160,7 @@ pub enum Value {
 
 /// A key's [`Value`] and its absolute expiry (-1: none; -2: missing), in the selected db.
 pub fn read_any(ctx: &Context, name: &[u8]) -> (Value, i64) {
-    read_key(
-        ctx,
-        &RedisString::create_from_slice(std::ptr::null_mut(), name),
-    )
+    read_key(ctx, &made(name))
 }
 
 /// The string value at `name` parsed where it lies (no copy, no expiry read): `parse(None)`
@@ -269,7 +265,6 @@ fn apply_effects_with(
         return;
     }
     let _own = OwnWrite::begin();
-    let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
     // The keys written, each signalled once at the end: the command's own key apart, as
     // most commands write only it. Another key's string is kept by reference (retained,
     // not copied); a read hold writes one.
@@ -311,7 +306,7 @@ fn apply_effects_with(
         let target: &RedisString = match key_ref {
             KeyRef::Main => name,
             KeyRef::Aux(n) => {
-                aux = bytes(n);
+                aux = made(n);
                 &aux
             }
         };
@@ -348,13 +343,13 @@ fn apply_effects_with(
                 ffi::notify(ctx, NotifyEvent::HASH, c"hdel", target);
             }
             Effect::Set(_, value, None) => {
-                let value = stored(value);
+                let value = made(value);
                 key.string_set(&value);
                 ffi::replicate(ctx, c"SET", &[Arg::Str(target), Arg::Str(&value)]);
                 ffi::notify(ctx, NotifyEvent::STRING, c"set", target);
             }
             Effect::Set(_, value, Some(at)) => {
-                set_px_at(ctx, &key, target, &stored(value), *at);
+                set_px_at(ctx, &key, target, &made(value), *at);
             }
             Effect::PExpireAt(_, at) => {
                 key.set_abs_expire(*at);
@@ -383,7 +378,7 @@ fn apply_effects_with(
                 let members: SmallVec<[RedisString; 2]> = items
                     .iter()
                     .map(|(score, member)| {
-                        let member = bytes(member);
+                        let member = made(member);
                         key.zset_add(*score, &member);
                         member
                     })
@@ -397,7 +392,7 @@ fn apply_effects_with(
                 ffi::notify(ctx, NotifyEvent::ZSET, c"zadd", target);
             }
             Effect::ZRem(_, members) => {
-                let members: Vec<RedisString> = members.iter().map(|m| bytes(m)).collect();
+                let members: Vec<RedisString> = members.iter().map(|m| made(m)).collect();
                 for member in &members {
                     key.zset_rem(member);
                 }
@@ -473,7 +468,6 @@ fn apply_merged(
     run: &[Effect],
     touch: &mut impl FnMut(&RedisString),
 ) {
-    let bytes = |b: &[u8]| RedisString::create_from_slice(std::ptr::null_mut(), b);
     let Effect::HSet(key_ref, ..) = &run[0] else {
         return;
     };
@@ -481,7 +475,7 @@ fn apply_merged(
     let target: &RedisString = match key_ref {
         KeyRef::Main => name,
         KeyRef::Aux(n) => {
-            aux = bytes(n);
+            aux = made(n);
             &aux
         }
     };
