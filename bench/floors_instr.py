@@ -8,12 +8,17 @@ renew and read-lock scripts. Whether any module command can get there is measure
 not estimated: bench/instr/floor.c's FLOOR.* commands do only what SPEC 1.4 makes such a
 command do (key API write, each effect replicated as its plain command with absolute
 expiries, the plain command's keyspace notifications, the WATCH signal), with no logic.
-Its FLOOR.LOCK.* variants try cheaper ways to do the same (see floor.c).
+Its FLOOR.LOCK.* variants try cheaper ways to do the same (see floor.c). Issue 24 sets
+its goals with the AOF on (RLOCK.ACQUIRE <= 1.3x SET NX PX, RLOCK.RENEW >= 2.5x cheaper
+than Redisson's renew script): a second set of server processes per server measures those
+with propagation happening, against FLOOR.LOCK.APPLY (the writes replicated as one
+command with one argument, as `rlock.replication commands` does) and FLOOR.RENEW.READ.
 
 Counted exactly as bench/instr.py counts (its `run_server`: callgrind, `processCommand`
 only, segments of N1 then N2 calls split by PING, per call = difference / (N2 - N1)).
-One invocation measures each server in three server processes (plain, librlock, floor
-module); writes a block between the `instr-floors` markers of BENCHMARK.md.
+One invocation measures each server in six server processes (plain, librlock, floor
+module; each with the AOF off, then on); writes a block between the `instr-floors`
+markers of BENCHMARK.md.
 """
 
 import concurrent.futures
@@ -26,6 +31,7 @@ from instr import (LEASE, OWNER, SHA, build_floor, held_with_count,  # noqa: E40
                    instr_arguments, key, load_scripts, report_per_server, run_server,
                    set_rounds)
 from instr_rw import LOAD as RW_LOAD, m_acq, r_read  # noqa: E402
+from replication_instr import aof_args  # noqa: E402
 
 
 def setnx(prefix):
@@ -81,6 +87,36 @@ FLOOR = [
     (("variant", "FLOOR.LOCK, again last"), [], floor_cmd("FLOOR.LOCK", "lag")),
 ]
 
+# With the AOF on (propagation happens, as with a replica): the goals of issue 24 for the
+# lock's acquire and renew, against the least a module command replicated as one command
+# (`rlock.replication commands`) can cost. One list per server process, as above, each
+# opened by a discarded warm-up: the AOF buffer still holds the presize's 300 000
+# PEXPIREATs when the first workload writes, and on Valkey that first append copies them
+# all (about 60 million instructions, once).
+WARM_UP = (("aof warm-up", ""), [], setnx("warm"))
+PLAIN_AOF = [
+    WARM_UP,
+    (("aof lock", "SET NX PX"), [], setnx("snx")),
+    (("aof lock", "Redisson script"), load_scripts(),
+     lambda i: ["EVALSHA", SHA["acquire"], 1, key("lock", i), LEASE, OWNER]),
+    (("aof renew", "Redisson script"), held_with_count("lock:rn"),
+     lambda i: ["EVALSHA", SHA["renew"], 1, "lock:rn", LEASE, OWNER]),
+]
+RLOCK_AOF = [
+    WARM_UP,
+    (("aof lock", "rlock"), [], lambda i: ["RLOCK.ACQUIRE", key("lock", i), OWNER, LEASE]),
+    (("aof renew", "rlock"), held_with_count("lock:rn"),
+     lambda i: ["RLOCK.RENEW", "lock:rn", OWNER, LEASE]),
+]
+FLOOR_AOF = [
+    WARM_UP,
+    (("aof lock", "floor"), [], floor_cmd("FLOOR.LOCK.APPLY", "lock")),
+    (("aof renew", "floor"), held_with_count("lock:rn"),
+     lambda i: ["FLOOR.RENEW.READ", "lock:rn", OWNER, LEASE]),
+    (("aof renew", "floor, existence only"), held_with_count("lock:rn2"),
+     lambda i: ["FLOOR.RENEW", "lock:rn2", OWNER, LEASE]),
+]
+
 VARIANTS = [
     ("FLOOR.NOP", "a module command that only replies nil: the dispatch of any module "
                   "command (argv wrapped, reply, the call's bookkeeping)"),
@@ -130,7 +166,30 @@ def tables(r, version):
     for name, what in VARIANTS:
         v = r[("variant", name)]
         lines.append(f"| {name} | {what} | {v:.0f} | {v - lock_fl:+.0f} |")
-    return lines + [""]
+    return lines + [""] + aof_table(r, version)
+
+
+def aof_table(r, version):
+    """The goals of issue 24 with the AOF on, against the floor of one replicated command."""
+    s = r[("aof lock", "SET NX PX")]
+    lines = [f"#### {version}, AOF on", "",
+             "| operation | goal | goal in instructions | Redisson script | rlock | floor "
+             "| rlock / floor | Redisson / rlock | Redisson / floor | floor / goal |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [("aof lock", "acquire, new lock (RLOCK.ACQUIRE; FLOOR.LOCK.APPLY)",
+             "<= 1.3x SET NX PX", 1.3 * s),
+            ("aof renew", "renew (RLOCK.RENEW; FLOOR.RENEW.READ)",
+             ">= 2.5x cheaper than Redisson", r[("aof renew", "Redisson script")] / 2.5)]
+    for op, label, goal_text, goal in rows:
+        red, rl, fl = r[(op, "Redisson script")], r[(op, "rlock")], r[(op, "floor")]
+        lines.append(f"| {label} | {goal_text} | {goal:.0f} | {red:.0f} | {rl:.0f} | "
+                     f"{fl:.0f} | {rl / fl:.2f}x | {red / rl:.2f}x | {red / fl:.2f}x | "
+                     f"{fl / goal:.2f}x |")
+    exists = r[("aof renew", "floor, existence only")]
+    lines += ["", f"SET NX PX with the AOF on: {s:.0f}. FLOOR.RENEW (the owner's field "
+              f"only tested for existence, which SPEC 1.6 does not allow): {exists:.0f}, "
+              f"{r[('aof renew', 'Redisson script')] / exists:.2f}x cheaper than Redisson.", ""]
+    return lines
 
 
 def main():
@@ -164,14 +223,28 @@ def main():
         f"{PRESIZE_KEYS:,} keys with a TTL, its tables sized for every key the runs add, "
         "so that no workload pays for a table's growth (which moved a figure by up to "
         "~8 000 instructions with its position): figures are not one for one those of the "
-        "tables above, whose servers start empty.", ""]
+        "tables above, whose servers start empty. The *AOF on* table below each server "
+        "measures issue 24's goals where they are set, with propagation happening "
+        "(`appendonly yes`, as in the *Replication* tables), against the floor of a command "
+        "replicated as `rlock.replication commands` replicates it: FLOOR.LOCK.APPLY writes "
+        "what FLOOR.LOCK writes and replicates one command whose one argument carries the "
+        "key, the owner and the deadline, copied into one buffer (the least any encoding "
+        "of them can cost); FLOOR.RENEW.READ renews as FLOOR.RENEW but reads the owner's "
+        "count, as SPEC 1.6 makes RLOCK.RENEW (a hash whose value is not a positive "
+        "integer is not a lock). A renewal has one write, so it replicates as one "
+        "`PEXPIREAT` in either mode; its lease is relative, so it cannot go out as itself.",
+        ""]
     def per_server(server, version, workdir):
         floor = build_floor(workdir)
-        runs = [([], PLAIN), ([os.path.abspath(a.module)], RLOCK), ([floor], FLOOR)]
+        module = os.path.abspath(a.module)
+        runs = [([], PLAIN, []), ([module], RLOCK, []), ([floor], FLOOR, [])]
+        runs += [(mods, w, aof_args(True, f"fla{n}")) for n, (mods, w) in
+                 enumerate([([], PLAIN_AOF), ([module], RLOCK_AOF), ([floor], FLOOR_AOF)])]
         results = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
             futs = [pool.submit(run_server, server, mods, PRESIZE, w, a.n1, a.n2, workdir,
-                                f"fl{n}") for n, (mods, w) in enumerate(runs)]
+                                f"fl{n}", extra_args=extra)
+                    for n, (mods, w, extra) in enumerate(runs)]
             for f in futs:
                 for k, v in f.result().items():
                     results[k] = v

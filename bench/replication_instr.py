@@ -181,7 +181,10 @@ def main():
         "by EVALSHA (Redis 7 replicates a script's effects). Counted as the tables above "
         f"(callgrind, `processCommand` only, N1 = {a.n1}, N2 = {a.n2}); *AOF on* is "
         "`appendonly yes` (the AOF buffer is fed inside the command, as a replica's would "
-        "be), *AOF off* skips propagation altogether.", ""]
+        "be), *AOF off* has the server drop what is propagated: the scripts' and SET's "
+        "effects are not built, and rlock's are built only where its replication gate may "
+        "not skip them (`rlock.replication-gate auto`: on Redis 7.2+ and Valkey, where the "
+        "gate's listener would cost every DEL; README, *Replication*).", ""]
     def per_server(server, version, workdir):
         results = measure(server, os.path.abspath(a.module), a.n1, a.n2, a.jobs, workdir,
                           lambda s: print(s, file=sys.stderr))

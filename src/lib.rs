@@ -220,6 +220,8 @@ redis_module! {
         enum: [
             ["replication", &config::REPLICATION, config::Replication::commands,
              ConfigurationFlags::DEFAULT, None],
+            ["replication-gate", &config::REPLICATION_GATE, config::ReplicationGate::auto,
+             ConfigurationFlags::DEFAULT, None],
         ],
         module_args_as_configuration: true,
     ]

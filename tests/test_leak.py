@@ -106,3 +106,36 @@ def test_many_lock_cycles_leave_memory_at_its_baseline(make_server):
         assert ctl.call("MODULE", "UNLOAD", "rlock") == b"OK"
     finally:
         ctl.close()
+
+
+def test_a_large_batch_replicated_leaves_no_buffer_behind(make_server):
+    """The replication glue keeps its `RLOCK.APPLY` payload buffer from one lock command to
+    the next (ffi/replication.rs), at a lock command's usual size: a command that carried
+    megabytes (a 1 MB owner id, written and replicated twice) must not keep them for good.
+    An AOF makes the module replicate on every server."""
+    s = make_server(args=["--appendonly", "yes", "--appendfsync", "no"])
+    c = Raw(s.port)
+    ctl = Raw(s.port)
+    try:
+        c.call("RLOCK.ACQUIRE", "warm", "o", 60_000)
+        c.call("RLOCK.RELEASE", "warm", "o")
+        settle_memory(ctl)
+        baseline = used_memory(ctl)
+        owner = "o" * (1 << 20)
+        clients = connected_clients(ctl)
+        big = Raw(s.port)  # closed before reading: its query buffer held the megabyte
+        assert big.call("RLOCK.ACQUIRE", "big", owner, 60_000) is None
+        assert big.call("RLOCK.RELEASE", "big", owner) == 1
+        big.close()
+        c.call("RLOCK.ACQUIRE", "small", "o", 60_000)  # a batch after it, of usual size
+        c.call("RLOCK.RELEASE", "small", "o")
+        wait_until(lambda: connected_clients(ctl) == clients, 5, what="the big client gone")
+
+        def back():
+            settle_memory(ctl)
+            return used_memory(ctl) - baseline <= MARGIN
+
+        wait_until(back, 10, what="memory back to its baseline")
+    finally:
+        c.close()
+        ctl.close()

@@ -20,7 +20,7 @@ import redis
 
 from cluster_helpers import (aof_commands, info_field, rlock_waiters, snapshot,
                              wait_link_up, wait_online, wait_replicated)
-from conftest import MODULE, wait_until
+from conftest import MODULE, server_has_post_notification_jobs, wait_until
 
 LEASE = 60000
 PRIMARY_ARGS = ["--appendonly", "yes", "--appendfsync", "always", "--hz", "100",
@@ -310,20 +310,27 @@ def gate_open(client):
     return client.info("rlock")["rlock_propagation_open"] == 1
 
 
+# The gate's own mechanics (ffi/replication.rs) are tested with the policy that lets it
+# skip on every server; the default, `auto`, lets it skip only where its listener costs
+# other commands nothing (Redis 7.0), tested at the end of this group.
+GATE = ["replication-gate", "yes"]
+
+
 def test_the_gate_asks_at_the_first_write_and_listens_only_where_writes_are_dropped(
         make_server):
     """Nothing is asked or listened to at load. The first lock write asks: with an AOF or
     a master every write is replicated from then on, with no listener; with neither the
     module listens for a fork or a master link (Redis 8.2 walks every module listener on
     each key deleted or overwritten, so a server where no lock was written has none)."""
-    primary = make_server("primary", args=PRIMARY_ARGS)
+    primary = make_server("primary", args=PRIMARY_ARGS, module_args=GATE)
     p = primary.client()
     assert not listening_for_propagation(p)
     p.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE)
     assert gate_open(p) and not listening_for_propagation(p)
-    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)],
+                          module_args=GATE)
     assert not listening_for_propagation(replica.client())
-    plain = make_server("plain")
+    plain = make_server("plain", module_args=GATE)
     c = plain.client()
     assert not listening_for_propagation(c) and not gate_open(c)
     c.set("other", "traffic")
@@ -339,7 +346,7 @@ def test_a_fork_opens_the_gate_without_a_listener_and_outlives_the_module(make_s
     watches, one listener (the master link) and no more; a BGSAVE opens it, and the next
     write drops that listener. The handler goes with the library: a fork after MODULE
     UNLOAD, and after loading it again, must not crash the server."""
-    server = make_server("plain")
+    server = make_server("plain", module_args=GATE)
     c = server.client()
     c.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE)
     assert listening_for_propagation(c) and not gate_open(c)
@@ -359,13 +366,13 @@ def test_a_fork_opens_the_gate_without_a_listener_and_outlives_the_module(make_s
     # Unloaded while watching (a lock written after the module came back), then forks.
     assert c.execute_command("MODULE", "UNLOAD", "rlock") == b"OK"
     fork("a BGSAVE without the module")
-    c.execute_command("MODULE", "LOAD", MODULE)
+    c.execute_command("MODULE", "LOAD", MODULE, *GATE)
     assert not gate_open(c)
     c.execute_command("RLOCK.ACQUIRE", "k2", "a", LEASE)
     assert listening_for_propagation(c) and not gate_open(c)
     assert c.execute_command("MODULE", "UNLOAD", "rlock") == b"OK"
     fork("a BGSAVE after unloading a watching module")
-    c.execute_command("MODULE", "LOAD", MODULE)
+    c.execute_command("MODULE", "LOAD", MODULE, *GATE)
     c.execute_command("RLOCK.ACQUIRE", "k3", "a", LEASE)
     fork("a BGSAVE with the module loaded again")
     assert gate_open(c)
@@ -378,9 +385,10 @@ def test_a_primary_restarted_from_its_rdb_replicates_to_replicas_that_continue(m
     backlog (a partial resync, no fork, no master link of its own), so the gate must see
     the backlog at the first write, not at load."""
     args = ["--repl-diskless-sync-delay", "0", "--hz", "100"]
-    primary = make_server("primary", args=args)
+    primary = make_server("primary", args=args, module_args=GATE)
     p = primary.client()
-    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)],
+                          module_args=GATE)
     r = replica.client()
     wait_link_up(r)
     wait_online(p)
@@ -408,7 +416,8 @@ def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server
     """Until propagation is possible the module skips building what the server would drop
     (ffi/replication.rs): the snapshot of a first sync and the AOF's first rewrite carry
     those writes, and every write after them is replicated."""
-    primary = make_server("primary", args=["--repl-diskless-sync-delay", "0", "--hz", "100"])
+    primary = make_server("primary", args=["--repl-diskless-sync-delay", "0", "--hz", "100"],
+                          module_args=GATE)
     p = primary.client()
     for i in range(5):
         p.execute_command("RLOCK.ACQUIRE", f"early{i}", "a", LEASE)
@@ -428,7 +437,8 @@ def test_writes_before_any_replica_or_aof_reach_both_once_they_exist(make_server
     assert not listening_for_propagation(p)
     p.execute_command("RLOCK.ACQUIRE", "late", "b", LEASE)
     # A replica attached now, its link cut and restored: partial resync from the backlog.
-    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)],
+                          module_args=GATE)
     r = replica.client()
     wait_link_up(r)
     wait_online(p)
@@ -456,8 +466,8 @@ def test_a_failover_without_aof_keeps_the_promoted_replicas_writes_for_the_old_p
     up is what tells the module to replicate; if not, its first write asks and finds the
     backlog."""
     args = ["--repl-diskless-sync-delay", "0", "--hz", "100"]
-    a_server = make_server("a", args=args)
-    b_server = make_server("b", args=args)  # a replica from run time on, not from its start
+    a_server = make_server("a", args=args, module_args=GATE)
+    b_server = make_server("b", args=args, module_args=GATE)  # a replica from run time on
     a, b = a_server.client(), b_server.client()
     if b_wrote_first:
         b.execute_command("RLOCK.ACQUIRE", "own", "o", LEASE)  # skipped: b listens
@@ -482,6 +492,59 @@ def test_a_failover_without_aof_keeps_the_promoted_replicas_writes_for_the_old_p
     agree(b, a)
     assert a.hgetall("before") == {b"o": b"2"}
     assert a.exists("after0", "after1", "after2") == 3
+
+
+def test_the_gate_skips_by_default_only_where_its_listener_costs_other_commands_nothing(
+        make_server):
+    """`rlock.replication-gate auto` (the default): on Redis 7.0 the gate skips and watches
+    as above, its master-link listener costing no other command anything; on Redis 7.2+
+    and Valkey, which call every module listener on each key deleted or overwritten, it
+    never skips, so no listener is ever added (a DEL costs what it costs without the
+    module) and the failover of the test above needs nothing watched."""
+    server = make_server("plain")
+    c = server.client()
+    assert c.config_get("rlock.replication-gate") == {"rlock.replication-gate": "auto"}
+    c.execute_command("RLOCK.ACQUIRE", "k", "a", LEASE)
+    c.set("other", "traffic")
+    c.delete("other")
+    if server_has_post_notification_jobs():
+        assert gate_open(c) and not listening_for_propagation(c)
+    else:
+        assert listening_for_propagation(c) and not gate_open(c)
+
+
+def test_the_gate_policy_changes_at_run_time(make_server):
+    """`no` replicates every write and drops a listener the gate left; `yes` lets a gate
+    that never opened skip again; a gate opened by a fork stays open whatever the policy
+    (the server may have replicas now). A replica attached after writes made under each
+    policy holds what the primary holds."""
+    args = ["--repl-diskless-sync-delay", "0", "--hz", "100"]
+    primary = make_server("primary", args=args, module_args=GATE)
+    p = primary.client()
+    p.execute_command("RLOCK.ACQUIRE", "k1", "a", LEASE)
+    assert listening_for_propagation(p) and not gate_open(p)
+    p.config_set("rlock.replication-gate", "no")
+    assert gate_open(p)
+    p.execute_command("RLOCK.ACQUIRE", "k2", "a", LEASE)
+    assert gate_open(p) and not listening_for_propagation(p)
+    p.config_set("rlock.replication-gate", "yes")
+    p.execute_command("RLOCK.ACQUIRE", "k3", "a", LEASE)
+    assert listening_for_propagation(p) and not gate_open(p)
+    replica = make_server("replica", args=["--replicaof", "127.0.0.1", str(primary.port)])
+    r = replica.client()
+    wait_link_up(r)
+    wait_online(p)
+    # The replica's sync forked: the gate is open for good.
+    p.execute_command("RLOCK.ACQUIRE", "k4", "a", LEASE)
+    assert gate_open(p) and not listening_for_propagation(p)
+    p.config_set("rlock.replication-gate", "yes")
+    p.execute_command("RLOCK.ACQUIRE", "k1", "a", LEASE)
+    assert gate_open(p) and not listening_for_propagation(p)
+    agree(p, r)
+    assert r.hgetall("k1") == {b"a": b"2"}
+    with pytest.raises(redis.ResponseError):
+        p.config_set("rlock.replication-gate", "sometimes")
+    assert p.config_get("rlock.replication-gate") == {"rlock.replication-gate": "yes"}
 
 
 def test_unlock_messages_reach_subscribers_on_a_replica_in_both_modes(trio):

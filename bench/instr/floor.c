@@ -37,7 +37,15 @@
  *    FLOOR.LOCK.CALL ...              RM_Call("HSET", "!...") + RM_Call("PEXPIREAT", "!...")
  *                                     : the server's own commands write, notify, signal and
  *                                     replicate
+ *    FLOOR.LOCK.APPLY ...             FLOOR.LOCK replicated as `rlock.replication commands`
+ *                                     replicates it: one command with one argument that
+ *                                     carries both writes (here the key, the owner and the
+ *                                     deadline, copied into one buffer: the least any
+ *                                     encoding of them can be; FLOOR.APPLY applies nothing)
  *    FLOOR.RENEW key owner lease-ms   RLOCK.RENEW: the field exists? PEXPIREAT; "expire"; 1
+ *    FLOOR.RENEW.READ ...             FLOOR.RENEW reading the owner's count, as SPEC 1.6
+ *                                     makes RLOCK.RENEW (a hash whose value is not a
+ *                                     positive integer is not a lock, and is not renewed)
  *    FLOOR.RWREAD key owner lease-ms  RRWLOCK.ACQUIRE READ, new lock, Redisson's layout:
  *                                     HSET key mode read owner 1;
  *                                     SET {key}:owner:rwlock_timeout:1 1 PXAT at ("set",
@@ -76,7 +84,26 @@ static int floor_nop(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return RedisModule_ReplyWithNull(ctx);
 }
 
-enum how { REPLICATE, NO_REPLICATE, REPLICATE_V };
+enum how { REPLICATE, NO_REPLICATE, REPLICATE_V, REPLICATE_ONE };
+
+/* FLOOR.LOCK.APPLY's one replicated command: the key, the owner and the deadline's digits
+ * in one argument. */
+static void replicate_one(RedisModuleCtx *ctx, RedisModuleString *name,
+                          RedisModuleString *owner, long long at) {
+    size_t nlen, olen;
+    const char *n = RedisModule_StringPtrLen(name, &nlen);
+    const char *o = RedisModule_StringPtrLen(owner, &olen);
+    char buf[512];
+    if (nlen + olen + 24 > sizeof buf) return;
+    memcpy(buf, n, nlen);
+    memcpy(buf + nlen, o, olen);
+    size_t len = nlen + olen;
+    char digits[24];
+    int d = 0;
+    for (unsigned long long v = (unsigned long long)at; v; v /= 10) digits[d++] = (char)('0' + v % 10);
+    while (d) buf[len++] = digits[--d];
+    RedisModule_Replicate(ctx, "FLOOR.APPLY", "b", buf, len);
+}
 
 static int lock_with(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, enum how how) {
     if (argc != 4) return RedisModule_WrongArity(ctx);
@@ -105,6 +132,7 @@ static int lock_with(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, en
         RedisModule_Replicate(ctx, "PEXPIREAT", "v", args, (size_t)2);
         RedisModule_FreeString(NULL, args[1]);
     }
+    if (how == REPLICATE_ONE) replicate_one(ctx, name, owner, at);
     RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
     RedisModule_CloseKey(key);
     RedisModule_SignalModifiedKey(ctx, name);
@@ -123,6 +151,18 @@ static int floor_lock_v(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     return lock_with(ctx, argv, argc, REPLICATE_V);
 }
 
+static int floor_lock_apply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return lock_with(ctx, argv, argc, REPLICATE_ONE);
+}
+
+/* FLOOR.APPLY payload: what FLOOR.LOCK.APPLY replicates; never run by the bench (no
+ * replica, and the AOF is not loaded back). */
+static int floor_apply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    if (argc != 2) return RedisModule_WrongArity(ctx);
+    return RedisModule_ReplyWithSimpleString(ctx, "OK");
+}
+
 static int floor_lock_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 4) return RedisModule_WrongArity(ctx);
     long long at = expiry(ctx, argv[3]);
@@ -139,15 +179,24 @@ static int floor_lock_call(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     return RedisModule_ReplyWithNull(ctx);
 }
 
-static int floor_renew(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+static int renew_with(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int read) {
     if (argc != 4) return RedisModule_WrongArity(ctx);
     long long at = expiry(ctx, argv[3]);
     if (!at) return REDISMODULE_OK;
     RedisModuleString *name = argv[1], *owner = argv[2];
     RedisModuleKey *key = RedisModule_OpenKey(ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
     int exists = 0;
-    if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_HASH)
-        RedisModule_HashGet(key, REDISMODULE_HASH_EXISTS, owner, &exists, NULL);
+    if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_HASH) {
+        if (read) {
+            RedisModuleString *count = NULL;
+            long long n = 0;
+            RedisModule_HashGet(key, REDISMODULE_HASH_NONE, owner, &count, NULL);
+            exists = count && RedisModule_StringToLongLong(count, &n) == REDISMODULE_OK && n >= 1;
+            if (count) RedisModule_FreeString(ctx, count);
+        } else {
+            RedisModule_HashGet(key, REDISMODULE_HASH_EXISTS, owner, &exists, NULL);
+        }
+    }
     if (!exists) {
         RedisModule_CloseKey(key);
         return RedisModule_ReplyWithLongLong(ctx, 0);
@@ -158,6 +207,14 @@ static int floor_renew(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
     RedisModule_CloseKey(key);
     RedisModule_SignalModifiedKey(ctx, name);
     return RedisModule_ReplyWithLongLong(ctx, 1);
+}
+
+static int floor_renew(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return renew_with(ctx, argv, argc, 0);
+}
+
+static int floor_renew_read(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return renew_with(ctx, argv, argc, 1);
 }
 
 static int floor_rwread(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
@@ -247,7 +304,10 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         {"floor.lock.norepl", floor_lock_norepl, "write deny-oom"},
         {"floor.lock.v", floor_lock_v, "write deny-oom"},
         {"floor.lock.call", floor_lock_call, "write deny-oom"},
+        {"floor.lock.apply", floor_lock_apply, "write deny-oom"},
+        {"floor.apply", floor_apply, "write"},
         {"floor.renew", floor_renew, "write"},
+        {"floor.renew.read", floor_renew_read, "write"},
         {"floor.rwread", floor_rwread, "write deny-oom"},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -62,3 +62,47 @@ impl ConfigurationValue<Replication> for ReplicationSetting {
         Ok(())
     }
 }
+
+pub use gate::ReplicationGate;
+
+// A module of its own: `enum_configuration!` imports its trait where it is expanded, once.
+mod gate {
+    use redis_module::enum_configuration;
+
+    enum_configuration! {
+        /// `rlock.replication-gate`: may the module skip building the replication of writes
+        /// the server would drop (no AOF, no replica, no backlog; `ffi::replication`)?
+        /// `auto`: where watching for that to change costs other commands nothing (Redis 7.0);
+        /// `yes`: everywhere; `no`: never.
+        #[allow(non_camel_case_types)]
+        pub enum ReplicationGate {
+            auto = 0,
+            yes = 1,
+            no = 2,
+        }
+    }
+}
+
+/// The `rlock.replication-gate` setting, kept in `ffi` where the gate reads it.
+pub struct ReplicationGateSetting;
+
+pub static REPLICATION_GATE: ReplicationGateSetting = ReplicationGateSetting;
+
+impl ConfigurationValue<ReplicationGate> for ReplicationGateSetting {
+    fn get(&self, _ctx: &ConfigurationContext) -> ReplicationGate {
+        match ffi::gate_policy() {
+            ffi::GatePolicy::Auto => ReplicationGate::auto,
+            ffi::GatePolicy::Yes => ReplicationGate::yes,
+            ffi::GatePolicy::No => ReplicationGate::no,
+        }
+    }
+
+    fn set(&self, _ctx: &ConfigurationContext, val: ReplicationGate) -> Result<(), RedisError> {
+        ffi::set_gate_policy(match val {
+            ReplicationGate::auto => ffi::GatePolicy::Auto,
+            ReplicationGate::yes => ffi::GatePolicy::Yes,
+            ReplicationGate::no => ffi::GatePolicy::No,
+        });
+        Ok(())
+    }
+}
