@@ -214,10 +214,11 @@ def main():
         "plain server, as in the tables above; no replica or AOF is attached, so "
         "RM_Replicate pays for looking the command up and building its argv, not for "
         "writing it out (the same holds for the scripts' and SET's propagation). "
-        "rlock runs as on any server with neither an AOF nor a replica: its replication "
-        "gate closed, it skips building what the server would drop (README, "
-        "*Replication*), which FLOOR.* builds always; *rlock / floor* below 1 is that "
-        "gate, and the *Replication* table (AOF on) compares rlock's replicated cost. "
+        "rlock runs as on any server with neither an AOF nor a replica: on Redis 7.0 its "
+        "replication gate is closed and it skips building what the server would drop "
+        "(README, *Replication*), which FLOOR.* builds always (*rlock / floor* below 1 is "
+        "that gate); on Redis 7.2+ and Valkey the gate's default policy "
+        "(`rlock.replication-gate auto`) builds it, as FLOOR.* does. "
         "*floor / goal* above 1 means no module command that replicates these effects "
         "reaches the goal on that server. Every server here starts with the same "
         f"{PRESIZE_KEYS:,} keys with a TTL, its tables sized for every key the runs add, "
@@ -238,7 +239,10 @@ def main():
         floor = build_floor(workdir)
         module = os.path.abspath(a.module)
         runs = [([], PLAIN, []), ([module], RLOCK, []), ([floor], FLOOR, [])]
-        runs += [(mods, w, aof_args(True, f"fla{n}")) for n, (mods, w) in
+        # The AOF directories live in the one work directory all servers share: each
+        # server's name its own (a server would load another's AOF and refuse to start).
+        tag = "".join(ch for ch in version if ch.isalnum())
+        runs += [(mods, w, aof_args(True, f"fla{n}-{tag}")) for n, (mods, w) in
                  enumerate([([], PLAIN_AOF), ([module], RLOCK_AOF), ([floor], FLOOR_AOF)])]
         results = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
