@@ -144,6 +144,9 @@ fn register(ctx: &Context) -> Status {
         // `rlock.replication commands`; refused from ordinary clients. No key positions:
         // it is only ever read from a primary's stream or an AOF, never routed.
         ["rlock.apply", server::replication::apply_command, "write", 0, 0, 0],
+        // RLOCK.ACQUIRE with its lease's absolute end, what a new lock or a re-entry
+        // replicates (lock/commands.rs); its key is inside its one argument.
+        ["rlock.acquireat", lock::commands::acquire_at, "write", 0, 0, 0],
     );
     Status::Ok
 }

@@ -18,8 +18,9 @@ import contextlib
 import pytest
 import redis
 
-from cluster_helpers import (aof_commands, info_field, rlock_waiters, snapshot,
-                             wait_link_up, wait_online, wait_replicated)
+from cluster_helpers import (aof_commands, aof_files, info_field, read_resp_commands,
+                             rlock_waiters, snapshot, wait_link_up, wait_online,
+                             wait_replicated)
 from conftest import MODULE, server_has_post_notification_jobs, wait_until
 
 LEASE = 60000
@@ -170,8 +171,8 @@ def test_every_kind_of_change_leaves_the_replica_identical(trio):
 # The changing calls of one run, in order, each answered as written. `commands` mode must
 # replicate each as exactly one command; `effects` as several for some.
 CALLS = [
-    ("RLOCK.ACQUIRE", "k", "a", LEASE),                  # HSET + PEXPIREAT
-    ("RLOCK.ACQUIRE", "k", "a", LEASE),                  # HINCRBY + PEXPIREAT
+    ("RLOCK.ACQUIRE", "k", "a", LEASE),                  # RLOCK.ACQUIREAT (HSET + PEXPIREAT)
+    ("RLOCK.ACQUIRE", "k", "a", LEASE),                  # RLOCK.ACQUIREAT (HINCRBY + ...)
     ("RLOCK.RENEW", "k", "a", LEASE),                    # PEXPIREAT alone
     ("RLOCK.RELEASE", "k", "a", LEASE),                  # HINCRBY + PEXPIREAT
     ("RLOCK.RELEASE", "k", "a"),                         # DEL + PUBLISH
@@ -239,8 +240,12 @@ def test_commands_mode_writes_one_aof_entry_per_module_command(make_server):
     names = [e[0].upper() for e in entries]
     assert b"MULTI" not in names and b"EXEC" not in names, names
     assert len(entries) == len(CALLS), names
-    assert names.count(b"RLOCK.APPLY") >= 8, names
+    assert names.count(b"RLOCK.APPLY") >= 6, names
     assert names[2] == b"PEXPIREAT", "a command that writes one thing replicates that thing"
+    # A new lock and a re-entry are the command itself, its lease's end made absolute;
+    # with a request id, whose record follows, the writes go as RLOCK.APPLY.
+    assert names[:2] == [b"RLOCK.ACQUIREAT"] * 2, names
+    assert names[5] == b"RLOCK.APPLY", names
     # A command whose writes follow from its arguments and the key's state alone (no
     # clock, no grant, no message) replicates as itself (SPEC 1.4's first form).
     at = {call: entry for call, entry in zip(CALLS, entries)}
@@ -279,27 +284,129 @@ def test_the_mode_can_change_at_run_time(make_server):
     c.execute_command("RLOCK.ACQUIRE", "k3", "a", LEASE)
     names = [e[0].upper() for e in module_entries(s)]
     # effects: two plain commands, which the server wraps in MULTI/EXEC
-    assert names == [b"RLOCK.APPLY", b"MULTI", b"HSET", b"PEXPIREAT", b"EXEC",
-                     b"RLOCK.APPLY"], names
+    assert names == [b"RLOCK.ACQUIREAT", b"MULTI", b"HSET", b"PEXPIREAT", b"EXEC",
+                     b"RLOCK.ACQUIREAT"], names
     with pytest.raises(redis.ResponseError):
         c.config_set("rlock.replication", "both")
     assert c.config_get("rlock.replication") == {"rlock.replication": "commands"}
 
 
+INTERNAL = {"RLOCK.APPLY": ["*2\r\n$3\r\nDEL\r\n$6\r\nvictim\r\n"],
+            "RLOCK.ACQUIREAT": ["*3\r\n$6\r\nvictim\r\n$1\r\no\r\n$1\r\n1\r\n"]}
+
+
 @pytest.mark.parametrize("how", ["client", "multi", "script"])
-def test_rlock_apply_is_refused_from_ordinary_clients(server, how):
+@pytest.mark.parametrize("command", sorted(INTERNAL))
+def test_the_internal_commands_are_refused_from_ordinary_clients(server, command, how):
     c = server.client()
     c.set("victim", "v")
-    with pytest.raises(redis.ResponseError, match="internal"):
-        if how == "client":
-            c.execute_command("RLOCK.APPLY", "DEL", "victim")
-        elif how == "multi":
-            pipe = c.pipeline(transaction=True)
-            pipe.execute_command("RLOCK.APPLY", "DEL", "victim")
-            pipe.execute()
-        else:
-            c.eval("return redis.call('RLOCK.APPLY', 'DEL', KEYS[1])", 1, "victim")
+    c.execute_command("RLOCK.ACQUIRE", "lock", "a", LEASE)
+    words = [command, *INTERNAL[command]]
+    for args in (words, [command, "lock", "a", 1], [command, words_of("lock", "b", 1)]):
+        with pytest.raises(redis.ResponseError, match=f"{command} is internal"):
+            if how == "client":
+                c.execute_command(*args)
+            elif how == "multi":
+                pipe = c.pipeline(transaction=True)
+                pipe.execute_command(*args)
+                pipe.execute()
+            else:
+                c.eval("return redis.call(unpack(ARGV))", 1, "victim", *args)
     assert c.get("victim") == b"v"
+    assert c.hgetall("lock") == {b"a": b"1"} and c.pttl("lock") > LEASE - 60000
+
+
+def words_of(*words):
+    """One RESP array of `words`: the argument of RLOCK.ACQUIREAT."""
+    out = f"*{len(words)}\r\n".encode()
+    for w in words:
+        w = str(w).encode()
+        out += b"$%d\r\n%s\r\n" % (len(w), w)
+    return out
+
+
+def test_a_new_lock_and_a_re_entry_replicate_as_themselves_with_the_lease_end(trio):
+    """SPEC 1.4's first form for the lock's hot path: RLOCK.ACQUIRE of a free lock, or by
+    its holder, reaches the replica and the AOF as RLOCK.ACQUIREAT with the absolute end
+    the primary computed. Called plainly, in MULTI/EXEC and from a script, the replica
+    and a restart hold the same hash and the same PEXPIRETIME; with a request id or a
+    queue served first, the writes go as RLOCK.APPLY and agree as well."""
+    mode, primary, replica, p, r = trio
+    r.config_set("appendonly", "yes")  # what the replica passes on, in its own AOF
+    wait_until(lambda: not any(r.info("persistence")[f] for f in
+                               ("aof_rewrite_in_progress", "aof_rewrite_scheduled")),
+               10, what="the replica's AOF written")
+    p.execute_command("RLOCK.ACQUIRE", "a", "o", LEASE)
+    p.execute_command("RLOCK.ACQUIRE", "a", "o", LEASE + 5000)
+    tx = p.pipeline(transaction=True)
+    tx.execute_command("RLOCK.ACQUIRE", "b", "o", LEASE)
+    tx.execute_command("RLOCK.ACQUIRE", "b", "o", LEASE)
+    tx.execute_command("RLOCK.ACQUIRE", "a", "o", LEASE)
+    tx.execute()
+    p.eval("return redis.call('RLOCK.ACQUIRE', KEYS[1], 'o', ARGV[1])", 1, "c", LEASE)
+    p.execute_command("RLOCK.ACQUIRE", "d", "o", LEASE, "ID", "req-1")
+    assert p.execute_command("RLOCK.ACQUIRE", "a", "other", LEASE) > 0  # held: no write
+    before = agree(p, r)
+    assert r.hgetall("a") == {b"o": b"3"} and r.hgetall("b") == {b"o": b"2"}
+    entries = [e for e in module_entries(primary) if e[0].upper() not in
+               (b"MULTI", b"EXEC")]
+    if mode == "commands":
+        at = [read_resp_commands(e[1])[0] for e in entries
+              if e[0].upper() == b"RLOCK.ACQUIREAT"]
+        assert [e[:2] for e in at] == [[k, b"o"] for k in b"a a b b a c".split()], entries
+        assert int(at[-2][2]) == p.pexpiretime("a") and int(at[-1][2]) == p.pexpiretime("c")
+        assert entries[-1][0].upper() == b"RLOCK.APPLY", "the request record follows"
+        # The replica's own AOF has them as they came.
+        names = [e[0].upper() for e in module_entries(replica)]
+        assert names.count(b"RLOCK.ACQUIREAT") == 6, names
+    else:
+        assert not [e for e in entries if e[0].upper().startswith(b"RLOCK")], entries
+    primary.restart()
+    assert everything(primary.client()) == before
+
+
+def test_internal_commands_read_from_an_aof_never_crash_and_refuse_bad_input(make_server):
+    """An AOF is a file anyone may edit: each internal command (SPEC 1.4) read from one
+    with bad input is refused and changes nothing, and the server loads the rest."""
+    s = make_server(args=PRIMARY_ARGS)
+    c = s.client()
+    c.execute_command("RLOCK.ACQUIRE", "held", "a", LEASE)
+    c.set("str", "v")
+    s.stop()
+    far = 99999999999999
+    at = "RLOCK.ACQUIREAT"
+    bad = [
+        [at, words_of("x1", "o", "soon")],
+        [at, words_of("x2", "o", 0)],
+        [at, words_of("x3", "o", -5)],
+        [at, words_of("x4", "", far)],
+        [at, words_of("x5", "o")],
+        [at, words_of("x6", "o", 1, "extra")],
+        [at, words_of("x7", "o", far) * 2],
+        [at, words_of("x8", "o", far)[:-1]],
+        [at, b""],
+        [at, "x9", "o", far],
+        [at],
+        [at, words_of("str", "o", far)],                  # not a lock
+        [at, words_of("held", "b", far)],                 # another holds it
+        ["RLOCK.APPLY", b"*1\r\n$3\r\nDEL"],
+        ["RLOCK.APPLY", b""],
+        ["RLOCK.APPLY"],
+        [at, words_of("ok", "o", far)],                   # and a good one
+    ]
+    incr = [f for f in aof_files(s) if f.name.endswith(".incr.aof")][-1]
+    with incr.open("ab") as f:
+        for words in bad:
+            f.write(f"*{len(words)}\r\n".encode())
+            for w in words:
+                w = w if isinstance(w, bytes) else str(w).encode()
+                f.write(b"$%d\r\n%s\r\n" % (len(w), w))
+    s.start()
+    c = s.client()
+    assert c.hgetall("held") == {b"a": b"1"} and c.get("str") == b"v"
+    assert c.hgetall("ok") == {b"o": b"1"} and c.pexpiretime("ok") == far
+    assert not [k for k in c.keys("x*")], c.keys("x*")
+    s.assert_alive()
 
 
 def listening_for_propagation(client):

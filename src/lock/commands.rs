@@ -20,8 +20,10 @@ use crate::lock::store::{apply, freed, open_for_write, read, write};
 use crate::lock::{self, LockState, Outcome, Plan, Reply};
 use crate::pipeline::{err, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::server::ffi::{self, LockKey};
-use crate::server::{guard, stats, store};
+use crate::server::{guard, replication, stats, store};
+use crate::vocab::apply::{self, Word};
 use crate::vocab::args::{self, AcquireArgs};
+use crate::vocab::errors::{ERR_ACQUIREAT_INTERNAL, ERR_DEADLINE, ERR_EMPTY_OWNER};
 use crate::vocab::reply;
 
 fn value(reply: Reply) -> RedisValue {
@@ -61,7 +63,19 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let (key, state) = open_for_write(ctx, db, name, Some(owner));
                 let plan =
                     lock::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
-                write(ctx, key, name, owner, &plan, request, now);
+                let name_bytes = name.as_slice();
+                let recorded = request.is_some() && lock::remembers(plan.outcome);
+                match plan.expire_at {
+                    // A new lock or a re-entry, nothing written after it: it replicates
+                    // as RLOCK.ACQUIREAT, itself with the lease's absolute end (SPEC 1.4).
+                    Some(at) if !recorded => ffi::as_rewritten_alone(
+                        ctx,
+                        c"RLOCK.ACQUIREAT",
+                        &[Word::Bytes(name_bytes), Word::Bytes(a.owner), Word::Int(at)],
+                        || write(ctx, key, name, owner, &plan, request, now),
+                    ),
+                    _ => write(ctx, key, name, owner, &plan, request, now),
+                }
                 if let (Outcome::Contended, Reply::Int(pttl)) = (plan.outcome, plan.reply) {
                     let ask = move || {
                         let ask = LockAsk::new(a.owner, a.lease, a.id);
@@ -73,10 +87,47 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     });
                 }
                 // A new lease: waiters behind it are looked at when it ends.
-                engine::note_expiry(ctx, db, name.as_slice(), a.lease);
+                engine::note_expiry(ctx, db, name_bytes, a.lease);
                 Ok(Answer::Now(value(plan.reply)))
             },
         )
+    })
+}
+
+/// RLOCK.ACQUIREAT <payload>: internal (SPEC 1.4), what RLOCK.ACQUIRE replicates for a
+/// new lock or a re-entry: the command made deterministic, its key, owner and lease's
+/// absolute end as one argument (a RESP array of the three, `vocab::apply::push_words`).
+/// A replica or an AOF reload runs the acquire's rule on the same state with that end:
+/// the same hash, the same PEXPIRETIME, the notifications and WATCH signal of the plain
+/// commands. Nothing else an acquire does on a primary happens here (no counter, no
+/// request-id record: the primary replicated those itself, and never with this).
+/// Refused from ordinary clients, whose locks would otherwise end whenever they chose.
+pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    guard::command(|| {
+        replication::internal_only(ctx, ERR_ACQUIREAT_INTERNAL)?;
+        let [_, payload] = args else {
+            return Err(RedisError::WrongArity);
+        };
+        let words = apply::decode_words(payload.as_slice(), 3).map_err(RedisError::Str)?;
+        let [name, owner, at] = words[..] else {
+            unreachable!("decode_words returns as many words as asked")
+        };
+        let at = args::parse_i64(at)
+            .filter(|&at| at > 0)
+            .ok_or(RedisError::Str(ERR_DEADLINE))?;
+        if owner.is_empty() {
+            return Err(RedisError::Str(ERR_EMPTY_OWNER));
+        }
+        let (name, owner) = (ctx.create_string(name), ctx.create_string(owner));
+        let (key, state) = open_for_write(ctx, ffi::selected_db(ctx), &name, Some(&owner));
+        let plan = lock::acquire(&state.map_err(err)?, owner.as_slice(), 0, at).map_err(err)?;
+        if plan.outcome == Outcome::Contended {
+            // The primary found the lock free or its own: the replica's data had diverged.
+            ctx.log_warning("rlock: RLOCK.ACQUIREAT found the lock held by another owner");
+        }
+        // Deterministic: onward (a replica's own AOF and replicas) as it came.
+        ffi::as_called_alone(|| apply(ctx, &key, &name, &owner, &plan));
+        Ok(value(plan.reply))
     })
 }
 

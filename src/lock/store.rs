@@ -148,7 +148,11 @@ pub fn apply(ctx: &Context, key: &LockKey, name: &RedisString, owner: &RedisStri
         Some(Write::Set(n)) => {
             // A new lock (or a handoff): remember the key, so that if it goes away by
             // expiry, DEL or overwrite, the module still publishes its unlock message.
-            engine::track(ffi::selected_db(ctx), name.as_slice(), &UNLOCK_OWED);
+            // Only while tracking is on (somebody waits somewhere): else not even the
+            // name is looked at.
+            if tracking::active() {
+                engine::track(ffi::selected_db(ctx), name.as_slice(), &UNLOCK_OWED);
+            }
             ffi::with_count_string(n, |value| key.hash_set(owner, value));
             ffi::replicate(
                 ctx,

@@ -17,10 +17,7 @@ use crate::vocab::errors::ERR_APPLY_INTERNAL;
 /// own AOF, its replicas).
 pub fn apply_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        let flags = ctx.get_flags();
-        if !flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
-            return Err(RedisError::Str(ERR_APPLY_INTERNAL));
-        }
+        internal_only(ctx, ERR_APPLY_INTERNAL)?;
         let [_, payload] = args else {
             return Err(RedisError::WrongArity);
         };
@@ -37,4 +34,16 @@ pub fn apply_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
         ffi::replicate_verbatim(ctx);
         Ok(RedisValue::SimpleStringStatic("OK"))
     })
+}
+
+/// Refuses an internal command (SPEC 1.4: `RLOCK.APPLY`, `RLOCK.ACQUIREAT`) unless it comes
+/// from a primary's replication stream or an AOF being loaded: from anyone else (a
+/// client, `MULTI`, a script) it could write any state.
+pub fn internal_only(ctx: &Context, refusal: &'static str) -> Result<(), RedisError> {
+    let flags = ctx.get_flags();
+    if flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
+        Ok(())
+    } else {
+        Err(RedisError::Str(refusal))
+    }
 }

@@ -29,13 +29,24 @@ pub fn push_command<'a>(
     push_header(out, b'*', args.len() as u64 + 1);
     push_bulk(out, name);
     for arg in args {
-        match arg {
-            Word::Bytes(b) => push_bulk(out, b),
-            Word::Int(n) => {
-                let digits = itoa(n);
-                push_bulk(out, digits.as_bytes());
-            }
-        }
+        push_word(out, arg);
+    }
+}
+
+fn push_word(out: &mut Vec<u8>, word: Word) {
+    match word {
+        Word::Bytes(b) => push_bulk(out, b),
+        Word::Int(n) => push_bulk(out, itoa(n).as_bytes()),
+    }
+}
+
+/// Appends words as one RESP array (`*3\r\n$1\r\nk...`): the one argument of an internal
+/// command that stands for a module command made deterministic (`RLOCK.ACQUIREAT`'s key,
+/// owner and deadline), read back by [`decode_words`].
+pub fn push_words<'a>(out: &mut Vec<u8>, words: impl ExactSizeIterator<Item = Word<'a>>) {
+    push_header(out, b'*', words.len() as u64);
+    for word in words {
+        push_word(out, word);
     }
 }
 
@@ -150,6 +161,15 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Vec<&[u8]>>, &'static str> {
     Ok(commands)
 }
 
+/// The words [`push_words`] wrote: exactly one array of `n` words, or an error naming
+/// what is wrong.
+pub fn decode_words(payload: &[u8], n: usize) -> Result<Vec<&[u8]>, &'static str> {
+    match decode(payload) {
+        Ok(mut arrays) if arrays.len() == 1 && arrays[0].len() == n => Ok(arrays.remove(0)),
+        _ => Err("ERR malformed internal command"),
+    }
+}
+
 /// `<kind><decimal>\r\n` at `at`: the number and where what follows starts.
 fn header(payload: &[u8], at: usize, kind: u8) -> Option<(usize, usize)> {
     if payload.get(at) != Some(&kind) {
@@ -171,6 +191,7 @@ fn header(payload: &[u8], at: usize, kind: u8) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy;
 
     #[test]
     fn commands_come_back_as_they_were_written() {
@@ -202,6 +223,122 @@ mod tests {
             p.starts_with(b"*4\r\n$4\r\nHSET\r\n$1\r\nk\r\n"),
             "plain RESP"
         );
+    }
+
+    /// The encoding as plainly as it can be written: what the one-pass writer must match.
+    fn reference(name: &[u8], args: &[Word]) -> Vec<u8> {
+        let mut words: Vec<Vec<u8>> = vec![name.to_vec()];
+        for arg in args {
+            words.push(match *arg {
+                Word::Bytes(b) => b.to_vec(),
+                Word::Int(n) => n.to_string().into_bytes(),
+            });
+        }
+        let mut out = format!("*{}\r\n", words.len()).into_bytes();
+        for w in words {
+            out.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
+            out.extend_from_slice(&w);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    #[test]
+    fn every_length_and_integer_is_framed_as_resp_frames_it() {
+        let ints = [
+            0,
+            9,
+            10,
+            99,
+            100,
+            999,
+            1_000,
+            9_999,
+            10_000,
+            99_999,
+            100_000,
+            -1,
+            -10,
+            -10_000,
+            1_795_547_430_676,
+            i64::MAX,
+            i64::MIN,
+        ];
+        let lens = [0, 1, 9, 10, 99, 100, 999, 1_000, 10_000, 100_000];
+        let mut p = b"*1\r\n$3\r\nDEL\r\n".to_vec(); // what a batch already holds
+        let mut expected = p.clone();
+        for &len in &lens {
+            let bytes = vec![b'x'; len];
+            let args: Vec<Word> = std::iter::once(Word::Bytes(&bytes))
+                .chain(ints.iter().map(|&n| Word::Int(n)))
+                .collect();
+            push_command(&mut p, b"HSET", args.iter().copied());
+            expected.extend_from_slice(&reference(b"HSET", &args));
+        }
+        // 10, 100 and 1 000 words: the count's own digits change too.
+        for n in [9usize, 10, 99, 100, 999] {
+            let args = vec![Word::Int(7); n];
+            push_command(&mut p, b"ZADD", args.iter().copied());
+            expected.extend_from_slice(&reference(b"ZADD", &args));
+        }
+        assert_eq!(p, expected);
+        assert!(decode(&p).is_ok());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_command_is_written_as_resp_writes_it(
+            name in proptest::collection::vec(proptest::num::u8::ANY, 1..20),
+            args in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::num::i64::ANY.prop_map(Err),
+                    proptest::collection::vec(proptest::num::u8::ANY, 0..300).prop_map(Ok),
+                ],
+                0..12,
+            ),
+        ) {
+            let words: Vec<Word> = args
+                .iter()
+                .map(|a| match a {
+                    Ok(b) => Word::Bytes(b),
+                    Err(n) => Word::Int(*n),
+                })
+                .collect();
+            let mut p = Vec::new();
+            push_command(&mut p, &name, words.iter().copied());
+            proptest::prop_assert_eq!(&p, &reference(&name, &words));
+            let decoded = decode(&p).unwrap();
+            proptest::prop_assert_eq!(decoded.len(), 1);
+            proptest::prop_assert_eq!(decoded[0].len(), words.len() + 1);
+        }
+    }
+
+    #[test]
+    fn words_come_back_as_one_array_of_as_many() {
+        let mut p = Vec::new();
+        push_words(
+            &mut p,
+            [
+                Word::Bytes(b"k"),
+                Word::Bytes(b"o\r\n"),
+                Word::Int(1_795_547_430_676),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            p,
+            b"*3\r\n$1\r\nk\r\n$3\r\no\r\n\r\n$13\r\n1795547430676\r\n"
+        );
+        assert_eq!(
+            decode_words(&p, 3).unwrap(),
+            vec![&b"k"[..], b"o\r\n", b"1795547430676"]
+        );
+        assert!(decode_words(&p, 2).is_err(), "as many as asked");
+        let mut two = p.clone();
+        two.extend_from_slice(&p);
+        assert!(decode_words(&two, 3).is_err(), "one array");
+        assert!(decode_words(b"", 3).is_err());
+        assert!(decode_words(&p[..p.len() - 1], 3).is_err());
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub const ERR_PERMITS_OVERFLOW: &str = "ERR permit count would overflow";
 pub const ERR_PERMIT_LEASE: &str =
     "ERR lease-ms must be -1 (no lease) or an integer from 1 to 3153600000000";
 pub const ERR_PERMIT_ID: &str = "ERR permit-id must be 2 to 64 hex digits, an even number of them";
+pub const ERR_DEADLINE: &str = "ERR deadline-ms must be an integer from 1 to 9223372036854775807";
 pub const ERR_TTL: &str = "ERR ttl-ms must be an integer from 1 to 3153600000000";
 pub const ERR_LATCH_COUNT: &str = "ERR count must be an integer from 1 to 9223372036854775807";
 pub const ERR_LATCH_OVERFLOW: &str = "ERR latch count would overflow";
@@ -54,3 +55,5 @@ pub const ERR_LATCH_OVERFLOW: &str = "ERR latch count would overflow";
 /// `RLOCK.APPLY` from anyone but a primary's replication stream or an AOF being loaded.
 pub const ERR_APPLY_INTERNAL: &str =
     "ERR RLOCK.APPLY is internal: only a primary's replication stream or an AOF reload may send it";
+pub const ERR_ACQUIREAT_INTERNAL: &str =
+    "ERR RLOCK.ACQUIREAT is internal: only a primary's replication stream or an AOF reload may send it";

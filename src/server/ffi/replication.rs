@@ -21,7 +21,7 @@ use super::*;
 
 use std::cell::RefCell;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::Relaxed};
 
 use crate::vocab::apply::{self, Word};
 
@@ -76,8 +76,6 @@ pub fn gate_policy() -> GatePolicy {
 
 /// The writes of the running unit of work not yet replicated.
 struct Batch {
-    /// Units of work entered and not left (nesting: an event inside a command).
-    depth: u32,
     /// The depth of the unit that opened the batch: it sends it when it ends.
     owner: u32,
     ctx: *mut raw::RedisModuleCtx,
@@ -97,6 +95,9 @@ struct Batch {
     skip_own: bool,
     /// Own writes counted and not recorded: the command itself stands for them.
     unrecorded: usize,
+    /// What goes out for them when it is not the command as it was called (see
+    /// [`as_rewritten_alone`]).
+    stand_in: Option<StandIn>,
     /// While the one write of a command that writes nothing else runs ([`direct`]): it
     /// goes out at once, not through the batch.
     direct: bool,
@@ -115,7 +116,6 @@ thread_local! {
     // Redis calls modules on its main thread only; the batch never crosses threads.
     static BATCH: RefCell<Batch> = const {
         RefCell::new(Batch {
-            depth: 0,
             owner: 0,
             ctx: ptr::null_mut(),
             db: 0,
@@ -126,28 +126,41 @@ thread_local! {
             as_called: 0,
             skip_own: false,
             unrecorded: 0,
+            stand_in: None,
             direct: false,
         })
     };
 }
 
+/// Units of work entered and not left (nesting: an event inside a command). A static, not
+/// a field of the batch: the module's thread-locals cost a call each (`__tls_get_addr`,
+/// in a library loaded at run time), and this is read on every write.
+static DEPTH: AtomicU32 = AtomicU32::new(0);
+
+fn depth() -> u32 {
+    DEPTH.load(Relaxed)
+}
+
 /// A unit of work starts (see `server::guard`).
 pub fn unit_enter() {
-    BATCH.with(|b| b.borrow_mut().depth += 1);
+    DEPTH.store(depth() + 1, Relaxed);
 }
 
 /// A unit of work ends: if it opened the batch, the batch goes out now, as one command.
 pub fn unit_leave() {
+    let depth = depth();
+    DEPTH.store(depth.saturating_sub(1), Relaxed);
     BATCH.with(|b| {
         let mut b = b.borrow_mut();
-        if b.commands > 0 && b.owner == b.depth {
+        if b.commands > 0 && b.owner == depth {
             send(&mut b);
         }
-        b.depth = b.depth.saturating_sub(1);
-        if b.depth == 0 {
+        if depth <= 1 {
+            SILENT.store(false, Relaxed); // also after a panic inside the writes
             b.as_called = 0; // a spoiled mark with nothing sent ends with its command
             b.skip_own = false;
             b.unrecorded = 0;
+            b.stand_in = None;
             b.direct = false;
         }
     });
@@ -155,11 +168,8 @@ pub fn unit_leave() {
 
 /// True when a write joins the running unit's batch (see [`direct`] for the exception).
 fn batching() -> bool {
-    commands_mode()
-        && BATCH.with(|b| {
-            let b = b.borrow();
-            b.depth > 0 && !(b.direct && b.depth == 1)
-        })
+    let depth = depth();
+    commands_mode() && depth > 0 && !(depth == 1 && BATCH.with(|b| b.borrow().direct))
 }
 
 /// Runs `write`, the running command's only write, when its plan says nothing follows it
@@ -213,13 +223,81 @@ pub fn as_called_alone<R>(write: impl FnOnce() -> R) -> R {
     with_fresh_flag(|b| &mut b.skip_own, write)
 }
 
+/// [`as_called_alone`] for own writes that carry a time, so the command as it was called
+/// would not repeat them (a new lock's or a re-entry's lease end, computed from this
+/// server's clock): they are counted, not recorded, and `cmd` goes out for them with
+/// `words` as its one argument, a RESP array (`vocab::apply::push_words`): the command
+/// made deterministic, SPEC 1.4's first form (`RLOCK.ACQUIREAT` with the key, the owner
+/// and the lease's absolute end). One argument, not one per word: the server frames,
+/// copies and writes out each argument of a propagated command (with the AOF on, three
+/// cost more than this payload). Recording the writes would send an `RLOCK.APPLY` of two
+/// commands, twice as long and costlier to build.
+pub fn as_rewritten_alone<R>(
+    ctx: &Context,
+    cmd: &'static CStr,
+    words: &[Word],
+    write: impl FnOnce() -> R,
+) -> R {
+    if !fresh() || !propagating(ctx) {
+        return write();
+    }
+    // The writes are not even recorded: [`replicate`] only counts them, at its first line
+    // (the gate was asked above, once).
+    SILENT.store(true, Relaxed);
+    SILENT_WRITES.store(0, Relaxed);
+    let r = write();
+    SILENT.store(false, Relaxed);
+    if SILENT_WRITES.load(Relaxed) > 0 {
+        BATCH.with(|b| {
+            let mut b = b.borrow_mut();
+            b.ctx = ctx.ctx;
+            b.db = selected_db(ctx);
+            b.owner = 1;
+            b.commands = 1;
+            b.unrecorded = 1;
+            b.as_called = 1;
+            // Fresh: the payload is empty; the stand-in's argument is its start.
+            apply::push_words(&mut b.payload, words.iter().copied());
+            b.stand_in = Some(StandIn {
+                cmd,
+                len: b.payload.len(),
+            });
+        });
+    }
+    r
+}
+
+/// The command that goes out for a command's own writes (see [`as_rewritten_alone`]):
+/// its name, and its one argument, the first `len` bytes of the batch's payload.
+#[derive(Clone, Copy)]
+struct StandIn {
+    cmd: &'static CStr,
+    len: usize,
+}
+
+/// Set while the own writes of [`as_rewritten_alone`] run, at the command's own depth
+/// (1): a nested unit's writes (an event fired by them) are replicated as usual.
+static SILENT: AtomicBool = AtomicBool::new(false);
+/// How many writes [`SILENT`] swallowed.
+static SILENT_WRITES: AtomicU32 = AtomicU32::new(0);
+
+/// True (and counted) for a write that a stand-in will replicate.
+fn silenced() -> bool {
+    if SILENT.load(Relaxed) && depth() == 1 {
+        SILENT_WRITES.store(SILENT_WRITES.load(Relaxed) + 1, Relaxed);
+        return true;
+    }
+    false
+}
+
 /// Nothing replicated yet by the running command, outside any nested unit: its next
 /// writes may be all it replicates.
 fn fresh() -> bool {
-    batching()
+    commands_mode()
+        && depth() == 1
         && BATCH.with(|b| {
             let b = b.borrow();
-            b.depth == 1 && b.commands == 0 && b.as_called == 0
+            !b.direct && b.commands == 0 && b.as_called == 0
         })
 }
 
@@ -470,12 +548,12 @@ fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
     BATCH.with(|b| {
         let mut b = b.borrow_mut();
         let b = &mut *b;
-        if b.skip_own && b.depth == 1 {
+        if b.skip_own && depth() == 1 {
             // The command's own writes, all in its db: asked once, at the first.
             if b.commands == 0 {
                 b.ctx = ctx.ctx;
                 b.db = selected_db(ctx);
-                b.owner = b.depth;
+                b.owner = depth();
             }
             b.commands += 1;
             b.unrecorded += 1;
@@ -491,7 +569,7 @@ fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
             0 => {
                 b.ctx = ctx.ctx;
                 b.db = db;
-                b.owner = b.depth;
+                b.owner = depth();
                 b.first = Some(cmd);
                 b.first_args.extend(args.iter().map(|arg| match arg {
                     Arg::Str(s) => Held::Str(retain(s)),
@@ -563,8 +641,22 @@ fn send(b: &mut Batch) {
             // `as_called_alone`), which still replays in the order it ran.
             let recorded = b.commands - b.unrecorded;
             if b.unrecorded > 0 {
-                if let Some(verbatim) = raw::RedisModule_ReplicateVerbatim {
-                    verbatim(ctx);
+                match b.stand_in.take() {
+                    Some(s) => {
+                        f(
+                            ctx,
+                            s.cmd.as_ptr(),
+                            c"b".as_ptr(),
+                            b.payload.as_ptr().cast::<c_char>(),
+                            s.len,
+                        );
+                        b.payload.drain(..s.len);
+                    }
+                    None => {
+                        if let Some(verbatim) = raw::RedisModule_ReplicateVerbatim {
+                            verbatim(ctx);
+                        }
+                    }
                 }
             }
             match (b.first, recorded) {
@@ -599,12 +691,13 @@ fn send(b: &mut Batch) {
     b.commands = 0;
     b.as_called = 0;
     b.unrecorded = 0;
+    b.stand_in = None;
     b.owner = 0;
 }
 
 /// Replicates `cmd` with `args`: at once in `effects` mode, else into the unit's batch.
 pub fn replicate(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
-    if !propagating(ctx) {
+    if silenced() || !propagating(ctx) {
         return;
     }
     if batching() {
@@ -676,7 +769,7 @@ fn replicate_now(ctx: *mut raw::RedisModuleCtx, cmd: &CStr, args: &[Held]) {
 /// primitives: ZADD with many members, ...). The fixed shapes of [`replicate`] stay for
 /// the lock's hot path, which they keep free of a vector.
 pub fn replicate_argv(ctx: &Context, cmd: &'static CStr, args: &[&RedisString]) {
-    if !propagating(ctx) {
+    if silenced() || !propagating(ctx) {
         return;
     }
     if batching() {
