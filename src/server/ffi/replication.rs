@@ -8,9 +8,12 @@
 //! - `commands` (the default): they are collected while a unit of work runs (a command,
 //!   a timer, an event: `server::guard` opens and closes units) and go out when it ends
 //!   as **one** command: the plain command itself when there is only one, else one
-//!   `RLOCK.APPLY` whose one argument carries them all (`vocab::apply`). The server then propagates one
-//!   command, not a MULTI/EXEC of several: under real propagation (a replica or an AOF)
-//!   that is most of what a lock command costs.
+//!   `RLOCK.APPLY` whose one argument carries them all (`vocab::apply`). The server then
+//!   propagates one command, not a MULTI/EXEC of several: under real propagation (a
+//!   replica or an AOF) that is most of what a lock command costs. A command whose own
+//!   writes follow from its arguments and the key's state goes out as itself instead
+//!   ([`as_called`], [`as_called_alone`]), or, where they also follow from the clock, as
+//!   itself made deterministic ([`as_rewritten_alone`]: `RLOCK.ACQUIREAT`).
 //!
 //! A batch is kept per db (a timer may serve keys of several dbs: each db's writes go out
 //! with that db selected) and is sent by the unit that opened it, with that unit's
