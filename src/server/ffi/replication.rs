@@ -279,7 +279,10 @@ struct StandIn {
 }
 
 /// Set while the own writes of [`as_rewritten_alone`] run, at the command's own depth
-/// (1): a nested unit's writes (an event fired by them) are replicated as usual.
+/// (1): a nested unit's writes (an event fired by them) are replicated as usual, and would
+/// go out before the stand-in, which is queued once the writes are done. None happen
+/// today: the lock's own notifications are marked as its own (`tracking::OwnWrite`) and
+/// start nothing in the module.
 static SILENT: AtomicBool = AtomicBool::new(false);
 /// How many writes [`SILENT`] swallowed.
 static SILENT_WRITES: AtomicU32 = AtomicU32::new(0);
