@@ -147,6 +147,10 @@ fn register(ctx: &Context) -> Status {
         // RLOCK.ACQUIRE with its lease's absolute end, what a new lock or a re-entry
         // replicates (lock/commands.rs); its key is inside its one argument.
         ["rlock.acquireat", lock::commands::acquire_at, "write", 0, 0, 0],
+        // The same for the read-write lock's acquire (its clock, for the read holds' lease
+        // ends, as well) and the fenced lock's (rwlock/commands.rs, fenced/commands.rs).
+        ["rrwlock.acquireat", rwlock::commands::acquire_at, "write", 0, 0, 0],
+        ["rfenced.acquireat", fenced::commands::acquire_at, "write", 0, 0, 0],
     );
     Status::Ok
 }

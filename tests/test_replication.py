@@ -177,12 +177,12 @@ CALLS = [
     ("RLOCK.RELEASE", "k", "a", LEASE),                  # HINCRBY + PEXPIREAT
     ("RLOCK.RELEASE", "k", "a"),                         # DEL + PUBLISH
     ("RLOCK.ACQUIRE", "k", "b", LEASE, "ID", "req"),     # + the request record
-    ("RRWLOCK.ACQUIRE", "rw", "READ", "o", LEASE),       # several keys
+    ("RRWLOCK.ACQUIRE", "rw", "READ", "o", LEASE),       # RRWLOCK.ACQUIREAT (several keys)
     ("RSEMAPHORE.TRYSETPERMITS", "s", 3),
     ("RSEMAPHORE.ACQUIRE", "s", 2),
     ("RPSEMAPHORE.TRYSETPERMITS", "e", 2),
     ("RPSEMAPHORE.ACQUIRE", "e", LEASE, "PERMITS", 2),
-    ("RFENCED.ACQUIRE", "f", "o", LEASE),
+    ("RFENCED.ACQUIRE", "f", "o", LEASE),                # RFENCED.ACQUIREAT (+ the token)
     ("RLATCH.TRYSETCOUNT", "l", 1),
     ("RLATCH.COUNTDOWN", "l"),
     ("RLATCH.TRYSETCOUNT", "l2", 2),
@@ -243,9 +243,11 @@ def test_commands_mode_writes_one_aof_entry_per_module_command(make_server):
     assert names.count(b"RLOCK.APPLY") >= 6, names
     assert names[2] == b"PEXPIREAT", "a command that writes one thing replicates that thing"
     # A new lock and a re-entry are the command itself, its lease's end made absolute;
-    # with a request id, whose record follows, the writes go as RLOCK.APPLY.
+    # with a request id, whose record follows, the writes go as RLOCK.APPLY. So are the
+    # read-write lock's and the fenced lock's acquires (the RW lock's with the clock).
     assert names[:2] == [b"RLOCK.ACQUIREAT"] * 2, names
     assert names[5] == b"RLOCK.APPLY", names
+    assert names[6] == b"RRWLOCK.ACQUIREAT" and names[11] == b"RFENCED.ACQUIREAT", names
     # A command whose writes follow from its arguments and the key's state alone (no
     # clock, no grant, no message) replicates as itself (SPEC 1.4's first form).
     at = {call: entry for call, entry in zip(CALLS, entries)}
@@ -292,7 +294,10 @@ def test_the_mode_can_change_at_run_time(make_server):
 
 
 INTERNAL = {"RLOCK.APPLY": ["*2\r\n$3\r\nDEL\r\n$6\r\nvictim\r\n"],
-            "RLOCK.ACQUIREAT": ["*3\r\n$6\r\nvictim\r\n$1\r\no\r\n$1\r\n1\r\n"]}
+            "RLOCK.ACQUIREAT": ["*3\r\n$6\r\nvictim\r\n$1\r\no\r\n$1\r\n1\r\n"],
+            "RFENCED.ACQUIREAT": ["*4\r\n$6\r\nvictim\r\n$1\r\no\r\n$1\r\n1\r\n$1\r\n1\r\n"],
+            "RRWLOCK.ACQUIREAT": ["*5\r\n$6\r\nvictim\r\n$5\r\nWRITE\r\n$1\r\no\r\n"
+                                  "$1\r\n1\r\n$1\r\n1\r\n"]}
 
 
 @pytest.mark.parametrize("how", ["client", "multi", "script"])
@@ -365,6 +370,88 @@ def test_a_new_lock_and_a_re_entry_replicate_as_themselves_with_the_lease_end(tr
     assert everything(primary.client()) == before
 
 
+def test_rw_and_fenced_acquires_replicate_as_themselves_made_deterministic(trio):
+    """SPEC 1.4's first form for the read-write and the fenced lock: an acquire that takes
+    or re-enters a hold reaches the replica and the AOF as RRWLOCK.ACQUIREAT, with the
+    primary's clock (it decides the lease ends and which read holds had ended), or as
+    RFENCED.ACQUIREAT, with the lease's absolute end (the token follows from the last).
+    Called plainly, in MULTI/EXEC, from a script, and dropping a reader whose lease ended,
+    the replica, its own AOF and a restart hold the same hash, timeout keys, token and
+    PEXPIRETIMEs; with a request id the writes go as RLOCK.APPLY and agree as well."""
+    mode, primary, replica, p, r = trio
+    r.config_set("appendonly", "yes")  # what the replica passes on, in its own AOF
+    wait_until(lambda: not any(r.info("persistence")[f] for f in
+                               ("aof_rewrite_in_progress", "aof_rewrite_scheduled")),
+               10, what="the replica's AOF written")
+    rw = "RRWLOCK.ACQUIRE"
+    assert p.execute_command(rw, "rw", "READ", "r1", LEASE) is None
+    assert p.execute_command(rw, "rw", "READ", "r2", LEASE + 1000) is None  # joins
+    assert p.execute_command(rw, "rw", "READ", "r1", LEASE + 2000) is None  # re-entry
+    assert p.execute_command(rw, "rw", "READ", "short", 50) is None
+    # Once the short hold's lease is over, the next acquire drops it (HDEL, a new expiry).
+    wait_until(lambda: not [k for k in p.keys("{rw}:short:*")], 5, what="the lease's end")
+    assert p.execute_command(rw, "rw", "READ", "r2", LEASE) is None
+    assert set(p.hgetall("rw")) == {b"mode", b"r1", b"r2"}
+    agree(p, r)
+    for owner, times in (("r1", 2), ("r2", 2)):
+        for _ in range(times):
+            p.execute_command("RRWLOCK.RELEASE", "rw", "READ", owner)
+    assert not p.exists("rw")
+    tx = p.pipeline(transaction=True)
+    tx.execute_command(rw, "rw", "WRITE", "w", LEASE)
+    tx.execute_command(rw, "rw", "WRITE", "w", LEASE + 3000)
+    assert tx.execute() == [None, None]
+    assert p.eval("return redis.call('RRWLOCK.ACQUIRE', KEYS[1], 'READ', 'w', ARGV[1])",
+                  1, "rw", LEASE) is None  # the writer reads too
+    assert p.execute_command(rw, "rw2", "WRITE", "w", LEASE, "ID", "req-rw") is None
+    assert p.execute_command(rw, "rw", "READ", "x", LEASE) > 0  # held: no write
+    fa = "RFENCED.ACQUIRE"
+    got = [p.execute_command(fa, "f", "o", LEASE),
+           p.execute_command(fa, "f", "o", LEASE + 1000)]  # re-entry
+    tx = p.pipeline(transaction=True)
+    tx.execute_command(fa, "f", "o", LEASE)
+    tx.execute_command(fa, "g", "o", LEASE)
+    f3, g1 = tx.execute()
+    got += [f3, p.eval("return redis.call('RFENCED.ACQUIRE', KEYS[1], 'o', ARGV[1])",
+                       1, "f", LEASE),
+            p.execute_command(fa, "f", "o", LEASE, "ID", "req-f")]
+    assert [g[0] for g in got + [g1]] == [None] * 6, got
+    tokens = [g[1] for g in got]
+    assert tokens == sorted(set(tokens)), tokens  # a new, larger token each time
+    assert p.execute_command(fa, "f", "other", LEASE)[1] is None  # held: no write
+    before = agree(p, r)
+    assert r.hgetall("f") == {b"o": b"5"}
+    assert r.get("redisson_lock_token:{f}") == str(tokens[-1]).encode()
+    assert r.get("redisson_lock_token:{g}") == str(g1[1]).encode()
+    assert r.hget("rw", "mode") == b"write"
+    entries = [e for e in module_entries(primary) if e[0].upper() not in
+               (b"MULTI", b"EXEC", b"DEL")]
+    names = [e[0].upper() for e in entries]
+    if mode == "commands":
+        assert names.count(b"RRWLOCK.ACQUIREAT") == 8, names
+        assert names.count(b"RFENCED.ACQUIREAT") == 5, names
+        rws = [read_resp_commands(e[1])[0] for e in entries
+               if e[0].upper() == b"RRWLOCK.ACQUIREAT"]
+        assert [w[:3] for w in rws[:4]] == [[b"rw", b"READ", b"r1"], [b"rw", b"READ", b"r2"],
+                                            [b"rw", b"READ", b"r1"], [b"rw", b"READ", b"short"]]
+        assert [int(w[3]) for w in rws[:4]] == [LEASE, LEASE + 1000, LEASE + 2000, 50]
+        fenced = [read_resp_commands(e[1])[0] for e in entries
+                  if e[0].upper() == b"RFENCED.ACQUIREAT"]
+        assert [w[:3] for w in fenced] == [[k, b"o", str(lease).encode()] for k, lease in
+                                           ((b"f", LEASE), (b"f", LEASE + 1000), (b"f", LEASE),
+                                            (b"g", LEASE), (b"f", LEASE))], fenced
+        # The clock sent is the one the first token came from (`now << 10`).
+        assert tokens[0] == int(fenced[0][3]) << 10, (tokens, fenced)
+        # The replica's own AOF has them as they came.
+        theirs = [e[0].upper() for e in module_entries(replica)]
+        assert theirs.count(b"RRWLOCK.ACQUIREAT") == 8, theirs
+        assert theirs.count(b"RFENCED.ACQUIREAT") == 5, theirs
+    else:
+        assert not [n for n in names if n.startswith(b"R")], names
+    primary.restart()
+    assert everything(primary.client()) == before
+
+
 def test_internal_commands_read_from_an_aof_never_crash_and_refuse_bad_input(make_server):
     """An AOF is a file anyone may edit: each internal command (SPEC 1.4) read from one
     with bad input is refused and changes nothing, and the server loads the rest."""
@@ -374,7 +461,8 @@ def test_internal_commands_read_from_an_aof_never_crash_and_refuse_bad_input(mak
     c.set("str", "v")
     s.stop()
     far = 99999999999999
-    at = "RLOCK.ACQUIREAT"
+    now = far - 10 * LEASE
+    at, rw, fa = "RLOCK.ACQUIREAT", "RRWLOCK.ACQUIREAT", "RFENCED.ACQUIREAT"
     bad = [
         [at, words_of("x1", "o", "soon")],
         [at, words_of("x2", "o", 0)],
@@ -392,7 +480,23 @@ def test_internal_commands_read_from_an_aof_never_crash_and_refuse_bad_input(mak
         ["RLOCK.APPLY", b"*1\r\n$3\r\nDEL"],
         ["RLOCK.APPLY", b""],
         ["RLOCK.APPLY"],
-        [at, words_of("ok", "o", far)],                   # and a good one
+        [rw, words_of("x10", "SIDEWAYS", "o", LEASE, now)],
+        [rw, words_of("x11", "READ", "o", "long", now)],
+        [rw, words_of("x12", "READ", "o", 0, now)],
+        [rw, words_of("x13", "READ", "o", LEASE, 0)],
+        [rw, words_of("x14", "READ", "", LEASE, now)],
+        [rw, words_of("x15", "WRITE", "o", LEASE)],
+        [rw, words_of("str", "WRITE", "o", LEASE, now)],  # not a lock
+        [rw, words_of("held", "WRITE", "o", LEASE, now)],  # a plain lock, not an RW one
+        [fa, words_of("x16", "o", LEASE)],
+        [fa, words_of("x17", "o", -1, now)],
+        [fa, words_of("x18", "o", LEASE, "now")],
+        [fa, words_of("x19", "", LEASE, now)],
+        [fa, words_of("str", "o", LEASE, now)],           # not a lock
+        [fa, words_of("held", "b", LEASE, now)],          # another holds it
+        [at, words_of("ok", "o", far)],                   # and good ones
+        [rw, words_of("okrw", "READ", "o", LEASE, far - LEASE)],
+        [fa, words_of("okf", "o", LEASE, far - LEASE)],
     ]
     incr = [f for f in aof_files(s) if f.name.endswith(".incr.aof")][-1]
     with incr.open("ab") as f:
@@ -405,7 +509,11 @@ def test_internal_commands_read_from_an_aof_never_crash_and_refuse_bad_input(mak
     c = s.client()
     assert c.hgetall("held") == {b"a": b"1"} and c.get("str") == b"v"
     assert c.hgetall("ok") == {b"o": b"1"} and c.pexpiretime("ok") == far
+    assert c.hget("okrw", "mode") == b"read" and c.pexpiretime("okrw") == far
+    assert c.hgetall("okf") == {b"o": b"1"} and c.pexpiretime("okf") == far
+    assert c.get("redisson_lock_token:{okf}") == str((far - LEASE) << 10).encode()
     assert not [k for k in c.keys("x*")], c.keys("x*")
+    assert not c.exists("redisson_lock_token:{held}", "redisson_lock_token:{str}")
     s.assert_alive()
 
 

@@ -25,9 +25,10 @@ use crate::lock::store as lock_store;
 use crate::pipeline::{err, remember, waiting_command, Answer};
 use crate::server::ffi::{self, LockKey};
 use crate::server::store::{self, Value};
-use crate::server::{guard, stats};
+use crate::server::{guard, replication, stats};
+use crate::vocab::apply::Word;
 use crate::vocab::args;
-use crate::vocab::errors::ERR_NOT_A_TOKEN;
+use crate::vocab::errors::{ERR_DEADLINE, ERR_FENCED_ACQUIREAT_INTERNAL, ERR_NOT_A_TOKEN};
 use crate::vocab::reply::Reply;
 
 /// The last token issued for `name` (0 before the first), from its token key. A key of
@@ -41,12 +42,26 @@ fn last_token(ctx: &Context, name: &[u8]) -> Result<Option<i64>, &'static str> {
 }
 
 /// Writes the token of a plan that issues one (`SET`, replicated as such: a replica or
-/// the AOF holds the value itself, never an increment to redo).
-fn write_token(ctx: &Context, name: &RedisString, plan: &FencedPlan) {
-    if let Some(effect) = plan.token_effect(name.as_slice()) {
-        store::apply_effects(ctx, name, &[effect]);
-        stats::bump(|s| &s.fenced_tokens_issued);
-    }
+/// the AOF holds the value itself, never an increment to redo); true if it did.
+fn write_token(ctx: &Context, name: &RedisString, plan: &FencedPlan) -> bool {
+    let Some(effect) = plan.token_effect(name.as_slice()) else {
+        return false;
+    };
+    store::apply_effects(ctx, name, &[effect]);
+    true
+}
+
+/// Writes a plan's lock half through the lock's key (closed then) and its token.
+fn write(
+    ctx: &Context,
+    key: LockKey,
+    name: &RedisString,
+    owner: &RedisString,
+    plan: &FencedPlan,
+) -> bool {
+    lock_store::apply(ctx, &key, name, owner, &plan.lock);
+    drop(key);
+    write_token(ctx, name, plan)
 }
 
 /// RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
@@ -68,9 +83,26 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
                 let plan = fenced::acquire(&state.map_err(err)?, last, a.owner, a.lease, now)
                     .map_err(err)?;
-                lock_store::apply(ctx, &key, name, owner, &plan.lock);
-                drop(key);
-                write_token(ctx, name, &plan);
+                let issued = match plan.lock.expire_at {
+                    // A new lock or a re-entry, nothing written after it: it replicates as
+                    // RFENCED.ACQUIREAT, itself with this server's clock (SPEC 1.4), which
+                    // decides the lease's end and the token.
+                    Some(_) if request.is_none() => {
+                        let words = [
+                            Word::Bytes(name.as_slice()),
+                            Word::Bytes(a.owner),
+                            Word::Int(a.lease),
+                            Word::Int(now),
+                        ];
+                        ffi::as_rewritten_alone(ctx, c"RFENCED.ACQUIREAT", &words, || {
+                            write(ctx, key, name, owner, &plan)
+                        })
+                    }
+                    _ => write(ctx, key, name, owner, &plan),
+                };
+                if issued {
+                    stats::bump(|s| &s.fenced_tokens_issued);
+                }
                 lock_store::count(plan.lock.outcome);
                 let reply: Reply = plan.reply.into();
                 remember(ctx, request, lock::remembers(plan.lock.outcome), &reply);
@@ -89,6 +121,38 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 Ok(Answer::Now(ffi::value(reply)))
             },
         )
+    })
+}
+
+/// RFENCED.ACQUIREAT <payload>: internal (SPEC 1.4), what RFENCED.ACQUIRE replicates for a
+/// new lock or a re-entry: the command made deterministic, its key, owner, lease and the
+/// primary's clock as one argument (a RESP array of the four). The clock decides the
+/// lease's end and the token (`max(last + 1, now << 10)`); a replica or an AOF reload runs
+/// the acquire's rule on the same state with it: the same hash, PEXPIRETIME and token.
+/// No counter; refused from ordinary clients.
+pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    guard::command(|| {
+        let words = replication::internal_words(ctx, args, ERR_FENCED_ACQUIREAT_INTERNAL, 4)?;
+        let [name, owner, lease, now] = words[..] else {
+            unreachable!("internal_words returns as many words as asked")
+        };
+        let (a, _, _) = lock_commands::parse_acquire(&[owner, lease]).map_err(err)?;
+        let now = args::parse_i64(now)
+            .filter(|&now| now > 0)
+            .ok_or(RedisError::Str(ERR_DEADLINE))?;
+        let (name, owner) = (ctx.create_string(name), ctx.create_string(owner));
+        let (key, state) =
+            lock_store::open_for_write(ctx, ffi::selected_db(ctx), &name, Some(&owner));
+        let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
+        let plan = fenced::acquire(&state.map_err(err)?, last, owner.as_slice(), a.lease, now)
+            .map_err(err)?;
+        if let FencedReply::Contended(_) = plan.reply {
+            // The primary found the lock free or its own: the replica's data had diverged.
+            ctx.log_warning("rlock: RFENCED.ACQUIREAT found the lock held by another owner");
+        }
+        // Deterministic: onward (a replica's own AOF and replicas) as it came.
+        ffi::as_called_alone(|| write(ctx, key, &name, &owner, &plan));
+        Ok(ffi::value(plan.reply.into()))
     })
 }
 
@@ -149,9 +213,9 @@ impl FencedAsk {
     fn write_grant(&self, ctx: &Context, name: &RedisString, plan: &FencedPlan, now: i64) -> Grant {
         let key = LockKey::open(ctx, name, true);
         let owner = RedisString::create_from_slice(std::ptr::null_mut(), self.0.owner());
-        lock_store::apply(ctx, &key, name, &owner, &plan.lock);
-        drop(key);
-        write_token(ctx, name, plan);
+        if write(ctx, key, name, &owner, plan) {
+            stats::bump(|s| &s.fenced_tokens_issued);
+        }
         let reply: Reply = plan.reply.into();
         if let Some(id) = self.0.request_id() {
             let request = RedisString::create_from_slice(

@@ -21,7 +21,7 @@ use crate::lock::{self, LockState, Outcome, Plan, Reply};
 use crate::pipeline::{err, waiting_command, write_command, Answer, Parsed, Waiting};
 use crate::server::ffi::{self, LockKey};
 use crate::server::{guard, replication, stats, store};
-use crate::vocab::apply::{self, Word};
+use crate::vocab::apply::Word;
 use crate::vocab::args::{self, AcquireArgs};
 use crate::vocab::errors::{ERR_ACQUIREAT_INTERNAL, ERR_DEADLINE, ERR_EMPTY_OWNER};
 use crate::vocab::reply;
@@ -104,20 +104,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// Refused from ordinary clients, whose locks would otherwise end whenever they chose.
 pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        replication::internal_only(ctx, ERR_ACQUIREAT_INTERNAL)?;
-        let [_, payload] = args else {
-            return Err(RedisError::WrongArity);
-        };
-        let words = apply::decode_words(payload.as_slice(), 3).map_err(RedisError::Str)?;
-        let [name, owner, at] = words[..] else {
-            unreachable!("decode_words returns as many words as asked")
-        };
-        let at = args::parse_i64(at)
-            .filter(|&at| at > 0)
-            .ok_or(RedisError::Str(ERR_DEADLINE))?;
-        if owner.is_empty() {
-            return Err(RedisError::Str(ERR_EMPTY_OWNER));
-        }
+        let (name, owner, at) = acquire_at_words(ctx, args, ERR_ACQUIREAT_INTERNAL)?;
         let (name, owner) = (ctx.create_string(name), ctx.create_string(owner));
         let (key, state) = open_for_write(ctx, ffi::selected_db(ctx), &name, Some(&owner));
         let plan = lock::acquire(&state.map_err(err)?, owner.as_slice(), 0, at).map_err(err)?;
@@ -129,6 +116,26 @@ pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
         ffi::as_called_alone(|| apply(ctx, &key, &name, &owner, &plan));
         Ok(value(plan.reply))
     })
+}
+
+/// The key, owner and lease end RLOCK.ACQUIREAT carries, checked as RLOCK.ACQUIRE checks
+/// them.
+fn acquire_at_words<'a>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    refusal: &'static str,
+) -> Result<(&'a [u8], &'a [u8], i64), RedisError> {
+    let words = replication::internal_words(ctx, args, refusal, 3)?;
+    let [name, owner, at] = words[..] else {
+        unreachable!("internal_words returns as many words as asked")
+    };
+    let at = args::parse_i64(at)
+        .filter(|&at| at > 0)
+        .ok_or(RedisError::Str(ERR_DEADLINE))?;
+    if owner.is_empty() {
+        return Err(RedisError::Str(ERR_EMPTY_OWNER));
+    }
+    Ok((name, owner, at))
 }
 
 /// RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]

@@ -25,10 +25,11 @@ use crate::pipeline::{err, remember, waiting_command, write_command, Answer, Par
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
 use crate::server::ffi::{self, KeyKind, LockKey};
 use crate::server::store;
-use crate::server::{guard, stats};
+use crate::server::{guard, replication, stats};
+use crate::vocab::apply::Word;
 use crate::vocab::args;
 use crate::vocab::effects::{Effect, KeyRef};
-use crate::vocab::errors::ERR_WRONGTYPE;
+use crate::vocab::errors::{ERR_DEADLINE, ERR_RW_ACQUIREAT_INTERNAL, ERR_WRONGTYPE};
 use crate::vocab::reply;
 
 fn count(plan: &Plan, side: Option<Side>) {
@@ -159,7 +160,22 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let plan =
                     rwlock::acquire(&state, name.as_slice(), side, owner, lease, now, queued)
                         .map_err(err)?;
-                let reply = write(ctx, name, key, &plan, Some(side), request);
+                let reply = if request.is_none() && rwlock::writes_alone(&plan) {
+                    // A hold taken or re-entered, nothing written after it: it replicates
+                    // as RRWLOCK.ACQUIREAT, itself with this server's clock (SPEC 1.4).
+                    let words = [
+                        Word::Bytes(name.as_slice()),
+                        Word::Bytes(side.as_bytes()),
+                        Word::Bytes(owner),
+                        Word::Int(lease),
+                        Word::Int(now),
+                    ];
+                    ffi::as_rewritten_alone(ctx, c"RRWLOCK.ACQUIREAT", &words, || {
+                        write(ctx, name, key, &plan, Some(side), request)
+                    })
+                } else {
+                    write(ctx, name, key, &plan, Some(side), request)
+                };
                 // Whatever the plan dropped (dead readers) may concern those already
                 // queued, whether or not this call joins them.
                 settle_after(ctx, db, name, &plan, now);
@@ -174,6 +190,39 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 Ok(Answer::Contended { reply, ask })
             },
         )
+    })
+}
+
+/// RRWLOCK.ACQUIREAT <payload>: internal (SPEC 1.4), what RRWLOCK.ACQUIRE replicates when
+/// it takes or re-enters a hold and writes nothing after it: the command made
+/// deterministic, its key, side, owner, lease and the primary's clock as one argument (a
+/// RESP array of the five). The clock decides the lease ends and which read holds had
+/// ended; a replica or an AOF reload reads the same keys (the primary's deletions of
+/// expired ones come before this in its stream) and runs the acquire's rule with it: the
+/// same hash, timeout keys and expiries, the plain commands' notifications. No counter and
+/// no request-id record (the primary never sends this with one); refused from ordinary
+/// clients, whose holds would otherwise end whenever they chose.
+pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
+    guard::command(|| {
+        let words = replication::internal_words(ctx, args, ERR_RW_ACQUIREAT_INTERNAL, 5)?;
+        let [name, side, owner, lease, now] = words[..] else {
+            unreachable!("internal_words returns as many words as asked")
+        };
+        let (side, a) = rwlock::parse_rw_acquire(&[side, owner, lease]).map_err(err)?;
+        let now = args::parse_i64(now)
+            .filter(|&now| now > 0)
+            .ok_or(RedisError::Str(ERR_DEADLINE))?;
+        let name = ctx.create_string(name);
+        let (key, state) = open_state(ctx, &name, now).map_err(err)?;
+        let plan = rwlock::acquire(&state, name.as_slice(), side, a.owner, a.lease, now, false)
+            .map_err(err)?;
+        if plan.outcome == Outcome::Contended {
+            // The primary took the hold: the replica's data had diverged.
+            ctx.log_warning("rlock: RRWLOCK.ACQUIREAT found the hold refused");
+        }
+        // Deterministic: onward (a replica's own AOF and replicas) as it came.
+        ffi::as_called_alone(|| store::apply_effects_in(ctx, &name, key, &plan.effects));
+        Ok(ffi::value(plan.reply.into()))
     })
 }
 

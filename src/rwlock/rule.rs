@@ -367,6 +367,15 @@ pub fn acquire(
     Ok(b.finish(Reply::Nil, outcome))
 }
 
+/// An acquire that took or re-entered a hold and leaves nothing to do after its effects (no
+/// waiter to look at, no message): its effects follow from its arguments, the keys and
+/// the clock alone, so it can replicate as itself made deterministic (RRWLOCK.ACQUIREAT).
+pub fn writes_alone(plan: &Plan) -> bool {
+    matches!(plan.outcome, Outcome::Acquired | Outcome::Reentered)
+        && !plan.wake
+        && plan.message.is_none()
+}
+
 /// Only calls that changed the holds are remembered under a request id (as
 /// `lock::remembers`): re-running any other call is as good as replaying it.
 pub fn remembers(outcome: Outcome) -> bool {

@@ -32,6 +32,16 @@ pub enum Side {
     Write,
 }
 
+impl Side {
+    /// The word RRWLOCK.ACQUIRE takes for it (`rule::parse_side` reads it back).
+    pub fn as_bytes(self) -> &'static [u8] {
+        match self {
+            Side::Read => b"READ",
+            Side::Write => b"WRITE",
+        }
+    }
+}
+
 /// The hash's `mode` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

@@ -36,9 +36,9 @@ pub fn apply_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// Refuses an internal command (SPEC 1.4: `RLOCK.APPLY`, `RLOCK.ACQUIREAT`) unless it comes
-/// from a primary's replication stream or an AOF being loaded: from anyone else (a
-/// client, `MULTI`, a script) it could write any state.
+/// Refuses an internal command (SPEC 1.4: `RLOCK.APPLY` and the `*.ACQUIREAT` commands)
+/// unless it comes from a primary's replication stream or an AOF being loaded: from
+/// anyone else (a client, `MULTI`, a script) it could write any state.
 pub fn internal_only(ctx: &Context, refusal: &'static str) -> Result<(), RedisError> {
     let flags = ctx.get_flags();
     if flags.intersects(ContextFlags::REPLICATED | ContextFlags::LOADING) {
@@ -46,4 +46,20 @@ pub fn internal_only(ctx: &Context, refusal: &'static str) -> Result<(), RedisEr
     } else {
         Err(RedisError::Str(refusal))
     }
+}
+
+/// The `n` words of a command made deterministic (an `*.ACQUIREAT`, what
+/// `ffi::as_rewritten_alone` sent): [`internal_only`], then its one argument decoded as
+/// the RESP array of exactly `n` words it must be (an AOF is a file anyone may edit).
+pub fn internal_words<'a>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    refusal: &'static str,
+    n: usize,
+) -> Result<Vec<&'a [u8]>, RedisError> {
+    internal_only(ctx, refusal)?;
+    let [_, payload] = args else {
+        return Err(RedisError::WrongArity);
+    };
+    apply::decode_words(payload.as_slice(), n).map_err(RedisError::Str)
 }

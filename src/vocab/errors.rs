@@ -57,3 +57,7 @@ pub const ERR_APPLY_INTERNAL: &str =
     "ERR RLOCK.APPLY is internal: only a primary's replication stream or an AOF reload may send it";
 pub const ERR_ACQUIREAT_INTERNAL: &str =
     "ERR RLOCK.ACQUIREAT is internal: only a primary's replication stream or an AOF reload may send it";
+pub const ERR_RW_ACQUIREAT_INTERNAL: &str =
+    "ERR RRWLOCK.ACQUIREAT is internal: only a primary's replication stream or an AOF reload may send it";
+pub const ERR_FENCED_ACQUIREAT_INTERNAL: &str =
+    "ERR RFENCED.ACQUIREAT is internal: only a primary's replication stream or an AOF reload may send it";

@@ -13,7 +13,8 @@
 //!   replica or an AOF) that is most of what a lock command costs. A command whose own
 //!   writes follow from its arguments and the key's state goes out as itself instead
 //!   ([`as_called`], [`as_called_alone`]), or, where they also follow from the clock, as
-//!   itself made deterministic ([`as_rewritten_alone`]: `RLOCK.ACQUIREAT`).
+//!   itself made deterministic ([`as_rewritten_alone`]: `RLOCK.ACQUIREAT`,
+//!   `RRWLOCK.ACQUIREAT`, `RFENCED.ACQUIREAT`).
 //!
 //! A batch is kept per db (a timer may serve keys of several dbs: each db's writes go out
 //! with that db selected) and is sent by the unit that opened it, with that unit's
