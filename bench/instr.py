@@ -202,7 +202,7 @@ LATCH_PLAIN_WORKLOADS = [
 
 def latch_table(results):
     groups = {}
-    for (kind, label, impl), v in results.items():
+    for (kind, label, impl), v in ((k, v) for k, v in results.items() if len(k) == 3):
         if kind == "latch":
             groups.setdefault(label, {})[impl] = v
     lines = ["| operation | rlock | Redisson | Redisson / rlock |", "|---|---:|---:|---:|"]
@@ -287,8 +287,9 @@ def commands(call, indices):
     return out
 
 
-def fixed_seed(workdir):
-    """The command prefix that gives the server the same hash seed in every run.
+def fixed_seed(workdir, seed=0):
+    """The command prefix that gives the server the same hash seed in every run: hash seed
+    number `seed` (0, the default, is the one every table used before `--seeds`).
 
     The server seeds its dictionaries' hash from /dev/urandom at start. Its command
     table is one of them, and a command looked up once per call (the command itself, and
@@ -298,13 +299,18 @@ def fixed_seed(workdir):
     runs of the same stream). In a mount namespace of its own (root, util-linux's
     `unshare`), /dev/urandom is a file of fixed bytes for the server alone. Where that
     cannot be done, the prefix is empty and a warning says figures may move by ~2 %.
+
+    A fixed seed makes reruns agree, but it is one draw: which built-in commands share a
+    bucket with a module's names, and where, is that seed's luck (`tax_table`), so the tax
+    on other commands is measured over several seeds (`--seeds`).
     """
-    seed = os.path.join(workdir, "urandom")
-    if not os.path.exists(seed):
-        with open(seed, "wb") as f:
-            f.write(hashlib.sha256(b"rlock bench/instr.py").digest() * 64)
+    path = os.path.join(workdir, "urandom" if seed == 0 else f"urandom.{seed}")
+    if not os.path.exists(path):
+        text = b"rlock bench/instr.py" + (b"" if seed == 0 else b" seed %d" % seed)
+        with open(path, "wb") as f:
+            f.write(hashlib.sha256(text).digest() * 64)
     prefix = ["unshare", "--mount", "--", "sh", "-c",
-              'mount --bind "$0" /dev/urandom && exec "$@"', seed]
+              'mount --bind "$0" /dev/urandom && exec "$@"', path]
     probe = subprocess.run(prefix + ["true"], capture_output=True)
     if probe.returncode != 0:
         print("warning: cannot fix the server's hash seed (needs root and unshare): "
@@ -323,13 +329,14 @@ def set_rounds(n):
 
 
 def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=None,
-               extra_args=()):
+               extra_args=(), seed=0):
     """Runs every workload on one server under callgrind; instructions per operation.
 
     callgrind dumps its counters before every PING (`--dump-before=pingCommand`), so a
     PING between two segments of calls splits them: each workload runs a segment of N1
     operations, then one of N2, and per operation = (I(N2 part) - I(N1 part)) / (N2 - N1).
     `extra_args`: more config pairs, after the defaults (an AOF, a module config).
+    `seed`: which fixed hash seed the server draws ([`fixed_seed`]).
 
     Why reruns used to differ (plain EXPIRE, no module loaded, moved by several per
     cent between two runs of the same stream): the server draws its hash seed at start,
@@ -352,7 +359,7 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
     rounds = rounds or ROUNDS
     port = free_port()
     out = os.path.join(workdir, f"cg.{tag}")
-    args = fixed_seed(workdir) + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+    args = fixed_seed(workdir, seed) + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
             "--dump-before=pingCommand", "--toggle-collect=processCommand",
             "--toggle-collect=_addReplyToBufferOrList", server, "--port", str(port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--enable-debug-command", "yes",
@@ -493,47 +500,71 @@ def tax_configs(module, floor, names):
 
 
 def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only_latch=False,
-            only_tax=False):
+            only_tax=False, seeds=1):
+    """Every run for one server; `{cell: instructions per call}`. A tax cell is
+    `("tax", command, config, seed)`, one per hash seed (`seeds` of them, [`fixed_seed`]);
+    the lock and latch tables run under seed 0."""
     names = module_commands(server, module)
     configs = tax_configs(module, floor, names)
-    runs = [(("tax", cfg), mods, setup, TAX) for cfg, mods, setup in configs]
+    runs = [(("tax", cfg, seed), mods, setup, TAX, seed)
+            for seed in range(seeds) for cfg, mods, setup in configs]
     if not only_tax:
-        runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS),
-                 (("lock", "plain"), [], [], PLAIN_WORKLOADS)]
+        runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS, 0),
+                 (("lock", "plain"), [], [], PLAIN_WORKLOADS, 0)]
     if only_latch:
         runs = []
     if latch or only_latch:
-        runs += [(("latch", "rlock"), [module], [], LATCH_RLOCK_WORKLOADS),
-                 (("latch", "plain"), [], [], LATCH_PLAIN_WORKLOADS)]
-    samples = {}
+        runs += [(("latch", "rlock"), [module], [], LATCH_RLOCK_WORKLOADS, 0),
+                 (("latch", "plain"), [], [], LATCH_PLAIN_WORKLOADS, 0)]
+    results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {pool.submit(run_server, server, mods, setup, workloads, n1, n2, workdir,
-                            f"{n}"): name
-                for n, (name, mods, setup, workloads) in enumerate(runs)}
+                            f"{n}", seed=seed): name
+                for n, (name, mods, setup, workloads, seed) in enumerate(runs)}
         for f in concurrent.futures.as_completed(futs):
-            kind, cfg = futs[f]
+            name = futs[f]
+            # One figure per cell (run_server's rounds already keep the median of each).
             for label, v in f.result().items():
-                k = ("tax", label, cfg) if kind == "tax" else (kind,) + label
-                samples.setdefault(k, []).append(v)
+                k = ("tax", label) + name[1:] if name[0] == "tax" else (name[0],) + label
+                results[k] = v
                 log(f"  {k}: {v:.0f}")
-    # One figure per cell (run_server's rounds already keep the median of each).
-    results = {k: statistics.median(v) for k, v in samples.items()}
     return results, [c[0] for c in configs], names
 
 
-def tax_table(results, configs, names=None):
+def tax_table(results, configs, names=None, seeds=1):
+    """The tax table: each figure the mean over the `seeds` hash seeds, each tax the mean
+    of the per-seed taxes (a module and the plain server it is held against always run
+    with the same seed), and, with several seeds, the range the held tax took over them."""
     plain, cmds, floor, none, plain_held, held, waited = configs
+    several = seeds > 1
     lines = [f"| instructions per call | {plain} | {cmds} | {floor} | {none} | {plain_held} | "
              f"{held} | {waited} | tax, no lock | tax, locks held | "
-             "tax, locks held, after a wait | commands-only floor's tax | floor's tax |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "tax, locks held, after a wait | commands-only floor's tax | floor's tax |"
+             + (" tax, locks held: seeds' range |" if several else ""),
+             "|---|" + "---:|" * (12 + several)]
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
     for label, _, _ in TAX:
-        p, c, f, n, ph, h, w = (results[("tax", label, c)] for c in configs)
+        per = [[results[("tax", label, c, seed)] for c in configs] for seed in range(seeds)]
+        p, c, f, n, ph, h, w = (mean([row[i] for row in per]) for i in range(7))
+
+        def tax(a, b):
+            return mean([row[a] / row[b] - 1 for row in per]) * 100
+
+        held_taxes = [(row[5] / row[4] - 1) * 100 for row in per]
         lines.append(f"| {label} | {p:.0f} | {c:.0f} | {f:.0f} | {n:.0f} | {ph:.0f} | {h:.0f} | "
-                     f"{w:.0f} | {(n / p - 1) * 100:+.1f} % | {(h / ph - 1) * 100:+.1f} % | "
-                     f"{(w / ph - 1) * 100:+.1f} % | {(c / p - 1) * 100:+.1f} % | "
-                     f"{(f / p - 1) * 100:+.1f} % |")
-    lines += ["", "*tax, no lock* is rlock against plain; *tax, locks held* is rlock holding "
+                     f"{w:.0f} | {tax(3, 0):+.1f} % | {tax(5, 4):+.1f} % | "
+                     f"{tax(6, 4):+.1f} % | {tax(1, 0):+.1f} % | {tax(2, 0):+.1f} % |"
+                     + (f" {min(held_taxes):+.1f} .. {max(held_taxes):+.1f} % |"
+                        if several else ""))
+    lines += ["", (f"Over {seeds} hash seeds (`--seeds`): each figure is the mean of the "
+                   "seeds' figures, each tax the mean of the seeds' taxes, and the last column "
+                   "the least and the most the held tax was under one seed. A server draws "
+                   "its seed at start, so the mean is what a module costs a command, and the "
+                   "range how much one start's luck moves it. " if several else "")
+              + "*tax, no lock* is rlock against plain; *tax, locks held* is rlock holding "
               f"{LOCKS_HELD} locks, nobody waiting, against a plain server holding the same "
               f"{LOCKS_HELD} lock hashes (written as plain commands); *after a wait*: the "
               "same once a client waited 1 ms and left (the module watches only while "
@@ -548,7 +579,7 @@ def tax_table(results, configs, names=None):
               "grows its 240 commands' table from 256 to 512 buckets; a module's command "
               "goes in front of a built-in command that shares its bucket), so a lookup "
               "compares a few names more or fewer, 40-140 instructions per call, more on "
-              "one command and fewer on another as the (fixed) hash seed falls. It is the "
+              "one command and fewer on another as the hash seed falls. It is the "
               "price of any module with these commands, not of rlock's code: read rlock's "
               "tax against it. Where the server allocates with glibc's malloc (the Valkey "
               "wheel) a cell that creates keys (INCR) can move by up to 4 % from one round to "
@@ -559,7 +590,7 @@ def tax_table(results, configs, names=None):
 
 def lock_table(results):
     groups = {}
-    for (kind, label, impl), v in results.items():
+    for (kind, label, impl), v in ((k, v) for k, v in results.items() if len(k) == 3):
         if kind == "lock":
             groups.setdefault(label, {})[impl] = v
     order = ["acquire, new lock", "acquire, re-entry", "acquire, contended",
@@ -635,6 +666,9 @@ def main():
                     help="fenced: only RFENCED.ACQUIRE against Redisson's lockAndGetToken; "
                     "tax: only the tax on commands that are not locks (its own block of the "
                     "report, `instr-tax`)")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="measure the tax on other commands under this many hash seeds and "
+                    "report the mean and the range (fixed_seed)")
     a = ap.parse_args()
     set_rounds(a.rounds)
     if a.rounds * (a.n1 + a.n2) > SPACE:
@@ -702,10 +736,10 @@ def main():
             results, configs, names = measure(server, os.path.abspath(a.module), floor, a.n1, a.n2,
                                        a.jobs, workdir, lambda s: print(s, file=sys.stderr),
                                        latch=a.latch, only_latch=a.only_latch,
-                                       only_tax=a.only == "tax")
+                                       only_tax=a.only == "tax", seeds=a.seeds)
             if a.only == "tax":
                 sections += [f"### {version}", "", "Commands that are not locks:", ""]
-                sections += tax_table(results, configs, names) + [""]
+                sections += tax_table(results, configs, names, a.seeds) + [""]
                 continue
             if a.latch or a.only_latch:
                 latch_lines = [f"### {version}: countdown latch", "",
@@ -716,7 +750,7 @@ def main():
             if a.only_latch:
                 continue
             sections += [f"### {version}", "", "Commands that are not locks:", ""]
-            sections += tax_table(results, configs, names)
+            sections += tax_table(results, configs, names, a.seeds)
             sections += ["", "Lock commands (Redisson's scripts by EVALSHA, as Redisson "
                          "sends them, with its unlock latch key):", ""]
             sections += lock_table(results)
