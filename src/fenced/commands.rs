@@ -28,7 +28,7 @@ use crate::server::store::{self, Value};
 use crate::server::{guard, replication, stats};
 use crate::vocab::apply::Word;
 use crate::vocab::args;
-use crate::vocab::errors::{ERR_DEADLINE, ERR_FENCED_ACQUIREAT_INTERNAL, ERR_NOT_A_TOKEN};
+use crate::vocab::errors::{ERR_FENCED_ACQUIREAT_INTERNAL, ERR_NOT_A_TOKEN};
 use crate::vocab::reply::Reply;
 
 /// The last token issued for `name` (0 before the first), from its token key. A key of
@@ -137,9 +137,7 @@ pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
             unreachable!("internal_words returns as many words as asked")
         };
         let (a, _, _) = lock_commands::parse_acquire(&[owner, lease]).map_err(err)?;
-        let now = args::parse_i64(now)
-            .filter(|&now| now > 0)
-            .ok_or(RedisError::Str(ERR_DEADLINE))?;
+        let now = replication::internal_time(now)?;
         let (name, owner) = (ctx.create_string(name), ctx.create_string(owner));
         let (key, state) =
             lock_store::open_for_write(ctx, ffi::selected_db(ctx), &name, Some(&owner));

@@ -23,7 +23,7 @@ use crate::server::ffi::{self, LockKey};
 use crate::server::{guard, replication, stats, store};
 use crate::vocab::apply::Word;
 use crate::vocab::args::{self, AcquireArgs};
-use crate::vocab::errors::{ERR_ACQUIREAT_INTERNAL, ERR_DEADLINE, ERR_EMPTY_OWNER};
+use crate::vocab::errors::{ERR_ACQUIREAT_INTERNAL, ERR_EMPTY_OWNER};
 use crate::vocab::reply;
 
 fn value(reply: Reply) -> RedisValue {
@@ -104,7 +104,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// Refused from ordinary clients, whose locks would otherwise end whenever they chose.
 pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        let (name, owner, at) = acquire_at_words(ctx, args, ERR_ACQUIREAT_INTERNAL)?;
+        let (name, owner, at) = acquire_at_words(ctx, args)?;
         let (name, owner) = (ctx.create_string(name), ctx.create_string(owner));
         let (key, state) = open_for_write(ctx, ffi::selected_db(ctx), &name, Some(&owner));
         let plan = lock::acquire(&state.map_err(err)?, owner.as_slice(), 0, at).map_err(err)?;
@@ -123,15 +123,12 @@ pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
 fn acquire_at_words<'a>(
     ctx: &Context,
     args: &'a [RedisString],
-    refusal: &'static str,
 ) -> Result<(&'a [u8], &'a [u8], i64), RedisError> {
-    let words = replication::internal_words(ctx, args, refusal, 3)?;
+    let words = replication::internal_words(ctx, args, ERR_ACQUIREAT_INTERNAL, 3)?;
     let [name, owner, at] = words[..] else {
         unreachable!("internal_words returns as many words as asked")
     };
-    let at = args::parse_i64(at)
-        .filter(|&at| at > 0)
-        .ok_or(RedisError::Str(ERR_DEADLINE))?;
+    let at = replication::internal_time(at)?;
     if owner.is_empty() {
         return Err(RedisError::Str(ERR_EMPTY_OWNER));
     }

@@ -29,7 +29,7 @@ use crate::server::{guard, replication, stats};
 use crate::vocab::apply::Word;
 use crate::vocab::args;
 use crate::vocab::effects::{Effect, KeyRef};
-use crate::vocab::errors::{ERR_DEADLINE, ERR_RW_ACQUIREAT_INTERNAL, ERR_WRONGTYPE};
+use crate::vocab::errors::{ERR_RW_ACQUIREAT_INTERNAL, ERR_WRONGTYPE};
 use crate::vocab::reply;
 
 fn count(plan: &Plan, side: Option<Side>) {
@@ -209,9 +209,7 @@ pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
             unreachable!("internal_words returns as many words as asked")
         };
         let (side, a) = rwlock::parse_rw_acquire(&[side, owner, lease]).map_err(err)?;
-        let now = args::parse_i64(now)
-            .filter(|&now| now > 0)
-            .ok_or(RedisError::Str(ERR_DEADLINE))?;
+        let now = replication::internal_time(now)?;
         let name = ctx.create_string(name);
         let (key, state) = open_state(ctx, &name, now).map_err(err)?;
         let plan = rwlock::acquire(&state, name.as_slice(), side, a.owner, a.lease, now, false)

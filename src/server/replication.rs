@@ -9,7 +9,8 @@ use redis_module::{Context, ContextFlags, RedisError, RedisResult, RedisString, 
 use crate::server::ffi;
 use crate::server::guard;
 use crate::vocab::apply;
-use crate::vocab::errors::ERR_APPLY_INTERNAL;
+use crate::vocab::args;
+use crate::vocab::errors::{ERR_APPLY_INTERNAL, ERR_DEADLINE};
 
 /// `RLOCK.APPLY payload`: refused from ordinary clients, which could otherwise write any
 /// key through it. Each carried command runs as a nested call, as the plain command would
@@ -62,4 +63,12 @@ pub fn internal_words<'a>(
         return Err(RedisError::WrongArity);
     };
     apply::decode_words(payload.as_slice(), n).map_err(RedisError::Str)
+}
+
+/// A time such a command carries (a lease's end, the primary's clock), in ms since the
+/// epoch: a positive integer, or refused.
+pub fn internal_time(word: &[u8]) -> Result<i64, RedisError> {
+    args::parse_i64(word)
+        .filter(|&ms| ms > 0)
+        .ok_or(RedisError::Str(ERR_DEADLINE))
 }
