@@ -92,10 +92,10 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
 	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python
 
-bench-tax: venv ## Only the tax of the module on commands that are not locks (callgrind, over SEEDS=4 hash seeds, ROUNDS=1 each), each server in SERVERS; writes BENCHMARK.md
+bench-tax: venv ## Only the tax of the module on commands that are not locks (callgrind, over SEEDS=8 hash seeds, ROUNDS=1 each), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
-	$(PY) bench/instr.py --only tax --seeds $(or $(SEEDS),4) --rounds $(or $(ROUNDS),1) --n1 1000 --n2 6000 --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/instr.py --only tax --seeds $(or $(SEEDS),8) --rounds $(or $(ROUNDS),1) --n1 1000 --n2 6000 --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 
 bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX, AOF on and off, both replication modes; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind

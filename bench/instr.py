@@ -329,7 +329,7 @@ def set_rounds(n):
 
 
 def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=None,
-               extra_args=(), seed=0):
+               extra_args=(), seed=0, settle=False):
     """Runs every workload on one server under callgrind; instructions per operation.
 
     callgrind dumps its counters before every PING (`--dump-before=pingCommand`), so a
@@ -337,6 +337,8 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
     operations, then one of N2, and per operation = (I(N2 part) - I(N1 part)) / (N2 - N1).
     `extra_args`: more config pairs, after the defaults (an AOF, a module config).
     `seed`: which fixed hash seed the server draws ([`fixed_seed`]).
+    `settle`: let the server finish rehashing the tables the set-up grew before counting
+    ([`settle_tables`]).
 
     Why reruns used to differ (plain EXPIRE, no module loaded, moved by several per
     cent between two runs of the same stream): the server draws its hash seed at start,
@@ -375,10 +377,10 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env)
     ping = ["PING"]
-    stream = [["DEBUG", "REPLYBUFFER", "RESIZING", 0]] + list(setup)
+    prelude = [["DEBUG", "REPLYBUFFER", "RESIZING", 0]] + list(setup)
     for _, wsetup, _ in workloads:
-        stream += wsetup
-    stream.append(ping)
+        prelude += wsetup
+    stream = [ping]
     for _, _, call in workloads:
         for r in range(rounds):
             start = r * (n1 + n2)
@@ -394,13 +396,11 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"{server} did not start (modules {modules})")
             time.sleep(0.2)
-        fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe", "--pipe-timeout", "0"],
-                             input=b"".join(resp(c) for c in stream),
-                             capture_output=True, timeout=3600)
-        text = fed.stdout.decode(errors="replace")
-        m = re.search(r"errors: (\d+), replies: (\d+)", text)
-        if not m or int(m.group(2)) != len(stream):
-            raise RuntimeError(f"redis-cli --pipe: {text} {fed.stderr!r}")
+        # The set-up, then (uncounted: before the first PING) the counted stream.
+        pipe(port, prelude)
+        if settle:
+            settle_tables(port)
+        pipe(port, stream)
         subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"],
                        capture_output=True)
         proc.wait(300)
@@ -428,6 +428,57 @@ def run_server(server, modules, setup, workloads, n1, n2, workdir, tag, rounds=N
             print(f"    {label}: rounds {' '.join(f'{v:.0f}' for v in per_round)} "
                   f"(spread {spread:.1f} %)", file=sys.stderr)
     return out
+
+
+def pipe(port, stream):
+    """Sends `stream` through one `redis-cli --pipe` connection; every reply must arrive."""
+    fed = subprocess.run(["redis-cli", "-p", str(port), "--pipe", "--pipe-timeout", "0"],
+                         input=b"".join(resp(c) for c in stream),
+                         capture_output=True, timeout=3600)
+    text = fed.stdout.decode(errors="replace")
+    m = re.search(r"errors: (\d+), replies: (\d+)", text)
+    if not m or int(m.group(2)) != len(stream):
+        raise RuntimeError(f"redis-cli --pipe: {text} {fed.stderr!r}")
+
+
+def rehashing(port):
+    """Whether a table of db 0 (keys, expires) is being rehashed (`DEBUG HTSTATS 0`:
+    Redis names a second table the "rehashing target"; Valkey prints a rehashing index,
+    -1 when none)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "DEBUG", "HTSTATS", "0"],
+                         capture_output=True, text=True, timeout=60).stdout
+    if "HT]" not in out:
+        raise RuntimeError(f"DEBUG HTSTATS: {out!r}")
+    return ("rehashing target" in out
+            or any(int(i) >= 0 for i in re.findall(r"rehashing index: (-?\d+)", out)))
+
+
+def settle_tables(port, timeout=600):
+    """Lets the server finish rehashing the tables the set-up grew, then turns its
+    timer's rehashing off again.
+
+    A table that grows is rehashed a bucket per operation on it. Counting starts right
+    after the set-up, so what the set-up left of a rehash is done by the first counted
+    commands that touch the table, and how much is left depends on how many table
+    operations the set-up's commands did. Measured (Redis 7.0, seed 0): 10 000 lock hashes
+    grow the expires table from 8 192 to 16 384 buckets; written by HSET + PEXPIRE
+    (several lookups each), 2 476 entries were still to move when counting began, and
+    written by RLOCK.ACQUIRE (fewer lookups), more: "SET new v" read 6 % dearer beside
+    the module for moving them, not for anything the module does per call. On Redis 8.2 a
+    key's lookup no longer reads the expires table, so its leftover fell on the first
+    commands that set a TTL. Here the server's timer finishes the rehash (outside
+    `processCommand`, so not counted), with every server starting the count from whole
+    tables."""
+    cli = ["redis-cli", "-p", str(port)]
+    subprocess.run(cli + ["CONFIG", "SET", "activerehashing", "yes", "hz", "100"],
+                   capture_output=True, check=True)
+    deadline = time.time() + timeout
+    while rehashing(port):
+        if time.time() > deadline:
+            raise RuntimeError(f"tables still rehashing after {timeout} s")
+        time.sleep(0.2)
+    subprocess.run(cli + ["CONFIG", "SET", "activerehashing", "no", "hz", "1"],
+                   capture_output=True, check=True)
 
 
 def server_version(server):
@@ -519,7 +570,7 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {pool.submit(run_server, server, mods, setup, workloads, n1, n2, workdir,
-                            f"{n}", seed=seed): name
+                            f"{n}", seed=seed, settle=name[0] == "tax"): name
                 for n, (name, mods, setup, workloads, seed) in enumerate(runs)}
         for f in concurrent.futures.as_completed(futs):
             name = futs[f]
@@ -584,7 +635,14 @@ def tax_table(results, configs, names=None, seeds=1):
               "tax against it. Where the server allocates with glibc's malloc (the Valkey "
               "wheel) a cell that creates keys (INCR) can move by up to 4 % from one round to "
               "the next, as malloc's consolidations of freed chunks fall into one segment or "
-              "the other; the median of the rounds does not always absorb it."]
+              "the other; the median of the rounds does not always absorb it. Between the "
+              "set-up and the count the server finishes rehashing the tables the set-up grew "
+              "(its timer's rehashing on until `DEBUG HTSTATS` shows none; `settle_tables`): "
+              f"{LOCKS_HELD} locks grow the expires table, whose rehash moves a bucket per "
+              "operation on it, so what was left of it fell on the first counted commands, "
+              "more when the set-up did fewer table operations per lock (Redis 7.0, seed 0: "
+              "SET of a new key read 6 % dearer beside rlock's locks than beside HSET + "
+              "PEXPIRE's, for moving the entries RLOCK.ACQUIRE had not touched)."]
     return lines
 
 
