@@ -95,11 +95,12 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 bench-tax: venv ## Only the tax of the module on commands that are not locks (callgrind, over SEEDS=8 hash seeds, ROUNDS=1 each), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
-	$(PY) bench/instr.py --only tax --seeds $(or $(SEEDS),8) --rounds $(or $(ROUNDS),1) --n1 1000 --n2 6000 --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
+	$(PY) bench/instr.py $(TAX_ARGS) --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 
 bench-instr: venv ## Instructions per call under callgrind (tax on other commands; every primitive's commands vs Redisson's scripts vs SET NX PX, AOF on and off, both replication modes; the floor of a module command), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
 	cargo build --release -p rlock
+	$(PY) bench/instr.py $(TAX_ARGS) --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr.py --latch --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr.py --only fenced --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
 	$(PY) bench/instr_rw.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report BENCHMARK.md
@@ -108,6 +109,8 @@ bench-instr: venv ## Instructions per call under callgrind (tax on other command
 	$(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE)
 
 INSTR_SERVERS = $(foreach s,$(SERVERS),--server $$(./scripts/server-path.sh $(s)))
+# The tax on other commands: over SEEDS hash seeds (the mean and the range), ROUNDS each.
+TAX_ARGS = --only tax --seeds $(or $(SEEDS),8) --rounds $(or $(ROUNDS),1) --n1 1000 --n2 6000
 
 # Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*): contention, reclaim delay, instructions.
 bench-semaphore: venv ## Semaphore: 64 client processes x 4 permits vs Redisson's algorithm, reclaim delay, instructions per call; writes bench/semaphore.md

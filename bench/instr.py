@@ -12,13 +12,16 @@ buffer keeps its size (`DEBUG REPLYBUFFER RESIZING 0`). Both make reruns agree: 
 Commands are sent pipelined by `redis-cli --pipe` from a generated stream (keys spread
 over 100 000 names by a fixed permutation, so reruns are identical).
 
-Two tables, written into BENCHMARK.md between the `instr` markers:
-1. The tax on commands that are not locks: a plain server, the module loaded with no lock
-   and with 10 000 locks held, and two floors, do-nothing modules that register rlock's
-   command names: with nothing else (the server's price of a module with those commands:
-   its command table changes) and subscribed to what rlock subscribes to on that server
-   while somebody waits (the server's own cost of telling any module, on top).
-2. RLOCK commands against Redisson's Lua scripts (EVALSHA) and SET NX PX.
+Its tables, each between markers of its own in BENCHMARK.md:
+1. `--only tax` (`make bench-tax`, `instr-tax`): the tax on commands that are not locks,
+   over several hash seeds: a plain server, the module loaded with no lock and with
+   10 000 locks held, and two floors, do-nothing modules that register rlock's command
+   names: with nothing else (the server's price of a module with those commands: its
+   command table changes) and subscribed to what rlock subscribes to on that server while
+   somebody waits (the server's own cost of telling any module, on top).
+2. By default (`instr`): RLOCK commands against Redisson's Lua scripts (EVALSHA) and
+   SET NX PX; with `--latch` also the countdown latch (`instr-latch`).
+3. `--only fenced` (`instr-fenced`): the fenced lock against Redisson's lockAndGetToken.
 
 Standard library only; needs valgrind, redis-cli and gcc (for the floor module).
 """
@@ -552,18 +555,19 @@ def tax_configs(module, floor, names):
 
 def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only_latch=False,
             only_tax=False, seeds=1):
-    """Every run for one server; `{cell: instructions per call}`. A tax cell is
-    `("tax", command, config, seed)`, one per hash seed (`seeds` of them, [`fixed_seed`]);
-    the lock and latch tables run under seed 0."""
+    """Every run for one server; `{cell: instructions per call}`. With `only_tax` the tax
+    table's: a cell is `("tax", command, config, seed)`, one per hash seed (`seeds` of
+    them, [`fixed_seed`]); else the lock table's (and the latch's), under seed 0."""
     names = module_commands(server, module)
     configs = tax_configs(module, floor, names)
-    runs = [(("tax", cfg, seed), mods, setup, TAX, seed)
-            for seed in range(seeds) for cfg, mods, setup in configs]
-    if not only_tax:
-        runs += [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS, 0),
-                 (("lock", "plain"), [], [], PLAIN_WORKLOADS, 0)]
-    if only_latch:
+    if only_tax:
+        runs = [(("tax", cfg, seed), mods, setup, TAX, seed)
+                for seed in range(seeds) for cfg, mods, setup in configs]
+    elif only_latch:
         runs = []
+    else:
+        runs = [(("lock", "rlock"), [module], [], RLOCK_WORKLOADS, 0),
+                (("lock", "plain"), [], [], PLAIN_WORKLOADS, 0)]
     if latch or only_latch:
         runs += [(("latch", "rlock"), [module], [], LATCH_RLOCK_WORKLOADS, 0),
                  (("latch", "plain"), [], [], LATCH_PLAIN_WORKLOADS, 0)]
@@ -771,14 +775,18 @@ def main():
         "whose amounts depend on how the kernel happened to split the stream (they made "
         "reruns differ by a few per cent). The slow log, latency tracking and the timer's "
         "rehashing are off: under valgrind on a loaded machine, whether a call took 10 ms, "
-        "or how far a table was rehashed in 1 ms slices between calls, is luck. String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites "
-        "and DEL, EXPIRE and GET find their key; counters, lists and hashes are new keys; "
-        "keys follow a fixed permutation of 100 000 names. The module is a --release build. "
-        "*commands only* is a do-nothing module that registers rlock's command names "
-        "(bench/instr/floor.c): the server's price of a module with those commands. "
-        "*floor* is the same module subscribed to what rlock subscribes to on that "
-        "server while somebody waits: the server's own cost of telling any module, "
-        "which no module goes below.",
+        "or how far a table was rehashed in 1 ms slices between calls, is luck. Keys follow "
+        "a fixed permutation of 100 000 names. The module is a --release build. "
+        + ("String keys `key:0..199999` exist (DEBUG POPULATE), so SET overwrites and DEL, "
+           "EXPIRE and GET find their key; counters, lists and hashes are new keys. "
+           "*commands only* is a do-nothing module that registers rlock's command names "
+           "(bench/instr/floor.c): the server's price of a module with those commands. "
+           "*floor* is the same module subscribed to what rlock subscribes to on that "
+           "server while somebody waits: the server's own cost of telling any module, "
+           "which no module goes below."
+           if a.only == "tax" else
+           "What the module costs commands that are not locks is the block *The tax on "
+           "other commands* (`make bench-tax`, `bench/instr.py --only tax`)."),
         "",
     ]
     # The latch's tables go into a block of their own (`instr-latch` markers).
@@ -807,10 +815,8 @@ def main():
                 latch_sections += latch_lines
             if a.only_latch:
                 continue
-            sections += [f"### {version}", "", "Commands that are not locks:", ""]
-            sections += tax_table(results, configs, names, a.seeds)
-            sections += ["", "Lock commands (Redisson's scripts by EVALSHA, as Redisson "
-                         "sends them, with its unlock latch key):", ""]
+            sections += [f"### {version}", "", "Lock commands (Redisson's scripts by EVALSHA, "
+                         "as Redisson sends them, with its unlock latch key):", ""]
             sections += lock_table(results)
             sections.append("")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
