@@ -34,7 +34,6 @@ import hashlib
 import os
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -205,7 +204,7 @@ LATCH_PLAIN_WORKLOADS = [
 
 def latch_table(results):
     groups = {}
-    for (kind, label, impl), v in ((k, v) for k, v in results.items() if len(k) == 3):
+    for (kind, label, impl), v in results.items():
         if kind == "latch":
             groups.setdefault(label, {})[impl] = v
     lines = ["| operation | rlock | Redisson | Redisson / rlock |", "|---|---:|---:|---:|"]
@@ -472,16 +471,21 @@ def settle_tables(port, timeout=600):
     commands that set a TTL. Here the server's timer finishes the rehash (outside
     `processCommand`, so not counted), with every server starting the count from whole
     tables."""
-    cli = ["redis-cli", "-p", str(port)]
-    subprocess.run(cli + ["CONFIG", "SET", "activerehashing", "yes", "hz", "100"],
-                   capture_output=True, check=True)
+    def cli(*words):
+        out = subprocess.run(["redis-cli", "-p", str(port)] + list(words),
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        if words[:2] == ("CONFIG", "SET") and out != ["OK"]:
+            raise RuntimeError(f"{' '.join(words)}: {out}")
+        return out
+
+    before = cli("CONFIG", "GET", "activerehashing", "hz")  # put back as they were
+    cli("CONFIG", "SET", "activerehashing", "yes", "hz", "100")
     deadline = time.time() + timeout
     while rehashing(port):
         if time.time() > deadline:
             raise RuntimeError(f"tables still rehashing after {timeout} s")
         time.sleep(0.2)
-    subprocess.run(cli + ["CONFIG", "SET", "activerehashing", "no", "hz", "1"],
-                   capture_output=True, check=True)
+    cli("CONFIG", "SET", *before)
 
 
 def server_version(server):
@@ -558,7 +562,9 @@ def measure(server, module, floor, n1, n2, jobs, workdir, log, latch=False, only
     """Every run for one server; `{cell: instructions per call}`. With `only_tax` the tax
     table's: a cell is `("tax", command, config, seed)`, one per hash seed (`seeds` of
     them, [`fixed_seed`]); else the lock table's (and the latch's), under seed 0."""
-    names = module_commands(server, module)
+    # The tax table's configurations need the module's command names (a server started
+    # to list them); the lock and latch tables do not.
+    names = module_commands(server, module) if only_tax else []
     configs = tax_configs(module, floor, names)
     if only_tax:
         runs = [(("tax", cfg, seed), mods, setup, TAX, seed)
@@ -652,7 +658,7 @@ def tax_table(results, configs, names=None, seeds=1):
 
 def lock_table(results):
     groups = {}
-    for (kind, label, impl), v in ((k, v) for k, v in results.items() if len(k) == 3):
+    for (kind, label, impl), v in results.items():
         if kind == "lock":
             groups.setdefault(label, {})[impl] = v
     order = ["acquire, new lock", "acquire, re-entry", "acquire, contended",
