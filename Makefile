@@ -73,7 +73,7 @@ test-py: build venv ## Python integration tests against real module-loaded serve
 
 test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls, every primitive
 	@$(PER_SERVER) RLOCK_LEAK_CYCLES=1000000 RLOCK_MODEL_EXAMPLES=500 RLOCK_FUZZ_CALLS=30000 \
-		$(PYTEST) -q -p no:valkey tests/test_leak*.py tests/test_model.py tests/test_fuzz*.py; done
+		$(PYTEST) -q -p no:valkey tests/stress/test_leak*.py tests/stress/test_model.py tests/stress/test_fuzz*.py; done
 
 test-client: build venv ## Rust client crate tests (blocking and async) against real module-loaded servers (each in SERVERS)
 	cargo test -q -p rlock-client --all-features --lib

@@ -46,17 +46,18 @@ LEASE = 600_000  # ms: nothing expires during a run, even under valgrind
 OWNER = "6f1c2a4e-8b1d-4f7a-9c3e-2d5b7e9a1c40:1"  # Redisson's shape, 38 bytes
 OTHER = "0b9e8d7c-6a5f-4e3d-8c2b-1a0f9e8d7c6b:7"
 
-# Redisson's own scripts, the very text the interop tests run (tests/redisson.py).
+# Redisson's own scripts, the very text the interop tests run (tests/support/redisson.py).
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from redisson import ACQUIRE, RENEW, UNLOCK  # noqa: E402
 
 SHA = {name: hashlib.sha1(src.encode()).hexdigest()
        for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
-# Fenced lock (SPEC 4.2): Redisson's lockAndGetToken script (tests/redisson_rw.py).
+# Fenced lock (SPEC 4.2): Redisson's lockAndGetToken script (tests/support/redisson_rw.py).
 from redisson_rw import FENCED_ACQUIRE_TOKEN, token_key  # noqa: E402
 SHA["fenced"] = hashlib.sha1(FENCED_ACQUIRE_TOKEN.encode()).hexdigest()
 
-# Countdown latch (--latch): Redisson's RCountDownLatch scripts (tests/redisson_sync.py).
+# Countdown latch (--latch): Redisson's RCountDownLatch scripts (tests/support/redisson_sync.py).
 from redisson_sync import LATCH_COUNT_DOWN, LATCH_TRY_SET, latch_channel  # noqa: E402
 
 LATCH_SHA = {name: hashlib.sha1(src.encode()).hexdigest()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench-instr`: the read-write lock's cost in instructions per call, RRWLOCK
 commands against Redisson's own RW scripts (RedissonReadLock/RedissonWriteLock, the text
-tests/redisson_rw.py runs), counted by callgrind exactly as bench/instr.py counts the
+tests/support/redisson_rw.py runs), counted by callgrind exactly as bench/instr.py counts the
 plain lock (its `run_server`: segments of N1 then N2 calls split by PING, per call =
 difference / (N2 - N1)). Writes a table between the `instr-rw` markers of BENCHMARK.md.
 """
@@ -15,6 +15,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from instr import (LEASE, OTHER, OWNER, key, run_server, server_version, slot,  # noqa: E402
                    write_report)
 from redisson_rw import (READ_ACQUIRE, READ_UNLOCK, READ_UNLOCK_MESSAGE, UNLOCK_MESSAGE,  # noqa: E402

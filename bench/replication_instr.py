@@ -21,6 +21,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from instr import (LEASE, OWNER, SHA, held_with_count, instr_arguments, key,  # noqa: E402
                    load_scripts, redisson_fenced, redisson_unlock, run_server,
                    set_rounds, report_per_server, BIG_COUNT, redisson_count_down, LATCH_COUNT_DOWN)

@@ -35,6 +35,7 @@ import redis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from redisson_sync import (NON_EXPIRABLE, PES_TRY_ACQUIRE, SEM_RELEASE,  # noqa: E402
                            SEM_TRY_ACQUIRE, new_permit_id)
 

@@ -16,6 +16,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from instr import run_server, server_version  # noqa: E402
 from redisson_sync import SEM_RELEASE, SEM_TRY_ACQUIRE  # noqa: E402
 

@@ -42,6 +42,7 @@ import redis.asyncio as aredis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 sys.path.insert(0, HERE)
 from hostile_helpers import (Raw, blocked_clients, fill_module_client_pool,  # noqa: E402
                              info_section, settle_memory, used_memory)

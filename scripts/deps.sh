@@ -11,7 +11,7 @@
 #                                   Porcupine checker) when `go` is missing
 #   scripts/deps.sh --has-libclang [DIR...]
 #                                   exit 0 when bindgen would find a libclang in DIRs
-#                                   (default: where bindgen searches); tests/test_setup.py
+#                                   (default: where bindgen searches); tests/server/test_setup.py
 #                                   runs this against prepared directories.
 set -euo pipefail
 

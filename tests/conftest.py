@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,10 @@ import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
+# The suite is grouped by primitive and kind (lock/, rwlock/, ..., server/, stress/); the
+# helpers they share (Redisson's scripts transcribed, error texts, cluster and hostile-input
+# helpers) live in support/ and are imported by module name from every group.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 MODULE = os.environ.get("RLOCK_MODULE", str(ROOT / "target" / "debug" / "librlock.so"))
 REDIS_SERVER = os.environ.get("REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
 

@@ -12,7 +12,7 @@ server, one variant after the other in one run:
   0.1 s);
 * semaphore (P permits; critical section: 1 ms): `rlock.Semaphore` against Redisson's
   RSemaphore algorithm in redis-py (its tryAcquire and release scripts, imported from the
-  module suite's tests/redisson_sync.py; a failed try waits for a release message on
+  module suite's tests/support/redisson_sync.py; a failed try waits for a release message on
   ``redisson_sc:{name}`` through one subscription shared by the process's threads, as one
   Redisson client has, then tries again). No semaphore on PyPI beats that design: pottery
   has none, and the list-of-tokens BLPOP ones block a connection per waiter.
@@ -44,6 +44,7 @@ import redis_lock
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python" / "tests"))
 sys.path.append(str(ROOT / "tests"))
+sys.path.append(str(ROOT / "tests" / "support"))
 from redisson_sync import SEM_RELEASE, SEM_TRY_ACQUIRE, semaphore_channel  # noqa: E402
 from server import RedisServer  # noqa: E402  (the client tests' server helper)
 

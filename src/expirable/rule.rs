@@ -350,7 +350,7 @@ pub fn set_permits(
         }
         Some(available) => {
             // The count key is anybody's string: near i64's ends the sum or the step
-            // would wrap (found by tests/test_fuzz_all.py), so both are checked.
+            // would wrap (found by tests/stress/test_fuzz_all.py), so both are checked.
             let total = available.checked_add(held).ok_or(ERR_PERMITS_OVERFLOW)?;
             let delta = permits.checked_sub(total).ok_or(ERR_PERMITS_OVERFLOW)?;
             if delta == 0 {

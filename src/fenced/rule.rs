@@ -27,7 +27,7 @@
 //!
 //! Why 10 bits and not 16: Redisson's lockAndGetToken returns the INCR result through its
 //! Lua script, and Lua numbers are doubles, exact only below 2^53. `now_ms << CLOCK_SHIFT` is about
-//! 2^57 today and came back rounded to a multiple of 16 (tests/test_redisson_rw_scripts.py
+//! 2^57 today and came back rounded to a multiple of 16 (tests/interop/test_redisson_rw_scripts.py
 //! shows it), so Java clients would see repeated tokens. `now_ms << 10` stays below 2^53
 //! until the year 2248 ([`LUA_EXACT_UNTIL_MS`]), and 1024 tokens per millisecond on one
 //! lock name is beyond what one Redis serves.

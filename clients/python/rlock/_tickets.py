@@ -8,7 +8,7 @@ the same socket, no grant can be missed and no round trip confirms the subscript
 Channels are counted per key (subscribed for the first waiter, unsubscribed after the
 last). One reader (a daemon thread, or an asyncio task) routes replies, in order, to the
 senders and messages, by request id, to the waiters. This mirrors the Rust client's
-`client/src/tickets.rs`.
+`clients/rust/src/tickets.rs`.
 
 What is written once here, for both front ends:
 

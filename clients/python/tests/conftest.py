@@ -19,9 +19,9 @@ from server import RedisServer
 import rlock
 import rlock.asyncio
 
-# The module suite's transcriptions of Redisson's scripts (tests/redisson*.py) are imported
+# The module suite's transcriptions of Redisson's scripts (tests/support/redisson*.py) are imported
 # from there, not copied: appended to the path, so that `conftest` stays this file.
-MODULE_TESTS = Path(__file__).resolve().parents[3] / "tests"
+MODULE_TESTS = Path(__file__).resolve().parents[3] / "tests" / "support"
 if str(MODULE_TESTS) not in sys.path:
     sys.path.append(str(MODULE_TESTS))
 

@@ -1,5 +1,5 @@
 """The Python client on a real Redis Cluster (3 masters with the module, started by the
-module suite's tests/cluster_helpers.py, reused here) through redis-py's `RedisCluster`:
+module suite's tests/support/cluster_helpers.py, reused here) through redis-py's `RedisCluster`:
 every primitive waits as a ticket on the node owning its key (one ticket connection per
 node, shard channels), and a ticket whose slot migrates while it waits is redirected and
 still served, on the new node.
@@ -31,7 +31,7 @@ def _load(name: str, filename: str):
 # cluster_helpers imports the module suite's conftest by the name `conftest`, which in
 # this directory is ours: lend it theirs while it loads.
 _ours = sys.modules["conftest"]
-sys.modules["conftest"] = _load("rlock_suite_conftest", "conftest.py")
+sys.modules["conftest"] = _load("rlock_suite_conftest", "../conftest.py")
 try:
     helpers = _load("rlock_suite_cluster_helpers", "cluster_helpers.py")
 finally:

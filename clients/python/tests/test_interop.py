@@ -1,6 +1,6 @@
-"""Interop with Redisson, as the module suite proves it (tests/test_redisson.py,
+"""Interop with Redisson, as the module suite proves it (tests/lock/test_redisson.py,
 test_rwlock_interop.py, test_semaphore_interop.py, test_latch.py): Redisson's own Lua
-scripts (transcribed in the module suite's tests/redisson*.py, imported from there) run
+scripts (transcribed in the module suite's tests/support/redisson*.py, imported from there) run
 against the Python client on the same names, both ways, for each primitive. A client
 waiter (a queued ticket) is served when Redisson lets go; Redisson is excluded while the
 client holds, and gets in after the client lets go.

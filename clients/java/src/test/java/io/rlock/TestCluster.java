@@ -1,5 +1,5 @@
 // Test support (clients/java tests): a real local Redis Cluster of 3 module-loaded masters
-// on free ports of 127.0.0.1, built as tests/cluster_helpers.py builds one: cluster-enabled
+// on free ports of 127.0.0.1, built as tests/support/cluster_helpers.py builds one: cluster-enabled
 // servers, a third of the slots each (CLUSTER ADDSLOTSRANGE), CLUSTER MEET, then wait for
 // cluster_state:ok everywhere.
 package io.rlock;

@@ -1,12 +1,12 @@
 """Protocol fuzz for RSEMAPHORE.* and RPSEMAPHORE.*: random argument lists from a seeded
-RNG (the same $RLOCK_FUZZ_SEED / $RLOCK_FUZZ_CALLS as tests/test_fuzz.py, whose argument
+RNG (the same $RLOCK_FUZZ_SEED / $RLOCK_FUZZ_CALLS as tests/stress/test_fuzz.py, whose argument
 generator this reuses), against keys of every kind: counts, permit sets, a lock hash,
 strings that are no count, a spoiled permit set, other types.
 
 Every reply must be a known error (exact text from src/vocab/errors.rs, never the internal one)
 or a reply of the command's shape; valid WAITs are cut to 1-5 ms. Afterwards the server is
 up, nobody waits, no key timer is left once leases ran out, and `used_memory` is back at
-its baseline (tests/test_fuzz.py explains the margin).
+its baseline (tests/stress/test_fuzz.py explains the margin).
 """
 
 import errors

@@ -91,7 +91,7 @@ struct Inner {
 pub(crate) struct LockShared {
     pub(crate) key: String,
     /// `Some("READ" | "WRITE")`: this handle is one side of a read-write lock, whose
-    /// commands are `RRWLOCK.*` with the side after the key (client/src/rwlock.rs).
+    /// commands are `RRWLOCK.*` with the side after the key (clients/rust/src/rwlock.rs).
     pub(crate) side: Option<&'static str>,
     pub(crate) owner: String,
     pub(crate) handle: u64,

@@ -42,7 +42,7 @@ fn build_module() -> PathBuf {
         Some("debug") | None => "dev",
         Some(name) => name,
     };
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     // `cargo test` gives its own path in $CARGO; the one that compiled us is the fallback.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
     if !module.exists() {

@@ -1,4 +1,4 @@
-"""The read-write lock against Redisson's own scripts (tests/redisson_rw.py), both ways, on
+"""The read-write lock against Redisson's own scripts (tests/support/redisson_rw.py), both ways, on
 the same names: a Java-style pub/sub waiter woken by a module release with the right
 message, a module WAIT waiter served after a script release (7.0: keyspace events; Valkey:
 the key event when the hash goes, or the queue's poll where the hash stays), and mixed

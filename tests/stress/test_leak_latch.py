@@ -1,4 +1,4 @@
-"""Memory does not grow with latch use (as tests/test_leak.py for the lock): many set /
+"""Memory does not grow with latch use (as tests/stress/test_leak.py for the lock): many set /
 await / count down to zero / time out / disconnect / delete cycles leave `used_memory`
 where it started, and the module unloads afterwards.
 

@@ -5,7 +5,7 @@ The scripts below are Redisson's own (RedissonSemaphore, RedissonPermitExpirable
 RedissonCountDownLatch; Redisson 4.7.0, unchanged on master 66863978, 2026-08-21), kept
 the same in logic so that interop tests run exactly what a Java service runs against the
 same names. docs/redisson-sync-layouts.md describes the layout they implement; this file
-is the executable half of it. Like tests/redisson.py for the plain lock, it knows no
+is the executable half of it. Like tests/support/redisson.py for the plain lock, it knows no
 module. Each script's comment gives its KEYS and ARGV.
 
 Java passes `System.currentTimeMillis()` to the permit-expirable scripts; here every such

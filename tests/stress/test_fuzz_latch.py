@@ -1,4 +1,4 @@
-"""Protocol fuzz of the countdown latch (RLATCH.*), as tests/test_fuzz.py does for RLOCK.*:
+"""Protocol fuzz of the countdown latch (RLATCH.*), as tests/stress/test_fuzz.py does for RLOCK.*:
 seeded random argument lists (its generator and number pool), every reply checked against
 a small oracle of the argument rules (docs/sync-commands.md), then the server is up,
 nobody waits, and `used_memory` is back at its baseline.

@@ -1,4 +1,4 @@
-"""Memory does not grow with use of the read-write lock, as tests/test_leak.py checks for
+"""Memory does not grow with use of the read-write lock, as tests/stress/test_leak.py checks for
 RLOCK: read holds with their timeout keys, re-entries, renewals, writers and readers
 waiting, handed the lock, timing out and disconnecting leave `used_memory` where it
 started, and the module unloads afterwards.

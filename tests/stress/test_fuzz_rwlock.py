@@ -1,4 +1,4 @@
-"""Protocol fuzz of the read-write lock (RRWLOCK.*), as tests/test_fuzz.py does for RLOCK.*:
+"""Protocol fuzz of the read-write lock (RRWLOCK.*), as tests/stress/test_fuzz.py does for RLOCK.*:
 seeded random argument lists on RESP2 and RESP3 connections, every reply checked against
 an oracle of the argument rules (the side word first, then RLOCK's rules for the rest,
 then the owner's `:write` suffix), keys of other types and a plain RLOCK lock answered

@@ -2,7 +2,7 @@
 disconnect / lease-end cycles of RSEMAPHORE.* and RPSEMAPHORE.* leave `used_memory` where
 it started, no waiter and no lease timer behind, and the module unloads afterwards.
 
-$RLOCK_LEAK_CYCLES sets the number of cycles, as for tests/test_leak.py (whose margin,
+$RLOCK_LEAK_CYCLES sets the number of cycles, as for tests/stress/test_leak.py (whose margin,
 helpers and reasoning this reuses; 20 000 by default).
 """
 

@@ -34,7 +34,7 @@ use crate::proto::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
 pub use lock::{Lock, LockGuard};
 
-// Countdown latch (client/src/latch.rs): `client.latch(name)`.
+// Countdown latch (clients/rust/src/latch.rs): `client.latch(name)`.
 pub use crate::latch::aio::CountDownLatch;
 // Fenced lock (SPEC 4.2): its async handle and guard.
 pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
@@ -253,7 +253,7 @@ impl Client {
     }
 }
 
-// Read-write lock (client/src/rwlock.rs): a handle on one side of it, and a plain
+// Read-write lock (clients/rust/src/rwlock.rs): a handle on one side of it, and a plain
 // command with the client's retries.
 impl Client {
     pub(crate) fn side_lock(&self, name: String, side: &'static str, owner: String) -> Lock {

@@ -1,5 +1,5 @@
 """Interop, both directions, between RSEMAPHORE.*/RPSEMAPHORE.* and Redisson's own scripts
-(tests/redisson_sync.py) on the same names: a Java-style waiter (subscribed to
+(tests/support/redisson_sync.py) on the same names: a Java-style waiter (subscribed to
 `redisson_sc:{name}`, retrying its script on each message) woken by a module release; a
 module WAIT waiter served after a script's release (an INCRBY the module is told of by a
 keyspace event on Redis 7.0, or finds by polling every 10 ms where the server reports only

@@ -2,7 +2,7 @@
 reply, hundreds of awaiters released in the turn the count reaches zero, timeouts, a latch
 deleted or expired releasing its awaiters, request ids after a lost reply, replication
 and the AOF as plain effects, keyspace notifications, named errors for bad input, and
-interop both ways with Redisson's own scripts (tests/redisson_sync.py) on the same names.
+interop both ways with Redisson's own scripts (tests/support/redisson_sync.py) on the same names.
 
 Awaiters are raw sockets (hostile_helpers.Raw): hundreds of blocked calls need no thread
 each, and every reply is read exactly as the server sent it.

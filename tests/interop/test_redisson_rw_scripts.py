@@ -1,4 +1,4 @@
-"""Checks tests/redisson_rw.py against a plain redis-server (no module): Redisson's own
+"""Checks tests/support/redisson_rw.py against a plain redis-server (no module): Redisson's own
 read-write and fenced lock scripts must behave as docs/redisson-layouts.md says, so that
 the interop tests built on them later test the module against the real protocol."""
 
