@@ -174,7 +174,7 @@ test-java: build ## Java client: JUnit 5 tests and Redisson interop (every primi
 
 bench-java: release ## Java contention bench: rlock's Java client vs Redisson's RLock/RSemaphore, 64 threads and 1 000 tasks (REDIS_SERVER); appends to BENCHMARK.md
 	@./scripts/deps.sh --java
-	$(MVN) -q test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
+	$(MVN) -q -pl rlock-client test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
 		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
 
 # The fault harness (faults/README.md, SPEC 7). Go from PATH, else the official tarball's place.

@@ -32,7 +32,7 @@ final class TestServer implements AutoCloseable {
     static Path module() {
         String env = System.getProperty("rlock.module", System.getenv("RLOCK_MODULE"));
         Path base = Path.of(System.getenv().getOrDefault("RLOCK_JAVA_DIR", "."));
-        Path p = env != null && !env.isEmpty() ? Path.of(env) : base.resolve("../../target/debug/librlock.so").normalize();
+        Path p = env != null && !env.isEmpty() ? Path.of(env) : base.resolve("../../../target/debug/librlock.so").normalize();
         if (!Files.isRegularFile(p)) {
             throw new IllegalStateException("the rlock module is not at " + p.toAbsolutePath()
                     + ": build it first (`make build` or `cargo build -p rlock` at the repository root),"
