@@ -27,7 +27,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	bin=$$(./scripts/server-path.sh "$$s"); echo "== on $$("$$bin" --version)"; \
 	REDIS_SERVER="$$bin"
 
-.PHONY: help deps venv build release run test test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
+.PHONY: help deps venv build release run test check test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets bench-tax
 .PHONY: test-java bench-java
@@ -81,10 +81,12 @@ test-client: build venv ## Rust client crate tests (blocking and async) against 
 	@$(PER_SERVER) cargo test -q -p rlock-client --all-features --test '*'; done
 	cargo build -p rlock-client --all-targets
 
-lint: ## rustfmt check and clippy with warnings as errors
+lint: ## rustfmt check, clippy and the docs of the module and the Rust client, warnings as errors
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p rlock-client --all-targets --all-features -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p rlock
+	RUSTDOCFLAGS="-D warnings" cargo doc -q --no-deps -p rlock-client --all-features
 
 bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET NX; lock, RW lock, semaphores, queued tickets, Python client); writes BENCHMARK.md and bench/*.md
 	@./scripts/deps.sh

@@ -239,7 +239,7 @@ fn write_command<'a, P>(
     })
 }
 
-/// RPSEMAPHORE.TRYSETPERMITS <key> <permits> [ID <request-id>]
+/// `RPSEMAPHORE.TRYSETPERMITS <key> <permits> [ID <request-id>]`
 pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -252,7 +252,7 @@ pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.SETPERMITS <key> <permits> [ID <request-id>]
+/// `RPSEMAPHORE.SETPERMITS <key> <permits> [ID <request-id>]`
 pub fn set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -265,7 +265,7 @@ pub fn set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.ADDPERMITS <key> <delta> [ID <request-id>]
+/// `RPSEMAPHORE.ADDPERMITS <key> <delta> [ID <request-id>]`
 pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -278,7 +278,7 @@ pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.RELEASE <key> <permit-id> [ID <request-id>]
+/// `RPSEMAPHORE.RELEASE <key> <permit-id> [ID <request-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -291,7 +291,7 @@ pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.UPDATELEASETIME <key> <permit-id> <lease-ms>
+/// `RPSEMAPHORE.UPDATELEASETIME <key> <permit-id> <lease-ms>`
 pub fn update_lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -306,7 +306,7 @@ pub fn update_lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms>] [ID <request-id>]
+/// `RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms>] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -384,7 +384,7 @@ fn read_only(
     Ok((state, now))
 }
 
-/// RPSEMAPHORE.AVAILABLEPERMITS <key>: expired permits count as back.
+/// `RPSEMAPHORE.AVAILABLEPERMITS <key>`: expired permits count as back.
 pub fn available_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         let (state, now) = read_only(ctx, args, 2)?;
@@ -392,7 +392,7 @@ pub fn available_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.ACQUIREDPERMITS <key>: permits held and not expired.
+/// `RPSEMAPHORE.ACQUIREDPERMITS <key>`: permits held and not expired.
 pub fn acquired_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         let (state, now) = read_only(ctx, args, 2)?;
@@ -400,7 +400,7 @@ pub fn acquired_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.LEASETIME <key> <permit-id>: remaining ms, -1 without lease, -2 not held.
+/// `RPSEMAPHORE.LEASETIME <key> <permit-id>`: remaining ms, -1 without lease, -2 not held.
 pub fn lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 3 {
@@ -412,7 +412,7 @@ pub fn lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RPSEMAPHORE.INFO <key>: available, acquired, permits (their sum), next-expiry-ms (the
+/// `RPSEMAPHORE.INFO <key>`: available, acquired, permits (their sum), next-expiry-ms (the
 /// earliest lease end from now, -1 none), waiters, waiting-permits.
 pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {

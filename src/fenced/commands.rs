@@ -64,7 +64,7 @@ fn write(
     write_token(ctx, name, plan)
 }
 
-/// RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
+/// `RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
 ///
 /// `[nil, token]` when acquired or re-entered (a new token each time, as Redisson's
 /// lockAndGetToken), `[pttl, nil]` when another owner holds it; with WAIT the caller
@@ -124,7 +124,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RFENCED.ACQUIREAT <payload>: internal (SPEC 1.4), what RFENCED.ACQUIRE replicates for a
+/// `RFENCED.ACQUIREAT <payload>`: internal (SPEC 1.4), what RFENCED.ACQUIRE replicates for a
 /// new lock or a re-entry: the command made deterministic, its key, owner, lease and the
 /// primary's clock as one argument (a RESP array of the four). The clock decides the
 /// lease's end and the token (`max(last + 1, now << 10)`); a replica or an AOF reload runs
@@ -154,7 +154,7 @@ pub fn acquire_at(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RFENCED.GETTOKEN <key>
+/// `RFENCED.GETTOKEN <key>`
 ///
 /// The last token issued for the lock (Redisson's getToken), nil before the first.
 pub fn get_token(ctx: &Context, args: &[RedisString]) -> RedisResult {

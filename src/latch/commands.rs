@@ -109,7 +109,7 @@ fn parse_id<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static str> {
     Ok(parse_options(args, Allowed::default())?.id)
 }
 
-/// RLATCH.TRYSETCOUNT <key> <count> [ID <request-id>]
+/// `RLATCH.TRYSETCOUNT <key> <count> [ID <request-id>]`
 pub fn try_set_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         // The shared opening serves the awaiters of a latch that opened a moment ago (a
@@ -128,7 +128,7 @@ pub fn try_set_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLATCH.COUNTDOWN <key> [ID <request-id>]
+/// `RLATCH.COUNTDOWN <key> [ID <request-id>]`
 pub fn count_down(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         pipeline::write_command(
@@ -145,7 +145,7 @@ pub fn count_down(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLATCH.DELETE <key> [ID <request-id>]
+/// `RLATCH.DELETE <key> [ID <request-id>]`
 pub fn delete(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         pipeline::write_command(
@@ -162,7 +162,7 @@ pub fn delete(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLATCH.GETCOUNT <key>
+/// `RLATCH.GETCOUNT <key>`
 pub fn get_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
@@ -173,7 +173,7 @@ pub fn get_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id>]]
+/// `RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id>]]`
 pub fn await_open(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -213,7 +213,7 @@ pub fn await_open(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLATCH.INFO <key>: count (0 without latch), PTTL (-2 without key, -1 without TTL),
+/// `RLATCH.INFO <key>`: count (0 without latch), PTTL (-2 without key, -1 without TTL),
 /// and how many clients await it here.
 pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {

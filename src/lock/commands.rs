@@ -49,7 +49,7 @@ pub fn parse_acquire<'a>(
     Ok((a, id, waiting))
 }
 
-/// RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
+/// `RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -94,7 +94,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLOCK.ACQUIREAT <payload>: internal (SPEC 1.4), what RLOCK.ACQUIRE replicates for a
+/// `RLOCK.ACQUIREAT <payload>`: internal (SPEC 1.4), what RLOCK.ACQUIRE replicates for a
 /// new lock or a re-entry: the command made deterministic, its key, owner and lease's
 /// absolute end as one argument (a RESP array of the three, `vocab::apply::push_words`).
 /// A replica or an AOF reload runs the acquire's rule on the same state with that end:
@@ -135,7 +135,7 @@ fn acquire_at_words<'a>(
     Ok((name, owner, at))
 }
 
-/// RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]
+/// `RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -170,7 +170,7 @@ fn parse_renew<'a>(args: &[&'a [u8]]) -> Parsed<'a, (&'a [u8], i64)> {
     Ok((args::parse_renew(args)?, None))
 }
 
-/// RLOCK.RENEW <key> <owner> <lease-ms>
+/// `RLOCK.RENEW <key> <owner> <lease-ms>`
 pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -193,7 +193,7 @@ pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLOCK.FORCERELEASE <key>
+/// `RLOCK.FORCERELEASE <key>`
 pub fn force_release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -214,7 +214,7 @@ pub fn force_release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RLOCK.INFO <key>
+/// `RLOCK.INFO <key>`
 pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {

@@ -82,7 +82,7 @@ pub enum Write {
 }
 
 /// The reply a lock command sends when it answers at once: nil or an integer (the shared
-/// vocabulary's [`ShortReply`]), so its plans stay `Copy`.
+/// vocabulary's [`ShortReply`](crate::vocab::reply::ShortReply)), so its plans stay `Copy`.
 pub use crate::vocab::reply::ShortReply as Reply;
 
 /// What happened, for the `INFO rlock` counters and for the glue's next step.

@@ -138,7 +138,7 @@ fn settle_after(ctx: &Context, db: i32, name: &RedisString, plan: &Plan, now: i6
     }
 }
 
-/// RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
+/// `RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -193,7 +193,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RRWLOCK.ACQUIREAT <payload>: internal (SPEC 1.4), what RRWLOCK.ACQUIRE replicates when
+/// `RRWLOCK.ACQUIREAT <payload>`: internal (SPEC 1.4), what RRWLOCK.ACQUIRE replicates when
 /// it takes or re-enters a hold and writes nothing after it: the command made
 /// deterministic, its key, side, owner, lease and the primary's clock as one argument (a
 /// RESP array of the five). The clock decides the lease ends and which read holds had
@@ -262,7 +262,7 @@ fn change<'a, P>(
     })
 }
 
-/// RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>]
+/// `RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
@@ -281,7 +281,7 @@ pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RRWLOCK.RENEW <key> READ|WRITE <owner> <lease-ms>
+/// `RRWLOCK.RENEW <key> READ|WRITE <owner> <lease-ms>`
 pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
@@ -297,7 +297,7 @@ pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RRWLOCK.FORCERELEASE <key> [READ|WRITE]
+/// `RRWLOCK.FORCERELEASE <key> [READ|WRITE]`
 pub fn force_release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
@@ -314,7 +314,7 @@ fn key(s: &str) -> RedisValueKey {
     RedisValueKey::String(s.into())
 }
 
-/// RRWLOCK.INFO <key>: read-only, so read holds past their lease are left out of the
+/// `RRWLOCK.INFO <key>`: read-only, so read holds past their lease are left out of the
 /// answer rather than dropped (the next write command drops them).
 pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {

@@ -140,7 +140,7 @@ impl RwState {
 
     /// The earliest moment the lock changes by itself: a read owner's lease end (which only
     /// this module acts on) or the hash's expiry (which Redis acts on, but not promptly
-    /// enough for waiters). The engine arms a timer there and calls [`expire`].
+    /// enough for waiters). The engine arms a timer there and calls [`expire`](crate::rwlock::expire).
     pub fn next_deadline(&self) -> Option<i64> {
         self.readers
             .values()

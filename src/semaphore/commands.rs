@@ -99,7 +99,7 @@ fn write_command<'a, P>(
     })
 }
 
-/// RSEMAPHORE.TRYSETPERMITS <key> <permits> [PX <ttl-ms>] [ID <request-id>]
+/// `RSEMAPHORE.TRYSETPERMITS <key> <permits> [PX <ttl-ms>] [ID <request-id>]`
 pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -119,7 +119,7 @@ pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.ADDPERMITS <key> <delta> [ID <request-id>]
+/// `RSEMAPHORE.ADDPERMITS <key> <delta> [ID <request-id>]`
 pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -132,7 +132,7 @@ pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.RELEASE <key> <permits> [ID <request-id>]
+/// `RSEMAPHORE.RELEASE <key> <permits> [ID <request-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -145,7 +145,7 @@ pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.DRAINPERMITS <key> [ID <request-id>]
+/// `RSEMAPHORE.DRAINPERMITS <key> [ID <request-id>]`
 pub fn drain_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
@@ -158,7 +158,7 @@ pub fn drain_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]
+/// `RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -198,7 +198,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.AVAILABLEPERMITS <key>
+/// `RSEMAPHORE.AVAILABLEPERMITS <key>`
 pub fn available_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         if args.len() != 2 {
@@ -209,7 +209,7 @@ pub fn available_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// RSEMAPHORE.INFO <key>: available, pttl, waiters, waiting-permits (a map under RESP3,
+/// `RSEMAPHORE.INFO <key>`: available, pttl, waiters, waiting-permits (a map under RESP3,
 /// flat pairs under RESP2).
 pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {

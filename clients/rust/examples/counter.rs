@@ -34,7 +34,11 @@ impl Drop for OwnServer {
 
 fn start_server() -> Result<(String, OwnServer), Box<dyn std::error::Error>> {
     let module = std::env::var("RLOCK_MODULE").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/debug/librlock.so").to_string()
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../target/debug/librlock.so"
+        )
+        .to_string()
     });
     if !std::path::Path::new(&module).exists() {
         return Err(

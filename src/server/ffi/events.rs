@@ -111,7 +111,7 @@ const KEYSPACE_CLASSES: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
 /// subscription would add a second listener: the callback would run twice per event.
 static KEYSPACE_ON: AtomicBool = AtomicBool::new(false);
 
-/// Subscribes the removal handler to [`KEYSPACE_CLASSES`] (Redis 7.0, which has no key
+/// Subscribes the removal handler to `KEYSPACE_CLASSES` (Redis 7.0, which has no key
 /// server event), unless already subscribed. `watching` is asked first on every event,
 /// before the key's name is read: false turns the event away.
 pub fn subscribe_keyspace(ctx: &Context) {

@@ -161,7 +161,7 @@ static KEPT_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// [`with_count_string`] does for counts: a new RW lock writes three such words, and
 /// making and freeing a string for each was a tenth of its cost. Found by the word's
 /// address (a constant's bytes stay where they are; the same word at two addresses takes
-/// two entries). `None` once [`KEPT_WORDS`] are kept (the caller makes a string of its
+/// two entries). `None` once `KEPT_WORDS` are kept (the caller makes a string of its
 /// own), so the table stays bounded whatever the callers pass. The strings are never
 /// freed: they are few and small, like `with_count_string`'s.
 pub fn kept_string(word: &'static [u8]) -> Option<&'static RedisString> {

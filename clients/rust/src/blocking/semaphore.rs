@@ -239,7 +239,7 @@ impl ExpirableSemaphore {
 /// lost (renewal answered 0, or renewals failed until the lease ran out, or a fixed lease
 /// ran out while the guard lived) is reported: [`ExpirablePermit::is_held`],
 /// [`ExpirablePermit::wait_lost`], [`ExpirablePermit::on_lost`]; and
-/// [`ExpirablePermit::release`] then answers [`Error::NotHeld`].
+/// [`ExpirablePermit::release`] then answers [`Error::NotHeld`](crate::Error::NotHeld).
 ///
 /// # Drop
 /// Dropping stops the renewal and releases the permit best-effort (one attempt).
