@@ -120,7 +120,7 @@ bench-semaphore: venv ## Semaphore: 64 client processes x 4 permits vs Redisson'
 	{ $(PY) bench/semaphore.py --module $(MODULE_RELEASE) && echo && \
 	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
 
-# Queued tickets (SPEC 5, issue 14): memory per ticket, grant latency, handoffs/s.
+# Queued tickets (design.md 5, issue 14): memory per ticket, grant latency, handoffs/s.
 bench-tickets: venv ## Queued tickets (each server in SERVERS): memory per ticket (100 000 from 10 connections) vs a blocked waiter, grant latency vs WAIT, handoffs/s of 1 000 tasks over 10 connections vs Redisson's algorithm; writes bench/tickets.md
 	cargo build --release -p rlock
 	$(PY) bench/tickets.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report bench/tickets.md --block BENCHMARK.md
@@ -179,7 +179,7 @@ bench-java: release ## Java contention bench: rlock's Java client vs Redisson's 
 	$(MVN) -q -pl rlock-client test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
 		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
 
-# The fault harness (faults/README.md, SPEC 7). Go from PATH, else the official tarball's place.
+# The fault harness (faults/README.md, design.md 7). Go from PATH, else the official tarball's place.
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 FAULTS_SERVER ?= redis
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""`make bench-instr`: the measured floor of a module command that keeps the SPEC's
+"""`make bench-instr`: the measured floor of a module command that keeps the design's
 promises, beside SET NX PX, Redisson's scripts and rlock's own commands.
 
 Issues 11 and 12 ask RLOCK.ACQUIRE <= 1.5x SET NX PX and >= 3x cheaper than Redisson's
 acquire script, RLOCK.RENEW and RRWLOCK.ACQUIRE READ >= 3x cheaper than Redisson's
 renew and read-lock scripts. Whether any module command can get there is measured here,
-not estimated: bench/instr/floor.c's FLOOR.* commands do only what SPEC 1.4 makes such a
+not estimated: bench/instr/floor.c's FLOOR.* commands do only what design.md 1.4 makes such a
 command do (key API write, each effect replicated as its plain command with absolute
 expiries, the plain command's keyspace notifications, the WATCH signal), with no logic.
 Its FLOOR.LOCK.* variants try cheaper ways to do the same (see floor.c). Issue 24 sets
@@ -187,7 +187,7 @@ def aof_table(r, version):
                      f"{fl / goal:.2f}x |")
     exists = r[("aof renew", "floor, existence only")]
     lines += ["", f"SET NX PX with the AOF on: {s:.0f}. FLOOR.RENEW (the owner's field "
-              f"only tested for existence, which SPEC 1.6 does not allow): {exists:.0f}, "
+              f"only tested for existence, which design.md 1.6 does not allow): {exists:.0f}, "
               f"{r[('aof renew', 'Redisson script')] / exists:.2f}x cheaper than Redisson.", ""]
     return lines
 
@@ -196,11 +196,11 @@ def main():
     a = instr_arguments(__doc__).parse_args()
     set_rounds(a.rounds)
     sections = [
-        "## Floors: the least a module command keeping the SPEC's promises costs "
+        "## Floors: the least a module command keeping the design.s promises costs "
         "(`make bench-instr`)", "",
         "Instructions per call, counted as in the tables above (callgrind, "
         f"`processCommand` only, N1 = {a.n1}, N2 = {a.n2}, `bench/floors_instr.py`). "
-        "*floor* is a command of bench/instr/floor.c doing only what SPEC 1.4 makes an "
+        "*floor* is a command of bench/instr/floor.c doing only what design.md 1.4 makes an "
         "rlock command do for that case, with no logic: open the key, write it with the "
         "key API, replicate each effect as its plain command with the absolute expiry "
         "(RM_Replicate, as src/server/store.rs), fire the keyspace notifications that command "
@@ -231,7 +231,7 @@ def main():
         "what FLOOR.LOCK writes and replicates one command whose one argument carries the "
         "key, the owner and the deadline, copied into one buffer (the least any encoding "
         "of them can cost); FLOOR.RENEW.READ renews as FLOOR.RENEW but reads the owner's "
-        "count, as SPEC 1.6 makes RLOCK.RENEW (a hash whose value is not a positive "
+        "count, as design.md 1.6 makes RLOCK.RENEW (a hash whose value is not a positive "
         "integer is not a lock). A renewal has one write, so it replicates as one "
         "`PEXPIREAT` in either mode; its lease is relative, so it cannot go out as itself.",
         ""]

@@ -53,7 +53,7 @@ from redisson import ACQUIRE, RENEW, UNLOCK  # noqa: E402
 
 SHA = {name: hashlib.sha1(src.encode()).hexdigest()
        for name, src in (("acquire", ACQUIRE), ("unlock", UNLOCK), ("renew", RENEW))}
-# Fenced lock (SPEC 4.2): Redisson's lockAndGetToken script (tests/support/redisson_rw.py).
+# Fenced lock (design.md 4.2): Redisson's lockAndGetToken script (tests/support/redisson_rw.py).
 from redisson_rw import FENCED_ACQUIRE_TOKEN, token_key  # noqa: E402
 SHA["fenced"] = hashlib.sha1(FENCED_ACQUIRE_TOKEN.encode()).hexdigest()
 

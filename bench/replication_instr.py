@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`make bench-instr`: what replication costs a lock command, in instructions per call
-(issue 24, part 1; SPEC 1.4's `rlock.replication`).
+(issue 24, part 1; design.md 1.4's `rlock.replication`).
 
 Without a replica or an AOF the server skips propagation, so a figure taken without
 either flatters replication. Every row here is measured twice: with the AOF off, and with
@@ -172,7 +172,7 @@ def main():
     PES_PLAIN[:] = [["SET", n, PERMITS] for n in names]
     sections = [
         "## Replication: instructions per call (`make bench-instr`)", "",
-        "What a lock command costs once it is propagated (SPEC 1.4). `commands` (the "
+        "What a lock command costs once it is propagated (design.md 1.4). `commands` (the "
         "default) replicates each module command as one command: the command itself when "
         "its writes follow from its arguments and the key's state alone (the semaphore's "
         "acquire, the latch's count-down), or that command made deterministic when they "
