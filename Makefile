@@ -31,6 +31,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets bench-tax
 .PHONY: test-java bench-java
+.PHONY: test-go bench-go
 .PHONY: faults test-faults faults-tools
 
 help: ## List the targets
@@ -62,7 +63,7 @@ release: ## Build the optimised module (target/release/librlock.so)
 run: build ## Build, then start redis-server with the module on redis.conf.example (foreground)
 	$(REDIS_SERVER) redis.conf.example
 
-test: build venv test-unit test-py test-client test-pyclient test-java bench-quick test-faults ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, Java client + Redisson interop, bench smoke runs, the fault harness's short slice
+test: build venv test-unit test-py test-client test-pyclient test-java test-go bench-quick test-faults ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, Java client + Redisson interop, Go client, bench smoke runs, the fault harness's short slice
 
 test-unit: ## Rust unit and property tests of the module (pure cores, engine bookkeeping)
 	cargo test -p rlock
@@ -178,6 +179,15 @@ bench-java: release ## Java contention bench: rlock's Java client vs Redisson's 
 	@./scripts/deps.sh --java
 	$(MVN) -q -pl rlock-client test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
 		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
+
+# The Go client (clients/go): a Go module on go-redis v9; its tests start their own
+# module-loaded servers (RLOCK_MODULE, REDIS_SERVER) and a 3-master cluster. The module
+# proxy fetches the pinned dependencies (go.sum) into the module cache on the first run.
+GO_DIR := clients/go
+
+test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, the lock (tickets, watchdog, lost signal, replica sync), a 3-master cluster, Redisson interop, runnable examples
+	@./scripts/deps.sh --go
+	@$(PER_SERVER) sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
 
 # The fault harness (faults/README.md, design.md 7). Go from PATH, else the official tarball's place.
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)

@@ -9,6 +9,10 @@
 #   scripts/deps.sh --faults        and the fault harness's needs (make faults, test-faults):
 #                                   iproute2 (ip netns, tc) and Go (golang-go, for the
 #                                   Porcupine checker) when `go` is missing
+#   scripts/deps.sh --go            and Go >= 1.21 for the Go client (make test-go, bench-go):
+#                                   `go` on PATH or /usr/local/go; Debian 12's golang-go
+#                                   (1.19) is too old for go-redis v9, so a missing or older
+#                                   Go is named, not installed
 #   scripts/deps.sh --has-libclang [DIR...]
 #                                   exit 0 when bindgen would find a libclang in DIRs
 #                                   (default: where bindgen searches); tests/server/test_setup.py
@@ -104,6 +108,16 @@ for arg in "$@"; do
     --java)
       command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
       command -v mvn >/dev/null 2>&1 || need+=(maven)
+      ;;
+    --go)
+      gobin=$(command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+      gover=$("$gobin" env GOVERSION 2>/dev/null || true)   # go1.26.8
+      minor=$(sed -E 's/^go1\.([0-9]+).*/\1/;t;d' <<<"$gover")
+      if [ -z "$minor" ] || [ "$minor" -lt 21 ]; then
+        echo "deps: the Go client needs Go >= 1.21 (found: ${gover:-none}); install it from" \
+          "https://go.dev/dl (into /usr/local/go) or Debian's bookworm-backports golang-1.22-go" >&2
+        exit 1
+      fi
       ;;
     --faults)
       { command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1; } || need+=(iproute2)

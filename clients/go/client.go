@@ -1,0 +1,317 @@
+// The Client: one per process and Redis deployment, shared by every lock it makes. It
+// owns the client id (the first half of every owner id), the options, the ticket hubs
+// (one notification connection per node with waiters) and the replica counts; it sends
+// commands through the application's own go-redis client.
+
+package rlock
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rlock/rlock/clients/go/internal/proto"
+)
+
+// DefaultWatchdogTimeout is the lease of a lock taken without a lease of its own; the
+// watchdog renews it every third of it for as long as it is held (Redisson's
+// lockWatchdogTimeout).
+const DefaultWatchdogTimeout = 30 * time.Second
+
+// DefaultReplicaSyncTimeout bounds the WAIT for replicas after an acquire.
+const DefaultReplicaSyncTimeout = 1 * time.Second
+
+// Mode says how the client talks to the server. Only ModeModule is built; scripts mode
+// (Redisson's Lua scripts where the module cannot be loaded) will choose here.
+type Mode int
+
+const (
+	// ModeModule: the rlock module's commands.
+	ModeModule Mode = iota
+)
+
+type options struct {
+	watchdog       time.Duration
+	backoff        proto.Backoff
+	replicas       int // -1: as many as are connected (the default); 0: off; n: n
+	replicaTimeout time.Duration
+	clientID       string
+	mode           Mode
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+// WithWatchdogTimeout sets the lease of locks taken without one (default 30 s); they
+// are renewed every third of it.
+func WithWatchdogTimeout(d time.Duration) Option { return func(o *options) { o.watchdog = d } }
+
+// WithRetry sets how transient failures (a broken connection, LOADING, TRYAGAIN, a
+// failover's READONLY) are retried: at most attempts tries in all, with capped
+// exponential backoff and full jitter between them. Retries of acquires and releases
+// carry the same request id, so none is applied twice.
+func WithRetry(attempts int, base, max time.Duration) Option {
+	return func(o *options) { o.backoff = proto.Backoff{Attempts: attempts, Base: base, Cap: max} }
+}
+
+// WithReplicaSync makes every acquire wait (`WAIT replicas timeout`) until that many
+// replicas have the lock, releasing it and failing with ErrReplicaSync otherwise. The
+// default is as many replicas as the lock's server has connected (none: no WAIT), as
+// Redisson's checkLockSyncedSlaves does.
+func WithReplicaSync(replicas int, timeout time.Duration) Option {
+	return func(o *options) { o.replicas, o.replicaTimeout = replicas, timeout }
+}
+
+// WithoutReplicaSync turns the replica sync after acquire off.
+func WithoutReplicaSync() Option { return func(o *options) { o.replicas = 0 } }
+
+// WithClientID sets the client part of owner ids (default: a fresh v4 uuid).
+func WithClientID(id string) Option { return func(o *options) { o.clientID = id } }
+
+// Client makes locks and synchronizers on one Redis deployment. It is safe for
+// concurrent use; make one per process and share it.
+type Client struct {
+	rdb     redis.UniversalClient
+	single  *redis.Client
+	cluster *redis.ClusterClient
+	opts    options
+	seq     atomic.Uint64
+
+	mu       sync.Mutex
+	hubs     map[string]*hub // by node address
+	replicas map[string]replicaCount
+	closed   bool
+}
+
+type replicaCount struct {
+	n  int
+	at time.Time
+}
+
+// New makes a Client on rdb, a *redis.Client or a *redis.ClusterClient (the
+// application's own; Close does not close it).
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	o := options{
+		watchdog:       DefaultWatchdogTimeout,
+		backoff:        proto.DefaultBackoff,
+		replicas:       -1,
+		replicaTimeout: DefaultReplicaSyncTimeout,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.clientID == "" {
+		o.clientID = uuid.NewString()
+	}
+	if o.backoff.Attempts < 1 {
+		o.backoff.Attempts = 1
+	}
+	c := &Client{rdb: rdb, opts: o, hubs: map[string]*hub{}, replicas: map[string]replicaCount{}}
+	switch r := rdb.(type) {
+	case *redis.ClusterClient:
+		c.cluster = r
+	case *redis.Client:
+		c.single = r
+	default:
+		panic("rlock: New needs a *redis.Client or a *redis.ClusterClient")
+	}
+	return c
+}
+
+// Close stops the client's notification connections; waits in progress end with
+// ErrClosed. Locks still held stay held until their lease ends.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	hubs := c.hubs
+	c.hubs = map[string]*hub{}
+	c.mu.Unlock()
+	for _, h := range hubs {
+		h.close()
+	}
+	return nil
+}
+
+// ID is the client part of this client's owner ids.
+func (c *Client) ID() string { return c.opts.clientID }
+
+// newOwner is a fresh owner id `<client id>:<n>`: one per handle.
+func (c *Client) newOwner() string {
+	return c.opts.clientID + ":" + itoa(int64(c.seq.Add(1)))
+}
+
+func itoa(n int64) string { return proto.Strings([]any{n})[0] }
+
+// do runs one command through the application's client (routed by key in a cluster):
+// a nil reply is (nil, nil).
+func (c *Client) do(ctx context.Context, args []any) (any, error) {
+	v, err := c.rdb.Do(ctx, args...).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return v, err
+}
+
+// doRetry runs one command, retrying transient failures with backoff. The command must
+// be safe to repeat (idempotent, or carrying a request id).
+func (c *Client) doRetry(ctx context.Context, args []any) (any, error) {
+	for n := 0; ; n++ {
+		v, err := c.do(ctx, args)
+		if err == nil || !transient(err) || n+1 >= c.opts.backoff.Attempts {
+			return v, err
+		}
+		if err := sleep(ctx, c.opts.backoff.Delay(n)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// sleep pauses d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// transient tells whether err is worth a retry: the connection broke, or the server
+// is loading, failing over or reshaping. The caller's own context ending is not.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		return proto.TransientReply(re.Error())
+	}
+	if errors.Is(err, redis.ErrClosed) || errors.Is(err, ErrClosed) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
+}
+
+// redirected tells whether err is a cluster redirection (the key's slot is elsewhere).
+func redirected(err error) bool {
+	if err == nil {
+		return false
+	}
+	s := err.Error()
+	return strings.HasPrefix(s, "MOVED ") || strings.HasPrefix(s, "ASK ")
+}
+
+// nodeFor is the server that holds key: the client itself, or the cluster's master for
+// the key's slot.
+func (c *Client) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
+	if c.single != nil {
+		return c.single, nil
+	}
+	return c.cluster.MasterForKey(ctx, key)
+}
+
+// hubFor is the ticket hub of the node that holds key.
+func (c *Client) hubFor(ctx context.Context, key string) (*hub, error) {
+	node, err := c.nodeFor(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := node.Options().Addr
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	h := c.hubs[addr]
+	if h == nil {
+		h = newHub(c, node, c.cluster != nil)
+		c.hubs[addr] = h
+	}
+	return h, nil
+}
+
+// replicasToSync is how many replicas an acquire on node waits for: the option, or the
+// replicas the node has connected (INFO replication, read at most once a second).
+func (c *Client) replicasToSync(ctx context.Context, node *redis.Client) int {
+	if c.opts.replicas >= 0 {
+		return c.opts.replicas
+	}
+	addr := node.Options().Addr
+	c.mu.Lock()
+	rc, ok := c.replicas[addr]
+	c.mu.Unlock()
+	if ok && time.Since(rc.at) < time.Second {
+		return rc.n
+	}
+	text, err := node.Info(ctx, "replication").Result()
+	n := 0
+	if err == nil {
+		if v, ok := proto.InfoField(text, "connected_slaves"); ok {
+			n = int(v)
+		}
+	} else if ok {
+		n = rc.n
+	}
+	c.mu.Lock()
+	c.replicas[addr] = replicaCount{n: n, at: time.Now()}
+	c.mu.Unlock()
+	return n
+}
+
+// waitCall runs a call that may wait: first without waiting (on the shared client, one
+// round trip when it can be served now), then, when satisfied says the reply is not
+// enough and the call may wait, as a queued ticket on the key's hub. build makes the
+// command for a wait in ms (-1: no WAIT; 0: no limit) with the call's request id; the
+// same id serves both tries, since a call that was not served changed nothing.
+// Returns the last reply; timedOut is true when a wait limit passed without it.
+func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, forever bool,
+	build func(waitMs int64) []any, satisfied func(any) bool) (reply any, err error) {
+	reply, err = c.doRetry(ctx, build(-1))
+	if err != nil || satisfied(reply) || (!forever && wait <= 0) {
+		return reply, err
+	}
+	waitMs := int64(0)
+	if !forever {
+		waitMs = proto.Millis(wait)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// The server drops the ticket when the caller would stop waiting anyway.
+		left := proto.Millis(time.Until(dl))
+		if left <= 0 {
+			return reply, ctx.Err()
+		}
+		if waitMs == 0 || left < waitMs {
+			waitMs = left
+		}
+	}
+	for tries := 0; ; tries++ {
+		h, err := c.hubFor(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		reply, err = h.wait(ctx, build(waitMs))
+		if c.cluster != nil && redirected(err) && tries < 3 {
+			// The slot moved: learn the new layout and queue on the key's new node.
+			c.cluster.ReloadState(ctx)
+			if serr := sleep(ctx, c.opts.backoff.Delay(tries)); serr != nil {
+				return nil, serr
+			}
+			continue
+		}
+		return reply, err
+	}
+}

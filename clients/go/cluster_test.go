@@ -1,0 +1,74 @@
+// The client on a 3-master Redis Cluster: commands routed by key, tickets queued and
+// heard (SSUBSCRIBE) on the node that owns the key's slot, one hub per node with waiters.
+
+package rlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	rlock "github.com/rlock/rlock/clients/go"
+	"github.com/rlock/rlock/clients/go/internal/testserver"
+)
+
+func TestClusterLocksWaitOnTheKeysNode(t *testing.T) {
+	cl := testserver.StartCluster(t)
+	rdb := cl.Client(t)
+	c := rlock.New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	// Names whose slots fall on different nodes.
+	names := []string{"a", "b", "c", "d", "e", "f"}
+	nodes := map[string]bool{}
+	for _, n := range names {
+		node, err := rdb.MasterForKey(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[node.Options().Addr] = true
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("names on %d node(s) only", len(nodes))
+	}
+	var wg sync.WaitGroup
+	for _, name := range names {
+		holder := c.NewMutex(name)
+		if err := holder.Lock(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.NewMutex(name).TryLock(); !errors.Is(err, rlock.ErrTaken) {
+			t.Fatalf("%s: TryLock of a held lock = %v", name, err)
+		}
+		waiter := c.NewMutex(name)
+		wg.Add(1)
+		go func(name string) {
+			defer wg.Done()
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := waiter.LockContext(lctx); err != nil {
+				t.Errorf("%s: waiter: %v", name, err)
+				return
+			}
+			if _, err := waiter.Unlock(); err != nil {
+				t.Errorf("%s: waiter unlock: %v", name, err)
+			}
+		}(name)
+		testserver.WaitUntil(t, 10*time.Second, fmt.Sprintf("a waiter queued on %s", name), func() bool {
+			info, _ := holder.Info(ctx)
+			return info != nil && info.Waiters == 1
+		})
+		if _, err := holder.Unlock(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	for _, name := range names {
+		if rdb.Exists(ctx, name).Val() != 0 {
+			t.Fatalf("%s still held", name)
+		}
+	}
+}

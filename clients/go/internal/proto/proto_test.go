@@ -1,0 +1,296 @@
+// Tests of the pure protocol, without a server: command words, reply meanings, ticket
+// channels and messages, the ticketed wait's state machine, undo commands, backoff.
+package proto
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+)
+
+func TestItBuildsEveryCommandWithTheKeyFirst(t *testing.T) {
+	lock := Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}
+	read := Hold{Key: "k", Owner: "o", Prefix: "RRWLOCK", Side: "READ"}
+	fenced := Hold{Key: "k", Owner: "o", Prefix: "RLOCK", AcquireWord: "RFENCED.ACQUIRE"}
+	// Table: the command built -> its words on the wire.
+	cases := []struct {
+		got  []any
+		want string
+	}{
+		{lock.Acquire(30000, -1, "r1"), "RLOCK.ACQUIRE k o 30000 ID r1"},
+		{lock.Acquire(100, 0, "r1"), "RLOCK.ACQUIRE k o 100 WAIT 0 ID r1"},
+		{lock.Acquire(100, 250, "r1"), "RLOCK.ACQUIRE k o 100 WAIT 250 ID r1"},
+		{lock.Release(0, "r2"), "RLOCK.RELEASE k o ID r2"},
+		{lock.Release(9, "r2"), "RLOCK.RELEASE k o 9 ID r2"},
+		{lock.Renew(9), "RLOCK.RENEW k o 9"},
+		{ForceRelease("RLOCK", "k"), "RLOCK.FORCERELEASE k"},
+		{Info("RLOCK", "k"), "RLOCK.INFO k"},
+		{read.Acquire(100, 0, "r1"), "RRWLOCK.ACQUIRE k READ o 100 WAIT 0 ID r1"},
+		{read.Release(9, "r2"), "RRWLOCK.RELEASE k READ o 9 ID r2"},
+		{read.Renew(9), "RRWLOCK.RENEW k READ o 9"},
+		{fenced.Acquire(100, -1, "r1"), "RFENCED.ACQUIRE k o 100 ID r1"},
+		{fenced.Release(0, "r2"), "RLOCK.RELEASE k o ID r2"},
+		{WaitReplicas(2, 100), "WAIT 2 100"},
+		{SemAcquire("s", 3, 50, "r"), "RSEMAPHORE.ACQUIRE s 3 WAIT 50 ID r"},
+		{SemRelease("s", 3, "r"), "RSEMAPHORE.RELEASE s 3 ID r"},
+		{PSemAcquire("p", -1, 1, -1, "r"), "RPSEMAPHORE.ACQUIRE p -1 ID r"},
+		{PSemAcquire("p", 500, 2, 0, "r"), "RPSEMAPHORE.ACQUIRE p 500 PERMITS 2 WAIT 0 ID r"},
+		{LatchAwait("l", 0), "RLATCH.AWAIT l WAIT 0"},
+		{LatchCountDown("l", "r"), "RLATCH.COUNTDOWN l ID r"},
+	}
+	for _, c := range cases {
+		if got := join(Strings(c.got)); got != c.want {
+			t.Errorf("got %q, want %q", got, c.want)
+		}
+	}
+}
+
+func join(a []string) string {
+	out := ""
+	for i, w := range a {
+		if i > 0 {
+			out += " "
+		}
+		out += w
+	}
+	return out
+}
+
+func TestItReadsAcquireRepliesAsRedissonDoes(t *testing.T) {
+	cases := []struct {
+		reply any
+		want  Acquired
+		err   bool
+	}{
+		{nil, Acquired{Held: true}, false},
+		{int64(1234), Acquired{PTTL: 1234}, false},
+		{int64(-1), Acquired{PTTL: -1}, false},
+		{"OK", Acquired{}, true},
+	}
+	for _, c := range cases {
+		got, err := ParseAcquire(c.reply)
+		if (err != nil) != c.err || got != c.want {
+			t.Errorf("ParseAcquire(%#v) = %v, %v", c.reply, got, err)
+		}
+	}
+	if a, err := ParseFencedAcquire([]any{nil, int64(77)}); err != nil || !a.Held || a.Token != 77 {
+		t.Errorf("fenced grant: %v %v", a, err)
+	}
+	if a, err := ParseFencedAcquire([]any{int64(900), nil}); err != nil || a.Held || a.PTTL != 900 {
+		t.Errorf("fenced contended: %v %v", a, err)
+	}
+	if _, err := ParseFencedAcquire(nil); !errors.Is(err, ErrUnexpected) {
+		t.Errorf("fenced nil: %v", err)
+	}
+}
+
+func TestItReadsReleaseAndBoolReplies(t *testing.T) {
+	for reply, want := range map[any]Released{int64(0): StillHeld, int64(1): Freed, nil: NotHeld} {
+		if got, err := ParseRelease(reply); err != nil || got != want {
+			t.Errorf("ParseRelease(%v) = %v, %v", reply, got, err)
+		}
+	}
+	if _, err := ParseRelease(int64(2)); err == nil {
+		t.Error("ParseRelease(2) accepted")
+	}
+	if ok, err := ParseBool("RENEW", int64(1)); !ok || err != nil {
+		t.Error("RENEW 1")
+	}
+	if _, err := ParseBool("RENEW", nil); err == nil {
+		t.Error("RENEW nil accepted")
+	}
+}
+
+func TestItReadsInfoAsResp2PairsAndResp3Maps(t *testing.T) {
+	resp2 := []any{"owners", []any{"c:1", int64(2)}, "pttl", int64(900), "waiters", int64(3)}
+	resp3 := map[any]any{"owners": map[any]any{"c:1": int64(2)}, "pttl": int64(900),
+		"waiters": int64(3), "future-field": "x"}
+	for _, v := range []any{resp2, resp3} {
+		info, err := ParseInfo(v)
+		if err != nil || info.Owners["c:1"] != 2 || info.PTTL != 900 || info.Waiters != 3 {
+			t.Errorf("ParseInfo(%#v) = %+v, %v", v, info, err)
+		}
+	}
+	if info, err := ParseInfo(nil); info != nil || err != nil {
+		t.Error("nil info is no lock")
+	}
+}
+
+func TestItNamesTicketChannelsByRedissonsPrefixRule(t *testing.T) {
+	cases := map[string]string{
+		"orders:42":    "rlock_ticket:{orders:42}",
+		"{user1}:lock": "rlock_ticket:{user1}:lock",
+	}
+	for key, want := range cases {
+		if got := TicketChannel(key); got != want {
+			t.Errorf("TicketChannel(%q) = %q, want %q", key, got, want)
+		}
+	}
+	if got := LockChannel("k"); got != "redisson_lock__channel:{k}" {
+		t.Errorf("LockChannel = %q", got)
+	}
+}
+
+func TestItParsesTicketMessages(t *testing.T) {
+	cases := []struct {
+		payload string
+		want    Note
+		ok      bool
+	}{
+		{"granted:2:8:r1client-1", Note{Kind: Granted, ID: "r1", Owner: "client-1"}, true},
+		{"timeout:2:0:r1", Note{Kind: Timeout, ID: "r1"}, true},
+		{"error:2:1:r1oMOVED 12 127.0.0.1:7000", Note{Kind: Failed, ID: "r1", Owner: "o", Detail: "MOVED 12 127.0.0.1:7000"}, true},
+		// Lengths count bytes, so ids and owners may hold ':'.
+		{"granted:3:3:a:bc:d", Note{Kind: Granted, ID: "a:b", Owner: "c:d"}, true},
+		{"granted:2:8:r1client-1extra", Note{}, false},
+		{"granted:9:8:r1client-1", Note{}, false},
+		{"granted:x:1:ab", Note{}, false},
+		{"nonsense", Note{}, false},
+		{"other:1:1:ab", Note{}, false},
+	}
+	for _, c := range cases {
+		got, ok := ParseNote(c.payload)
+		if ok != c.ok || got != c.want {
+			t.Errorf("ParseNote(%q) = %+v, %v", c.payload, got, ok)
+		}
+	}
+}
+
+func TestItShapesAWaitingCommandIntoTicketAndCollectForms(t *testing.T) {
+	lock := Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}
+	s, ok := ShapeOf(lock.Acquire(100, 500, "r1"))
+	if !ok || s.ID() != "r1" || s.Key() != "k" {
+		t.Fatalf("ShapeOf: %+v %v", s, ok)
+	}
+	if got := join(Strings(s.Ticketed(300))); got != "RLOCK.ACQUIRE k o 100 WAIT 300 ID r1 ASYNC" {
+		t.Errorf("Ticketed = %q", got)
+	}
+	if got := join(Strings(s.Look())); got != "RLOCK.ACQUIRE k o 100 ID r1" {
+		t.Errorf("Look = %q", got)
+	}
+	if left, ok := s.WaitLeft(200 * time.Millisecond); !ok || left != 300 {
+		t.Errorf("WaitLeft = %v %v", left, ok)
+	}
+	if _, ok := s.WaitLeft(time.Second); ok {
+		t.Error("WaitLeft after the limit")
+	}
+	// The latch has no ID of its own: one is added for ASYNC only.
+	l, _ := ShapeOf(LatchAwait("l", 0))
+	if got := Strings(l.Ticketed(0)); !reflect.DeepEqual(got[:5], []string{"RLATCH.AWAIT", "l", "WAIT", "0", "ASYNC"}) || got[5] != "ID" || got[6] != l.ID() {
+		t.Errorf("latch Ticketed = %q", got)
+	}
+	if got := join(Strings(l.Look())); got != "RLATCH.AWAIT l" {
+		t.Errorf("latch Look = %q", got)
+	}
+	if _, ok := ShapeOf(lock.Acquire(100, -1, "r")); ok {
+		t.Error("a command without WAIT has no shape")
+	}
+}
+
+func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
+	now := time.Now()
+	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
+	m := NewMachine(s, now, false)
+	step := m.Start(now)
+	if join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 WAIT 0 ID r1 ASYNC" || !m.Outstanding {
+		t.Fatalf("start: %+v", step)
+	}
+	if step = m.On(Event{Reply: "QUEUED"}, now); !step.Wait {
+		t.Fatalf("QUEUED: %+v", step)
+	}
+	// The connection broke: queue again with the same id.
+	if step = m.On(Event{Lost: true}, now); join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 WAIT 0 ID r1 ASYNC" {
+		t.Fatalf("lost: %+v", step)
+	}
+	m.On(Event{Reply: "QUEUED"}, now)
+	// Granted: collect with the same id.
+	if step = m.On(Event{Note: &Note{Kind: Granted, ID: "r1"}}, now); join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 ID r1" {
+		t.Fatalf("granted: %+v", step)
+	}
+	if step = m.On(Event{Reply: nil}, now); !step.Done || step.Reply != nil || step.Err != nil || m.Outstanding {
+		t.Fatalf("collected: %+v", step)
+	}
+	// Served at once: the ordinary reply is the outcome.
+	m2 := NewMachine(s, now, false)
+	m2.Start(now)
+	if step = m2.On(Event{Reply: nil}, now); !step.Done {
+		t.Fatalf("at once: %+v", step)
+	}
+	// A timeout: look once for the ordinary reply.
+	m3 := NewMachine(s, now, true)
+	m3.Start(now)
+	m3.On(Event{Reply: "QUEUED"}, now)
+	if step = m3.On(Event{Note: &Note{Kind: Timeout}}, now); step.Send == nil || m3.Outstanding {
+		t.Fatalf("timeout: %+v", step)
+	}
+	if step = m3.On(Event{Reply: int64(50)}, now); !step.Done || step.Reply != int64(50) {
+		t.Fatalf("after timeout: %+v", step)
+	}
+	// An error note ends the wait with the server's error.
+	m4 := NewMachine(s, now, true)
+	m4.Start(now)
+	m4.On(Event{Reply: "QUEUED"}, now)
+	if step = m4.On(Event{Note: &Note{Kind: Failed, Detail: "MOVED 1 h:1"}}, now); !step.Done || step.Err.Error() != "MOVED 1 h:1" {
+		t.Fatalf("error note: %+v", step)
+	}
+	// A module without tickets refuses ASYNC with a syntax error.
+	m5 := NewMachine(s, now, false)
+	m5.Start(now)
+	if step = m5.On(Event{Err: errors.New("ERR syntax error")}, now); !step.Fallback {
+		t.Fatalf("refusal: %+v", step)
+	}
+	// A latch's grant is its whole answer.
+	l, _ := ShapeOf(LatchAwait("l", 0))
+	ml := NewMachine(l, now, true)
+	ml.Start(now)
+	ml.On(Event{Reply: "QUEUED"}, now)
+	if step = ml.On(Event{Note: &Note{Kind: Granted}}, now); !step.Done || step.Reply != int64(1) {
+		t.Fatalf("latch: %+v", step)
+	}
+}
+
+func TestItUndoesAGrantNobodyCollected(t *testing.T) {
+	lock, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
+	if u := Undo(&lock, nil); len(u) != 1 || join(Strings(u[0][:3])) != "RLOCK.RELEASE k o" {
+		t.Errorf("lock undo: %v", u)
+	}
+	if u := Undo(&lock, int64(5)); u != nil {
+		t.Errorf("nothing granted, nothing undone: %v", u)
+	}
+	rw, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RRWLOCK", Side: "WRITE"}.Acquire(100, 0, "r1"))
+	if u := Undo(&rw, nil); len(u) != 1 || join(Strings(u[0][:4])) != "RRWLOCK.RELEASE k WRITE o" {
+		t.Errorf("rw undo: %v", u)
+	}
+	sem, _ := ShapeOf(SemAcquire("s", 3, 0, "r"))
+	if u := Undo(&sem, int64(1)); len(u) != 1 || join(Strings(u[0][:3])) != "RSEMAPHORE.RELEASE s 3" {
+		t.Errorf("sem undo: %v", u)
+	}
+	ps, _ := ShapeOf(PSemAcquire("p", 100, 2, 0, "r"))
+	if u := Undo(&ps, []any{"aa", "bb"}); len(u) != 2 || join(Strings(u[1][:3])) != "RPSEMAPHORE.RELEASE p bb" {
+		t.Errorf("psem undo: %v", u)
+	}
+}
+
+func TestBackoffStaysWithinItsCap(t *testing.T) {
+	b := Backoff{Attempts: 5, Base: 10 * time.Millisecond, Cap: 40 * time.Millisecond}
+	for n := 0; n < 64; n++ {
+		limit := b.Cap
+		if n < 3 {
+			limit = b.Base << n
+		}
+		if d := b.Delay(n); d < 0 || d > limit {
+			t.Fatalf("Delay(%d) = %v, over %v", n, d, limit)
+		}
+	}
+	if !TransientReply("LOADING Redis is loading") || TransientReply("ERR syntax error") {
+		t.Error("TransientReply")
+	}
+}
+
+func TestInfoFieldReadsInfoText(t *testing.T) {
+	text := "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n"
+	if n, ok := InfoField(text, "connected_slaves"); !ok || n != 2 {
+		t.Errorf("InfoField = %v %v", n, ok)
+	}
+}

@@ -1,0 +1,350 @@
+// The pure parts of waiting with queued tickets (docs/tickets.md): the ticket channel
+// and its messages, the shape of a waiting command, the state machine of one waiter, and
+// what gives back a grant nobody collected. The I/O around them (one notification
+// connection per client, one command connection for queuing) is tickets.go in package
+// rlock; ticket handling lives only in these two files, so a change of the handoff (a
+// grant message that means "held" without a collect round trip) lands here once.
+
+package proto
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TicketChannel is the ticket channel of key: `rlock_ticket:{key}`, or `rlock_ticket:key`
+// when the key already has a `{` (Redisson's prefixName rule, which keeps the channel in
+// the key's cluster slot).
+func TicketChannel(key string) string {
+	if strings.Contains(key, "{") {
+		return "rlock_ticket:" + key
+	}
+	return "rlock_ticket:{" + key + "}"
+}
+
+// LockChannel is Redisson's unlock channel of a lock (the same prefixName rule).
+func LockChannel(key string) string {
+	if strings.Contains(key, "{") {
+		return "redisson_lock__channel:" + key
+	}
+	return "redisson_lock__channel:{" + key + "}"
+}
+
+// NoteKind is how a ticket left its queue.
+type NoteKind int
+
+const (
+	// Granted: the request was granted (the hold is written; collect it).
+	Granted NoteKind = iota + 1
+	// Timeout: its deadline passed; it was removed, nothing granted.
+	Timeout
+	// Failed: it can never be granted here; Detail is the server's error text
+	// (`MOVED ...` when the slot left the node, the primitive's refusal, ...).
+	Failed
+)
+
+// Note is one parsed ticket message.
+type Note struct {
+	Kind   NoteKind
+	ID     string
+	Owner  string
+	Detail string
+}
+
+// ParseNote reads a ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`;
+// ok is false when the payload is not one.
+func ParseNote(payload string) (Note, bool) {
+	parts := strings.SplitN(payload, ":", 4)
+	if len(parts) != 4 {
+		return Note{}, false
+	}
+	num := func(s string) (int, bool) {
+		if s == "" || strings.TrimLeft(s, "0123456789") != "" || len(s) > 9 {
+			return 0, false
+		}
+		n, err := strconv.Atoi(s)
+		return n, err == nil
+	}
+	idLen, ok1 := num(parts[1])
+	ownerLen, ok2 := num(parts[2])
+	rest := parts[3]
+	if !ok1 || !ok2 || len(rest) < idLen+ownerLen {
+		return Note{}, false
+	}
+	n := Note{ID: rest[:idLen], Owner: rest[idLen : idLen+ownerLen], Detail: rest[idLen+ownerLen:]}
+	switch parts[0] {
+	case "granted":
+		n.Kind = Granted
+	case "timeout":
+		n.Kind = Timeout
+	case "error":
+		n.Kind = Failed
+		return n, true
+	default:
+		return Note{}, false
+	}
+	if n.Detail != "" {
+		return Note{}, false
+	}
+	return n, true
+}
+
+// Shape is a waiting command taken apart: its words, where its WAIT value sits, its
+// request id. Built once per waiting call; the ticketed and the collecting forms are
+// derived from it.
+type Shape struct {
+	args   []string
+	waitAt int
+	waitMs int64
+	id     string
+	idAt   int // -1: the command had no ID (the latch); one is added for ASYNC only
+	// Latch is RLATCH.AWAIT: a granted note is the whole answer.
+	Latch bool
+}
+
+// ShapeOf takes a waiting command (with `WAIT w`) apart; ok is false for a command that
+// does not wait.
+func ShapeOf(args []any) (Shape, bool) {
+	s := Shape{args: Strings(args), waitAt: -1, idAt: -1}
+	if len(s.args) < 2 {
+		return Shape{}, false
+	}
+	for i := 2; i+1 < len(s.args); i++ {
+		switch strings.ToUpper(s.args[i]) {
+		case "WAIT":
+			s.waitAt = i + 1
+		case "ID":
+			s.idAt = i + 1
+		}
+	}
+	if s.waitAt < 0 {
+		return Shape{}, false
+	}
+	w, err := strconv.ParseInt(s.args[s.waitAt], 10, 64)
+	if err != nil || w < 0 {
+		return Shape{}, false
+	}
+	s.waitMs = w
+	if s.idAt >= 0 {
+		s.id = s.args[s.idAt]
+	} else {
+		s.id = RequestID()
+	}
+	s.Latch = strings.EqualFold(s.args[0], "RLATCH.AWAIT")
+	return s, true
+}
+
+// Key is the command's key.
+func (s *Shape) Key() string { return s.args[1] }
+
+// ID is the request id the ticket is queued and collected under.
+func (s *Shape) ID() string { return s.id }
+
+// Command is the command word.
+func (s *Shape) Command() string { return strings.ToUpper(s.args[0]) }
+
+// Arg is the i-th word of the command.
+func (s *Shape) Arg(i int) string {
+	if i < len(s.args) {
+		return s.args[i]
+	}
+	return ""
+}
+
+// WaitLeft is the wait left after elapsed, in ms: 0 for no limit; ok is false when it
+// is over.
+func (s *Shape) WaitLeft(elapsed time.Duration) (int64, bool) {
+	if s.waitMs == 0 {
+		return 0, true
+	}
+	left := s.waitMs - elapsed.Milliseconds()
+	return left, left > 0
+}
+
+func words(a []string) []any {
+	out := make([]any, len(a))
+	for i, w := range a {
+		out[i] = w
+	}
+	return out
+}
+
+// Ticketed is the command with `ASYNC` (and an ID), waiting waitMs (0: no limit).
+func (s *Shape) Ticketed(waitMs int64) []any {
+	a := append([]string(nil), s.args...)
+	a[s.waitAt] = strconv.FormatInt(waitMs, 10)
+	a = append(a, "ASYNC")
+	if s.idAt < 0 {
+		a = append(a, "ID", s.id)
+	}
+	return words(a)
+}
+
+// Look is the command without WAIT: it answers at once with the ordinary reply (the
+// replay of a remembered grant under the same id, or the reply of a timed-out wait).
+// Sending it after a grant is the collection that confirms the grant.
+func (s *Shape) Look() []any {
+	a := append([]string(nil), s.args[:s.waitAt-1]...)
+	a = append(a, s.args[s.waitAt+1:]...)
+	return words(a)
+}
+
+// Blocking is the command as a blocked wait (no ASYNC) for the wait left after elapsed,
+// or Look when it is over: how a waiter waits on a module without tickets.
+func (s *Shape) Blocking(elapsed time.Duration) []any {
+	left, ok := s.WaitLeft(elapsed)
+	if !ok {
+		return s.Look()
+	}
+	a := append([]string(nil), s.args...)
+	a[s.waitAt] = strconv.FormatInt(left, 10)
+	return words(a)
+}
+
+// Event is what happened to a waiter: the reply to its last command (Value or Err), its
+// ticket's note, or the loss of the connection its ticket was queued on.
+type Event struct {
+	Reply  any
+	Err    error
+	Note   *Note
+	Lost   bool
+	IsResp bool
+}
+
+// Step is what a waiter does next.
+type Step struct {
+	// Send: these arguments on the ticket connection.
+	Send []any
+	// Wait for the next event.
+	Wait bool
+	// Done: the call's outcome (Reply or Err).
+	Done  bool
+	Reply any
+	Err   error
+	// Fallback: the module does not know ASYNC; wait with a blocked WAIT instead.
+	Fallback bool
+}
+
+// Machine is one ticketed wait, as a state machine over Events; no I/O. The caller
+// feeds it the replies and notes of its request id and does what each Step says.
+type Machine struct {
+	Shape   Shape
+	started time.Time
+	// Outstanding: a ticket of ours may be queued, or granted and not yet collected.
+	Outstanding bool
+	// Known: the module is known to take ASYNC (a QUEUED or ordinary reply came back).
+	Known bool
+}
+
+// NewMachine starts a ticketed wait at started.
+func NewMachine(s Shape, started time.Time, known bool) *Machine {
+	return &Machine{Shape: s, started: started, Known: known}
+}
+
+// Start is the first step.
+func (m *Machine) Start(now time.Time) Step { return m.resend(now) }
+
+func (m *Machine) resend(now time.Time) Step {
+	if left, ok := m.Shape.WaitLeft(now.Sub(m.started)); ok {
+		m.Outstanding = true
+		return Step{Send: m.Shape.Ticketed(left)}
+	}
+	return Step{Send: m.Shape.Look()}
+}
+
+// On is the step after ev at now.
+func (m *Machine) On(ev Event, now time.Time) Step {
+	switch {
+	case ev.Lost:
+		// The connection that carried our ticket broke: the server dropped the ticket and
+		// took back an uncollected grant. Queue again under the same id: a grant we
+		// collected meanwhile is replayed, anything else queues anew.
+		if !m.Outstanding {
+			return Step{Wait: true}
+		}
+		return m.resend(now)
+	case ev.Note != nil:
+		switch ev.Note.Kind {
+		case Granted:
+			if m.Shape.Latch {
+				m.Outstanding = false
+				return Step{Done: true, Reply: int64(1)}
+			}
+			// Collect: the same command and id again; the server replays the grant.
+			return Step{Send: m.Shape.Look()}
+		case Timeout:
+			// The ordinary reply of a timed-out wait: look once.
+			m.Outstanding = false
+			return Step{Send: m.Shape.Look()}
+		default:
+			m.Outstanding = false
+			return Step{Done: true, Err: NoteError(ev.Note.Detail)}
+		}
+	case ev.Err != nil:
+		if !m.Known && RefusesAsync(ev.Err.Error()) {
+			m.Outstanding = false
+			return Step{Fallback: true}
+		}
+		m.Outstanding = false
+		return Step{Done: true, Err: ev.Err}
+	default:
+		m.Known = true
+		if s, ok := ev.Reply.(string); ok && s == "QUEUED" {
+			return Step{Wait: true}
+		}
+		m.Outstanding = false
+		return Step{Done: true, Reply: ev.Reply}
+	}
+}
+
+// ServerError is an error text as the server would have answered it (an `error` note's
+// detail).
+type ServerError string
+
+func (e ServerError) Error() string { return string(e) }
+
+// NoteError is the error an `error` note stands for.
+func NoteError(detail string) error { return ServerError(detail) }
+
+// RefusesAsync tells whether an error text is how a module without tickets answers
+// ASYNC (an older module: a syntax error).
+func RefusesAsync(text string) bool {
+	t := strings.ToLower(text)
+	return strings.HasPrefix(t, "err") &&
+		(strings.Contains(t, "syntax") || strings.Contains(t, "wrong number of arguments") ||
+			strings.Contains(t, "unknown"))
+}
+
+// Undo is the commands that give back what reply (to the waiting command s) granted,
+// for a grant nobody will use: its waiter left (a cancelled context) while its ticket
+// was queued.
+func Undo(s *Shape, reply any) [][]any {
+	id := RequestID()
+	switch s.Command() {
+	case "RLOCK.ACQUIRE":
+		if reply == nil {
+			return [][]any{{"RLOCK.RELEASE", s.Arg(1), s.Arg(2), "ID", id}}
+		}
+	case "RFENCED.ACQUIRE":
+		if a, ok := reply.([]any); ok && len(a) == 2 && a[0] == nil {
+			return [][]any{{"RLOCK.RELEASE", s.Arg(1), s.Arg(2), "ID", id}}
+		}
+	case "RRWLOCK.ACQUIRE":
+		if reply == nil {
+			return [][]any{{"RRWLOCK.RELEASE", s.Arg(1), s.Arg(2), s.Arg(3), "ID", id}}
+		}
+	case "RSEMAPHORE.ACQUIRE":
+		if reply == int64(1) {
+			return [][]any{{"RSEMAPHORE.RELEASE", s.Arg(1), s.Arg(2), "ID", id}}
+		}
+	case "RPSEMAPHORE.ACQUIRE":
+		ids, _ := ParsePermits(reply)
+		var out [][]any
+		for n, p := range ids {
+			out = append(out, []any{"RPSEMAPHORE.RELEASE", s.Arg(1), p, "ID", id + "-" + strconv.Itoa(n)})
+		}
+		return out
+	}
+	return nil
+}

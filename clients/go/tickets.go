@@ -1,0 +1,517 @@
+// Waiting with queued tickets (docs/tickets.md): the I/O around internal/proto's ticket
+// machine. One hub per server node with waiters: one pub/sub connection hears every
+// ticket message (SUBSCRIBE, or SSUBSCRIBE on a cluster node), one command connection
+// queues the tickets (`... WAIT t ASYNC ID id`) and collects grants, and one reader
+// goroutine routes messages to waiters by request id. So a process holds two connections
+// per node however many goroutines wait.
+//
+// A waiter subscribes its key's ticket channel (refcounted, confirmed before its ticket
+// is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
+// ordinary reply), and waits for its note: granted (collect with the same id, which
+// confirms the grant), timeout or error. Tickets live as long as the command connection
+// that queued them; when either connection breaks, both are closed (the server drops the
+// tickets and takes back uncollected grants), and every waiter re-sends with the same
+// id on new ones. A waiter that leaves (its context ended) while its ticket is queued
+// becomes an orphan: a later grant is collected and given back.
+
+package rlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rlock/rlock/clients/go/internal/proto"
+)
+
+// ConnectionName is the name the hub's connections give themselves (CLIENT LIST).
+const ConnectionName = "rlock-tickets"
+
+// Heartbeat is how often a hub with waiters checks its command connection (PING): a
+// connection killed while idle loses its tickets without a message.
+const heartbeat = time.Second
+
+// commandTimeout bounds one command on the ticket connection (they answer at once).
+const commandTimeout = 5 * time.Second
+
+// errLost: the session carrying a command broke; the waiter re-sends on a new one.
+var errLost = errors.New("rlock: ticket connection lost")
+
+type hub struct {
+	c     *Client
+	node  *redis.Client
+	shard bool
+
+	mu      sync.Mutex
+	gen     uint64
+	sess    *session
+	chans   map[string]*chanState
+	waiters map[string]*waiter
+	closed  bool
+}
+
+// session is one generation of the hub's two connections.
+type session struct {
+	gen    uint64
+	ps     *redis.PubSub
+	conn   *redis.Conn
+	sendMu sync.Mutex
+	done   chan struct{}
+}
+
+type chanState struct {
+	refs      int
+	confirmed bool
+	ready     chan struct{}
+}
+
+type event struct {
+	ev  proto.Event
+	gen uint64
+}
+
+type waiter struct {
+	shape   proto.Shape
+	channel string
+	events  chan event
+	orphan  bool
+}
+
+func newHub(c *Client, node *redis.Client, shard bool) *hub {
+	return &hub{c: c, node: node, shard: shard, chans: map[string]*chanState{}, waiters: map[string]*waiter{}}
+}
+
+// close tears the hub down; its waiters see ErrClosed.
+func (h *hub) close() {
+	h.mu.Lock()
+	h.closed = true
+	s := h.sess
+	h.sess = nil
+	for _, w := range h.waiters {
+		deliver(w, event{ev: proto.Event{Lost: true}, gen: ^uint64(0)})
+	}
+	h.mu.Unlock()
+	if s != nil {
+		s.shutdown()
+	}
+}
+
+func (s *session) shutdown() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	close(s.done)
+	_ = s.ps.Close()
+	_ = s.conn.Close()
+}
+
+func deliver(w *waiter, e event) {
+	select {
+	case w.events <- e:
+	default: // a waiter has at most one note and a few losses pending; never block the reader
+	}
+}
+
+// join registers a waiter and counts its channel, subscribing it on a live session.
+func (h *hub) join(shape proto.Shape) (*waiter, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrClosed
+	}
+	w := &waiter{shape: shape, channel: proto.TicketChannel(shape.Key()), events: make(chan event, 16)}
+	h.waiters[shape.ID()] = w
+	st := h.chans[w.channel]
+	if st == nil {
+		st = &chanState{ready: make(chan struct{})}
+		h.chans[w.channel] = st
+		if h.sess != nil {
+			h.subscribe(h.sess, w.channel)
+		}
+	}
+	st.refs++
+	return w, nil
+}
+
+func (h *hub) subscribe(s *session, channel string) {
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	var err error
+	if h.shard {
+		err = s.ps.SSubscribe(ctx, channel)
+	} else {
+		err = s.ps.Subscribe(ctx, channel)
+	}
+	if err != nil {
+		go h.broken(s.gen)
+	}
+}
+
+// unref drops one count of a channel (h.mu held); the last one unsubscribes once the
+// subscription was confirmed (an unconfirmed one is unsubscribed at its confirmation,
+// so confirmations always match the state they were sent for).
+func (h *hub) unref(channel string) {
+	st := h.chans[channel]
+	if st == nil {
+		return
+	}
+	st.refs--
+	if st.refs > 0 || !st.confirmed {
+		return
+	}
+	delete(h.chans, channel)
+	if h.sess != nil {
+		h.unsubscribe(h.sess, channel)
+	}
+}
+
+func (h *hub) unsubscribe(s *session, channel string) {
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	if h.shard {
+		_ = s.ps.SUnsubscribe(ctx, channel)
+	} else {
+		_ = s.ps.Unsubscribe(ctx, channel)
+	}
+}
+
+// leave unregisters a waiter whose wait is over (nothing of it is left in the server).
+func (h *hub) leave(w *waiter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiters[w.shape.ID()] == w {
+		delete(h.waiters, w.shape.ID())
+		h.unref(w.channel)
+	}
+}
+
+// abandon turns a waiter whose ticket may still be queued into an orphan: its grant,
+// if one comes, is collected and given back by the hub.
+func (h *hub) abandon(w *waiter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiters[w.shape.ID()] != w {
+		return
+	}
+	w.orphan = true
+	for {
+		select {
+		case e := <-w.events:
+			h.orphanEvent(w, e.ev)
+		default:
+			return
+		}
+	}
+}
+
+// orphanEvent handles a note for an orphan (h.mu held).
+func (h *hub) orphanEvent(w *waiter, ev proto.Event) {
+	if ev.Note == nil {
+		return
+	}
+	delete(h.waiters, w.shape.ID())
+	h.unref(w.channel)
+	if ev.Note.Kind == proto.Granted && !w.shape.Latch {
+		s := h.sess
+		go h.giveBack(s, w)
+	}
+}
+
+// giveBack collects an orphan's grant (which confirms it) and undoes it.
+func (h *hub) giveBack(s *session, w *waiter) {
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	s.sendMu.Lock()
+	reply, err := s.conn.Do(ctx, w.shape.Look()...).Result()
+	s.sendMu.Unlock()
+	if errors.Is(err, redis.Nil) {
+		reply, err = nil, nil
+	}
+	if err != nil {
+		return // the connection broke: the server took the grant back itself
+	}
+	for _, undo := range proto.Undo(&w.shape, reply) {
+		_, _ = h.c.doRetry(ctx, undo)
+	}
+}
+
+// session returns the live session, making one (and subscribing every counted channel)
+// when there is none, and waits until channel's subscription is confirmed.
+func (h *hub) session(ctx context.Context, channel string) (*session, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s := h.sess
+	if s == nil {
+		h.gen++
+		s = &session{gen: h.gen, done: make(chan struct{}), conn: h.node.Conn()}
+		ctx2, cancel := context.WithTimeout(context.Background(), commandTimeout)
+		err := s.conn.ClientSetName(ctx2, ConnectionName).Err()
+		cancel()
+		if err != nil {
+			_ = s.conn.Close()
+			h.mu.Unlock()
+			return nil, err
+		}
+		if h.shard {
+			s.ps = h.node.SSubscribe(context.Background())
+		} else {
+			s.ps = h.node.Subscribe(context.Background())
+		}
+		h.sess = s
+		for ch, st := range h.chans {
+			st.confirmed = false
+			st.ready = make(chan struct{})
+			h.subscribe(s, ch)
+		}
+		go h.read(s)
+	}
+	st := h.chans[channel]
+	h.mu.Unlock()
+	if st == nil {
+		return s, nil
+	}
+	t := time.NewTimer(commandTimeout)
+	defer t.Stop()
+	select {
+	case <-st.ready:
+		return s, nil
+	case <-s.done:
+		return nil, errLost
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		h.broken(s.gen)
+		return nil, errLost
+	}
+}
+
+// broken ends session generation gen: both connections are closed (the server drops
+// their tickets and takes back uncollected grants) and every waiter is told.
+func (h *hub) broken(gen uint64) {
+	h.mu.Lock()
+	s := h.sess
+	if s == nil || s.gen != gen {
+		h.mu.Unlock()
+		return
+	}
+	h.sess = nil
+	for id, w := range h.waiters {
+		if w.orphan {
+			delete(h.waiters, id)
+			h.unref(w.channel)
+			continue
+		}
+		deliver(w, event{ev: proto.Event{Lost: true}, gen: gen})
+	}
+	for ch, st := range h.chans {
+		if st.refs <= 0 {
+			delete(h.chans, ch)
+		}
+	}
+	h.mu.Unlock()
+	s.shutdown()
+}
+
+// read is the session's reader: it confirms subscriptions, routes ticket messages, and
+// checks the command connection while anyone waits.
+func (h *hub) read(s *session) {
+	for {
+		msg, err := s.ps.ReceiveTimeout(context.Background(), heartbeat)
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		if err != nil {
+			var ne interface{ Timeout() bool }
+			if errors.As(err, &ne) && ne.Timeout() {
+				if !h.ping(s) {
+					h.broken(s.gen)
+					return
+				}
+				continue
+			}
+			h.broken(s.gen)
+			return
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			h.confirmed(s, m)
+		case *redis.Message:
+			note, ok := proto.ParseNote(m.Payload)
+			if !ok {
+				continue
+			}
+			h.mu.Lock()
+			if w := h.waiters[note.ID]; w != nil && h.sess == s {
+				if w.orphan {
+					h.orphanEvent(w, proto.Event{Note: &note})
+				} else {
+					deliver(w, event{ev: proto.Event{Note: &note}, gen: s.gen})
+				}
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+func (h *hub) confirmed(s *session, m *redis.Subscription) {
+	if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.chans[m.Channel]
+	if st == nil || h.sess != s || st.confirmed {
+		return
+	}
+	st.confirmed = true
+	close(st.ready)
+	if st.refs <= 0 {
+		delete(h.chans, m.Channel)
+		h.unsubscribe(s, m.Channel)
+	}
+}
+
+// ping checks the command connection while anyone waits.
+func (h *hub) ping(s *session) bool {
+	h.mu.Lock()
+	n := len(h.waiters)
+	h.mu.Unlock()
+	if n == 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.conn.Ping(ctx).Err() == nil
+}
+
+// send runs one command of w's on the session's command connection.
+func (h *hub) send(ctx context.Context, w *waiter, args []any) (uint64, any, error) {
+	s, err := h.session(ctx, w.channel)
+	if err != nil {
+		return 0, nil, err
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	s.sendMu.Lock()
+	reply, err := s.conn.Do(cctx, args...).Result()
+	s.sendMu.Unlock()
+	if errors.Is(err, redis.Nil) {
+		return s.gen, nil, nil
+	}
+	var re redis.Error
+	if err != nil && !errors.As(err, &re) {
+		// No reply: the command may or may not have queued a ticket. Close the session
+		// so that the server forgets whatever it did, and queue again.
+		h.broken(s.gen)
+		return s.gen, nil, errLost
+	}
+	return s.gen, reply, err
+}
+
+// wait runs one waiting command (with `WAIT w`) as a queued ticket and returns its
+// final reply: the grant collected, or the ordinary reply after a timeout.
+func (h *hub) wait(ctx context.Context, args []any) (any, error) {
+	shape, ok := proto.ShapeOf(args)
+	if !ok {
+		return nil, errors.New("rlock: not a waiting command")
+	}
+	w, err := h.join(shape)
+	if err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	m := proto.NewMachine(shape, started, true)
+	step := m.Start(started)
+	var gen uint64
+	losses := 0
+	var lastErr error
+	var guard <-chan time.Time
+	if left, _ := shape.WaitLeft(0); left > 0 {
+		// The server's deadline is the ticket's; this one only catches a session that
+		// died silently (both connections idle and cut), well after it.
+		t := time.NewTimer(time.Duration(left)*time.Millisecond + 2*heartbeat + commandTimeout)
+		defer t.Stop()
+		guard = t.C
+	}
+	for {
+		switch {
+		case step.Done:
+			h.leave(w)
+			return step.Reply, step.Err
+		case step.Fallback:
+			h.leave(w)
+			return nil, errors.New("rlock: the module does not take WAIT ... ASYNC (tickets); upgrade it")
+		case step.Send != nil:
+			g, reply, err := h.send(ctx, w, step.Send)
+			if errors.Is(err, errLost) || (err != nil && transient(err)) {
+				lastErr = err
+				losses++
+				if losses >= h.c.opts.backoff.Attempts+1 {
+					h.leave(w)
+					return nil, lastErr
+				}
+				if serr := sleep(ctx, h.c.opts.backoff.Delay(losses-1)); serr != nil {
+					h.abandonOrLeave(w, m)
+					return nil, serr
+				}
+				step = m.On(proto.Event{Lost: true}, time.Now())
+				if step.Wait { // nothing was outstanding: send the same command again
+					step = m.Start(time.Now())
+				}
+				continue
+			}
+			if err != nil && !isRedisErr(err) {
+				h.abandonOrLeave(w, m)
+				return nil, err
+			}
+			gen = g
+			step = m.On(proto.Event{Reply: reply, Err: err}, time.Now())
+		default:
+			select {
+			case e := <-w.events:
+				if e.gen == ^uint64(0) {
+					h.leave(w)
+					return nil, ErrClosed
+				}
+				if e.ev.Lost && e.gen != gen {
+					continue
+				}
+				step = m.On(e.ev, time.Now())
+			case <-ctx.Done():
+				h.abandonOrLeave(w, m)
+				return nil, ctx.Err()
+			case <-guard:
+				guard = nil
+				h.broken(gen)
+			}
+		}
+	}
+}
+
+func (h *hub) abandonOrLeave(w *waiter, m *proto.Machine) {
+	if m.Outstanding {
+		h.abandon(w)
+	} else {
+		h.leave(w)
+	}
+}
+
+func isRedisErr(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) || errors.As(err, new(proto.ServerError))
+}
