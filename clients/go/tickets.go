@@ -1,4 +1,4 @@
-// Waiting with queued tickets (docs/tickets.md): the I/O around internal/proto's ticket
+// Waiting with queued tickets (docs/commands/tickets.md): the I/O around internal/proto's ticket
 // machine. One hub per server node with waiters: one pub/sub connection hears every
 // ticket message (SUBSCRIBE, or SSUBSCRIBE on a cluster node), one command connection
 // queues the tickets (`... WAIT t ASYNC ID id`) and collects grants, and one reader

@@ -6,5 +6,5 @@
 // between retries) and knows nothing of connections, so every rule here is tested
 // without a server (proto_test.go). The reference for every word is the Rust client
 // (clients/rust/src/proto/cmd.rs, clients/rust/src/net/tickets/machine.rs) and the
-// README's command reference; docs/tickets.md describes the ticket protocol.
+// command reference (docs/commands/); docs/commands/tickets.md describes the ticket protocol.
 package proto

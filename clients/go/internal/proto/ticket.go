@@ -1,4 +1,4 @@
-// The pure parts of waiting with queued tickets (docs/tickets.md): the ticket channel
+// The pure parts of waiting with queued tickets (docs/commands/tickets.md): the ticket channel
 // and its messages, the shape of a waiting command, the state machine of one waiter, and
 // what gives back a grant nobody collected. The I/O around them (one notification
 // connection per client, one command connection for queuing) is tickets.go in package
