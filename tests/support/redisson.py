@@ -1,57 +1,20 @@
 """Redisson's lock protocol, as its RedissonLock sends it (facts about the wire protocol,
 kept here so the interop tests run the very scripts a Java service would)."""
 
+from redisson_scripts import script
+
 # tryLockInnerAsync: KEYS[1] = lock; ARGV[1] = lease ms, ARGV[2] = owner ("<uuid>:<thread>").
-ACQUIRE = """
-if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then
-    redis.call('hincrby', KEYS[1], ARGV[2], 1);
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return nil;
-end;
-return redis.call('pttl', KEYS[1]);
-"""
+ACQUIRE = script("lock_acquire")
 
 # unlockInnerAsync with the unlock latch: KEYS = lock, channel, latch;
 # ARGV = message, lease ms, owner, publish command, latch timeout ms.
-UNLOCK = """
-local val = redis.call('get', KEYS[3]);
-if val ~= false then
-    return tonumber(val);
-end;
-if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then
-    return nil;
-end;
-local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
-if (counter > 0) then
-    redis.call('pexpire', KEYS[1], ARGV[2]);
-    redis.call('set', KEYS[3], 0, 'px', ARGV[5]);
-    return 0;
-else
-    redis.call('del', KEYS[1]);
-    redis.call(ARGV[4], KEYS[2], ARGV[1]);
-    redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
-    return 1;
-end;
-"""
+UNLOCK = script("lock_unlock")
 
 # renewExpirationAsync (the watchdog): KEYS[1] = lock; ARGV[1] = lease ms, ARGV[2] = owner.
-RENEW = """
-if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+RENEW = script("lock_renew")
 
 # forceUnlockAsync: KEYS = lock, channel; ARGV = message.
-FORCE_UNLOCK = """
-if (redis.call('del', KEYS[1]) == 1) then
-    redis.call('publish', KEYS[2], ARGV[1]);
-    return 1
-else
-    return 0
-end
-"""
+FORCE_UNLOCK = script("lock_force_unlock")
 
 
 def channel(key):

@@ -1,11 +1,13 @@
 """Redisson's read-write lock and fenced lock protocols, as its Java classes send them.
 
-The scripts below are Redisson's own (RedissonReadLock, RedissonWriteLock, ReadLockTask,
+The scripts named below (clients/python/rlock/lua/*.lua) are Redisson's own (RedissonReadLock, RedissonWriteLock, ReadLockTask,
 RedissonFencedLock; Redisson 4.7.0, unchanged on master 66863978, 2026-08-21), kept
 verbatim in logic so that the interop tests run exactly what a Java service runs against
 the same names. docs/redisson-layouts.md describes the layout they implement; this file is
 the executable half of it. Like tests/support/redisson.py for the plain lock, it knows no module.
 """
+
+from redisson_scripts import script
 
 from redisson import UNLOCK
 
@@ -60,210 +62,37 @@ READ_UNLOCK_MESSAGE = 1  # LockPubSub: wake every waiter
 
 # RedissonReadLock.tryLockInnerAsync. KEYS = name, timeout prefix;
 # ARGV = lease ms, reader field "<uuid>:<thread>", writer field "<uuid>:<thread>:write".
-READ_ACQUIRE = """
-local mode = redis.call('hget', KEYS[1], 'mode');
-if (mode == false) then
-    redis.call('hset', KEYS[1], 'mode', 'read');
-    redis.call('hset', KEYS[1], ARGV[2], 1);
-    redis.call('set', KEYS[2] .. ':1', 1);
-    redis.call('pexpire', KEYS[2] .. ':1', ARGV[1]);
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return nil;
-end;
-if (mode == 'read') or (mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 1) then
-    local ind = redis.call('hincrby', KEYS[1], ARGV[2], 1);
-    local key = KEYS[2] .. ':' .. ind;
-    redis.call('set', key, 1);
-    redis.call('pexpire', key, ARGV[1]);
-    local remainTime = redis.call('pttl', KEYS[1]);
-    redis.call('pexpire', KEYS[1], math.max(remainTime, ARGV[1]));
-    return nil;
-end;
-return redis.call('pttl', KEYS[1]);
-"""
+READ_ACQUIRE = script("read_acquire")
 
 # RedissonReadLock.unlockInnerAsync. KEYS = name, rw channel, timeout prefix, key prefix,
 # unlock latch; ARGV = UNLOCK_MESSAGE, reader field, publish command, latch timeout ms.
-READ_UNLOCK = """
-local val = redis.call('get', KEYS[5]);
-if val ~= false then
-    return tonumber(val);
-end;
-local mode = redis.call('hget', KEYS[1], 'mode');
-if (mode == false) then
-    redis.call(ARGV[3], KEYS[2], ARGV[1]);
-    redis.call('set', KEYS[5], 1, 'px', ARGV[4]);
-    return nil;
-end;
-local lockExists = redis.call('hexists', KEYS[1], ARGV[2]);
-if (lockExists == 0) then
-    return nil;
-end;
-local counter = redis.call('hincrby', KEYS[1], ARGV[2], -1);
-if (counter == 0) then
-    redis.call('hdel', KEYS[1], ARGV[2]);
-end;
-redis.call('del', KEYS[3] .. ':' .. (counter+1));
-if (redis.call('hlen', KEYS[1]) > 1) then
-    local maxRemainTime = -3;
-    local keys = redis.call('hkeys', KEYS[1]);
-    for n, key in ipairs(keys) do
-        counter = tonumber(redis.call('hget', KEYS[1], key));
-        if type(counter) == 'number' then
-            for i=counter, 1, -1 do
-                local remainTime = redis.call('pttl', KEYS[4] .. ':' .. key .. ':rwlock_timeout:' .. i);
-                maxRemainTime = math.max(remainTime, maxRemainTime);
-            end;
-        end;
-    end;
-    if maxRemainTime > 0 then
-        redis.call('pexpire', KEYS[1], maxRemainTime);
-        redis.call('set', KEYS[5], 0, 'px', ARGV[4]);
-        return 0;
-    end;
-    if mode == 'write' then
-        redis.call('set', KEYS[5], 0, 'px', ARGV[4]);
-        return 0;
-    end;
-end;
-redis.call('del', KEYS[1]);
-redis.call(ARGV[3], KEYS[2], ARGV[1]);
-redis.call('set', KEYS[5], 1, 'px', ARGV[4]);
-return 1;
-"""
+READ_UNLOCK = script("read_unlock")
 
 # ReadLockTask's watchdog, for one lock. KEYS = name, key prefix (pairs, one per lock);
 # ARGV = lease ms, then per lock: number of reader fields, the fields.
-READ_RENEW = """
-local result = {}
-local argIdx = 2
-for i = 1, #KEYS, 2 do
-    local anyAlive = false;
-    local lockNamesCount = tonumber(ARGV[argIdx]);
-    argIdx = argIdx + 1;
-    for k = 1, lockNamesCount do
-        local counter = redis.call('hget', KEYS[i], ARGV[argIdx]);
-        if (counter ~= false) then
-            anyAlive = true;
-            for c=counter, 1, -1 do
-                redis.call('pexpire', KEYS[i+1] .. ':' .. ARGV[argIdx] .. ':rwlock_timeout:' .. c, ARGV[1]);
-            end;
-        end;
-        argIdx = argIdx + 1;
-    end;
-    if (anyAlive) then
-        redis.call('pexpire', KEYS[i], ARGV[1]);
-        table.insert(result, 1);
-    else
-        table.insert(result, 0);
-    end;
-end;
-return result;
-"""
+READ_RENEW = script("read_renew")
 
 # RedissonReadLock.forceUnlockAsync. KEYS = name, rw channel; ARGV = UNLOCK_MESSAGE, publish.
-READ_FORCE_UNLOCK = """
-if (redis.call('hget', KEYS[1], 'mode') == 'read') then
-    redis.call('del', KEYS[1]);
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+READ_FORCE_UNLOCK = script("read_force_unlock")
 
 # RedissonWriteLock.tryLockInnerAsync. KEYS = name; ARGV = lease ms, writer field.
-WRITE_ACQUIRE = """
-local mode = redis.call('hget', KEYS[1], 'mode');
-if (mode == false) then
-    redis.call('hset', KEYS[1], 'mode', 'write');
-    redis.call('hset', KEYS[1], ARGV[2], 1);
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return nil;
-end;
-if (mode == 'write') then
-    if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
-        redis.call('hincrby', KEYS[1], ARGV[2], 1);
-        local currentExpire = redis.call('pttl', KEYS[1]);
-        redis.call('pexpire', KEYS[1], currentExpire + ARGV[1]);
-        return nil;
-    end;
-end;
-return redis.call('pttl', KEYS[1]);
-"""
+WRITE_ACQUIRE = script("write_acquire")
 
 # RedissonWriteLock.unlockInnerAsync. KEYS = name, rw channel, unlock latch;
 # ARGV = READ_UNLOCK_MESSAGE, lease ms, writer field, publish command, latch timeout ms.
-WRITE_UNLOCK = """
-local val = redis.call('get', KEYS[3]);
-if val ~= false then
-    return tonumber(val);
-end;
-local mode = redis.call('hget', KEYS[1], 'mode');
-if (mode == false) then
-    redis.call(ARGV[4], KEYS[2], ARGV[1]);
-    redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
-    return nil;
-end;
-if (mode == 'write') then
-    local lockExists = redis.call('hexists', KEYS[1], ARGV[3]);
-    if (lockExists == 0) then
-        return nil;
-    else
-        local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
-        if (counter > 0) then
-            redis.call('pexpire', KEYS[1], ARGV[2]);
-            redis.call('set', KEYS[3], 0, 'px', ARGV[5]);
-            return 0;
-        else
-            redis.call('hdel', KEYS[1], ARGV[3]);
-            if (redis.call('hlen', KEYS[1]) == 1) then
-                redis.call('del', KEYS[1]);
-                redis.call(ARGV[4], KEYS[2], ARGV[1]);
-            else
-                redis.call('hset', KEYS[1], 'mode', 'read');
-            end;
-            redis.call('set', KEYS[3], 1, 'px', ARGV[5]);
-            return 1;
-        end;
-    end;
-end;
-return nil;
-"""
+WRITE_UNLOCK = script("write_unlock")
 
 # RedissonWriteLock.forceUnlockAsync. KEYS = name, rw channel; ARGV = READ_UNLOCK_MESSAGE, publish.
-WRITE_FORCE_UNLOCK = """
-if (redis.call('hget', KEYS[1], 'mode') == 'write') then
-    redis.call('del', KEYS[1]);
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+WRITE_FORCE_UNLOCK = script("write_force_unlock")
 
 # RedissonFencedLock.tryLockInnerAsync(leaseTime, unit, threadId), behind lockAndGetToken
 # and tryLockAndGetToken. KEYS = name, token key; ARGV = lease ms, owner field.
 # Reply {-1, token} when acquired or re-entered, {pttl, -1} when held by another.
-FENCED_ACQUIRE_TOKEN = """
-if (redis.call('exists', KEYS[1]) == 0 or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then
-    local token = redis.call('incr', KEYS[2]);
-    redis.call('hincrby', KEYS[1], ARGV[2], 1);
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return {-1, token};
-end;
-return {redis.call('pttl', KEYS[1]), -1};
-"""
+FENCED_ACQUIRE_TOKEN = script("fenced_acquire_token")
 
 # RedissonFencedLock's override of the plain tryLockInnerAsync (lock(), tryLock()): the
 # same rule, the token still incremented, nil/PTTL reply. KEYS = name, token key.
-FENCED_ACQUIRE = """
-if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then
-    redis.call('incr', KEYS[2]);
-    redis.call('hincrby', KEYS[1], ARGV[2], 1);
-    redis.call('pexpire', KEYS[1], ARGV[1]);
-    return nil;
-end;
-return redis.call('pttl', KEYS[1]);
-"""
+FENCED_ACQUIRE = script("fenced_acquire")
 
 # RedissonLock.unlockInnerAsync: the fenced lock does not override unlock, so its release
 # is the plain lock's script (KEYS = name, lock channel, unlock latch; ARGV = message,

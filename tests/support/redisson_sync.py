@@ -1,7 +1,7 @@
 """Redisson's semaphore, permit-expirable semaphore and countdown latch protocols, as its
 Java classes send them.
 
-The scripts below are Redisson's own (RedissonSemaphore, RedissonPermitExpirableSemaphore,
+The scripts named below (clients/python/rlock/lua/*.lua) are Redisson's own (RedissonSemaphore, RedissonPermitExpirableSemaphore,
 RedissonCountDownLatch; Redisson 4.7.0, unchanged on master 66863978, 2026-08-21), kept
 the same in logic so that interop tests run exactly what a Java service runs against the
 same names. docs/redisson-sync-layouts.md describes the layout they implement; this file
@@ -11,6 +11,8 @@ module. Each script's comment gives its KEYS and ARGV.
 Java passes `System.currentTimeMillis()` to the permit-expirable scripts; here every such
 method takes an optional `now` (ms), so tests can move time without sleeping.
 """
+
+from redisson_scripts import script
 
 import os
 import time
@@ -54,73 +56,26 @@ def new_permit_id():
 # ---- RSemaphore ---------------------------------------------------------------------
 
 # tryAcquireAsync0. KEYS = name; ARGV = permits. 1 taken, 0 not enough (or no key).
-SEM_TRY_ACQUIRE = """
-local value = redis.call('get', KEYS[1]);
-if (value ~= false and tonumber(value) >= tonumber(ARGV[1])) then
-    local val = redis.call('decrby', KEYS[1], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+SEM_TRY_ACQUIRE = script("semaphore_try_acquire")
 
 # releaseAsync. KEYS = name, channel; ARGV = permits, publish command. Creates the key.
-SEM_RELEASE = """
-local value = redis.call('incrby', KEYS[1], ARGV[1]);
-redis.call(ARGV[2], KEYS[2], value);
-"""
+SEM_RELEASE = script("semaphore_release")
 
 # releaseIfExistsAsync. Same KEYS/ARGV; 0 without touching a missing key.
-SEM_RELEASE_IF_EXISTS = """
-if redis.call('exists', KEYS[1]) == 0 then
-    return 0
-end
-local value = redis.call('incrby', KEYS[1], ARGV[1])
-redis.call(ARGV[2], KEYS[2], value)
-return 1
-"""
+SEM_RELEASE_IF_EXISTS = script("semaphore_release_if_exists")
 
 # drainPermitsAsync. KEYS = name. Returns the old value; SET 0 drops any TTL.
-SEM_DRAIN = """
-local value = redis.call('get', KEYS[1]);
-if (value == false) then
-    return 0;
-end;
-redis.call('set', KEYS[1], 0);
-return value;
-"""
+SEM_DRAIN = script("semaphore_drain")
 
 # trySetPermitsAsync. KEYS = name, channel; ARGV = permits, publish command. Publishes
 # the permits. The Duration variant adds ARGV[3] = ttl ms and sets with PX.
-SEM_TRY_SET = """
-local value = redis.call('get', KEYS[1]);
-if (value == false) then
-    redis.call('set', KEYS[1], ARGV[1]);
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+SEM_TRY_SET = script("semaphore_try_set")
 
-SEM_TRY_SET_TTL = """
-local value = redis.call('get', KEYS[1]);
-if (value == false) then
-    redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[3]);
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+SEM_TRY_SET_TTL = script("semaphore_try_set_ttl")
 
 # addPermitsAsync. KEYS = name, channel; ARGV = delta (may be negative), publish command.
 # SET (not INCRBY): drops any TTL. Publishes the new value.
-SEM_ADD = """
-local value = redis.call('get', KEYS[1]);
-if (value == false) then
-    value = 0;
-end;
-redis.call('set', KEYS[1], value + ARGV[1]);
-redis.call(ARGV[2], KEYS[2], value + ARGV[1]);
-"""
+SEM_ADD = script("semaphore_add")
 
 
 class RedissonSemaphore:
@@ -175,172 +130,47 @@ class RedissonSemaphore:
 # expiry (absolute ms, or NON_EXPIRABLE), now, NON_EXPIRABLE, publish command, then the
 # permit ids as raw bytes. Reclaims at most `permits` expired ids. Returns 'OK' when taken,
 # else ':<earliest expiry>' when some permit expires, else nil.
-PES_TRY_ACQUIRE = """
-local expiredIds = redis.call('zrangebyscore', KEYS[2], 0, ARGV[3], 'limit', 0, ARGV[1]);
-if #expiredIds > 0 then
-    redis.call('zrem', KEYS[2], unpack(expiredIds));
-    local value = redis.call('incrby', KEYS[1], #expiredIds);
-    if tonumber(value) > 0 then
-        redis.call(ARGV[5], KEYS[3], value);
-    end;
-end;
-local value = redis.call('get', KEYS[1]);
-if (value ~= false and tonumber(value) >= tonumber(ARGV[1])) then
-    redis.call('decrby', KEYS[1], ARGV[1]);
-    for i = 6, #ARGV, 1 do
-        redis.call('zadd', KEYS[2], ARGV[2], ARGV[i]);
-    end;
-    local ttl = redis.call('pttl', KEYS[1]);
-    if ttl > 0 then
-        redis.call('pexpire', KEYS[2], ttl);
-    end;
-    return 'OK';
-end;
-local v = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES');
-if v[1] ~= nil and v[2] ~= ARGV[4] then
-    return ':' .. tostring(v[2]);
-end
-return nil;
-"""
+PES_TRY_ACQUIRE = script("pes_try_acquire")
 
 # tryReleaseAsync(id). KEYS = name, channel, timeout zset; ARGV = id bytes, 1, now,
 # publish command. No reclaim. An expired but not yet reclaimed permit is returned to the
 # pool (and the new count published) but the reply is 0, as for an unknown id.
-PES_RELEASE = """
-local expire = redis.call('zscore', KEYS[3], ARGV[1]);
-local removed = redis.call('zrem', KEYS[3], ARGV[1]);
-if tonumber(removed) ~= 1 then
-    return 0;
-end;
-local value = redis.call('incrby', KEYS[1], ARGV[2]);
-redis.call(ARGV[4], KEYS[2], value);
-if tonumber(expire) <= tonumber(ARGV[3]) then
-    return 0;
-end;
-return 1;
-"""
+PES_RELEASE = script("pes_release")
 
 # tryReleaseAsync(ids). KEYS = name, channel, timeout zset; ARGV = count, now, publish
 # command, ids. All or nothing: 0 if any id is unknown or expired. Publishes how many.
-PES_RELEASE_MANY = """
-for i = 4, #ARGV, 1 do
-    local expire = redis.call('zscore', KEYS[3], ARGV[i]);
-    if expire == false or tonumber(expire) <= tonumber(ARGV[2]) then
-        return 0;
-    end;
-end;
-local expiredIds = redis.call('zrangebyscore', KEYS[3], 0, ARGV[2], 'limit', 0, -1);
-if #expiredIds > 0 then
-    redis.call('zrem', KEYS[3], unpack(expiredIds));
-    local value = redis.call('incrby', KEYS[1], #expiredIds);
-    if tonumber(value) > 0 then
-        redis.call(ARGV[3], KEYS[2], value);
-    end;
-end;
-local keys = {};
-for i = 4, #ARGV, 1 do
-    table.insert(keys, ARGV[i]);
-end;
-local removed = redis.call('zrem', KEYS[3], unpack(keys));
-redis.call('incrby', KEYS[1], removed);
-redis.call(ARGV[3], KEYS[2], removed);
-return removed;
-"""
+PES_RELEASE_MANY = script("pes_release_many")
 
-# The reclaim prefix shared by availablePermits, getPermits, acquiredPermits,
-# updateLeaseTime and getLeaseTime. KEYS = name, timeout zset, channel. ARGV[now_arg] =
-# now, ARGV[pub_arg] = publish command.
-_RECLAIM = """
-local expiredIds = redis.call('zrangebyscore', KEYS[2], 0, ARGV[{now}], 'limit', 0, -1);
-if #expiredIds > 0 then
-    redis.call('zrem', KEYS[2], unpack(expiredIds));
-    local value = redis.call('incrby', KEYS[1], #expiredIds);
-    if tonumber(value) > 0 then
-        redis.call(ARGV[{pub}], KEYS[3], value);
-    end;
-    {after}
-end;
-"""
+# The next five share the reclaim prefix (written out in each .lua file). KEYS = name,
+# timeout zset, channel.
 
 # availablePermitsAsync. ARGV = now, publish command. A write: it reclaims.
-PES_AVAILABLE = _RECLAIM.format(now=1, pub=2, after="return value;") + """
-local ret = redis.call('get', KEYS[1]);
-return ret == false and 0 or ret;
-"""
+PES_AVAILABLE = script("pes_available")
 
 # getPermitsAsync: available + ZCOUNT (0 when there is no count key).
-PES_GET_PERMITS = _RECLAIM.format(now=1, pub=2, after="") + """
-local available = redis.call('get', KEYS[1]);
-if available == false then
-    return 0
-end;
-local acquired = redis.call('zcount', KEYS[2], 0, '+inf');
-if acquired == false then
-    return tonumber(available)
-end;
-return tonumber(available) + acquired;
-"""
+PES_GET_PERMITS = script("pes_get_permits")
 
 # acquiredPermitsAsync: ZCOUNT after the reclaim.
-PES_ACQUIRED = _RECLAIM.format(now=1, pub=2, after="") + """
-local acquired = redis.call('zcount', KEYS[2], 0, '+inf');
-return acquired == false and 0 or acquired;
-"""
+PES_ACQUIRED = script("pes_acquired")
 
 # updateLeaseTimeAsync. ARGV = id bytes, new expiry (absolute or NON_EXPIRABLE), now,
 # publish command. 1 when the (unexpired) permit exists.
-PES_UPDATE_LEASE = _RECLAIM.format(now=3, pub=4, after="") + """
-local value = redis.call('zscore', KEYS[2], ARGV[1]);
-if (value ~= false) then
-    redis.call('zadd', KEYS[2], ARGV[2], ARGV[1]);
-    return 1;
-end;
-return 0;
-"""
+PES_UPDATE_LEASE = script("pes_update_lease")
 
 # getLeaseTimeAsync. ARGV = id bytes, NON_EXPIRABLE, now, publish command. -1 without a
 # lease, the remaining ms, or 0 for an unknown permit (Java then throws).
-PES_LEASE_TIME = _RECLAIM.format(now=3, pub=4, after="") + """
-local value = redis.call('zscore', KEYS[2], ARGV[1]);
-if (value ~= false) then
-    return tonumber(value) == tonumber(ARGV[2]) and -1 or tonumber(value) - tonumber(ARGV[3]);
-end;
-return 0;
-"""
+PES_LEASE_TIME = script("pes_lease_time")
 
 # trySetPermitsAsync. KEYS = name, channel; ARGV = permits, publish command.
 PES_TRY_SET = SEM_TRY_SET
 
 # setPermitsAsync. KEYS = name, channel, timeout zset; ARGV = permits, publish command.
 # Makes available + acquired equal `permits`; publishes the permits when it changed.
-PES_SET_PERMITS = """
-local available = redis.call('get', KEYS[1]);
-if (available == false) then
-    redis.call('set', KEYS[1], ARGV[1]);
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-    return;
-end;
-local acquired = redis.call('zcount', KEYS[3], 0, '+inf');
-local maximum = (acquired == false and 0 or acquired) + tonumber(available);
-if (maximum == tonumber(ARGV[1])) then
-    return;
-end;
-redis.call('incrby', KEYS[1], tonumber(ARGV[1]) - maximum);
-redis.call(ARGV[2], KEYS[2], ARGV[1]);
-"""
+PES_SET_PERMITS = script("pes_set_permits")
 
 # addPermitsAsync. KEYS = name, channel; ARGV = delta, publish command. Publishes the
 # delta (not the new value), only when it is positive.
-PES_ADD = """
-local value = redis.call('get', KEYS[1]);
-if (value == false) then
-    value = 0;
-end;
-redis.call('set', KEYS[1], tonumber(value) + tonumber(ARGV[1]));
-if tonumber(ARGV[1]) > 0 then
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-end;
-"""
+PES_ADD = script("pes_add")
 
 
 class RedissonPermitExpirableSemaphore:
@@ -422,32 +252,13 @@ class RedissonPermitExpirableSemaphore:
 # countDownAsync. KEYS = name, channel; ARGV = ZERO_COUNT_MESSAGE, publish command. DECR;
 # the key goes at <= 0 (a countDown on no latch creates -1 and deletes it); the zero
 # message only when it reaches exactly 0.
-LATCH_COUNT_DOWN = """
-local v = redis.call('decr', KEYS[1]);
-if v <= 0 then redis.call('del', KEYS[1]) end;
-if v == 0 then redis.call(ARGV[2], KEYS[2], ARGV[1]) end;
-"""
+LATCH_COUNT_DOWN = script("latch_count_down")
 
 # trySetCountAsync. KEYS = name, channel; ARGV = NEW_COUNT_MESSAGE, count, publish command.
-LATCH_TRY_SET = """
-if redis.call('exists', KEYS[1]) == 0 then
-    redis.call('set', KEYS[1], ARGV[2]);
-    redis.call(ARGV[3], KEYS[2], ARGV[1]);
-    return 1
-else
-    return 0
-end
-"""
+LATCH_TRY_SET = script("latch_try_set")
 
 # deleteAsync. KEYS = name, channel; ARGV = NEW_COUNT_MESSAGE, publish command.
-LATCH_DELETE = """
-if redis.call('del', KEYS[1]) == 1 then
-    redis.call(ARGV[2], KEYS[2], ARGV[1]);
-    return 1
-else
-    return 0
-end
-"""
+LATCH_DELETE = script("latch_delete")
 
 
 class RedissonCountDownLatch:

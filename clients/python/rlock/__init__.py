@@ -4,13 +4,16 @@
 and `rlock.asyncio.Lock` for `redis.asyncio.lock.Lock`; `RwLock`, `FencedLock`,
 `Semaphore`, `ExpirableSemaphore` and `CountDownLatch` are Redisson's synchronizers on
 Redisson's keys, blocking here and asyncio in `rlock.asyncio`. Every waiting call of one
-client is a queued ticket on one shared connection. The exceptions are redis-py's own.
+client is a queued ticket on one shared connection. Where the module is not loaded (a
+managed Redis), every primitive runs on Redisson's own scripts instead (`set_mode`,
+docs/scripts-mode.md). The exceptions are redis-py's own.
 """
 
 from redis.exceptions import LockError, LockNotOwnedError
 
 from ._plan import DEFAULT_WATCHDOG_TIMEOUT
 from ._io import close_tickets, set_blocking_waits, ticket_connections
+from ._mode import get_mode, set_mode
 from .lock import Lock
 from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit, RwLock,
                          RwLockHalf, Semaphore)
@@ -18,7 +21,7 @@ from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit,
 __all__ = ["Lock", "RwLock", "RwLockHalf", "FencedLock", "Semaphore", "ExpirableSemaphore",
            "Permit", "CountDownLatch", "LockError", "LockNotOwnedError",
            "DEFAULT_WATCHDOG_TIMEOUT", "close_tickets", "set_blocking_waits", "ticket_connections",
-           "TICKET_CONNECTION_NAME"]
+           "TICKET_CONNECTION_NAME", "set_mode", "get_mode"]
 
 #: The name of a client's ticket connection in ``CLIENT LIST``.
 from ._proto import CONNECTION_NAME as TICKET_CONNECTION_NAME  # noqa: E402

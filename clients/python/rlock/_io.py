@@ -27,8 +27,8 @@ from typing import Any, Dict, Generator, Optional, Tuple
 from redis.exceptions import ConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan
-from ._proto import Call, Shape, Sleep, Wait, Watch
+from . import _mode, _plan
+from ._proto import Call, Listen, Shape, Sleep, Subscribe, Wait, Watch
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
 log = logging.getLogger("rlock")
@@ -37,6 +37,7 @@ Op = Generator[Any, Any, Any]
 
 
 def _is_cluster(redis: Any) -> bool:
+    """A redis-py cluster client (blocking or asyncio)."""
     return hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager")
 
 
@@ -162,14 +163,18 @@ def ticket_connections(redis: Any) -> list:
 
 
 def close_tickets(redis: Any) -> None:
-    """Closes a blocking client's ticket connections (its waits then fail)."""
+    """Closes a blocking client's ticket connections and its scripts-mode subscriber
+    connections (its waits then fail)."""
+    _mode.close_subscribers(redis)
     hub = _SYNC_HUBS.pop(redis, None)
     if hub is not None:
         _close_sync(hub)
 
 
 async def aclose_tickets(redis: Any) -> None:
-    """Closes an asyncio client's ticket connections on the running loop."""
+    """Closes an asyncio client's ticket connections on the running loop, and its
+    scripts-mode subscriber connections."""
+    _mode.close_subscribers(redis)
     per_loop = _ASYNC_HUBS.get(redis) or {}
     hub = per_loop.pop(asyncio.get_running_loop(), None)
     if hub is not None:
@@ -223,6 +228,9 @@ class SyncIO:
                 error = e
 
     def do(self, effect: Any, stop: Optional[threading.Event] = None) -> Any:
+        if _mode.module_command(effect):  # the module, or Redisson's scripts without it
+            return self.run(_mode.dispatch(_mode.backend(self.redis), effect,
+                                           _is_cluster(self.redis)), stop)
         if isinstance(effect, Call):
             return self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
@@ -234,6 +242,10 @@ class SyncIO:
             return None
         if isinstance(effect, Watch):
             return self.watch(effect)
+        if isinstance(effect, Subscribe):
+            return _mode.subscriber(self.redis, effect.key).subscribe(effect.channel)
+        if isinstance(effect, Listen):
+            return effect.sub.wait(effect.timeout)
         raise TypeError(f"unknown effect {effect!r}")
 
     def wait(self, shape: Shape) -> Any:
@@ -330,6 +342,9 @@ class AsyncIO:
                 error = e
 
     async def do(self, effect: Any) -> Any:
+        if _mode.module_command(effect):  # the module, or Redisson's scripts without it
+            return await self.run(_mode.dispatch(_mode.backend(self.redis), effect,
+                                                 _is_cluster(self.redis)))
         if isinstance(effect, Call):
             return await self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
@@ -339,6 +354,10 @@ class AsyncIO:
             return None
         if isinstance(effect, Watch):
             return self.watch(effect)
+        if isinstance(effect, Subscribe):
+            return await _mode.subscriber(self.redis, effect.key).asubscribe(effect.channel)
+        if isinstance(effect, Listen):
+            return await effect.sub.await_message(effect.timeout)
         raise TypeError(f"unknown effect {effect!r}")
 
     async def wait(self, shape: Shape) -> Any:

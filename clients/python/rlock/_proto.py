@@ -153,18 +153,21 @@ def undo_args(args: List[Any], reply: Any) -> List[List[Any]]:
 @dataclass(frozen=True)
 class Call:
     """Run one command on the client (redis-py's ``execute_command``); the reply is sent
-    back into the generator, a server error is thrown into it."""
+    back into the generator, a server error is thrown into it. ``direct``: sent as is,
+    already routed (`rlock._mode.dispatch`)."""
 
     args: Tuple[Any, ...]
+    direct: bool = False
 
 
 @dataclass(frozen=True)
 class Wait:
     """Run a waiting command: as a queued ticket on the client's ticket connection when the
     module takes ``ASYNC``, else blocked in ``WAIT`` on a connection of its own. The reply
-    is the command's ordinary reply to the wait."""
+    is the command's ordinary reply to the wait. ``direct``: as `Call`'s."""
 
     shape: Shape
+    direct: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,3 +189,23 @@ class Watch:
     name: Any
     on_lost: Optional[Callable[[], Any]] = None
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """Scripts mode: be subscribed to ``channel`` (on the node owning ``key``) through the
+    client's one subscriber connection before trying; the driver replies with a
+    subscription whose ``close()`` gives it back. A message published after this returns
+    is never missed."""
+
+    key: bytes
+    channel: bytes
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Scripts mode: wait until ``sub`` hears a message it has not seen (or its connection
+    broke, which is as good as a message: try again) or ``timeout`` seconds pass."""
+
+    sub: Any
+    timeout: float

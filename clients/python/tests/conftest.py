@@ -1,10 +1,17 @@
-"""Fixtures for the Python client's own tests: one module-loaded redis-server per session
-(the module's integration tests in ../../../tests cover the server; these cover the
-client), a flushed database per test, and `wait_until` for bounded waits.
+"""Fixtures for the Python client's own tests: one redis-server per session (the module's
+integration tests in ../../../tests cover the server; these cover the client), a flushed
+database per test, and `wait_until` for bounded waits.
+
+Two modes, as the client has (docs/scripts-mode.md): by default the server loads the
+module and the clients use it; with RLOCK_PY_MODE=scripts the server is a plain one (no
+module, what a managed service runs), the clients log in as a user restricted like a
+managed service's (``+@all -@dangerous``) and, in mode ``auto``, find no module and run
+Redisson's scripts. Tests of what only the module does are marked ``module_only``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,9 +21,12 @@ import pytest
 import redis
 import redis.asyncio
 
-from server import RedisServer
+from server import RESTRICTED_USER, RedisServer
 
 import rlock
+import rlock._io
+import rlock._mode
+import rlock._ops
 import rlock.asyncio
 
 # The module suite's transcriptions of Redisson's scripts (tests/support/redisson*.py) are imported
@@ -38,9 +48,36 @@ def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condi
         time.sleep(0.002)
 
 
+#: "module" (the default) or "scripts": see the module docstring.
+MODE = os.environ.get("RLOCK_PY_MODE", "module")
+SCRIPTS = MODE == "scripts"
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "module_only: what scripts mode does not give "
+                            "(FIFO order, tickets, the module's counters and commands)")
+
+
+def pytest_collection_modifyitems(config: Any, items: list) -> None:
+    if SCRIPTS:
+        skip = pytest.mark.skip(reason="the module's own behaviour (RLOCK_PY_MODE=scripts)")
+        for item in items:
+            if "module_only" in item.keywords:
+                item.add_marker(skip)
+
+
+def client_kwargs() -> dict:
+    """How the tests' clients log in: as the restricted user in scripts mode."""
+    if SCRIPTS:
+        return {"username": RESTRICTED_USER[0], "password": RESTRICTED_USER[1]}
+    return {}
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[RedisServer]:
-    s = RedisServer().start()
+    s = RedisServer(module=False if SCRIPTS else None).start()
+    if SCRIPTS:
+        s.add_restricted_user()
     yield s
     alive = s.alive()
     s.stop()
@@ -48,12 +85,21 @@ def server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def admin(server: RedisServer) -> Iterator[redis.Redis]:
+    """The server's default user: what the tests themselves may do (pause, kill) that the
+    restricted user of scripts mode may not."""
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def r(server: RedisServer) -> Iterator[redis.Redis]:
     """A client on a flushed database (socket_timeout 5 s, shorter than no test's wait),
     whose every wait is a ticket (no lone blocked wait first: see set_blocking_waits)."""
-    client = redis.Redis(port=server.port, socket_timeout=5)
+    redis.Redis(port=server.port, socket_timeout=5).flushall()  # the admin: FLUSHALL
+    client = redis.Redis(port=server.port, socket_timeout=5, **client_kwargs())
     rlock.set_blocking_waits(client, 0)
-    client.flushall()
     yield client
     rlock.close_tickets(client)
     client.close()
@@ -62,17 +108,63 @@ def r(server: RedisServer) -> Iterator[redis.Redis]:
 @pytest.fixture
 async def ar(server: RedisServer) -> Any:
     """An asyncio client on a flushed database, every wait a ticket (as `r`)."""
-    client = redis.asyncio.Redis(port=server.port, socket_timeout=5)
+    admin = redis.asyncio.Redis(port=server.port, socket_timeout=5)
+    await admin.flushall()
+    await admin.aclose()
+    client = redis.asyncio.Redis(port=server.port, socket_timeout=5, **client_kwargs())
     rlock.set_blocking_waits(client, 0)
-    await client.flushall()
     yield client
     await rlock.asyncio.aclose_tickets(client)
     await client.aclose()
 
 
 def stat(r: redis.Redis, name: str) -> int:
-    """One `INFO rlock` counter."""
+    """One `INFO rlock` counter. In scripts mode, "waiters" is what the server shows of
+    them: the subscriptions to Redisson's channels (one per channel and client)."""
+    if SCRIPTS:
+        return scripts_stat(r, name)
     return int(r.info("rlock").get(f"rlock_{name}", 0))
+
+
+#: The module's counters of renewals; in scripts mode, the scripts the server ran.
+RENEWAL_STATS = ("renewals", "rw_renewals", "psem_lease_updates")
+
+
+def scripts_stat(r: Any, name: str) -> int:
+    """What scripts mode shows of a module counter: "waiters" from the client's own
+    subscriptions (`scripts_waiters`); a renewal count from the scripts the server ran
+    (INFO commandstats, read by the admin: the restricted user may not run INFO; only
+    the watchdog runs scripts while those tests wait); others 0."""
+    if name == "waiters":
+        return scripts_waiters(r)
+    if name not in RENEWAL_STATS:
+        return 0
+    kwargs = r.connection_pool.connection_kwargs
+    admin = redis.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs["port"],
+                        socket_timeout=5)
+    try:
+        stats = admin.info("commandstats")
+    finally:
+        admin.close()
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+def scripts_waiters(r: Any) -> int:
+    """Scripts mode's waiters of client `r`: its subscriptions to Redisson's channels
+    that the server has confirmed (the server only sees one per channel and client)."""
+    subs = list(rlock._mode.backend(r).subscribers.values())
+    return sum(c.refs for s in subs for c in list(s.channels.values()) if c.confirmed)
+
+
+def command(r: Any, *args: Any) -> Any:
+    """One of the module's commands through the client's backend: the module's own where
+    it is loaded, Redisson's scripts in scripts mode (the same reply)."""
+    return rlock._io.SyncIO(r).run(rlock._ops.call(*args))
+
+
+async def acommand(r: Any, *args: Any) -> Any:
+    """`command` for an asyncio client."""
+    return await rlock._io.AsyncIO(r).run(rlock._ops.call(*args))
 
 
 def clients_named(r: redis.Redis, name: str) -> int:

@@ -1,4 +1,5 @@
-"""A module-loaded redis-server on a free port, for the Python client's tests.
+"""A redis-server on a free port, for the Python client's tests: module-loaded, or
+plain (``module=False``: what a managed service is, for scripts mode).
 
 Used by tests/conftest.py here and copied next to redis-py's lock tests by
 redis_py_suite/run.py. Finds the module through $RLOCK_MODULE (the Makefile sets it) and
@@ -32,11 +33,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RedisServer:
-    """One redis-server process with the rlock module; `start()`, then `stop()`."""
+#: A user restricted like a managed service's: every command but the dangerous ones (no
+#: MODULE, CONFIG, DEBUG, CLIENT KILL, INFO...), every key and channel.
+RESTRICTED_USER = ("app", "app-secret")
 
-    def __init__(self, module: Optional[str] = None) -> None:
-        self.module = os.path.abspath(module or _default_module())  # the server chdirs to --dir
+
+class RedisServer:
+    """One redis-server process, with the rlock module unless ``module=False``;
+    `start()`, then `stop()`."""
+
+    def __init__(self, module: "Optional[str] | bool" = None) -> None:
+        # The server chdirs to --dir: an absolute path.
+        self.module = (None if module is False
+                       else os.path.abspath(module or _default_module()))
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="rlock-py-")
         self.proc: Optional[subprocess.Popen] = None
@@ -52,7 +61,8 @@ class RedisServer:
                   or "/usr/bin/redis-server")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--loadmodule", self.module],
+             "--appendonly", "no", "--dir", self.dir]
+            + (["--loadmodule", self.module] if self.module else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         client = redis.Redis(port=self.port, socket_timeout=5)
@@ -68,6 +78,16 @@ class RedisServer:
                 if time.monotonic() > deadline:
                     raise RuntimeError("redis-server did not answer PING in 10 s")
                 time.sleep(0.01)
+        finally:
+            client.close()
+
+    def add_restricted_user(self) -> None:
+        """Creates `RESTRICTED_USER` (``+@all -@dangerous``, all keys and channels)."""
+        name, password = RESTRICTED_USER
+        client = redis.Redis(port=self.port, socket_timeout=5)
+        try:
+            client.execute_command("ACL", "SETUSER", name, "on", f">{password}", "~*", "&*",
+                                   "+@all", "-@dangerous")
         finally:
             client.close()
 

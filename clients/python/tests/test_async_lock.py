@@ -12,9 +12,12 @@ import redis.asyncio
 from redis.exceptions import LockNotOwnedError
 
 import rlock.asyncio
+from conftest import SCRIPTS, acommand, client_kwargs, scripts_stat
 
 
 async def astat(r, name: str) -> int:
+    if SCRIPTS:
+        return scripts_stat(r, name)
     return int((await r.info("rlock")).get(f"rlock_{name}", 0))
 
 
@@ -41,6 +44,7 @@ async def _true(value) -> bool:
     return bool(value)
 
 
+@pytest.mark.module_only  # FIFO order
 async def test_waiters_are_served_in_arrival_order(ar):
     holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
     assert await holder.acquire(blocking=False)
@@ -62,7 +66,7 @@ async def test_waiters_are_served_in_arrival_order(ar):
 
 
 async def test_a_wait_may_outlast_the_socket_timeout(server, ar):
-    short = redis.asyncio.Redis(port=server.port, socket_timeout=0.2)
+    short = redis.asyncio.Redis(port=server.port, socket_timeout=0.2, **client_kwargs())
     holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
     assert await holder.acquire(blocking=False)
     lock = short.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
@@ -72,6 +76,7 @@ async def test_a_wait_may_outlast_the_socket_timeout(server, ar):
     await short.aclose()
 
 
+@pytest.mark.module_only  # tickets
 async def test_cancelling_a_waiting_acquire_gives_back_its_grant(ar):
     holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
     assert await holder.acquire(blocking=False)
@@ -104,7 +109,7 @@ async def test_the_watchdog_task_renews_and_reports_a_lost_lock(ar):
     await await_until(lambda: _ge(astat(ar, "renewals"), renewals + 6), what="renewals")
     assert await lock.owned()
     token = lock.local.token
-    await ar.execute_command("RLOCK.FORCERELEASE", "k")
+    await acommand(ar, "RLOCK.FORCERELEASE", "k")
     await await_until(lambda: _true(lost), what="on_lost called")
     assert lost == [("k", token)] and lock.lost
     with pytest.raises(LockNotOwnedError):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import redis
-from conftest import stat, wait_until
+from conftest import client_kwargs, command, stat, wait_until
 from redis.exceptions import LockError, LockNotOwnedError
 
 import rlock
@@ -26,6 +26,7 @@ def test_it_is_what_redis_lock_returns_with_lock_class(r):
     assert r.exists("k") == 0
 
 
+@pytest.mark.module_only  # FIFO order and direct handoff
 def test_waiters_are_served_in_arrival_order_with_direct_handoff(r):
     holder = r.lock("k", timeout=10, lock_class=rlock.Lock)
     assert holder.acquire(blocking=False)
@@ -51,7 +52,7 @@ def test_waiters_are_served_in_arrival_order_with_direct_handoff(r):
 
 
 def test_a_wait_may_outlast_the_clients_socket_timeout(server, r):
-    short = redis.Redis(port=server.port, socket_timeout=0.2)
+    short = redis.Redis(port=server.port, socket_timeout=0.2, **client_kwargs())
     holder = r.lock("k", timeout=10, lock_class=rlock.Lock)
     assert holder.acquire(blocking=False)
     # Times out in the server after ~0.75 s, well past the 0.2 s socket timeout.
@@ -64,7 +65,7 @@ def test_a_wait_may_outlast_the_clients_socket_timeout(server, r):
     result: list[bool] = []
     t = threading.Thread(target=lambda: result.append(lock.acquire(blocking_timeout=5)))
     t.start()
-    wait_until(lambda: stat(r, "waiters") == 1, what="waiter queued")
+    wait_until(lambda: stat(short, "waiters") == 1, what="waiter queued")
     time.sleep(0.4)  # on purpose: longer than the waiter's socket timeout
     holder.release()
     t.join(5)
@@ -74,6 +75,7 @@ def test_a_wait_may_outlast_the_clients_socket_timeout(server, r):
     short.close()
 
 
+@pytest.mark.module_only  # a waiter blocked in RLOCK.ACQUIRE
 def test_a_waiter_whose_connection_dies_queues_again(r):
     holder = r.lock("k", timeout=10, lock_class=rlock.Lock)
     assert holder.acquire(blocking=False)
@@ -158,7 +160,7 @@ def test_the_watchdog_reports_a_lost_lock(r):
     lock = rlock.Lock(r, "k", watchdog_timeout=0.3, on_lost=lambda *a: lost.append(a))
     assert lock.acquire(blocking=False)
     token = lock.local.token
-    r.execute_command("RLOCK.FORCERELEASE", "k")
+    command(r, "RLOCK.FORCERELEASE", "k")
     wait_until(lambda: lost, what="on_lost called")
     assert lost == [("k", token)]
     assert lock.lost
@@ -173,7 +175,7 @@ def test_extend_adds_to_the_remaining_lease(r):
     r.pexpire("k", 2000)
     assert lock.extend(3)
     assert 4000 < r.pttl("k") <= 5100
-    r.execute_command("RLOCK.FORCERELEASE", "k")
+    command(r, "RLOCK.FORCERELEASE", "k")
     with pytest.raises(LockNotOwnedError):
         lock.extend(3)
     with pytest.raises(LockNotOwnedError):
@@ -182,21 +184,21 @@ def test_extend_adds_to_the_remaining_lease(r):
 
 def test_raise_on_release_error_false_logs_instead(r, caplog):
     with rlock.Lock(r, "k", timeout=10, raise_on_release_error=False):
-        r.execute_command("RLOCK.FORCERELEASE", "k")
+        command(r, "RLOCK.FORCERELEASE", "k")
     assert "no longer held" in caplog.text
     with pytest.raises(LockNotOwnedError):
         with rlock.Lock(r, "k", timeout=10):
-            r.execute_command("RLOCK.FORCERELEASE", "k")
+            command(r, "RLOCK.FORCERELEASE", "k")
 
 
-def test_a_failed_release_stops_the_watchdog(server, r):
+def test_a_failed_release_stops_the_watchdog(server, admin, r):
     lock = rlock.Lock(r, "k", watchdog_timeout=0.3)
     assert lock.acquire(blocking=False)
     watchdog = lock._watchdog(lock.local.token)
-    r.client_pause(2000, all=True)  # the release times out against a paused server...
-    lock.redis = redis.Redis(port=server.port, socket_timeout=0.2)
+    admin.client_pause(2000, all=True)  # the release times out against a paused server...
+    lock.redis = redis.Redis(port=server.port, socket_timeout=0.2, **client_kwargs())
     with pytest.raises(redis.exceptions.TimeoutError):
         lock.release()
-    r.client_unpause()
+    admin.client_unpause()
     wait_until(lambda: not watchdog.is_alive(), what="watchdog stopped")
     wait_until(lambda: r.exists("k") == 0, what="lease ran out")  # ...and nobody renews

@@ -1,0 +1,180 @@
+"""Module or scripts: which backend serves a client's module commands, and the probe.
+
+Every client has a mode, ``auto`` (the default), ``module`` or ``scripts``
+(`set_mode`). In ``auto`` the client asks the server once, on its first module command,
+whether the rlock module is loaded (`detect`: ``RLOCK.HELLO``; "unknown command" or a
+user not allowed the command means no module), and asks again after a connection error
+or when a module command comes back unknown (a failover to a server without the module).
+`dispatch` is the one place that routes: a module command goes to the server as is, or
+through `rlock._scripts` (Redisson's scripts) where the module is absent. Both drivers
+(`rlock._io`) run it, so threads and asyncio share the routing as they share the logic.
+The scripts-mode subscriber connections of a client (`rlock._pubsub`) are kept here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any, Dict, Generator, Optional, Tuple
+
+from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import _scripts
+from ._proto import Call, Wait, to_bytes
+from ._pubsub import Subscriber, node_of
+
+Op = Generator[Any, Any, Any]
+
+MODES = ("auto", "module", "scripts")
+
+#: The module's command families: what `dispatch` routes.
+_FAMILIES = (b"RLOCK.", b"RFENCED.", b"RRWLOCK.", b"RSEMAPHORE.", b"RPSEMAPHORE.", b"RLATCH.")
+
+
+class Backend:
+    """One client's mode: the setting, what the probe found, and its subscribers."""
+
+    def __init__(self, setting: str = "auto") -> None:
+        self.setting = setting
+        #: "module" or "scripts" once known (None: ask at the next module command).
+        self.mode: Optional[str] = None if setting == "auto" else setting
+        #: The publish command the scripts get: "spublish" on a cluster that has sharded
+        #: pub/sub (Redisson's choice), else "publish".
+        self.publish = "publish"
+        self.sharded_known = False
+        self.subscribers: Dict[Optional[Tuple[str, int]], Subscriber] = {}
+        self.lock = threading.Lock()
+
+    def forget(self) -> None:
+        """Ask again at the next module command (``auto`` only)."""
+        if self.setting == "auto":
+            self.mode = None
+
+
+_BACKENDS: "weakref.WeakKeyDictionary[Any, Backend]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _close(backend: Backend) -> None:
+    for sub in list(backend.subscribers.values()):
+        sub.close()
+
+
+def backend(redis: Any) -> Backend:
+    """The client's backend record (made on first use; its subscribers close with it)."""
+    found = _BACKENDS.get(redis)
+    if found is None:
+        with _LOCK:
+            found = _BACKENDS.get(redis)
+            if found is None:
+                found = _BACKENDS[redis] = Backend()
+                weakref.finalize(redis, _close, found)
+    return found
+
+
+def set_mode(redis: Any, mode: str) -> None:
+    """How this redis-py client runs rlock's primitives: ``"auto"`` (the default: the
+    module where the server has it, else Redisson's scripts), ``"module"`` (the module's
+    commands, an error where it is absent) or ``"scripts"`` (Redisson's Lua scripts and
+    pub/sub, also where the module is loaded: both interoperate on the same names)."""
+    if mode not in MODES:
+        raise ValueError(f"rlock mode must be one of {', '.join(MODES)}, not {mode!r}")
+    b = backend(redis)
+    b.setting = mode
+    b.mode = None if mode == "auto" else mode
+
+
+def get_mode(redis: Any) -> Optional[str]:
+    """``"module"`` or ``"scripts"`` once known for this client, else None."""
+    found = _BACKENDS.get(redis)
+    return None if found is None else found.mode
+
+
+def close_subscribers(redis: Any) -> None:
+    """Closes the client's scripts-mode subscriber connections (waits on them fail)."""
+    found = _BACKENDS.get(redis)
+    if found is not None:
+        with found.lock:
+            subs, found.subscribers = list(found.subscribers.values()), {}
+        for sub in subs:
+            sub.close()
+
+
+def subscriber(redis: Any, key: bytes) -> Subscriber:
+    """The client's subscriber connection to the server (cluster node) owning ``key``."""
+    b = backend(redis)
+    addr, cls, kwargs = node_of(redis, key)
+    with b.lock:
+        sub = b.subscribers.get(addr)
+        if sub is None or sub.closed:
+            sub = b.subscribers[addr] = Subscriber(cls, kwargs, b.publish == "spublish")
+        return sub
+
+
+def module_command(effect: Any) -> bool:
+    """A Call or Wait of one of the module's commands, not yet routed."""
+    if isinstance(effect, Call):
+        args = effect.args
+    elif isinstance(effect, Wait):
+        args = effect.shape.args
+    else:
+        return False
+    return not effect.direct and to_bytes(args[0]).upper().startswith(_FAMILIES)
+
+
+def no_such_command(error: ResponseError) -> bool:
+    """The server has no such command, or this user may not run it: either way the
+    module's commands cannot be used here."""
+    text = str(error)
+    return "unknown command" in text.lower() or text.startswith("NOPERM")
+
+
+def _probe(*args: Any) -> Op:
+    """True if the server runs ``args``' command (any reply, or an error other than an
+    unknown or forbidden command: a wrong number of arguments means it is there)."""
+    try:
+        yield Call(tuple(args), direct=True)
+    except ResponseError as e:
+        return not no_such_command(e)
+    return True
+
+
+def detect(b: Backend, cluster: bool) -> Op:
+    """Asks the server whether the module is loaded (``auto``), and on a cluster whether
+    it has sharded pub/sub (for the scripts' publish command)."""
+    if b.mode is None:
+        # RLOCK.HELLO is the capability command; a module older than it still answers
+        # RLOCK.ACQUIRE without arguments with a wrong-arity error (which changes nothing).
+        found = (yield from _probe("RLOCK.HELLO")) or (yield from _probe("RLOCK.ACQUIRE"))
+        b.mode = "module" if found else "scripts"
+    if b.mode == "scripts" and cluster and not b.sharded_known:
+        b.publish = "spublish" if (yield from _probe("SPUBLISH")) else "publish"
+        b.sharded_known = True
+
+
+def dispatch(b: Backend, effect: Any, cluster: bool) -> Op:
+    """A module command (Call or Wait) done by the backend the client's mode picks."""
+    for attempt in range(2):
+        if b.mode is None:
+            yield from detect(b, cluster)
+        if b.mode == "scripts":
+            try:
+                if isinstance(effect, Wait):
+                    return (yield from _scripts.wait(effect.shape, b.publish))
+                return (yield from _scripts.command(effect.args, b.publish))
+            except (ConnectionError, RedisTimeoutError):
+                b.forget()  # a failover may bring a server with the module
+                raise
+        try:
+            return (yield dataclasses.replace(effect, direct=True))
+        except ResponseError as e:
+            if attempt == 0 and b.setting == "auto" and no_such_command(e):
+                b.forget()  # the module went (a failover to a server without it)
+                continue
+            raise
+        except (ConnectionError, RedisTimeoutError):
+            b.forget()
+            raise
+    raise AssertionError("unreachable")
