@@ -148,10 +148,18 @@ $(PYC_VENV)/.ok: $(PYCLIENT)/requirements-test.txt $(PYCLIENT)/pyproject.toml
 	$(PYC_VENV)/bin/pip install -q -r $(PYCLIENT)/requirements-test.txt -e $(PYCLIENT)
 	@touch $@
 
-test-pyclient: build venv $(PYC_VENV)/.ok ## Python client (each server in SERVERS): its tests (every primitive, tickets, Redisson interop, cluster), redis-py's own lock suites on rlock.Lock; bench smoke run
+# Scripts mode (docs/scripts-mode.md): the same primitive suites and redis-py's lock suite on
+# a server without the module, the client's user restricted like a managed service's.
+PYC_SCRIPTS_TESTS := $(addprefix $(PYCLIENT)/tests/,test_primitives.py test_async_primitives.py \
+	test_lock.py test_async_lock.py test_interop.py)
+
+test-pyclient: build venv $(PYC_VENV)/.ok ## Python client (each server in SERVERS): its tests (every primitive, tickets, Redisson interop, cluster, scripts mode), then the primitive suites and redis-py's own lock suites on rlock.Lock again in scripts mode (no module, restricted user); bench smoke run
 	@$(PER_SERVER) sh -c '$(PYC_PY) -m pytest -q $(PYCLIENT)/tests && \
 		$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q && \
-		$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q --protocol 3'; done
+		$(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q --protocol 3 && \
+		echo "-- scripts mode (no module)" && \
+		RLOCK_PY_MODE=scripts $(PYC_PY) -m pytest -q $(PYC_SCRIPTS_TESTS) && \
+		RLOCK_PY_MODE=scripts $(PYC_PY) $(PYCLIENT)/redis_py_suite/run.py -q'; done
 	$(PYC_PY) bench/python/contention.py --quick --module $(RLOCK_MODULE)
 	$(PYC_PY) bench/python/waiting.py --quick --module $(RLOCK_MODULE)
 

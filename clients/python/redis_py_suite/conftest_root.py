@@ -8,10 +8,13 @@ fixture and the --protocol option. What is swapped: each lock test module's glob
 which its `get_lock` helper passes as `lock_class` to `r.lock(...)`, becomes `rlock.Lock`
 (or `rlock.asyncio.Lock` under test_asyncio/). Tests that read redis-py's storage format
 are skipped with their reason (EXCLUDED); the session fails if rlock was never used.
+With RLOCK_PY_MODE=scripts the server has no module: rlock's Lock runs on Redisson's
+scripts (docs/scripts-mode.md), and the same suite proves it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -37,6 +40,7 @@ EXCLUDED = {
 
 _server: RedisServer | None = None
 _passed = 0
+_SCRIPTS = os.environ.get("RLOCK_PY_MODE") == "scripts"
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -45,7 +49,7 @@ def pytest_addoption(parser: Any) -> None:
 
 def pytest_sessionstart(session: Any) -> None:
     global _server
-    _server = RedisServer().start()
+    _server = RedisServer(module=False if _SCRIPTS else None).start()
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
@@ -53,7 +57,15 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     if _server is None:
         return
     try:
-        if _passed and exitstatus == 0:
+        if _passed and exitstatus == 0 and _SCRIPTS:
+            stats = redis.Redis(port=_server.port).info("commandstats")
+            scripts = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+                          for c in ("evalsha", "eval"))
+            print(f"\nplain server (scripts mode): {scripts} of Redisson's scripts run")
+            if scripts == 0:
+                print("the redis-py lock tests never reached rlock: is the Lock swap broken?")
+                session.exitstatus = 1
+        elif _passed and exitstatus == 0:
             stats = redis.Redis(port=_server.port).info("rlock")
             acquired = stats.get("rlock_acquisitions", 0) + stats.get("rlock_handoffs", 0)
             print(f"\nrlock server: {acquired} locks taken through RLOCK.ACQUIRE "

@@ -232,6 +232,9 @@ class SyncIO:
             return self.run(_mode.dispatch(_mode.backend(self.redis), effect,
                                            _is_cluster(self.redis)), stop)
         if isinstance(effect, Call):
+            if effect.at is not None and _is_cluster(self.redis):
+                node = self.redis.get_node_from_key(effect.at)
+                return self.redis.execute_command(*effect.args, target_nodes=node)
             return self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
             return self.wait(effect.shape)
@@ -346,6 +349,10 @@ class AsyncIO:
             return await self.run(_mode.dispatch(_mode.backend(self.redis), effect,
                                                  _is_cluster(self.redis)))
         if isinstance(effect, Call):
+            if effect.at is not None and _is_cluster(self.redis):
+                await self.redis.initialize()  # an asyncio cluster client maps its nodes lazily
+                node = self.redis.get_node_from_key(effect.at)
+                return await self.redis.execute_command(*effect.args, target_nodes=node)
             return await self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
             return await self.wait(effect.shape)

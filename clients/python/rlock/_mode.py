@@ -131,34 +131,39 @@ def no_such_command(error: ResponseError) -> bool:
     return "unknown command" in text.lower() or text.startswith("NOPERM")
 
 
-def _probe(*args: Any) -> Op:
-    """True if the server runs ``args``' command (any reply, or an error other than an
-    unknown or forbidden command: a wrong number of arguments means it is there)."""
+def _probe(key: bytes, *args: Any) -> Op:
+    """True if the server (on a cluster: the node owning ``key``) runs ``args``' command
+    (any reply, or an error other than an unknown or forbidden command: a wrong number of
+    arguments means it is there)."""
     try:
-        yield Call(tuple(args), direct=True)
+        yield Call(tuple(args), direct=True, at=key)
     except ResponseError as e:
         return not no_such_command(e)
     return True
 
 
-def detect(b: Backend, cluster: bool) -> Op:
-    """Asks the server whether the module is loaded (``auto``), and on a cluster whether
-    it has sharded pub/sub (for the scripts' publish command)."""
+def detect(b: Backend, cluster: bool, key: bytes) -> Op:
+    """Asks the server (on a cluster, the node owning ``key``: one node answers for the
+    client) whether the module is loaded (``auto``), and on a cluster whether it has
+    sharded pub/sub (for the scripts' publish command)."""
     if b.mode is None:
         # RLOCK.HELLO is the capability command; a module older than it still answers
         # RLOCK.ACQUIRE without arguments with a wrong-arity error (which changes nothing).
-        found = (yield from _probe("RLOCK.HELLO")) or (yield from _probe("RLOCK.ACQUIRE"))
+        found = ((yield from _probe(key, "RLOCK.HELLO"))
+                 or (yield from _probe(key, "RLOCK.ACQUIRE")))
         b.mode = "module" if found else "scripts"
     if b.mode == "scripts" and cluster and not b.sharded_known:
-        b.publish = "spublish" if (yield from _probe("SPUBLISH")) else "publish"
+        b.publish = "spublish" if (yield from _probe(key, "SPUBLISH")) else "publish"
         b.sharded_known = True
 
 
 def dispatch(b: Backend, effect: Any, cluster: bool) -> Op:
     """A module command (Call or Wait) done by the backend the client's mode picks."""
+    args = effect.shape.args if isinstance(effect, Wait) else effect.args
+    key = to_bytes(args[1]) if len(args) > 1 else b""
     for attempt in range(2):
-        if b.mode is None:
-            yield from detect(b, cluster)
+        if b.mode is None or (b.mode == "scripts" and cluster and not b.sharded_known):
+            yield from detect(b, cluster, key)
         if b.mode == "scripts":
             try:
                 if isinstance(effect, Wait):

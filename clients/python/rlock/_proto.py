@@ -154,10 +154,12 @@ def undo_args(args: List[Any], reply: Any) -> List[List[Any]]:
 class Call:
     """Run one command on the client (redis-py's ``execute_command``); the reply is sent
     back into the generator, a server error is thrown into it. ``direct``: sent as is,
-    already routed (`rlock._mode.dispatch`)."""
+    already routed (`rlock._mode.dispatch`). ``at``: on a cluster, send it to the node
+    owning this key (a command whose arguments name no key: the mode probe)."""
 
     args: Tuple[Any, ...]
     direct: bool = False
+    at: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

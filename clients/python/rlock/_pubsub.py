@@ -268,9 +268,11 @@ class Subscriber:
                     if self.closed:
                         break
                     self.conn = conn
-                    if self.channels:
-                        self._send(b"SSUBSCRIBE" if self.sharded else b"SUBSCRIBE",
-                                   *self.channels)
+                    if self.sharded:  # one by one: an SSUBSCRIBE's channels share a slot
+                        for channel in self.channels:
+                            self._send(b"SSUBSCRIBE", channel)
+                    elif self.channels:
+                        self._send(b"SUBSCRIBE", *self.channels)
                 backoff = 0.05
                 while not self.closed:
                     if not conn.can_read(timeout=1.0):

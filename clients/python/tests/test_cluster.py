@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import MODULE_TESTS, blocked_clients, clients_named, wait_until
+from conftest import MODULE_TESTS, blocked_clients, clients_named, scripts_waiters, wait_until
 from redis.cluster import RedisCluster
 
 import rlock
@@ -162,3 +162,56 @@ async def test_asyncio_cluster_clients_wait_with_tickets_too(cluster):
     finally:
         await arlock.aclose_tickets(arc)
         await arc.aclose()
+
+
+def test_scripts_mode_waits_on_each_keys_node_with_shard_channels(cluster):
+    """Scripts mode on a cluster: Redisson's scripts with its hash tags (every key a
+    script touches, the read lock's timeout keys too, in the name's slot), SPUBLISH and
+    one subscriber connection per node with waiters (SSUBSCRIBE on the key's node). The
+    cluster has the module; the client is told to use the scripts, which touch none of
+    the module's commands."""
+    rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    rlock.set_mode(rc, "scripts")
+    try:
+        for i, node in enumerate(sorted(cluster.masters(), key=lambda s: s.port)):
+            lo, hi = cluster.slot_ranges(node)[0]
+            key = helpers.key_on(lo, hi, f"spy{i}")
+            holders = [rlock.FencedLock(rc, key, timeout=30),
+                       rlock.RwLock(rc, "{%s}:rw" % key, timeout=30).write]
+            for h in holders:
+                assert h.acquire(blocking=False)
+            readers = [rlock.RwLock(rc, "{%s}:rd" % key, timeout=30).read for _ in range(2)]
+            for rd in readers:  # two owners' timeout keys, read by each other's unlock
+                assert rd.acquire(blocking=False) and rd.acquire(blocking=False)
+            sem = rlock.Semaphore(rc, "{%s}:sem" % key)
+            sem.try_set_permits(0)
+            # Redisson's latch channel wraps the whole name in braces (no prefixName rule),
+            # so a latch name with braces of its own is refused on a cluster (CROSSSLOT),
+            # as Redisson's is: a plain name on the node.
+            latch = rlock.CountDownLatch(rc, helpers.key_on(lo, hi, f"spy{i}-latch"))
+            latch.try_set_count(1)
+            calls = [lambda: rlock.FencedLock(rc, key, timeout=30).acquire(blocking_timeout=10),
+                     lambda: rlock.RwLock(rc, "{%s}:rw" % key).read.acquire(blocking_timeout=10),
+                     lambda: rlock.RwLock(rc, "{%s}:rd" % key).write.acquire(blocking_timeout=10),
+                     lambda: sem.acquire(blocking_timeout=10),
+                     lambda: latch.wait(10)]
+            results: list = []
+            threads = [threading.Thread(target=lambda c=c: results.append(c())) for c in calls]
+            for t in threads:
+                t.start()
+            wait_until(lambda: scripts_waiters(rc) == len(calls), what="subscribed waiters")
+            assert rlock._mode.backend(rc).publish == "spublish"
+            assert clients_named(node.client(), "rlock-py-subscriber") == 1
+            for h in holders:
+                h.release()
+            for rd in readers:
+                rd.release()
+                rd.release()
+            sem.release()
+            latch.count_down()
+            for t in threads:
+                t.join(10)
+            assert results == [True] * len(calls)
+    finally:
+        rlock.close_tickets(rc)
+        rc.close()
