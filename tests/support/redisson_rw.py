@@ -3,7 +3,7 @@
 The scripts named below (clients/python/rlock/lua/*.lua) are Redisson's own (RedissonReadLock, RedissonWriteLock, ReadLockTask,
 RedissonFencedLock; Redisson 4.7.0, unchanged on master 66863978, 2026-08-21), kept
 verbatim in logic so that the interop tests run exactly what a Java service runs against
-the same names. docs/redisson-layouts.md describes the layout they implement; this file is
+the same names. docs/internals/redisson-layouts.md describes the layout they implement; this file is
 the executable half of it. Like tests/support/redisson.py for the plain lock, it knows no module.
 """
 

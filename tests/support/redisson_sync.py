@@ -4,7 +4,7 @@ Java classes send them.
 The scripts named below (clients/python/rlock/lua/*.lua) are Redisson's own (RedissonSemaphore, RedissonPermitExpirableSemaphore,
 RedissonCountDownLatch; Redisson 4.7.0, unchanged on master 66863978, 2026-08-21), kept
 the same in logic so that interop tests run exactly what a Java service runs against the
-same names. docs/redisson-sync-layouts.md describes the layout they implement; this file
+same names. docs/internals/redisson-sync-layouts.md describes the layout they implement; this file
 is the executable half of it. Like tests/support/redisson.py for the plain lock, it knows no
 module. Each script's comment gives its KEYS and ARGV.
 
