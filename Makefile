@@ -193,7 +193,7 @@ bench-java: release ## Java contention bench: rlock's Java client vs Redisson's 
 # proxy fetches the pinned dependencies (go.sum) into the module cache on the first run.
 GO_DIR := clients/go
 
-test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, the lock (tickets, watchdog, lost signal, replica sync), a 3-master cluster, Redisson interop, runnable examples
+test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, every primitive (tickets, watchdog, lost signal, replica sync), a 3-master cluster, Redisson interop, runnable examples
 	@./scripts/deps.sh --go
 	@$(PER_SERVER) sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
 

@@ -315,3 +315,36 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 		return reply, err
 	}
 }
+
+// notServed is the error of a call that was not served: the caller's context ended, a
+// wait limit passed (ErrTimeout), or it did not wait (ErrTaken).
+func notServed(ctx context.Context, wait time.Duration, forever bool) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if forever || wait > 0 {
+		return ErrTimeout
+	}
+	return ErrTaken
+}
+
+// waitFor is waitCall for a call that must be satisfied: the reply that satisfied it,
+// or the error that says why not (notServed, or the failure), naming op and key.
+func (c *Client) waitFor(ctx context.Context, op, key string, wait time.Duration, forever bool,
+	build func(waitMs int64) []any, satisfied func(any) bool) (any, error) {
+	reply, err := c.waitCall(ctx, key, wait, forever, build, satisfied)
+	if err != nil {
+		return nil, opErr(op, key, err)
+	}
+	if !satisfied(reply) {
+		return reply, opErr(op, key, notServed(ctx, wait, forever))
+	}
+	return reply, nil
+}
+
+// call runs one command that does not wait, with retries (it must be idempotent or carry
+// a request id), naming op and key in its error.
+func (c *Client) call(ctx context.Context, op, key string, args []any) (any, error) {
+	v, err := c.doRetry(ctx, args)
+	return v, opErr(op, key, err)
+}

@@ -71,3 +71,52 @@ func ExampleMutex_Done() {
 	// Output:
 	// rlock: lock lost
 }
+
+func ExampleClient_NewFencedMutex() {
+	rdb := redis.NewClient(&redis.Options{Addr: exampleAddr})
+	defer rdb.Close()
+	client := rlock.New(rdb)
+	defer client.Close()
+
+	ctx := context.Background()
+	mutex := client.NewFencedMutex("ledger")
+	first, _ := mutex.LockToken(ctx)
+	_, _ = mutex.Unlock()
+	second, _ := mutex.LockToken(ctx) // pass it to the resource, which refuses older ones
+	_, _ = mutex.Unlock()
+	fmt.Println(second > first)
+	// Output: true
+}
+
+func ExampleClient_NewSemaphore() {
+	rdb := redis.NewClient(&redis.Options{Addr: exampleAddr})
+	defer rdb.Close()
+	client := rlock.New(rdb)
+	defer client.Close()
+
+	ctx := context.Background()
+	sem := client.NewSemaphore("workers")
+	_, _ = sem.TrySetPermits(ctx, 3)
+	_ = sem.Acquire(ctx, 2) // waits in the server's queue when fewer are free
+	n, _ := sem.Available(ctx)
+	fmt.Println("available:", n)
+	_ = sem.Release(ctx, 2)
+	// Output: available: 1
+}
+
+func ExampleClient_NewCountDownLatch() {
+	rdb := redis.NewClient(&redis.Options{Addr: exampleAddr})
+	defer rdb.Close()
+	client := rlock.New(rdb)
+	defer client.Close()
+
+	ctx := context.Background()
+	latch := client.NewCountDownLatch("batch:7")
+	_, _ = latch.TrySetCount(ctx, 2)
+	done := make(chan error)
+	go func() { done <- latch.Await(ctx) }() // released in the turn the count reaches 0
+	_, _ = latch.CountDown(ctx)
+	_, _ = latch.CountDown(ctx)
+	fmt.Println(<-done)
+	// Output: <nil>
+}

@@ -84,13 +84,7 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 				h.lost(epoch)
 				continue
 			}
-			if ctx.Err() != nil {
-				return opErr(op, h.words.Key, ctx.Err())
-			}
-			if wait > 0 || forever {
-				return opErr(op, h.words.Key, ErrTimeout)
-			}
-			return opErr(op, h.words.Key, ErrTaken)
+			return opErr(op, h.words.Key, notServed(ctx, wait, forever))
 		}
 		// A grant after a long wait started its lease somewhere between the send and
 		// now; when a renewal would already be due, re-arm it now and count from there.
@@ -274,22 +268,38 @@ func (h *hold) end(epoch uint64, why error) {
 func (h *hold) lost(epoch uint64) { h.end(epoch, ErrLost) }
 
 // watch renews the hold of epoch every third of the watchdog lease (a lock with a fixed
-// lease is only watched for its end). A renewal that fails transiently is retried until
-// the lease would have run out; RENEW answering 0, or the lease running out, is a loss.
+// lease is only watched for its end), with the loop every renewed thing shares (watch).
 func (h *hold) watch(epoch uint64, stop, done chan struct{}) {
 	lease := h.leaseOrWatchdog()
-	renew := h.lease == 0
+	watch(h.c, lease, h.lease == 0, stop, done,
+		func() time.Time { h.mu.Lock(); defer h.mu.Unlock(); return h.leaseFrom },
+		func(at time.Time) {
+			h.mu.Lock()
+			if h.epoch == epoch && at.After(h.leaseFrom) {
+				h.leaseFrom = at
+			}
+			h.mu.Unlock()
+		},
+		h.words.Renew(proto.Millis(lease)),
+		func() { h.lost(epoch) })
+}
+
+// watch is the watchdog loop of one held thing (a lock's hold, a permit): while renew,
+// it sends renewCmd (answering 1 while held, 0 when not) every third of lease, counting
+// the lease from each renewal's send (from / renewed); without renew it only waits for
+// the lease's end. A renewal that fails transiently is retried with backoff until the
+// lease would have run out; 0, or the lease running out, calls lost. It returns when
+// stop or done is closed.
+func watch(c *Client, lease time.Duration, renew bool, stop, done <-chan struct{},
+	from func() time.Time, renewed func(time.Time), renewCmd []any, lost func()) {
 	interval := lease / 3
 	retry := 0
 	for {
-		h.mu.Lock()
-		from := h.leaseFrom
-		h.mu.Unlock()
-		next := time.Until(from.Add(lease))
+		next := time.Until(from().Add(lease))
 		if renew {
-			next = time.Until(from.Add(interval))
+			next = time.Until(from().Add(interval))
 			if retry > 0 {
-				next = h.c.opts.backoff.Delay(retry)
+				next = c.opts.backoff.Delay(retry)
 			}
 		}
 		t := time.NewTimer(next)
@@ -302,11 +312,8 @@ func (h *hold) watch(epoch uint64, stop, done chan struct{}) {
 			return
 		case <-t.C:
 		}
-		h.mu.Lock()
-		from = h.leaseFrom
-		h.mu.Unlock()
-		if !time.Now().Before(from.Add(lease)) {
-			h.lost(epoch)
+		if !time.Now().Before(from().Add(lease)) {
+			lost()
 			return
 		}
 		if !renew {
@@ -314,23 +321,19 @@ func (h *hold) watch(epoch uint64, stop, done chan struct{}) {
 		}
 		at := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), interval)
-		v, err := h.c.do(ctx, h.words.Renew(proto.Millis(lease)))
+		v, err := c.do(ctx, renewCmd)
 		cancel()
 		if err != nil {
 			retry++
 			continue
 		}
 		retry = 0
-		ok, err := proto.ParseBool("RENEW", v)
+		ok, err := proto.ParseBool("renew", v)
 		if err != nil || !ok {
-			h.lost(epoch)
+			lost()
 			return
 		}
-		h.mu.Lock()
-		if h.epoch == epoch && at.After(h.leaseFrom) {
-			h.leaseFrom = at
-		}
-		h.mu.Unlock()
+		renewed(at)
 	}
 }
 

@@ -110,13 +110,17 @@ func (m *Mutex) Done() <-chan struct{} { return m.h.doneChan() }
 func (m *Mutex) Err() error { return m.h.errNow() }
 
 // ForceUnlock frees the lock whoever holds it (Redisson's forceUnlock); true if a lock
-// was freed.
+// was freed. On a side of an RWMutex it frees the lock only in that side's mode.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
-	v, err := m.h.c.doRetry(ctx, proto.ForceRelease("RLOCK", m.Name()))
+	args := proto.ForceRelease(m.h.words.Prefix, m.Name())
+	if m.h.words.Side != "" {
+		args = append(args, m.h.words.Side)
+	}
+	v, err := m.h.c.doRetry(ctx, args)
 	if err != nil {
 		return false, opErr("forceunlock", m.Name(), err)
 	}
-	return proto.ParseBool("RLOCK.FORCERELEASE", v)
+	return proto.ParseBool("FORCERELEASE", v)
 }
 
 // LockInfo is what the server says about a lock.
@@ -124,7 +128,7 @@ type LockInfo = proto.LockInfo
 
 // Info reads the lock's owners, remaining lease and queued waiters (nil: not held).
 func (m *Mutex) Info(ctx context.Context) (*LockInfo, error) {
-	v, err := m.h.c.do(ctx, proto.Info("RLOCK", m.Name()))
+	v, err := m.h.c.do(ctx, proto.Info(m.h.words.Prefix, m.Name()))
 	if err != nil {
 		return nil, opErr("info", m.Name(), err)
 	}

@@ -27,7 +27,15 @@ func setup(t *testing.T, opts ...rlock.Option) (*testserver.Server, *redis.Clien
 	s := testserver.Start(t)
 	rdb := s.Client(t)
 	c := rlock.New(rdb, opts...)
-	t.Cleanup(func() { c.Close() })
+	infoMu.Lock()
+	infoServer[t] = rdb
+	infoMu.Unlock()
+	t.Cleanup(func() {
+		c.Close()
+		infoMu.Lock()
+		delete(infoServer, t)
+		infoMu.Unlock()
+	})
 	return s, rdb, c
 }
 
@@ -380,4 +388,35 @@ func TestReplicaSyncWaitsForConnectedReplicas(t *testing.T) {
 	if master.Client(t).Exists(ctx, "synced2").Val() != 0 {
 		t.Fatal("the unsynced lock was not released")
 	}
+}
+
+// infoServer is each test's raw client, for infoWaiters.
+var (
+	infoMu     sync.Mutex
+	infoServer = map[*testing.T]*redis.Client{}
+)
+
+// infoWaiters reads the waiters field of a <PREFIX>.INFO reply on the test's server.
+func infoWaiters(t *testing.T, cmd, key string) int64 {
+	t.Helper()
+	infoMu.Lock()
+	rdb := infoServer[t]
+	infoMu.Unlock()
+	v, err := rdb.Do(context.Background(), cmd, key).Result()
+	if err != nil {
+		return 0
+	}
+	switch m := v.(type) {
+	case map[interface{}]interface{}:
+		n, _ := m["waiters"].(int64)
+		return n
+	case []interface{}:
+		for i := 0; i+1 < len(m); i += 2 {
+			if m[i] == "waiters" {
+				n, _ := m[i+1].(int64)
+				return n
+			}
+		}
+	}
+	return 0
 }

@@ -153,7 +153,7 @@ func Pairs(v any) ([][2]any, bool) {
 	return nil, false
 }
 
-// LockInfo is what RLOCK.INFO says about a lock.
+// LockInfo is what RLOCK.INFO (or RRWLOCK.INFO) says about a lock.
 type LockInfo struct {
 	// Owners are the owner ids with their hold counts.
 	Owners map[string]int64
@@ -163,7 +163,7 @@ type LockInfo struct {
 	Waiters int64
 }
 
-// ParseInfo reads RLOCK.INFO: nil (no lock), a RESP3 map or RESP2 flat pairs. Unknown
+// ParseInfo reads RLOCK.INFO or RRWLOCK.INFO: nil (no lock), a RESP3 map or RESP2 flat pairs. Unknown
 // fields are ignored so that the module may add some.
 func ParseInfo(v any) (*LockInfo, error) {
 	if v == nil {
@@ -189,6 +189,26 @@ func ParseInfo(v any) (*LockInfo, error) {
 					return nil, unexpected("RLOCK.INFO owner", o)
 				}
 				info.Owners[id] = n
+			}
+		case "readers", "writer":
+			// RRWLOCK.INFO: readers owner -> [count, pttl]; writer owner -> count, or nil.
+			if f[1] == nil {
+				continue
+			}
+			holders, ok := Pairs(f[1])
+			if !ok {
+				return nil, unexpected("RRWLOCK.INFO "+name, f[1])
+			}
+			for _, o := range holders {
+				id, _ := o[0].(string)
+				n, ok := asInt(o[1])
+				if a, isArr := o[1].([]any); isArr && len(a) > 0 {
+					n, ok = asInt(a[0])
+				}
+				if !ok {
+					return nil, unexpected("RRWLOCK.INFO holder", o)
+				}
+				info.Owners[id] += n
 			}
 		case "pttl":
 			n, ok := asInt(f[1])
