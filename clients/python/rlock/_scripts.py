@@ -38,6 +38,10 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 #: How long an unlock's reply is remembered for its retries (Redisson's unlock latch).
 UNLOCK_LATCH_MS = 10_000
 
+#: A waiter behind a lease looks again this long after the PTTL its try answered, so that
+#: the key has expired by then (the server counts whole milliseconds).
+LEASE_END_MARGIN_MS = 2
+
 #: RPermitExpirableSemaphore's score of a permit without a lease.
 NON_EXPIRABLE = 922337203685477
 
@@ -517,7 +521,9 @@ def wait(shape: Shape, publish: str) -> Op:
             if hint == -2:
                 continue  # the holder's key went between the script's two looks: try again
             if isinstance(hint, int) and hint >= 0:  # -1: a key without a lease
-                left = hint / 1000 if left is None else min(left, hint / 1000)
+                # Just past the lease end (the server's PTTL is in whole ms): one look.
+                wake = (hint + LEASE_END_MARGIN_MS) / 1000
+                left = wake if left is None else min(left, wake)
             if not (yield Listen(sub, left)):
                 # The subscription broke (its node went, or the slot moved): subscribe
                 # again, on the node that owns the key now, before the next try.

@@ -202,9 +202,9 @@ def test_a_waiter_wakes_at_the_holders_lease_end_without_a_message_and_without_p
     started = time.monotonic()
     assert lock.acquire(blocking_timeout=10)
     assert time.monotonic() - started >= 0.5  # not before the lease ended
-    # One try, then one at the PTTL the try answered (a third if the key was still
-    # there at that instant): no polling loop.
-    assert evalsha_calls(admin) - before <= 3
+    # One try, then one just past the PTTL the try answered (another if the server had
+    # not yet expired the key then): a handful, where polling over 0.8 s would be tens.
+    assert evalsha_calls(admin) - before <= 5
     lock.release()
 
 
