@@ -24,7 +24,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Generator, List, Optional, Tuple
+from typing import Any, Dict, Generator, List, Tuple
 
 from redis.exceptions import NoScriptError, ResponseError
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 import redis.asyncio
+from conftest import SCRIPTS, acommand, client_kwargs, scripts_stat
 from redis.exceptions import LockNotOwnedError
 
 import rlock.asyncio
-from conftest import SCRIPTS, acommand, client_kwargs, scripts_stat
 
 
 async def astat(r, name: str) -> int:

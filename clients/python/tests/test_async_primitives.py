@@ -11,11 +11,11 @@ import time
 
 import pytest
 import redis.asyncio
+from conftest import SCRIPTS, client_kwargs, scripts_stat
 from redis.exceptions import LockNotOwnedError
 
 import rlock
 import rlock.asyncio as arlock
-from conftest import SCRIPTS, acommand, client_kwargs, scripts_stat
 
 N = 1000
 

@@ -218,7 +218,8 @@ def test_all_waits_of_a_client_share_one_subscriber_connection(app, admin):
         rlock.Lock(r, f"k{i}", timeout=30).acquire(blocking_timeout=20))) for i in range(20)]
     sem = rlock.Semaphore(r, "s")
     sem.try_set_permits(0)
-    threads.append(threading.Thread(target=lambda: results.append(sem.acquire(blocking_timeout=20))))
+    threads.append(threading.Thread(
+        target=lambda: results.append(sem.acquire(blocking_timeout=20))))
     for t in threads:
         t.start()
     wait_until(lambda: len(admin.pubsub_channels("redisson*")) == 21, what="21 channels")
