@@ -119,30 +119,53 @@ impl Default for RetryPolicy {
 /// when fewer replicas acknowledge, the lock is released again and the acquire
 /// fails with [`Error::ReplicaSync`](crate::Error::ReplicaSync).
 ///
+/// On by default, as Redisson's `checkLockSyncedSlaves`: [`ReplicaSync::connected`]
+/// waits for every replica the node has (read with `ROLE`, or `CLUSTER SLOTS` on a
+/// cluster, at most once a second), and costs nothing where there is none.
+/// [`ClientOptions::with_replica_sync`]`(None)` turns it off; [`ReplicaSync::new`]
+/// asks for a fixed number.
+///
 /// This narrows, but does not close, the window in which a failover to a replica
-/// that never saw the lock lets a second client take it (Redisson's
-/// `checkLockSyncedSlaves`): the crate's README, "Replicas and failover", says
-/// exactly what is guaranteed.
+/// that never saw the lock lets a second client take it: the crate's README,
+/// "Replicas and failover", says exactly what is guaranteed.
 ///
 /// ```
 /// use std::time::Duration;
 /// let r = rlock_client::ReplicaSync::new(1, Duration::from_millis(500));
-/// assert_eq!(r.replicas(), 1);
+/// assert_eq!(r.replicas(), Some(1));
+/// let all = rlock_client::ReplicaSync::connected(Duration::from_secs(1));
+/// assert_eq!(all.replicas(), None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaSync {
-    replicas: u32,
+    // None: every replica the node has.
+    replicas: Option<u32>,
     timeout: Duration,
 }
 
 impl ReplicaSync {
+    /// How long the default waits for the replicas: Redisson's `slavesSyncTimeout`.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
     /// Require `replicas` acknowledgements within `timeout`.
     pub fn new(replicas: u32, timeout: Duration) -> Self {
-        ReplicaSync { replicas, timeout }
+        ReplicaSync {
+            replicas: Some(replicas),
+            timeout,
+        }
     }
 
-    /// Replicas required.
-    pub fn replicas(&self) -> u32 {
+    /// Require every replica connected to the lock's node (none: no check) to
+    /// acknowledge within `timeout`.
+    pub fn connected(timeout: Duration) -> Self {
+        ReplicaSync {
+            replicas: None,
+            timeout,
+        }
+    }
+
+    /// Replicas required; `None`: every connected one.
+    pub fn replicas(&self) -> Option<u32> {
         self.replicas
     }
 
@@ -192,7 +215,7 @@ impl ClientOptions {
             watchdog_timeout: Self::DEFAULT_WATCHDOG_TIMEOUT,
             retry: RetryPolicy::new(),
             response_timeout: Some(Self::DEFAULT_RESPONSE_TIMEOUT),
-            replica_sync: None,
+            replica_sync: Some(ReplicaSync::connected(ReplicaSync::DEFAULT_TIMEOUT)),
             idle_wait_connections: Self::DEFAULT_IDLE_WAIT_CONNECTIONS,
             wait_mode: WaitMode::Auto,
         }
@@ -217,7 +240,8 @@ impl ClientOptions {
         self
     }
 
-    /// Replica safety for every acquire of this client (see [`ReplicaSync`]).
+    /// Replica safety for every acquire of this client (see [`ReplicaSync`]; on by
+    /// default, `None` turns it off).
     pub fn with_replica_sync(mut self, r: Option<ReplicaSync>) -> Self {
         self.replica_sync = r;
         self

@@ -117,3 +117,62 @@ fn without_replica_safety_a_failover_can_lose_an_acquired_lock() {
     theirs.release().unwrap();
     drop(g);
 }
+
+/// `calls` of one command in the server's `INFO commandstats` (0 when never called).
+fn calls(r: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(r).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Replica sync is on by default, as Redisson's `checkLockSyncedSlaves`: the client waits
+/// for every replica the master has, and an acquire no replica acknowledged fails and
+/// leaves no lock behind.
+#[test]
+fn by_default_an_acquire_waits_for_the_masters_connected_replicas() {
+    let master = Server::start();
+    let link = LossyProxy::start(master.port);
+    let _replica = replica_of(&master, link.port);
+    let mut m = master.conn();
+    let c = Client::open(master.url()).unwrap();
+
+    let g = c.lock("synced").acquire().unwrap();
+    assert_eq!(calls(&mut m, "wait"), 1, "one WAIT for the one replica");
+    g.release().unwrap();
+
+    link.hold_replies(true);
+    match c.lock("k").acquire() {
+        Err(Error::ReplicaSync { wanted, acked, .. }) => assert_eq!((wanted, acked), (1, 0)),
+        other => panic!("{other:?}"),
+    }
+    assert!(!exists(&mut m, "k"), "the lock was left behind");
+
+    // Turned off, the same acquire succeeds on the master alone.
+    let off =
+        Client::open_with(master.url(), ClientOptions::new().with_replica_sync(None)).unwrap();
+    let g = off.lock("k").acquire().unwrap();
+    assert!(g.is_held());
+}
+
+/// Without replicas the default sends no `WAIT`, and asks for the topology at most once
+/// a second, not once per acquire.
+#[test]
+fn by_default_a_master_without_replicas_pays_no_wait() {
+    let master = Server::start();
+    let mut m = master.conn();
+    let c = Client::open(master.url()).unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..50 {
+        c.lock("k").acquire().unwrap().release().unwrap();
+    }
+    let seconds = started.elapsed().as_secs();
+    assert_eq!(calls(&mut m, "wait"), 0);
+    let roles = calls(&mut m, "role");
+    assert!(
+        (1..=seconds + 1).contains(&roles),
+        "{roles} ROLE calls in {seconds} s"
+    );
+}

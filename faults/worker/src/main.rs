@@ -323,12 +323,11 @@ fn main() {
     let mut opts = ClientOptions::new()
         .with_watchdog_timeout(Duration::from_millis(a.watchdog_ms))
         .with_response_timeout(Some(Duration::from_millis(1_500)));
-    if a.replica_sync > 0 {
-        opts = opts.with_replica_sync(Some(ReplicaSync::new(
-            a.replica_sync,
-            Duration::from_millis(500),
-        )));
-    }
+    // The harness's cells say whether replica sync is on (`--replica-sync n`), so the
+    // client's default (every connected replica) is not what a "without" cell measures.
+    opts = opts.with_replica_sync(
+        (a.replica_sync > 0).then(|| ReplicaSync::new(a.replica_sync, Duration::from_millis(500))),
+    );
     let client = match Client::open_with(a.url.as_str(), opts) {
         Ok(c) => c,
         Err(e) => {

@@ -132,14 +132,21 @@ impl Lock {
             done: false,
         };
         if let Some(rs) = c.opts.replica_sync {
-            let (pipe, limit) = logic::replica_check(shared, took.lease_ms, rs);
+            let wanted = match rs.replicas() {
+                Some(n) => n,
+                None => c.connected_replicas(shared.key.as_bytes()).await,
+            };
+            if wanted == 0 {
+                return Ok(Some(guard));
+            }
+            let (pipe, limit) = logic::replica_check(shared, took.lease_ms, rs, wanted);
             let reply = c
                 .on_wait_conn(Some(limit), |mut conn| async move {
                     let r = pipe.query_async::<Vec<Value>>(&mut conn).await;
                     (conn, r)
                 })
                 .await;
-            if let Err(e) = logic::replica_outcome(shared, rs, reply) {
+            if let Err(e) = logic::replica_outcome(shared, wanted, reply) {
                 let _ = guard.release().await;
                 return Err(e);
             }

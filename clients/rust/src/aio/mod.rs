@@ -93,6 +93,8 @@ pub(crate) struct ClientInner {
     tickets: Option<crate::net::tickets::Tickets>,
     // Queued tickets on a cluster: one ticket connection per node with waiters.
     cluster_tickets: Option<crate::net::cluster_tickets::ClusterTickets>,
+    // Replica sync's default: the replicas each node had when last asked.
+    replica_counts: tokio::sync::Mutex<crate::proto::replicas::ReplicaCounts>,
 }
 
 struct Watchdog {
@@ -204,6 +206,7 @@ impl Client {
                 jitter: Jitter::new(),
                 runtime,
                 cmd_conn: tokio::sync::Mutex::new(None),
+                replica_counts: Default::default(),
                 wait_pool: WaitPool::new(opts.idle_wait_connections),
                 watchdog,
                 worker,
@@ -302,6 +305,35 @@ impl ClientInner {
             }
         }
         Ok(r?)
+    }
+
+    /// The replicas connected to the node serving `key`, as last read (at most once per
+    /// `replicas::REFRESH`). A failed or refused read counts as none until the next one:
+    /// replica sync must not turn a server that hides its topology into failed acquires.
+    pub(crate) async fn connected_replicas(&self, key: &[u8]) -> u32 {
+        use crate::proto::replicas;
+        // Held across the read, so that concurrent acquires ask once.
+        let mut counts = self.replica_counts.lock().await;
+        let now = Instant::now();
+        let cluster = self.target.is_cluster();
+        if counts.stale(now) {
+            let read = if cluster {
+                crate::net::cluster_tickets::slots_cmd()
+            } else {
+                redis::cmd("ROLE")
+            };
+            match self.run(&read).await {
+                Ok(v) if cluster => counts.set_ranges(replicas::slot_replicas(&v), now),
+                Ok(v) => counts.set_single(replicas::role_replicas(&v), now),
+                Err(_) if cluster => counts.set_ranges(Vec::new(), now),
+                Err(_) => counts.set_single(None, now),
+            }
+        }
+        if cluster {
+            counts.of_slot(crate::proto::watchdog::slot(key))
+        } else {
+            counts.single()
+        }
     }
 
     /// As many attempts as the client's retry policy allows.

@@ -319,13 +319,14 @@ pub(crate) fn replica_check(
     shared: &LockShared,
     lease_ms: u64,
     rs: ReplicaSync,
+    wanted: u32,
 ) -> (redis::Pipeline, Duration) {
     let pipe = cmd::replica_check(
         &shared.key,
         shared.side,
         &shared.owner,
         lease_ms,
-        rs.replicas(),
+        wanted,
         millis(rs.timeout()),
     );
     (pipe, rs.timeout() + WAIT_REPLY_MARGIN)
@@ -336,17 +337,17 @@ pub(crate) fn replica_check(
 /// know it holds.
 pub(crate) fn replica_outcome(
     shared: &LockShared,
-    rs: ReplicaSync,
+    wanted: u32,
     reply: RedisResult<Vec<Value>>,
 ) -> Result<()> {
     let acked = match reply?.pop() {
         Some(w) => cmd::parse_wait(w)?,
         None => return Err(Error::UnexpectedReply("WAIT: no reply".into())),
     };
-    if acked < rs.replicas() {
+    if acked < wanted {
         return Err(Error::ReplicaSync {
             key: shared.key.clone(),
-            wanted: rs.replicas(),
+            wanted,
             acked,
         });
     }
@@ -586,11 +587,10 @@ mod tests {
     #[test]
     fn it_fails_the_replica_check_with_too_few_acknowledgements() {
         let s = shared();
-        let rs = ReplicaSync::new(2, Duration::from_millis(100));
         let reply = |n| Ok(vec![Value::Int(1), Value::Int(n)]);
-        assert!(replica_outcome(&s, rs, reply(2)).is_ok());
+        assert!(replica_outcome(&s, 2, reply(2)).is_ok());
         assert!(matches!(
-            replica_outcome(&s, rs, reply(1)),
+            replica_outcome(&s, 2, reply(1)),
             Err(Error::ReplicaSync {
                 wanted: 2,
                 acked: 1,
@@ -598,7 +598,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            replica_outcome(&s, rs, Ok(vec![])),
+            replica_outcome(&s, 2, Ok(vec![])),
             Err(Error::UnexpectedReply(_))
         ));
     }

@@ -6,9 +6,11 @@
 //! - `state`: one handle's hold state and the lost-lock signal.
 //! - `watchdog`: the renewal registry (what is due, what an outcome means).
 //! - `backoff`: jitter for retry delays and owner ids.
+//! - `replicas`: how many replicas a key's node has (replica sync's default).
 
 pub(crate) mod backoff;
 pub(crate) mod cmd;
 pub(crate) mod logic;
+pub(crate) mod replicas;
 pub(crate) mod state;
 pub(crate) mod watchdog;
