@@ -215,3 +215,35 @@ def test_scripts_mode_waits_on_each_keys_node_with_shard_channels(cluster):
     finally:
         rlock.close_tickets(rc)
         rc.close()
+
+
+async def test_scripts_mode_on_an_asyncio_cluster_client(cluster):
+    """The asyncio cluster client in scripts mode: the probe goes to the key's node (the
+    client maps its nodes lazily), tasks wait on the one subscriber of each node."""
+    import redis.asyncio.cluster
+
+    import rlock.asyncio as arlock
+    arc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    rlock.set_mode(arc, "scripts")
+    try:
+        for i, node in enumerate(sorted(cluster.masters(), key=lambda s: s.port)):
+            lo, hi = cluster.slot_ranges(node)[0]
+            key = helpers.key_on(lo, hi, f"sapy{i}")
+            sem = arlock.Semaphore(arc, key)
+            await sem.try_set_permits(0)
+            lock = arlock.FencedLock(arc, "{%s}:f" % key, timeout=30)
+            assert await lock.acquire(blocking=False)
+            tasks = [asyncio.create_task(sem.acquire(blocking_timeout=10)),
+                     asyncio.create_task(arlock.FencedLock(arc, "{%s}:f" % key, timeout=30)
+                                         .acquire(blocking_timeout=10))]
+            deadline = time.monotonic() + 5
+            while scripts_waiters(arc) < 2:
+                assert time.monotonic() < deadline, "subscribed on the key's node"
+                await asyncio.sleep(0.005)
+            assert clients_named(node.client(), "rlock-py-subscriber") == 1
+            await sem.release()
+            await lock.release()
+            assert await asyncio.wait_for(asyncio.gather(*tasks), 10) == [True, True]
+    finally:
+        await arlock.aclose_tickets(arc)
+        await arc.aclose()
