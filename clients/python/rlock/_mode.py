@@ -5,7 +5,10 @@ Every client has a mode, ``auto`` (the default), ``module`` or ``scripts``
 whether the rlock module is loaded (`detect`: ``RLOCK.HELLO``; "unknown command" or a
 user not allowed the command means no module), and asks again after a connection error
 or when a module command comes back unknown (a failover to a server without the module).
-`dispatch` is the one place that routes: a module command goes to the server as is, or
+A client in scripts mode also asks again every `REPROBE_SECONDS` and when its
+subscriber connection breaks: redis-py reconnects its pool silently, and scripts keep
+working on a server that gained the module, so no error would tell. `dispatch` is the
+one place that routes: a module command goes to the server as is, or
 through `rlock._scripts` (Redisson's scripts) where the module is absent. Both drivers
 (`rlock._io`) run it, so threads and asyncio share the routing as they share the logic.
 The scripts-mode subscriber connections of a client (`rlock._pubsub`) are kept here too.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import weakref
 from typing import Any, Dict, Generator, Optional, Tuple
 
@@ -28,6 +32,9 @@ from ._pubsub import Subscriber, node_of
 Op = Generator[Any, Any, Any]
 
 MODES = ("auto", "module", "scripts")
+
+#: How often a client in scripts mode (``auto``) asks again whether the module is there.
+REPROBE_SECONDS = 30.0
 
 #: The module's command families: what `dispatch` routes.
 _FAMILIES = (b"RLOCK.", b"RFENCED.", b"RRWLOCK.", b"RSEMAPHORE.", b"RPSEMAPHORE.", b"RLATCH.")
@@ -44,6 +51,7 @@ class Backend:
         #: pub/sub (Redisson's choice), else "publish".
         self.publish = "publish"
         self.sharded_known = False
+        self.probed_at = 0.0  # time.monotonic() of the last probe
         self.subscribers: Dict[Optional[Tuple[str, int]], Subscriber] = {}
         self.lock = threading.Lock()
 
@@ -109,7 +117,8 @@ def subscriber(redis: Any, key: bytes) -> Subscriber:
     with b.lock:
         sub = b.subscribers.get(addr)
         if sub is None or sub.closed:
-            sub = b.subscribers[addr] = Subscriber(cls, kwargs, b.publish == "spublish")
+            sub = b.subscribers[addr] = Subscriber(cls, kwargs, b.publish == "spublish",
+                                                   on_break=b.forget)
         return sub
 
 
@@ -152,6 +161,7 @@ def detect(b: Backend, cluster: bool, key: bytes) -> Op:
         found = ((yield from _probe(key, "RLOCK.HELLO"))
                  or (yield from _probe(key, "RLOCK.ACQUIRE")))
         b.mode = "module" if found else "scripts"
+        b.probed_at = time.monotonic()
     if b.mode == "scripts" and cluster and not b.sharded_known:
         b.publish = "spublish" if (yield from _probe(key, "SPUBLISH")) else "publish"
         b.sharded_known = True
@@ -161,6 +171,9 @@ def dispatch(b: Backend, effect: Any, cluster: bool) -> Op:
     """A module command (Call or Wait) done by the backend the client's mode picks."""
     args = effect.shape.args if isinstance(effect, Wait) else effect.args
     key = to_bytes(args[1]) if len(args) > 1 else b""
+    if (b.mode == "scripts" and b.setting == "auto"
+            and time.monotonic() - b.probed_at >= REPROBE_SECONDS):
+        b.mode = None  # has a failover brought a server with the module?
     for attempt in range(2):
         if b.mode is None or (b.mode == "scripts" and cluster and not b.sharded_known):
             yield from detect(b, cluster, key)

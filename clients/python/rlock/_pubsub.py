@@ -152,7 +152,11 @@ class Subscriber:
     """The subscriber connection to one server: ``subscribe(channel)`` (blocking) or
     ``asubscribe`` returns a confirmed `Subscription`."""
 
-    def __init__(self, conn_class: Any, conn_kwargs: Dict[str, Any], sharded: bool) -> None:
+    def __init__(self, conn_class: Any, conn_kwargs: Dict[str, Any], sharded: bool,
+                 on_break: Optional[Callable[[], None]] = None) -> None:
+        """``on_break()``: called when the connection breaks (a failover, maybe to a
+        server with the module: `rlock._mode` asks again)."""
+        self.on_break = on_break
         self.conn_class = conn_class
         self.conn_kwargs = conn_kwargs
         self.sharded = sharded
@@ -282,6 +286,8 @@ class Subscriber:
                 if self.closed:
                     break
                 log.debug("rlock: subscriber connection broke (%s); reconnecting", e)
+                if self.on_break is not None:
+                    self.on_break()
             with self.lock:
                 if self.conn is conn:
                     self.conn = None

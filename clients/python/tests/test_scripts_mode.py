@@ -27,6 +27,7 @@ from redisson_rw import RedissonReadWriteLock
 from server import RESTRICTED_USER, RedisServer
 
 import rlock
+import rlock._mode
 from rlock import _scripts
 
 
@@ -164,7 +165,7 @@ def test_a_flushed_script_cache_is_loaded_again(app, admin):
     waiter.release()
 
 
-def test_a_failover_to_a_server_without_the_module_is_probed_again(tmp_path):
+def test_a_failover_to_a_server_without_the_module_and_back_is_probed_again(monkeypatch):
     first = RedisServer().start()
     port = first.port
     r = redis.Redis(port=port, socket_timeout=5)
@@ -183,6 +184,17 @@ def test_a_failover_to_a_server_without_the_module_is_probed_again(tmp_path):
             assert r.hlen("k") == 1
         finally:
             second.stop()
+        third = RedisServer()
+        third.port = port  # and back to a server with the module
+        third.start()
+        try:
+            # redis-py reconnects silently and the scripts work there too: nothing fails,
+            # so scripts mode asks again every REPROBE_SECONDS (here: at once).
+            monkeypatch.setattr(rlock._mode, "REPROBE_SECONDS", 0.0)
+            assert rlock.Lock(r, "k", timeout=10).acquire(blocking=False)
+            assert rlock.get_mode(r) == "module"
+        finally:
+            third.stop()
     finally:
         first.stop()
         rlock.close_tickets(r)
@@ -232,6 +244,27 @@ def test_all_waits_of_a_client_share_one_subscriber_connection(app, admin):
     assert results == [True] * 21
     wait_until(lambda: admin.pubsub_channels("redisson*") == [], what="unsubscribed")
     assert subscribers(admin) == 1
+
+
+def test_a_broken_subscriber_connection_wakes_its_waiters_and_asks_the_mode_again(
+        app, admin):
+    r = app()
+    holder = rlock.Lock(r, "k", timeout=30, thread_local=False)
+    assert holder.acquire(blocking=False)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(
+        rlock.Lock(r, "k", timeout=30).acquire(blocking_timeout=20)))
+    t.start()
+    wait_until(lambda: admin.pubsub_numsub("redisson_lock__channel:{k}")[0][1] == 1,
+               what="waiter subscribed")
+    assert rlock.get_mode(r) == "scripts"
+    admin.client_kill_filter(_type="pubsub")  # a failover, as the subscriber sees it
+    wait_until(lambda: rlock.get_mode(r) is None, what="mode forgotten")
+    wait_until(lambda: admin.pubsub_numsub("redisson_lock__channel:{k}")[0][1] == 1,
+               what="subscribed again")
+    holder.release()  # the message reaches the new subscription: served long before 30 s
+    t.join(20)
+    assert out == [True] and rlock.get_mode(r) == "scripts"
 
 
 # ---- the read lock's timeout keys ----------------------------------------------------------
