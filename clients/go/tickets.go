@@ -5,7 +5,8 @@
 // goroutine routes messages to waiters by request id. So a process holds two connections
 // per node however many goroutines wait.
 //
-// A waiter subscribes its key's ticket channel (refcounted, confirmed before its ticket
+// A waiter subscribes its key's ticket channel (refcounted, kept for a few seconds after
+// the last waiter left so that busy keys are not resubscribed per wait; confirmed before its ticket
 // is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
 // ordinary reply), and waits for its note: granted (collect with the same id, which
 // confirms the grant), timeout or error. Tickets live as long as the command connection
@@ -28,7 +29,7 @@ import (
 )
 
 // ConnectionName is the name the hub's connections give themselves (CLIENT LIST).
-const ConnectionName = "rlock-tickets"
+const ConnectionName = "rlock-go-tickets"
 
 // Heartbeat is how often a hub with waiters checks its command connection (PING): a
 // connection killed while idle loses its tickets without a message.
@@ -66,7 +67,13 @@ type chanState struct {
 	refs      int
 	confirmed bool
 	ready     chan struct{}
+	// idleSince is when refs last fell to 0: the subscription lingers (linger) so that a
+	// key waited on again and again is not subscribed and unsubscribed every time.
+	idleSince time.Time
 }
+
+// linger is how long a ticket channel nobody waits on stays subscribed.
+const linger = 5 * time.Second
 
 type event struct {
 	ev  proto.Event
@@ -152,21 +159,29 @@ func (h *hub) subscribe(s *session, channel string) {
 	}
 }
 
-// unref drops one count of a channel (h.mu held); the last one unsubscribes once the
-// subscription was confirmed (an unconfirmed one is unsubscribed at its confirmation,
-// so confirmations always match the state they were sent for).
+// unref drops one count of a channel (h.mu held). The last one leaves the channel
+// subscribed for linger (sweep unsubscribes it then), so that a key waited on again and
+// again costs no SUBSCRIBE round trip per wait.
 func (h *hub) unref(channel string) {
 	st := h.chans[channel]
 	if st == nil {
 		return
 	}
 	st.refs--
-	if st.refs > 0 || !st.confirmed {
-		return
+	if st.refs <= 0 {
+		st.idleSince = time.Now()
 	}
-	delete(h.chans, channel)
-	if h.sess != nil {
-		h.unsubscribe(h.sess, channel)
+}
+
+// sweep unsubscribes the channels idle for longer than linger (h.mu held). Only
+// confirmed ones: an unconfirmed subscription's confirmation is still to come, and
+// must find its state (confirmations always match the state they were sent for).
+func (h *hub) sweep(s *session, now time.Time) {
+	for ch, st := range h.chans {
+		if st.refs <= 0 && st.confirmed && now.Sub(st.idleSince) > linger {
+			delete(h.chans, ch)
+			h.unsubscribe(s, ch)
+		}
 	}
 }
 
@@ -326,7 +341,16 @@ func (h *hub) broken(gen uint64) {
 // read is the session's reader: it confirms subscriptions, routes ticket messages, and
 // checks the command connection while anyone waits.
 func (h *hub) read(s *session) {
+	lastSweep := time.Now()
 	for {
+		if now := time.Now(); now.Sub(lastSweep) > heartbeat {
+			lastSweep = now
+			h.mu.Lock()
+			if h.sess == s {
+				h.sweep(s, now)
+			}
+			h.mu.Unlock()
+		}
 		msg, err := s.ps.ReceiveTimeout(context.Background(), heartbeat)
 		select {
 		case <-s.done:
@@ -378,10 +402,6 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 	}
 	st.confirmed = true
 	close(st.ready)
-	if st.refs <= 0 {
-		delete(h.chans, m.Channel)
-		h.unsubscribe(s, m.Channel)
-	}
 }
 
 // ping checks the command connection while anyone waits.
