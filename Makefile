@@ -205,6 +205,7 @@ faults-tools: build venv
 	@./scripts/deps.sh --faults
 	cargo build -q -p rlock-faults-worker
 	cd faults/checker && $(GO) build -o $(CURDIR)/target/faults/rlock-check .
+	cd faults/goworker && $(GO) build -o $(CURDIR)/target/faults/rlock-goworker .
 
 test-faults: faults-tools ## Fault harness, short slice (~2.5 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; fails on any anomaly where the guarantee holds
 	cd faults/checker && $(GO) test ./...

@@ -3,7 +3,8 @@ real module-loaded servers, injects one fault (a nemesis) while they work, check
 recorded histories with faults/checker, and writes the report table.
 
 One *cell* is one primitive under one fault: servers set up for the fault, W worker
-processes (faults/worker for the Rust client, faults/pyworker.py for `rlock.Lock`)
+processes (faults/worker for the Rust client, faults/pyworker.py for `rlock.Lock`,
+faults/goworker for the Go client's `rlock.Mutex`)
 running up to N operations or S seconds between them, the nemesis acting meanwhile,
 the resource's final values read, the checker run on every history file of the cell.
 
@@ -38,7 +39,7 @@ from typing import Dict, List, Optional
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-PRIMITIVES = ["lock", "lock-py", "fenced", "rwlock", "semaphore", "expirable", "latch"]
+PRIMITIVES = ["lock", "lock-py", "lock-go", "fenced", "rwlock", "semaphore", "expirable", "latch"]
 FAULTS = ["none", "pause", "kill", "clientkill", "partition", "restart-always",
           "restart-everysec", "failover", "failover-wait", "failover-commands"]
 # Where the guarantee cannot hold, and why (the README's "Guarantees under faults" says
@@ -53,7 +54,9 @@ CANNOT_HOLD = {
 }
 # Leases do not exist for these: a pause or a cut-off holder keeps its hold.
 NO_LEASE = {"semaphore", "latch"}
-SLICE = ([f"{p}:kill" for p in PRIMITIVES] + [f"{p}:clientkill" for p in PRIMITIVES]
+# The Go client's lock gets one cell in the slice (CLIENT KILL: its tickets are dropped
+# and must be queued again); its other cells are in the full matrix.
+SLICE = ([f"{p}:kill" for p in PRIMITIVES if p != "lock-go"] + [f"{p}:clientkill" for p in PRIMITIVES]
          + ["fenced:pause", "semaphore:pause", "lock:partition", "lock:restart-always"])
 
 WATCHDOG_MS = 1000
@@ -349,6 +352,11 @@ class Run:
         if self.cell.primitive == "lock-py":
             cmd = [sys.executable, str(ROOT / "faults" / "pyworker.py"), "--url", self.url,
                    "--resource", res] + common
+        elif self.cell.primitive == "lock-go":
+            cmd = [str(ROOT / "target" / "faults" / "rlock-goworker"), "--url", self.url,
+                   "--resource", res] + common
+            if self.cell.fault == "failover-wait":
+                cmd += ["--replica-sync", "1"]
         else:
             cmd = [self.worker_bin, "--url", self.url, "--primitive", self.cell.primitive,
                    "--permits", str(PERMITS), "--latch-count", str(self.cell.workers)] + common
@@ -381,7 +389,7 @@ class Run:
         live = self.alive()
         if not live:
             return None
-        if self.cell.primitive in ("lock", "fenced", "lock-py"):
+        if self.cell.primitive in ("lock", "fenced", "lock-py", "lock-go"):
             try:
                 info = self.primary.client().execute_command("RLOCK.INFO", self.name)
                 flat = [x.decode() if isinstance(x, bytes) else x for x in (info or [])]
@@ -486,7 +494,7 @@ class Run:
         plain = r.get(f"res:plain:{self.name}")
         fenced = r.hget(f"res:fenced:{self.name}", "value")
         rec = {"p": 0, "f": "final", "type": "event", "t": time.monotonic_ns()}
-        if self.cell.primitive in ("lock", "lock-py", "fenced"):
+        if self.cell.primitive in ("lock", "lock-py", "lock-go", "fenced"):
             rec["plain"] = int(plain or 0)
         if self.cell.primitive == "fenced":
             rec["fenced"] = int(fenced or 0)

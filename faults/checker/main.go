@@ -21,7 +21,7 @@ func run(model string, files []string, permits, count int, timeout time.Duration
 	}
 	var r *Result
 	switch model {
-	case "lock", "lock-py":
+	case "lock", "lock-py", "lock-go":
 		r = CheckMutex(h, timeout)
 		CheckResource(h, r)
 	case "fenced":
@@ -35,7 +35,7 @@ func run(model string, files []string, permits, count int, timeout time.Duration
 	case "latch":
 		r = CheckLatch(h, count)
 	default:
-		return nil, fmt.Errorf("unknown model %q (lock, lock-py, fenced, rwlock, semaphore, expirable, latch)", model)
+		return nil, fmt.Errorf("unknown model %q (lock, lock-py, lock-go, fenced, rwlock, semaphore, expirable, latch)", model)
 	}
 	return r, nil
 }
@@ -56,7 +56,7 @@ func anomalies(r *Result) int {
 }
 
 func main() {
-	model := flag.String("model", "", "lock | lock-py | fenced | rwlock | semaphore | expirable | latch")
+	model := flag.String("model", "", "lock | lock-py | lock-go | fenced | rwlock | semaphore | expirable | latch")
 	permits := flag.Int("permits", 2, "the semaphore's permits")
 	count := flag.Int("count", 3, "the latch's count")
 	timeout := flag.Duration("timeout", 60*time.Second, "Porcupine's time limit (the result is Unknown past it)")

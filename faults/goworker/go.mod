@@ -1,0 +1,16 @@
+module rlock/faults/goworker
+
+go 1.21
+
+require (
+	github.com/redis/go-redis/v9 v9.17.3
+	github.com/rlock/rlock/clients/go v0.0.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+	github.com/google/uuid v1.6.0 // indirect
+)
+
+replace github.com/rlock/rlock/clients/go => ../../clients/go
