@@ -141,16 +141,18 @@ fn register(ctx: &Context) -> Status {
         ["rrwlock.forcerelease", rwlock::commands::force_release, "write", 1, 1, 1],
         ["rrwlock.info", rwlock::commands::info, "readonly", 1, 1, 1],
         // Internal (SPEC 1.4): what a module command replicates under
-        // `rlock.replication commands`; refused from ordinary clients. No key positions:
-        // it is only ever read from a primary's stream or an AOF, never routed.
-        ["rlock.apply", server::replication::apply_command, "write", 0, 0, 0],
+        // `rlock.replication commands`; refused from ordinary clients. Read only from a
+        // primary's stream, a slot migration's or an AOF. In cluster mode it comes as
+        // `<key> <payload>`: the key at position 1 gives the server the slot a migration
+        // streams it for (server/ffi/replication.rs); elsewhere as `<payload>` alone.
+        ["rlock.apply", server::replication::apply_command, "write", 1, 1, 1],
         // RLOCK.ACQUIRE with its lease's absolute end, what a new lock or a re-entry
-        // replicates (lock/commands.rs); its key is inside its one argument.
-        ["rlock.acquireat", lock::commands::acquire_at, "write", 0, 0, 0],
+        // replicates (lock/commands.rs); its key is also inside its payload.
+        ["rlock.acquireat", lock::commands::acquire_at, "write", 1, 1, 1],
         // The same for the read-write lock's acquire (its clock, for the read holds' lease
         // ends, as well) and the fenced lock's (rwlock/commands.rs, fenced/commands.rs).
-        ["rrwlock.acquireat", rwlock::commands::acquire_at, "write", 0, 0, 0],
-        ["rfenced.acquireat", fenced::commands::acquire_at, "write", 0, 0, 0],
+        ["rrwlock.acquireat", rwlock::commands::acquire_at, "write", 1, 1, 1],
+        ["rfenced.acquireat", fenced::commands::acquire_at, "write", 1, 1, 1],
     );
     Status::Ok
 }
@@ -159,7 +161,13 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if register(ctx) == Status::Err {
         return Status::Err;
     }
-    ffi::disable_implicit_signal(ctx);
+    // What the module handles, told to the server so that it turns none of those features
+    // off (ffi/options.rs): after the configs, which may say not to.
+    ffi::declare_options(ctx, config::declare_server_options());
+    ffi::set_cluster_mode(
+        ctx.get_flags()
+            .contains(redis_module::ContextFlags::CLUSTER),
+    );
     ffi::set_block_callbacks(ffi::BlockCallbacks {
         on_timeout: engine::on_timeout,
         on_disconnect: engine::on_disconnect,
@@ -223,7 +231,10 @@ redis_module! {
              config::MIN_REQUEST_ID_WINDOW_MS, config::MAX_REQUEST_ID_WINDOW_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
-        bool: [],
+        bool: [
+            ["declare-server-options", &config::DECLARE_SERVER_OPTIONS, true,
+             ConfigurationFlags::IMMUTABLE, None],
+        ],
         enum: [
             ["replication", &config::REPLICATION, config::Replication::commands,
              ConfigurationFlags::DEFAULT, None],

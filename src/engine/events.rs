@@ -65,6 +65,8 @@ static WATCHING: AtomicBool = AtomicBool::new(false);
 thread_local! {
     /// The idle check's timer is armed (at most one).
     static IDLE_ARMED: Cell<bool> = const { Cell::new(false) };
+    /// Its id while armed (so that [`idle_now`] can stop it).
+    static IDLE_TIMER: Cell<Option<ffi::TimerId>> = const { Cell::new(None) };
 }
 
 /// The tag of the idle check's timer: far above the queues' counters, below the key
@@ -87,11 +89,13 @@ pub fn init() {
     ffi::reset_subscriptions();
     WATCHING.store(false, Relaxed);
     IDLE_ARMED.with(|a| a.set(false));
+    IDLE_TIMER.with(|t| t.set(None));
     tracking::set_active(false);
     ffi::set_post_job_handler(engine::sweep);
     ffi::set_key_handlers(watching, engine::anyone_waits, on_removed);
     ffi::set_flush_and_replica_handlers(on_flush, on_replica);
     ffi::on_swapdb(on_swapdb);
+    ffi::on_slots_exported(on_slots_exported);
     // Queued tickets live as long as the connection that queued them.
     ffi::on_client_gone(engine::on_client_gone);
     // Writes in place (a Java client's INCRBY on a semaphore) are reported on 7.0 only (its
@@ -130,6 +134,7 @@ pub fn watch(ctx: &Context) {
         Hook::RoleChanged,
         Hook::SwapDb,
         Hook::ClientChange,
+        Hook::SlotMigration,
     ] {
         ffi::hook(ctx, hook);
     }
@@ -156,7 +161,24 @@ pub fn idle_soon(ctx: &Context) {
 
 fn arm_idle(ctx: &Context, delay_ms: i64) {
     IDLE_ARMED.with(|a| a.set(true));
-    ffi::create_timer(ctx, delay_ms, IDLE_TAG);
+    let id = ffi::create_timer(ctx, delay_ms, IDLE_TAG);
+    IDLE_TIMER.with(|t| t.set(Some(id)));
+}
+
+/// The idle check now, from a timer's callback, where dropping listeners is safe: an idle
+/// check armed for later is stopped first (see `pending::settle_now`, why not later).
+pub fn idle_now(ctx: &Context) {
+    if ffi::in_event() {
+        return idle_soon(ctx);
+    }
+    if IDLE_ARMED.with(|a| a.replace(false)) {
+        if let Some(id) = IDLE_TIMER.with(Cell::take) {
+            ffi::stop_timer(ctx, id);
+        }
+    }
+    if WATCHING.load(Relaxed) || ffi::hooked(Hook::ClientChange) {
+        check_idle(ctx);
+    }
 }
 
 /// The idle check: with nobody waiting and nothing left for the sweep, every subscription
@@ -169,6 +191,7 @@ fn arm_idle(ctx: &Context, delay_ms: i64) {
 ///   it stays, and its callback turns every event away at its first check.
 pub fn on_idle(ctx: &Context) {
     IDLE_ARMED.with(|a| a.set(false));
+    IDLE_TIMER.with(|t| t.set(None));
     check_idle(ctx);
 }
 
@@ -267,6 +290,33 @@ pub fn on_swapdb(ctx: &Context, a: i32, b: i32) {
         .filter(|(db, _)| *db == a || *db == b)
     {
         engine::schedule(ctx, db, &key);
+    }
+}
+
+/// Slots this node exported by an atomic slot migration (Valkey 9) belong to another node
+/// now. Their keys leave this node by a delete the server makes once it sees the new
+/// owner, which the removal handler notices like any other; this event covers what that
+/// cannot: a waiter whose key was never here (a semaphore nobody set up yet) and a lock
+/// tracked here, which has not been freed and owes no unlock message. Every waiter of those
+/// slots is answered with the redirect a cluster client follows (`MOVED`), never granted
+/// here; their timers stop with their queues.
+fn on_slots_exported(ctx: &Context, ranges: &[(u16, u16)]) {
+    let moved = |key: &[u8]| {
+        let slot = crate::vocab::slot::key_slot(key);
+        ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot))
+    };
+    for (db, key) in tracking::all_keys() {
+        if moved(&key) {
+            tracking::untrack(db, &key);
+        }
+    }
+    let keys: Vec<(i32, Vec<u8>)> = engine::with(|q| q.all_keys())
+        .into_iter()
+        .filter(|(_, key)| moved(key))
+        .map(|(db, key)| (db, key.to_vec()))
+        .collect();
+    for (db, key) in keys {
+        engine::redirect_away(ctx, db, &key);
     }
 }
 

@@ -12,6 +12,8 @@ const SWEEP_TAG: u64 = 0;
 thread_local! {
     pub(super) static PENDING: RefCell<Vec<(i32, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     static SWEEP_ARMED: Cell<bool> = const { Cell::new(false) };
+    /// The sweep's timer while armed (so that [`settle_now`] can stop it).
+    static SWEEP_TIMER: Cell<Option<TimerId>> = const { Cell::new(None) };
     static JOB_ARMED: Cell<bool> = const { Cell::new(false) };
     /// The sweep is running (the idle check waits for its end).
     static SWEEPING: Cell<bool> = const { Cell::new(false) };
@@ -41,8 +43,28 @@ pub fn schedule_after_loop(ctx: &Context, db: i32, key: &[u8]) {
 
 fn arm_sweep(ctx: &Context, delay_ms: i64) {
     if !SWEEP_ARMED.with(|a| a.replace(true)) {
-        ffi::create_timer(ctx, delay_ms, SWEEP_TAG);
+        let id = ffi::create_timer(ctx, delay_ms, SWEEP_TAG);
+        SWEEP_TIMER.with(|t| t.set(Some(id)));
     }
+}
+
+/// Nobody waits any more, in a timer's callback (a wait's deadline, a ticket's): the work
+/// left for later is done now rather than from zero-delay timers, which fire only after
+/// whatever the server reads next. The client told last may send `MODULE UNLOAD` at once,
+/// and the server refuses it while the module holds a timer (SPEC 10: unload succeeds as
+/// soon as the last waiter has its reply). A timer's callback is where the sweep runs
+/// anyway: its writes propagate, after everything that caused them.
+pub(super) fn settle_now(ctx: &Context) {
+    if anyone_waits() {
+        return;
+    }
+    if sweep_due() && !JOB_ARMED.with(Cell::get) && !SWEEPING.with(Cell::get) {
+        if let Some(id) = SWEEP_TIMER.with(Cell::take) {
+            ffi::stop_timer(ctx, id);
+        }
+        sweep(ctx);
+    }
+    events::idle_now(ctx);
 }
 
 /// While writes are paused, look at the key again a little later (not at once: that
@@ -288,6 +310,7 @@ fn on_key_timer(ctx: &Context, tag: u64) {
 /// The pending list's server: a timer's callback, or a post-notification job's.
 pub fn sweep(ctx: &Context) {
     SWEEP_ARMED.with(|a| a.set(false));
+    SWEEP_TIMER.with(|t| t.set(None));
     JOB_ARMED.with(|a| a.set(false));
     {
         // Reset on the way out even if a step panics (guard::quietly catches it): a flag

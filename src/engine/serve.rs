@@ -354,6 +354,16 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
     }
 }
 
+/// The key's slot left this node (an atomic slot migration done, `events.rs`): its waiters
+/// are answered with the redirect to where it went, or, should this node not see the new
+/// owner yet, served as after any removal (which redirects them once it does).
+pub fn redirect_away(ctx: &Context, db: i32, key: &[u8]) {
+    match cluster::route_of(ctx, key) {
+        cluster::Route::Redirect(error) => redirect(ctx, db, key, error),
+        cluster::Route::Here => schedule(ctx, db, key),
+    }
+}
+
 /// Answers every waiter of a key with a cluster redirection (the key left this node).
 fn redirect(ctx: &Context, db: i32, key: &[u8], error: String) {
     let name = RedisString::create_from_slice(std::ptr::null_mut(), key);
@@ -421,7 +431,7 @@ pub fn on_deadline(ctx: &Context, handle: Blocked) {
     else {
         return;
     };
-    if was_head {
+    if was_head && has_waiters(db, &name) {
         schedule_after_loop(ctx, db, &name); // the next head may be grantable now
     }
     stats::bump(|s| &s.wait_timeouts);
@@ -433,6 +443,7 @@ pub fn on_deadline(ctx: &Context, handle: Blocked) {
     };
     forget_if_empty(ctx, db, &name);
     ffi::unblock(handle, Some(Wake::Reply(reply)));
+    settle_now(ctx); // the last waiter may unload the module as soon as it is told
 }
 
 /// Timeout callback, reached only through `CLIENT UNBLOCK <id> TIMEOUT` (the module gives
@@ -504,6 +515,7 @@ pub(super) fn on_queue_timer(ctx: &Context, tag: u64) {
             if head_left {
                 serve(ctx, db, &name_rs, Path::Event);
             }
+            settle_now(ctx);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Module configs: `CONFIG GET/SET rlock.<name>`, also accepted as `loadmodule` arguments.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
 use redis_module::{enum_configuration, RedisError};
@@ -28,6 +28,17 @@ pub const MAX_REQUEST_ID_WINDOW_MS: i64 = 86_400_000;
 
 pub fn request_id_window_ms() -> i64 {
     REQUEST_ID_WINDOW_MS.load(Ordering::Relaxed)
+}
+
+/// `rlock.declare-server-options` (immutable, default yes): whether the module declares
+/// to the server the features it handles (`ffi::options`: async replica loading, Valkey's
+/// atomic slot migration). `no` makes the server treat rlock as a module unaware of them,
+/// turning those features off while it is loaded: for comparing, and for the tests that
+/// show what each declaration turns on.
+pub static DECLARE_SERVER_OPTIONS: AtomicBool = AtomicBool::new(true);
+
+pub fn declare_server_options() -> bool {
+    DECLARE_SERVER_OPTIONS.load(Ordering::Relaxed)
 }
 
 enum_configuration! {

@@ -19,10 +19,8 @@ use crate::vocab::errors::{ERR_APPLY_INTERNAL, ERR_DEADLINE};
 pub fn apply_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         internal_only(ctx, ERR_APPLY_INTERNAL)?;
-        let [_, payload] = args else {
-            return Err(RedisError::WrongArity);
-        };
-        let commands = apply::decode(payload.as_slice()).map_err(RedisError::Str)?;
+        let (_, payload) = routed_payload(args)?;
+        let commands = apply::decode(payload).map_err(RedisError::Str)?;
         for words in commands {
             if let Err(e) = ffi::call_plain(ctx, &words) {
                 // The primary ran the same command on the same state: an error here means
@@ -35,6 +33,19 @@ pub fn apply_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
         ffi::replicate_verbatim(ctx);
         Ok(RedisValue::SimpleStringStatic("OK"))
     })
+}
+
+/// The one payload argument of an internal command, and the key it is routed by: in
+/// cluster mode the sender puts a key of the payload's slot first
+/// (`RLOCK.APPLY <key> <payload>`, `ffi::replication`), so that a slot migration streams it
+/// to the slot's new owner; outside cluster mode, and in AOFs written before, there is no
+/// such key.
+fn routed_payload(args: &[RedisString]) -> Result<(Option<&[u8]>, &[u8]), RedisError> {
+    match args {
+        [_, payload] => Ok((None, payload.as_slice())),
+        [_, key, payload] => Ok((Some(key.as_slice()), payload.as_slice())),
+        _ => Err(RedisError::WrongArity),
+    }
 }
 
 /// Refuses an internal command (SPEC 1.4: `RLOCK.APPLY` and the `*.ACQUIREAT` commands)
@@ -50,8 +61,9 @@ pub fn internal_only(ctx: &Context, refusal: &'static str) -> Result<(), RedisEr
 }
 
 /// The `n` words of a command made deterministic (an `*.ACQUIREAT`, what
-/// `ffi::as_rewritten_alone` sent): [`internal_only`], then its one argument decoded as
-/// the RESP array of exactly `n` words it must be (an AOF is a file anyone may edit).
+/// `ffi::as_rewritten_alone` sent): [`internal_only`], then its payload decoded as the
+/// RESP array of exactly `n` words it must be (an AOF is a file anyone may edit), whose
+/// first word is the routing key when there is one.
 pub fn internal_words<'a>(
     ctx: &Context,
     args: &'a [RedisString],
@@ -59,10 +71,13 @@ pub fn internal_words<'a>(
     n: usize,
 ) -> Result<Vec<&'a [u8]>, RedisError> {
     internal_only(ctx, refusal)?;
-    let [_, payload] = args else {
-        return Err(RedisError::WrongArity);
-    };
-    apply::decode_words(payload.as_slice(), n).map_err(RedisError::Str)
+    let (key, payload) = routed_payload(args)?;
+    let words = apply::decode_words(payload, n).map_err(RedisError::Str)?;
+    // The words start with the key; a routing key must be that key.
+    if key.is_some_and(|key| words.first() != Some(&key)) {
+        return Err(RedisError::Str(refusal));
+    }
+    Ok(words)
 }
 
 /// A time such a command carries (a lease's end, the primary's clock), in ms since the

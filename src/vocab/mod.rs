@@ -8,9 +8,11 @@
 //!   key-naming rules (`prefixName`, `suffixName`).
 //! - `apply`: the layout of `RLOCK.APPLY`, the one replicated command that carries a
 //!   module command's effects (`rlock.replication commands`, SPEC 1.4).
+//! - `slot`: a key's hash slot (Redis Cluster's CRC16).
 
 pub mod apply;
 pub mod args;
 pub mod effects;
 pub mod errors;
 pub mod reply;
+pub mod slot;

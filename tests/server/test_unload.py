@@ -298,3 +298,23 @@ def test_the_module_unloaded_after_waits_loads_again_and_watches_again(server):
         r.execute_command("MODULE", "LOAD", MODULE)
         # The server dropped every subscription of the module it unloaded.
         assert stat(r, "event_subscriptions") == 0 and stat(r, "watching") == 0
+
+
+def test_unload_succeeds_as_soon_as_the_last_timed_out_waiter_has_its_reply(server):
+    """Issue 37: ten blocked waiters time out together on a held lock; `MODULE UNLOAD`
+    sent right after the last reply (no wait-until in between) succeeds, every time. It was
+    refused in about 3 of 8 tries ("the module holds timer that is not fired"): the last
+    timed-out head left the sweep and the idle check on zero-delay timers, which fire only
+    after the next command. Eight rounds, each on a fresh load of the module."""
+    r = server.client()
+    modules = [dict(zip(m[::2], m[1::2])) for m in r.execute_command("MODULE", "LIST")]
+    path = next(m[b"path"] for m in modules if m[b"name"] == b"rlock")
+    for round_ in range(8):
+        key = f"u{round_}"
+        r.execute_command("RLOCK.ACQUIRE", key, "holder", LONG)
+        waiters = [Waiter(server, "RLOCK.ACQUIRE", key, f"w{i}", LONG, "WAIT", 200)
+                   for i in range(10)]
+        for w in waiters:
+            assert isinstance(w.join(), int), "a timed-out waiter gets the holder's PTTL"
+        assert r.execute_command("MODULE", "UNLOAD", "rlock") == b"OK", f"round {round_}"
+        assert r.execute_command("MODULE", "LOAD", path) == b"OK"

@@ -206,17 +206,21 @@ pub enum Hook {
     SwapDb,
     /// A client connected or disconnected (queued tickets die with their connection).
     ClientChange,
+    /// An atomic slot migration of Valkey 9 started, completed or was aborted (only where
+    /// the module declared it handles them: see `options.rs`).
+    SlotMigration,
     /// A link to a master came up or went down: the replication gate's
     /// (`replication.rs`), not the watching's, so not in [`ALL_HOOKS`].
     MasterLink,
 }
 
-pub const ALL_HOOKS: [Hook; 5] = [
+pub const ALL_HOOKS: [Hook; 6] = [
     Hook::Key,
     Hook::Flush,
     Hook::RoleChanged,
     Hook::SwapDb,
     Hook::ClientChange,
+    Hook::SlotMigration,
 ];
 
 impl Hook {
@@ -244,6 +248,7 @@ impl Hook {
                 raw::REDISMODULE_CLIENTINFO_VERSION,
             ),
             Hook::MasterLink => (raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE, 1),
+            Hook::SlotMigration => (VALKEYMODULE_EVENT_ATOMIC_SLOT_MIGRATION, 1),
         };
         raw::RedisModuleEvent {
             id,
@@ -259,6 +264,7 @@ impl Hook {
             Hook::SwapDb => Some(swapdb_cb),
             Hook::ClientChange => Some(client_change_cb),
             Hook::MasterLink => Some(super::replication::propagation_possible_cb),
+            Hook::SlotMigration => Some(slot_migration_cb),
         }
     }
 }
@@ -273,6 +279,13 @@ pub fn hook(ctx: &Context, h: Hook) -> bool {
         return true;
     }
     if h == Hook::Key && !key_event_available() {
+        return false;
+    }
+    // Event 19 is Valkey's slot migration (another server may number another event so),
+    // and slots migrate only in cluster mode.
+    if h == Hook::SlotMigration
+        && !(super::options::slot_migration_declared() && super::replication::cluster_mode())
+    {
         return false;
     }
     let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
@@ -397,5 +410,64 @@ pub fn add_post_job(ctx: &Context) -> bool {
     };
     unsafe {
         add(ctx.ctx, Some(post_job_cb), ptr::null_mut(), None) == raw::REDISMODULE_OK as c_int
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Atomic slot migration (Valkey 9.0+)
+
+/// `VALKEYMODULE_EVENT_ATOMIC_SLOT_MIGRATION` and the subevent the module acts on (from
+/// valkeymodule.h; the redis-module crate's header has neither).
+const VALKEYMODULE_EVENT_ATOMIC_SLOT_MIGRATION: u64 = 19;
+const VALKEYMODULE_SUBEVENT_ATOMIC_SLOT_MIGRATION_EXPORT_COMPLETED: u64 = 5;
+
+/// `ValkeyModuleSlotRange`: inclusive.
+#[repr(C)]
+struct SlotRange {
+    start: c_int,
+    end: c_int,
+}
+
+/// `ValkeyModuleAtomicSlotMigrationInfoV1`.
+#[repr(C)]
+struct SlotMigrationInfo {
+    version: u64,
+    job_name: [c_char; 41],
+    slot_ranges: *const SlotRange,
+    num_slot_ranges: u32,
+}
+
+/// Called with the slot ranges (inclusive) this node exported.
+pub type SlotsHandler = fn(&Context, &[(u16, u16)]);
+
+static EXPORTED_HANDLER: OnceLock<SlotsHandler> = OnceLock::new();
+
+/// Installs what runs when slots this node exported now belong to another node (once,
+/// from init; it runs only while hooked).
+pub fn on_slots_exported(f: SlotsHandler) {
+    let _ = EXPORTED_HANDLER.set(f);
+}
+
+extern "C" fn slot_migration_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    if subevent != VALKEYMODULE_SUBEVENT_ATOMIC_SLOT_MIGRATION_EXPORT_COMPLETED || data.is_null() {
+        return;
+    }
+    let info = unsafe { &*data.cast::<SlotMigrationInfo>() };
+    if info.version < 1 || info.slot_ranges.is_null() {
+        return;
+    }
+    let ranges: Vec<(u16, u16)> = (0..info.num_slot_ranges as usize)
+        .map(|i| unsafe { &*info.slot_ranges.add(i) })
+        .map(|r| (r.start.clamp(0, 16383) as u16, r.end.clamp(0, 16383) as u16))
+        .collect();
+    let _in = InEvent::enter();
+    if let Some(f) = EXPORTED_HANDLER.get() {
+        let context = Context::new(ctx);
+        crate::server::guard::quietly(|| f(&context, &ranges));
     }
 }

@@ -10,6 +10,7 @@
 //! - Replication: plain effects, or one command per unit of work (`replication.rs`).
 //! - Commands: registered with an entry point that lends each call the server's own
 //!   argument strings (`commands.rs`).
+//! - Options: what the module declares it handles (`options.rs`).
 //! - Pub/sub and a few context helpers.
 //!
 //! Every function here checks that the server exports the API it calls and degrades
@@ -61,23 +62,13 @@ pub fn select_db(ctx: &Context, db: i32) -> bool {
 }
 
 /// Tells WATCH and client-side caching that the key changed. The module turns off Redis's
-/// implicit signal on every write-opened key, so that a contended ACQUIRE (which writes
+/// implicit signal on every write-opened key (`NO_IMPLICIT_SIGNAL_MODIFIED`, declared in
+/// `options.rs`), so that a contended ACQUIRE (which writes
 /// nothing) does not abort other clients' transactions.
 pub fn signal_modified(ctx: &Context, key: &RedisString) {
     unsafe {
         if let Some(signal) = raw::RedisModule_SignalModifiedKey {
             signal(ctx.ctx, key.inner);
-        }
-    }
-}
-
-pub fn disable_implicit_signal(ctx: &Context) {
-    unsafe {
-        if let Some(set) = raw::RedisModule_SetModuleOptions {
-            set(
-                ctx.ctx,
-                raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED as c_int,
-            );
         }
     }
 }
@@ -248,6 +239,7 @@ mod clients;
 mod commands;
 mod events;
 mod key;
+mod options;
 mod replication;
 mod timers;
 
@@ -255,5 +247,6 @@ pub use clients::*;
 pub use commands::*;
 pub use events::*;
 pub use key::*;
+pub use options::*;
 pub use replication::*;
 pub use timers::*;

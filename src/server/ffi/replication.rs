@@ -20,6 +20,13 @@
 //! with that db selected) and is sent by the unit that opened it, with that unit's
 //! context, so a nested unit (a keyspace event fired by our own write) adds to the
 //! enclosing command's batch instead of splitting it.
+//!
+//! In cluster mode a batch is also kept per hash slot, and `RLOCK.APPLY` and the
+//! `*.ACQUIREAT` commands go out with a key of that slot as their first argument
+//! (`RLOCK.APPLY <key> <payload>`): a server finds the slot of what it propagates from
+//! the command's key, and an atomic slot migration (Valkey 9) streams to the new owner
+//! only what names a key of the moving slot; a command without one is dropped from that
+//! stream. Outside cluster mode they keep their one argument.
 
 use super::*;
 
@@ -28,6 +35,7 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::Relaxed};
 
 use crate::vocab::apply::{self, Word};
+use crate::vocab::slot::key_slot;
 
 /// `RedisModule_Replicate` with the command name as a static C string and a format
 /// string, without the per-call `CString` and argument `Vec` of redis-module's
@@ -51,6 +59,18 @@ pub fn set_commands_mode(on: bool) {
 
 pub fn commands_mode() -> bool {
     COMMANDS_MODE.load(Relaxed)
+}
+
+static CLUSTER_MODE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the server runs in cluster mode (set at load: it cannot change while running).
+/// Batches are then kept per slot and name their key (see the top of file).
+pub fn set_cluster_mode(on: bool) {
+    CLUSTER_MODE.store(on, Relaxed);
+}
+
+pub(super) fn cluster_mode() -> bool {
+    CLUSTER_MODE.load(Relaxed)
 }
 
 /// `rlock.replication-gate` (see *Whether anything can receive what is replicated*).
@@ -105,6 +125,10 @@ struct Batch {
     /// While the one write of a command that writes nothing else runs ([`direct`]): it
     /// goes out at once, not through the batch.
     direct: bool,
+    /// In cluster mode, the key of the batch's first command and its slot: every command
+    /// of the batch names a key of that slot, and the batch goes out with this key.
+    route: Vec<u8>,
+    route_slot: u16,
 }
 
 /// An argument as it goes to `RedisModule_Replicate`: a string (in the batch, one we hold
@@ -132,6 +156,8 @@ thread_local! {
             unrecorded: 0,
             stand_in: None,
             direct: false,
+            route: Vec::new(),
+            route_slot: 0,
         })
     };
 }
@@ -260,6 +286,12 @@ pub fn as_rewritten_alone<R>(
             b.commands = 1;
             b.unrecorded = 1;
             b.as_called = 1;
+            if cluster_mode() {
+                // The words start with the key (the stand-ins' layouts).
+                if let Some(Word::Bytes(key)) = words.first() {
+                    set_route(&mut b, key);
+                }
+            }
             // Fresh: the payload is empty; the stand-in's argument is its start.
             apply::push_words(&mut b.payload, words.iter().copied());
             b.stand_in = Some(StandIn {
@@ -550,11 +582,36 @@ fn create_long(n: i64) -> *mut raw::RedisModuleString {
     unsafe { raw::RedisModule_CreateStringFromLongLong.unwrap()(ptr::null_mut(), n) }
 }
 
+/// The key a batch goes out with in cluster mode (see the top of file).
+fn set_route(b: &mut Batch, key: &[u8]) {
+    b.route.clear();
+    b.route.extend_from_slice(key);
+    b.route_slot = key_slot(key);
+}
+
+/// The key a command writes (its first argument, in every shape the module replicates).
+fn key_of<'a>(args: &'a [Arg]) -> Option<&'a [u8]> {
+    match args.first()? {
+        Arg::Str(s) => Some(s.as_slice()),
+        Arg::Word(w) => Some(w.to_bytes()),
+        Arg::Int(_) => None,
+    }
+}
+
 /// Adds one command to the batch.
 fn record(ctx: &Context, cmd: &'static CStr, args: &[Arg]) {
     BATCH.with(|b| {
         let mut b = b.borrow_mut();
         let b = &mut *b;
+        let key = if cluster_mode() { key_of(args) } else { None };
+        if let Some(key) = key {
+            if b.commands > 0 && key_slot(key) != b.route_slot {
+                send(b); // another slot: the batch so far goes out first, in order
+            }
+            if b.commands == 0 {
+                set_route(b, key);
+            }
+        }
         if b.skip_own && depth() == 1 {
             // The command's own writes, all in its db: asked once, at the first.
             if b.commands == 0 {
@@ -642,7 +699,8 @@ fn send(b: &mut Batch) {
         if selected != b.db {
             raw::RedisModule_SelectDb.unwrap()(ctx, b.db);
         }
-        if let Some(f) = raw::RedisModule_Replicate {
+        let replicate = raw::RedisModule_Replicate;
+        if replicate.is_some() {
             // The command itself for its own writes that were not recorded (they came
             // first); then what was recorded after them, if anything (a bug: see
             // `as_called_alone`), which still replays in the order it ran.
@@ -650,13 +708,7 @@ fn send(b: &mut Batch) {
             if b.unrecorded > 0 {
                 match b.stand_in.take() {
                     Some(s) => {
-                        f(
-                            ctx,
-                            s.cmd.as_ptr(),
-                            c"b".as_ptr(),
-                            b.payload.as_ptr().cast::<c_char>(),
-                            s.len,
-                        );
+                        replicate_payload(ctx, s.cmd, &b.route, &b.payload[..s.len]);
                         b.payload.drain(..s.len);
                     }
                     None => {
@@ -674,15 +726,7 @@ fn send(b: &mut Batch) {
                     }
                 }
                 (Some(name), 1) => replicate_now(ctx, name, &b.first_args),
-                _ => {
-                    f(
-                        ctx,
-                        c"RLOCK.APPLY".as_ptr(),
-                        c"b".as_ptr(),
-                        b.payload.as_ptr().cast::<c_char>(),
-                        b.payload.len(),
-                    );
-                }
+                _ => replicate_payload(ctx, c"RLOCK.APPLY", &b.route, &b.payload),
             }
         }
         if selected != b.db {
@@ -700,6 +744,32 @@ fn send(b: &mut Batch) {
     b.unrecorded = 0;
     b.stand_in = None;
     b.owner = 0;
+    b.route.clear();
+}
+
+/// Replicates `cmd` with its one payload argument, preceded in cluster mode by the key it
+/// routes by (see the top of file).
+fn replicate_payload(ctx: *mut raw::RedisModuleCtx, cmd: &CStr, route: &[u8], payload: &[u8]) {
+    let Some(f) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    let p = payload.as_ptr().cast::<c_char>();
+    unsafe {
+        if cluster_mode() && !route.is_empty() {
+            let r = route.as_ptr().cast::<c_char>();
+            f(
+                ctx,
+                cmd.as_ptr(),
+                c"bb".as_ptr(),
+                r,
+                route.len(),
+                p,
+                payload.len(),
+            );
+        } else {
+            f(ctx, cmd.as_ptr(), c"b".as_ptr(), p, payload.len());
+        }
+    }
 }
 
 /// Replicates `cmd` with `args`: at once in `effects` mode, else into the unit's batch.
