@@ -2,7 +2,7 @@
 
 A server turns some of its own features off while any loaded module has not declared that
 it handles them (`SetModuleOptions`). rlock declares, where the server knows the bit
-(src/server/ffi/options.rs; docs/internals/cluster-and-replication.md for every option):
+(src/server/ffi/options.rs; docs/internals/server-options.md for every option):
 - `HANDLE_REPL_ASYNC_LOAD` (Redis 7.0+, Valkey): a replica with
   `repl-diskless-load swapdb` loads its primary's snapshot from the socket while serving
   the old data, instead of "Skipping diskless-load because there are modules that are not

@@ -2,7 +2,7 @@
 //! (`SetModuleOptions`), each bit only where the server knows it. A child of `ffi`.
 //!
 //! A server turns some of its own features off while any loaded module has not declared
-//! that it handles them (docs/internals/cluster-and-replication.md, for every option and
+//! that it handles them (docs/internals/server-options.md, for every option and
 //! every tested server):
 //! - `HANDLE_REPL_ASYNC_LOAD` (Redis 7.0+, Valkey): without it a replica with
 //!   `repl-diskless-load swapdb` skips diskless loading. rlock holds nothing on a replica
