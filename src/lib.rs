@@ -104,6 +104,9 @@ fn register(ctx: &Context) -> Status {
         ["rlock.renew", lock::commands::renew, "write", 1, 1, 1],
         ["rlock.forcerelease", lock::commands::force_release, "write", 1, 1, 1],
         ["rlock.info", lock::commands::info, "readonly", 1, 1, 1],
+        // What the module is and can do (server/hello.rs): no key, so any node answers
+        // it, a replica too (stale or loading: it reads no data); allowed in scripts.
+        ["rlock.hello", server::hello::hello, "readonly fast allow-stale allow-loading", 0, 0, 0],
         // Countdown latch (SPEC 4.5). AWAIT changes nothing: readonly (a replica answers
         // it at once, never queues it).
         ["rlatch.trysetcount", latch::commands::try_set_count, "write deny-oom", 1, 1, 1],

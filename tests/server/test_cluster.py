@@ -97,6 +97,15 @@ def test_a_plain_client_gets_moved_to_the_node_owning_the_lock_key(cluster):
             assert owner_node.client().exists(key) == 0
 
 
+def test_every_node_answers_hello_with_sharded_channels(cluster):
+    """RLOCK.HELLO has no key: any node answers it, with `sharded-channels` in cluster
+    mode (its messages go out with SPUBLISH, heard with SSUBSCRIBE on the key's node)."""
+    for node in cluster.nodes:
+        fields = node.client().execute_command("RLOCK.HELLO")
+        features = dict(zip(fields[::2], fields[1::2]))[b"features"]
+        assert b"sharded-channels" in features and b"tickets" in features
+
+
 def test_a_cluster_client_routes_rlock_commands_to_every_master(cluster, rc):
     keys = master_keys(cluster, "routed")
     for node, key in keys.items():

@@ -12,7 +12,8 @@ docs/scripts-mode.md). The exceptions are redis-py's own.
 from redis.exceptions import LockError, LockNotOwnedError
 
 from ._plan import DEFAULT_WATCHDOG_TIMEOUT
-from ._io import close_tickets, set_blocking_waits, ticket_connections
+from ._hello import NO_MODULE, PROTOCOL_VERSION, Capabilities
+from ._io import capabilities, close_tickets, set_blocking_waits, ticket_connections
 from ._mode import get_mode, set_mode
 from .lock import Lock
 from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit, RwLock,
@@ -20,7 +21,8 @@ from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit,
 
 __all__ = ["Lock", "RwLock", "RwLockHalf", "FencedLock", "Semaphore", "ExpirableSemaphore",
            "Permit", "CountDownLatch", "LockError", "LockNotOwnedError",
-           "DEFAULT_WATCHDOG_TIMEOUT", "close_tickets", "set_blocking_waits", "ticket_connections",
+           "DEFAULT_WATCHDOG_TIMEOUT", "Capabilities", "NO_MODULE", "PROTOCOL_VERSION",
+           "capabilities", "close_tickets", "set_blocking_waits", "ticket_connections",
            "TICKET_CONNECTION_NAME", "set_mode", "get_mode"]
 
 #: The name of a client's ticket connection in ``CLIENT LIST``.

@@ -24,10 +24,11 @@ import time
 import weakref
 from typing import Any, Dict, Generator, Optional, Tuple
 
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _mode, _plan
+from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from ._proto import Call, Listen, Shape, Sleep, Subscribe, Wait, Watch
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
@@ -58,8 +59,9 @@ class _Hub:
         self.conn_type = conn_type
         self.conns: Dict[Optional[Tuple[str, int]], Any] = {}
         self.lock = threading.Lock()
-        self.known = False    # the module answered QUEUED once: it takes ASYNC
-        self.refused = False  # it refused ASYNC: wait the blocking way from now on
+        # A ticket connection's capability probe (RLOCK.HELLO) named no tickets: wait the
+        # blocking way from now on.
+        self.refused = False
 
     def conn_for(self, key: bytes) -> Any:
         redis = self.redis()
@@ -162,6 +164,26 @@ def ticket_connections(redis: Any) -> list:
     return [c for h in hubs if h is not None for c in h.connections()]
 
 
+def capabilities(redis: Any) -> Capabilities:
+    """What the server can do (``RLOCK.HELLO``, asked now; on a cluster, any one node):
+    ``module`` False when the server does not know the command. The ticket connections
+    ask the same on each connect by themselves."""
+    try:
+        reply = redis.execute_command(*HELLO_ARGS)
+    except ResponseError as e:
+        reply = e
+    return parse_hello(reply)
+
+
+async def acapabilities(redis: Any) -> Capabilities:
+    """`capabilities` for an asyncio client."""
+    try:
+        reply = await redis.execute_command(*HELLO_ARGS)
+    except ResponseError as e:
+        reply = e
+    return parse_hello(reply)
+
+
 def close_tickets(redis: Any) -> None:
     """Closes a blocking client's ticket connections and its scripts-mode subscriber
     connections (its waits then fail)."""
@@ -261,9 +283,7 @@ class SyncIO:
                 hub.give_blocking()
         if hub is not None and not hub.refused:
             try:
-                reply = hub.conn_for(shape.key).wait(shape, started, hub.known)
-                hub.known = True
-                return reply
+                return hub.conn_for(shape.key).wait(shape, started)
             except Fallback as f:
                 hub.refused = hub.refused or f.refused
         left = shape.wait_left(time.monotonic() - started)
@@ -378,9 +398,7 @@ class AsyncIO:
                 hub.give_blocking()
         if hub is not None and not hub.refused:
             try:
-                reply = await hub.conn_for(shape.key).wait(shape, started, hub.known)
-                hub.known = True
-                return reply
+                return await hub.conn_for(shape.key).wait(shape, started)
             except Fallback as f:
                 hub.refused = hub.refused or f.refused
         left = shape.wait_left(time.monotonic() - started)

@@ -116,12 +116,6 @@ def waiting(args: List[Any], wait_ms: int, request_id: str, latch: bool = False)
     return Shape(full, len(args) + 1, wait_ms, request_id, latch)
 
 
-def refuses_async(error: Exception) -> bool:
-    """How a module without tickets answers ``ASYNC``: then wait the blocking way."""
-    text = str(error).lower()
-    return "syntax" in text or "wrong number of arguments" in text or "unknown" in text
-
-
 def redirected(text: str) -> bool:
     """A ``MOVED``/``ASK`` error (text or ticket note detail): the slot left the node."""
     return text.startswith("MOVED") or text.startswith("ASK")

@@ -37,6 +37,7 @@ from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
 from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from ._proto import (CONNECTION_NAME, LOST, NOTE_GRACE, Note, Shape, parse_note,
                      redirected, ticket_channel, undo_args)
 
@@ -50,9 +51,10 @@ IDLE_CHANNELS = 256
 
 
 class Fallback(Exception):
-    """Wait the blocking way instead: the module refuses ``ASYNC`` (``refused``), or the
-    key's slot moved to another node (a cluster migration) and the cluster client's own
-    redirection should take the rest of the wait."""
+    """Wait the blocking way instead: the server's capability probe names no tickets
+    (``refused``: no module, or one without tickets), or the key's slot moved to another
+    node (a cluster migration) and the cluster client's own redirection should take the
+    rest of the wait."""
 
     def __init__(self, refused: bool) -> None:
         super().__init__("refused" if refused else "redirected")
@@ -97,11 +99,11 @@ class TNote:
     timeout: Optional[float]
 
 
-def ticket_wait(shape: Shape, started: float, known: bool) -> Generator[Any, Any, Any]:
+def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
     """One ticketed wait, from subscription to the command's ordinary reply.
 
-    Raises `Fallback` when the module refuses ``ASYNC`` (and is not ``known`` to take it)
-    or the key's slot left the node, a server error as ``ResponseError``, and
+    Raises `Fallback` when the key's slot left the node (the connection raises it when
+    its capability probe names no tickets), a server error as ``ResponseError``, and
     ``TimeoutError`` when no message came within the wait plus `NOTE_GRACE`.
     """
     channel = ticket_channel(shape.key)
@@ -125,12 +127,9 @@ def ticket_wait(shape: Shape, started: float, known: bool) -> Generator[Any, Any
                 raise
             continue
         except ResponseError as e:
-            if not known and _refuses(e):
-                raise Fallback(refused=True) from e
             if redirected(str(e)):
                 raise Fallback(refused=False) from e
             raise
-        known = True
         if reply not in (b"QUEUED", "QUEUED"):
             return reply
         guard = None if left == 0 else left / 1000 + NOTE_GRACE
@@ -152,11 +151,6 @@ def ticket_wait(shape: Shape, started: float, known: bool) -> Generator[Any, Any
         if redirected(note.detail):
             raise Fallback(refused=False)
         raise ResponseError(note.detail)
-
-
-def _refuses(e: Exception) -> bool:
-    from ._proto import refuses_async
-    return refuses_async(e)
 
 
 # ---- routing state ------------------------------------------------------------------
@@ -303,6 +297,20 @@ def _conn_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _probed(reply: Any) -> Capabilities:
+    """What a new ticket connection's ``RLOCK.HELLO`` said (its reply, or the error it
+    raised); raises `Fallback` (refused) when it names no tickets, or when the server
+    refuses the probe itself (an ACL without ``rlock.hello``): what cannot be learnt is
+    not assumed, and a blocked wait works wherever the module is."""
+    try:
+        caps = parse_hello(reply)
+    except ResponseError as e:
+        raise Fallback(refused=True) from e
+    if not caps.tickets:
+        raise Fallback(refused=True)
+    return caps
+
+
 def _undo_calls(look: List[Any], reply: Any) -> List[List[Any]]:
     return undo_args(look, reply)
 
@@ -363,6 +371,8 @@ class SyncTicketConn:
         self.lock = threading.Lock()
         self.book = Book(_SyncSlot, _SyncMailbox)
         self.conn: Any = None
+        #: What the last connection's ``RLOCK.HELLO`` said (None before the first).
+        self.caps: Optional[Capabilities] = None
         self.closed = False
 
     def _connect_locked(self) -> Any:
@@ -371,6 +381,17 @@ class SyncTicketConn:
                 raise ConnectionError("the ticket connection is closed")
             conn = self.make()
             conn.connect()
+            # The capability probe, on every connect (a reconnect may reach another server).
+            try:
+                conn.send_command(*HELLO_ARGS)
+                try:
+                    reply: Any = conn.read_response(disable_decoding=True)
+                except ResponseError as e:
+                    reply = e
+                self.caps = _probed(reply)
+            except BaseException:
+                conn.disconnect()
+                raise
             conn._parser.set_pubsub_push_handler(_Push)
             self.conn = conn
             threading.Thread(target=self._read, args=(conn,), daemon=True,
@@ -500,9 +521,9 @@ class SyncTicketConn:
             if self.conn is not None:
                 self._lost_locked(self.conn)
 
-    def wait(self, shape: Shape, started: float, known: bool) -> Any:
+    def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection (see `run_ticket_wait`)."""
-        gen = ticket_wait(shape, started, known)
+        gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
         queued = False
         value: Any = None
@@ -598,6 +619,8 @@ class AsyncTicketConn:
         self.lock = asyncio.Lock()
         self.book = Book(_AsyncSlot, _AsyncMailbox)
         self.conn: Any = None
+        #: What the last connection's ``RLOCK.HELLO`` said (None before the first).
+        self.caps: Optional[Capabilities] = None
         self.reader: Optional[asyncio.Task] = None
         self.tasks: set = set()
         self.closed = False
@@ -608,6 +631,17 @@ class AsyncTicketConn:
                 raise ConnectionError("the ticket connection is closed")
             conn = self.make()
             await conn.connect()
+            # The capability probe, on every connect (a reconnect may reach another server).
+            try:
+                await conn.send_command(*HELLO_ARGS)
+                try:
+                    reply: Any = await conn.read_response(disable_decoding=True)
+                except ResponseError as e:
+                    reply = e
+                self.caps = _probed(reply)
+            except BaseException:
+                await conn.disconnect()
+                raise
             conn._parser.set_pubsub_push_handler(_async_push)
             self.conn = conn
             self.reader = asyncio.get_running_loop().create_task(self._read(conn))
@@ -725,9 +759,9 @@ class AsyncTicketConn:
         if self.conn is not None:
             await self._lost(self.conn)
 
-    async def wait(self, shape: Shape, started: float, known: bool) -> Any:
+    async def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection; cancellation-safe (an orphan)."""
-        gen = ticket_wait(shape, started, known)
+        gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
         queued = False
         value: Any = None

@@ -6,7 +6,7 @@ Every class here is the logic shared with the blocking classes (`rlock._lock`,
 `rlock._ops`) on the asyncio driver (`rlock._io.AsyncIO`): waits are queued tickets on the
 client's ticket connection of the running loop, and a watchdog is an asyncio task on the
 loop that acquired, cancelled on release. Also here: `RwLock`, `FencedLock`, `Semaphore`,
-`ExpirableSemaphore` (`Permit`), `CountDownLatch`, and `aclose_tickets`.
+`ExpirableSemaphore` (`Permit`), `CountDownLatch`, `aclose_tickets` and `capabilities`.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Lock(LockOps):
 # ---- every other primitive: the shared logic of rlock._ops on the asyncio driver -------
 
 from ._io import AsyncIO, aclose_tickets, ticket_connections  # noqa: E402,F401
+from ._io import acapabilities as capabilities  # noqa: E402,F401
 from ._ops import (AsyncContext, CountDownLatchOps, ExpirableSemaphoreOps,  # noqa: E402
                    FencedLockOps, PermitOps, RwHalfOps, RwLockOps, SemaphoreOps)
 

@@ -147,3 +147,21 @@ def test_a_lost_connection_fails_replies_and_tells_waiters():
     assert isinstance(slot.value, ConnectionError) and box.notes[-1].kind == "lost"
     assert book.channels == {} and book.gen == 1
     assert book.unref(b"a", 0) is None  # a reference of the old connection: ignored
+
+
+def test_the_hello_probe_reads_a_map_and_flat_pairs_alike_and_unknown_command_is_no_module():
+    from redis.exceptions import ResponseError
+
+    from rlock._hello import NO_MODULE, parse_hello
+    fields = {b"features": [b"tickets", b"lock"], b"module": b"rlock", b"protocol": 1,
+              b"replication": b"effects", b"version": b"0.1.0", b"added-later": 7}
+    caps = parse_hello(fields)
+    assert caps == parse_hello([x for kv in fields.items() for x in kv])
+    assert caps.tickets and caps.has("lock") and not caps.has("latch")
+    assert (caps.version, caps.replication) == ("0.1.0", "effects")
+    unknown = ResponseError("unknown command 'RLOCK.HELLO', with args beginning with: ")
+    assert parse_hello(unknown) == NO_MODULE and not NO_MODULE.tickets
+    with pytest.raises(ResponseError):
+        parse_hello(ResponseError("NOPERM User has no permissions to run 'rlock.hello'"))
+    with pytest.raises(ValueError):
+        parse_hello({b"module": b"rlock"})  # no protocol

@@ -14,6 +14,7 @@ import time
 
 import redis
 from conftest import blocked_clients, clients_named, stat, wait_until
+from server import RedisServer
 
 import rlock
 
@@ -135,16 +136,66 @@ def test_waiters_queue_again_when_the_ticket_connection_is_killed(r):
     t.start()
     wait_until(lambda: stat(r, "waiters") == 1, what="queued")
     ticket_conn = [c for c in r.client_list() if c.get("name") == rlock.TICKET_CONNECTION_NAME]
+    probes = hello_calls(r)
+    assert probes >= 1  # the ticket connection's capability probe
     r.client_kill_filter(_id=ticket_conn[0]["id"])
     # The server dropped the ticket with its connection; the client queued it again on a
     # new ticket connection (same request id).
     wait_until(lambda: stat(r, "waiters") == 1 and any(
         c.get("name") == rlock.TICKET_CONNECTION_NAME and c["id"] != ticket_conn[0]["id"]
         for c in r.client_list()), what="queued again")
+    assert hello_calls(r) == probes + 1  # asked again on the new connection
     holder.release()
     t.join(10)
     assert t_result == [True] and waiter.token > holder.token
     waiter.release()
+
+
+def hello_calls(r: redis.Redis) -> int:
+    """How many times the server ran RLOCK.HELLO (INFO commandstats)."""
+    return int(r.info("commandstats").get("cmdstat_rlock.hello", {}).get("calls", 0))
+
+
+def test_capabilities_name_the_module_and_its_features(r):
+    caps = rlock.capabilities(r)
+    assert caps.module and caps.protocol == rlock.PROTOCOL_VERSION
+    assert caps.version == rlock.__version__ and caps.replication == "commands"
+    assert caps.tickets and caps.has("latch") and not caps.has("sharded-channels")
+
+
+def test_a_server_without_the_module_is_no_module():
+    server = RedisServer(module=False).start()
+    try:
+        client = redis.Redis(port=server.port)
+        assert rlock.capabilities(client) == rlock.NO_MODULE
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_a_user_who_may_not_probe_waits_the_blocking_way(r):
+    """Without RLOCK.HELLO the client cannot learn that the server queues tickets: it
+    blocks a connection instead (a wait that works wherever the module is)."""
+    r.acl_setuser("noprobe", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                  commands=["+@all", "-rlock.hello"])
+    holder = rlock.Semaphore(r, "s")
+    holder.try_set_permits(0)
+    client = redis.Redis(port=r.connection_pool.connection_kwargs["port"],
+                         username="noprobe", password="pw")
+    try:
+        results: list = []
+        t = threading.Thread(target=lambda: results.append(
+            rlock.Semaphore(client, "s").acquire(blocking_timeout=10)))
+        t.start()
+        wait_until(lambda: blocked_clients(r) == 1, what="a blocked waiter")
+        assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 0
+        holder.release()
+        t.join(10)
+        assert results == [True]
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+        r.acl_deluser("noprobe")
 
 
 def test_without_tickets_each_waiter_blocks_a_connection_of_its_own(r):

@@ -85,6 +85,7 @@ pub use fenced::{FencedGuard, FencedLock};
 pub use latch::CountDownLatch;
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait, WaitMode};
 pub use proto::cmd::LockInfo;
+pub use proto::hello::{Capabilities, ModuleInfo, PROTOCOL_VERSION};
 pub use proto::state::{Lost, LostReason};
 
 /// What a successful release did.

@@ -36,6 +36,15 @@ fn ticket_conn(r: &mut redis::Connection) -> Option<u64> {
         .map(|(id, _)| id)
 }
 
+/// How many times the server ran `RLOCK.HELLO` (INFO commandstats; 0 before the first).
+fn hello_calls(r: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(r).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_rlock.hello:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn lease() -> AcquireOptions {
     AcquireOptions::new().with_lease(Duration::from_secs(30))
 }
@@ -180,6 +189,7 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
     }
     assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
     let old = ticket_conn(&mut r).unwrap();
+    assert_eq!(hello_calls(&mut r), 1, "the ticket connection probed once");
     // Killing it (the only subscriber: TYPE pubsub, RESP3 or not) drops every ticket
     // queued on it, and its subscriptions.
     let killed: i64 = redis::cmd("CLIENT")
@@ -197,11 +207,38 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
         })
         .await
     );
+    assert_eq!(hello_calls(&mut r), 2, "the new connection probed again");
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in tasks {
         tokio::time::timeout(LONG, t).await.unwrap().unwrap();
     }
     assert!(!exists(&mut r, "k"));
+}
+
+/// `capabilities()` reads RLOCK.HELLO; a server that does not know it (the module
+/// unloaded) is `NoModule`, not an error.
+#[test]
+fn capabilities_name_the_module_and_its_absence() {
+    let s = Server::start_with(&["--enable-module-command", "yes"]);
+    let c = rlock_client::Client::open(s.url()).unwrap();
+    let caps = c.capabilities().unwrap();
+    let rlock_client::Capabilities::Module(info) = &caps else {
+        panic!("{caps:?}")
+    };
+    assert_eq!(info.protocol, rlock_client::PROTOCOL_VERSION);
+    assert!(!info.version.is_empty());
+    assert_eq!(info.replication, "commands");
+    assert!(caps.tickets() && caps.has("latch") && !caps.has("sharded-channels"));
+    let mut r = s.conn();
+    let _: () = redis::cmd("MODULE")
+        .arg("UNLOAD")
+        .arg("rlock")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(
+        c.capabilities().unwrap(),
+        rlock_client::Capabilities::NoModule
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,6 +529,42 @@ fn a_user_without_the_ticket_channels_waits_the_old_way() {
         wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 0),
         "nothing left queued"
     );
+}
+
+/// A user who may not run RLOCK.HELLO: the client cannot learn that the server queues
+/// tickets, so it blocks a connection instead (a wait that works wherever the module is).
+#[test]
+fn a_user_who_may_not_probe_waits_the_old_way() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "noprobe",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-rlock.hello",
+        ])
+        .query(&mut r)
+        .unwrap();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let url = format!("redis://noprobe:pw@127.0.0.1:{}/", s.port);
+    let c = rlock_client::Client::open(url.as_str()).unwrap();
+    let lock = c.lock("k");
+    let t = thread::spawn(move || {
+        lock.acquire_with(lease())
+            .unwrap()
+            .unwrap()
+            .release()
+            .unwrap();
+    });
+    assert!(wait_until(LONG, || blocked_clients(&mut r) == 1));
+    assert!(ticket_conn(&mut r).is_none());
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    t.join().unwrap();
 }
 
 /// The ticket connection selects the client's database: the ticket waits for the lock

@@ -254,6 +254,23 @@ impl Client {
         let (c, force) = (&self.inner, cmd::force_release(name));
         cmd::parse_force_release(c.with_retries(c.retries(), || c.run(&force)).await?)
     }
+
+    /// What the server can do (`RLOCK.HELLO`, asked now on the command connection; on a
+    /// cluster, any one node): [`Capabilities::NoModule`] when the server does not know
+    /// the command. The ticket connection asks the same on each connect by itself.
+    pub async fn capabilities(&self) -> Result<crate::Capabilities> {
+        let c = &self.inner;
+        let mut probe = redis::Cmd::new();
+        for a in crate::proto::hello::hello_args() {
+            probe.arg(a);
+        }
+        let attempt = || async {
+            let mut conn = c.conn().await?;
+            let reply = probe.query_async::<Value>(&mut conn).await;
+            Ok(crate::proto::hello::parse(reply)?)
+        };
+        c.with_retries(c.retries(), attempt).await
+    }
 }
 
 // Read-write lock (clients/rust/src/rwlock.rs): a handle on one side of it, and a plain

@@ -314,4 +314,10 @@ impl Client {
     pub fn force_release(&self, name: &str) -> Result<bool> {
         self.rt.block_on(self.inner.force_release(name))
     }
+
+    /// What the server can do (`RLOCK.HELLO`): the module's version, protocol and
+    /// features, or [`crate::Capabilities::NoModule`].
+    pub fn capabilities(&self) -> Result<crate::Capabilities> {
+        self.rt.block_on(self.inner.capabilities())
+    }
 }

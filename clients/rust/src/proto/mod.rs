@@ -2,6 +2,7 @@
 //! No connection and no clock of its own here; `aio` (and through it `blocking`) runs it.
 //!
 //! - `cmd`: command builders and reply parsers.
+//! - `hello`: the capability probe (`RLOCK.HELLO`) and what its answer allows.
 //! - `logic`: the decisions of an acquire and a release (route, retry, backoff).
 //! - `state`: one handle's hold state and the lost-lock signal.
 //! - `watchdog`: the renewal registry (what is due, what an outcome means).
@@ -10,6 +11,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod cmd;
+pub mod hello;
 pub(crate) mod logic;
 pub(crate) mod replicas;
 pub(crate) mod state;

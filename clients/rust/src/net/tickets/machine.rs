@@ -211,8 +211,6 @@ pub(crate) enum Step {
     Wait,
     /// The call's outcome.
     Done(Result<Value, String>),
-    /// The module does not know `ASYNC`: wait the old way (a blocked `WAIT`).
-    Fallback,
 }
 
 /// One ticketed wait, as a state machine over [`Event`]s; no I/O.
@@ -284,9 +282,6 @@ impl Machine {
             }
             Event::Reply(Err(e)) => {
                 self.outstanding = false;
-                if !self.known && refuses_async(&e) {
-                    return Step::Fallback;
-                }
                 let text = e.to_string();
                 self.error = Some(e);
                 Step::Done(Err(text))
@@ -312,15 +307,6 @@ impl Machine {
             Event::Lost(_) => Step::Wait,
         }
     }
-}
-
-/// Whether `e` is how a module without tickets answers `ASYNC`.
-pub(crate) fn refuses_async(e: &RedisError) -> bool {
-    let text = e.to_string().to_ascii_lowercase();
-    e.code() == Some("ERR")
-        && (text.contains("syntax")
-            || text.contains("wrong number of arguments")
-            || text.contains("unknown"))
 }
 
 /// The commands that give back what `reply` (to the command `args`) granted, for a

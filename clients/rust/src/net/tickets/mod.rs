@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
 use crate::options::WaitMode;
+use crate::proto::hello::{self, Capabilities};
 use crate::proto::logic::lock_ignoring_poison;
 
 /// The name the ticket connection gives itself (`CLIENT LIST` shows it).
@@ -140,6 +141,8 @@ pub(crate) struct Shared {
     forced: bool,
     /// Why the server refused a ticket channel (`SUBSCRIBE` answered an error).
     refused: Mutex<Option<RedisError>>,
+    /// What the last connection's `RLOCK.HELLO` said (asked on every connect).
+    caps: Mutex<Option<Capabilities>>,
 }
 
 /// One client's ticket connection and waiters. Dropping it closes the connection.
@@ -197,8 +200,16 @@ impl Tickets {
                 mode: AtomicU8::new(start),
                 forced: mode == WaitMode::Tickets,
                 refused: Mutex::new(None),
+                caps: Mutex::new(None),
             }),
         })
+    }
+
+    /// What the server said to the capability probe of the last ticket connection
+    /// (`None` before the first connect).
+    #[cfg(test)]
+    pub(crate) fn capabilities(&self) -> Option<Capabilities> {
+        lock_ignoring_poison(&self.shared.caps).clone()
     }
 
     /// Whether waits should try tickets (not known to be unsupported).
@@ -372,10 +383,6 @@ impl Tickets {
                     }
                 }
                 Step::Done(r) => return Some(member.finish(r)),
-                Step::Fallback => {
-                    self.give_up();
-                    return None;
-                }
             }
         }
     }
@@ -393,8 +400,9 @@ impl Tickets {
     }
 
     /// A send that could not connect: a transport error is the call's (its retries
-    /// try again); a server refusing the handshake (no `HELLO 3`, no TLS support here)
-    /// turns tickets off for a client not yet known to use them: `None`, wait the old way.
+    /// try again); a server refusing the handshake (no `HELLO 3`, no TLS support here) or
+    /// whose capability probe names no tickets ([`no_tickets`]) turns tickets off for a
+    /// client not yet known to use them: `None`, wait the old way.
     fn send_failed(&self, member: &Member<'_>, e: RedisError) -> Option<RedisResult<Value>> {
         if member.m.known || e.is_io_error() || e.is_timeout() || e.is_connection_refusal() {
             return Some(Err(e));
@@ -409,6 +417,17 @@ impl Tickets {
         let st = lock_ignoring_poison(&self.shared.state);
         (st.waiters.len(), st.channels.len())
     }
+}
+
+/// The capability probe names no `tickets`: the server has no rlock module, or one
+/// without tickets. Not a transport error: a client not yet known to use tickets waits
+/// the old way instead (`send_failed`).
+fn no_tickets() -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "the server queues no tickets",
+        "RLOCK.HELLO names no 'tickets' feature".to_owned(),
+    ))
 }
 
 fn no_reply() -> RedisError {
@@ -521,11 +540,20 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
         ]));
         replies += 1;
     }
+    // The capability probe, last: on every connect, so that a reconnect to another
+    // server (a failover) learns what that one can do.
+    setup.extend(pack(&hello::hello_args()));
     stream.write_all(&setup)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut parser = redis::Parser::new();
     for _ in 0..replies {
         parser.parse_value(&mut reader)?.extract_error()?;
+    }
+    let caps = hello::parse(parser.parse_value(&mut reader)?.extract_error())?;
+    let tickets = caps.tickets();
+    *lock_ignoring_poison(&shared.caps) = Some(caps);
+    if !tickets {
+        return Err(no_tickets());
     }
     stream.set_read_timeout(None)?;
     // A new connection: a channel refused on the old one may be allowed now.

@@ -222,25 +222,16 @@ fn it_resends_after_its_connection_is_lost_with_the_wait_left() {
     assert!(!look.contains(&"WAIT".to_owned()));
 }
 
+/// Whether the server takes `ASYNC` is the capability probe's to say (RLOCK.HELLO, on
+/// connect): an error reply is the call's error, whatever its text.
 #[test]
-fn it_falls_back_when_the_module_refuses_async_before_it_was_seen_to_work() {
+fn it_reports_an_error_reply_as_the_calls_error_and_never_guesses_from_its_text() {
     let (mut m, now) = machine(0, false);
     m.start(now);
     m.sent(1);
-    let e = note_error("ERR syntax error");
-    assert!(refuses_async(&e));
-    assert!(!refuses_async(&note_error(
-        "WRONGTYPE Operation against a key"
-    )));
-    assert_eq!(m.on(Event::Reply(Err(e)), now), Step::Fallback);
-    let (mut known, now) = machine(0, true);
-    known.start(now);
-    known.sent(1);
-    let step = known.on(Event::Reply(Err(note_error("ERR syntax error"))), now);
-    assert!(
-        matches!(step, Step::Done(Err(_))),
-        "known to work: a real error"
-    );
+    let step = m.on(Event::Reply(Err(note_error("ERR syntax error"))), now);
+    assert!(matches!(step, Step::Done(Err(_))), "{step:?}");
+    assert!(m.take_error().is_some());
 }
 
 #[test]

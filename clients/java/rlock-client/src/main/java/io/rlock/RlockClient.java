@@ -150,6 +150,15 @@ public final class RlockClient implements AutoCloseable {
     }
 
     Wire wire() { return wire; }
+    /**
+     * What the server can do ({@code RLOCK.HELLO}, asked once per command connection and
+     * again after it reconnects): the module's version, protocol and features, or
+     * {@link Capabilities#NO_MODULE}.
+     */
+    public Capabilities capabilities() {
+        return Sync.join(waits.capabilities());
+    }
+
     Waits waits() { return waits; }
     Watchdog watchdog() { return watchdog; }
     ScheduledExecutorService scheduler() { return scheduler; }

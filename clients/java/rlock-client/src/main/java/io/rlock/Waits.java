@@ -18,9 +18,9 @@ import java.net.SocketAddress;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
 import java.util.function.Function;
@@ -29,13 +29,17 @@ final class Waits {
     /** The name the notification connection gives itself (`CLIENT LIST` shows it). */
     static final String CONNECTION_NAME = "rlock-java-tickets";
 
-    private static final int UNKNOWN = 0, ON = 1, OFF = 2;
-
     private final RedisClient redis;
     private final Wire wire;
     private final Executor executor;
     private final RlockOptions.WaitMode waitMode;
-    private volatile int mode;
+    /**
+     * The command connection's capability probe ({@code RLOCK.HELLO}): asked before the
+     * first waiting call and again when that connection comes back (a failover may reach
+     * another server); null until asked, and after a failed probe. Written under
+     * {@code connecting}.
+     */
+    private volatile CompletableFuture<Capabilities> probe;
 
     /** Lazily opened on the first waiting call; null until then. Written under `this`. */
     private volatile StatefulRedisPubSubConnection<String, String> pubsub;
@@ -58,8 +62,6 @@ final class Waits {
         this.wire = wire;
         this.executor = executor;
         this.waitMode = waitMode;
-        this.mode = waitMode == RlockOptions.WaitMode.BLOCKING ? OFF
-                : waitMode == RlockOptions.WaitMode.TICKETS ? ON : UNKNOWN;
         // A ticket lives as long as the connection that queued it, and a grant message sent
         // while the subscriber was away is lost: after either connection comes back, every
         // waiter sends its command again with the same request id. The server replays a
@@ -70,7 +72,13 @@ final class Waits {
             public void onRedisConnected(RedisChannelHandler<?, ?> c, SocketAddress a) {
                 // Runs on Lettuce's event loop: takes no lock.
                 if ((c == wire.connection() || c == pubsub) && !seen.add(c)) {
-                    resendAll();
+                    if (c == wire.connection()) {
+                        // Another server, maybe: ask again before the waiters go out again.
+                        probe = null;
+                        capabilities().whenComplete((caps, e) -> resendAll());
+                    } else {
+                        resendAll();
+                    }
                 }
             }
         };
@@ -173,10 +181,64 @@ final class Waits {
      */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo) {
         Waiter w = new Waiter(args, undo);
-        if (mode == OFF) {
+        if (waitMode == RlockOptions.WaitMode.BLOCKING) {
             blockingWait(w);
             return w.result;
         }
+        capabilities().whenComplete((caps, e) -> {
+            if (e == null && caps.tickets()) {
+                ticketed(w);
+            } else if (waitMode == RlockOptions.WaitMode.TICKETS) {
+                w.result.completeExceptionally(e != null ? Wire.unwrap(e)
+                        : new IllegalStateException("the server queues no tickets (" + caps + "); use WaitMode.AUTO or BLOCKING"));
+            } else {
+                // No tickets, or a probe the server refused (an ACL without rlock.hello):
+                // what cannot be learnt is not assumed; a blocked wait works wherever the
+                // module is.
+                blockingWait(w);
+            }
+        });
+        return w.result;
+    }
+
+    /**
+     * What the server of the command connection can do: the probe's answer, asked once
+     * per connection (see {@link #probe}).
+     */
+    CompletableFuture<Capabilities> capabilities() {
+        CompletableFuture<Capabilities> p = probe;
+        if (p != null) {
+            return p;
+        }
+        synchronized (connecting) {
+            if (probe == null) {
+                CompletableFuture<Capabilities> asked = wire.sendRetrying(Capabilities.HELLO).handle((reply, e) -> {
+                    if (e == null) {
+                        return Capabilities.parse(reply);
+                    }
+                    Capabilities c = Capabilities.fromError(e);
+                    if (c == null) {
+                        throw new CompletionException(Wire.unwrap(e));
+                    }
+                    return c;
+                });
+                probe = asked;
+                // A failed probe is asked again by the next caller.
+                asked.whenComplete((c, e) -> {
+                    if (e != null) {
+                        synchronized (connecting) {
+                            if (probe == asked) {
+                                probe = null;
+                            }
+                        }
+                    }
+                });
+            }
+            return probe;
+        }
+    }
+
+    private void ticketed(Waiter w) {
         waiters.put(w.id, w);
         join(w.channel).whenComplete((ok, e) -> {
             if (e != null) {
@@ -185,7 +247,6 @@ final class Waits {
                 send(w, w.ticketed());
             }
         });
-        return w.result;
     }
 
     private void send(Waiter w, List<String> args) {
@@ -198,19 +259,8 @@ final class Waits {
 
     private void onReply(Waiter w, boolean ticketed, Object reply, Throwable e) {
         if (e != null) {
-            if (ticketed && mode == UNKNOWN && refusesAsync(e)) {
-                mode = OFF;
-                leave(w);
-                blockingWait(w);
-                return;
-            }
             finish(w, null, e);
-        } else if (ticketed && "QUEUED".equals(reply)) {
-            mode = ON;
-        } else {
-            if (ticketed) {
-                mode = ON;
-            }
+        } else if (!(ticketed && "QUEUED".equals(reply))) {
             finish(w, reply, null);
         }
     }
@@ -280,16 +330,6 @@ final class Waits {
         }
     }
 
-    /** The module answers `ASYNC` as unknown: it predates tickets. */
-    static boolean refusesAsync(Throwable e) {
-        String m = Wire.serverError(e);
-        if (m == null) {
-            return false;
-        }
-        m = m.toLowerCase(Locale.ROOT);
-        return m.startsWith("err") && (m.contains("syntax") || m.contains("wrong number") || m.contains("unknown"));
-    }
-
     // ---- the notification connection ----------------------------------------------------
 
     private CompletableFuture<Void> join(String channel) {
@@ -348,7 +388,7 @@ final class Waits {
     private void blockingWait(Waiter w) {
         if (waitMode == RlockOptions.WaitMode.TICKETS) {
             w.result.completeExceptionally(new IllegalStateException(
-                    "the server's rlock module does not take ASYNC (queued tickets); use WaitMode.AUTO or BLOCKING"));
+                    "the server queues no tickets; use WaitMode.AUTO or BLOCKING"));
             return;
         }
         CompletableFuture.runAsync(() -> {
