@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 
 use crate::options::WaitMode;
-use crate::proto::hello::{self, Capabilities};
+use crate::proto::hello;
 use crate::proto::logic::lock_ignoring_poison;
 
 /// The name the ticket connection gives itself (`CLIENT LIST` shows it).
@@ -141,8 +141,6 @@ pub(crate) struct Shared {
     forced: bool,
     /// Why the server refused a ticket channel (`SUBSCRIBE` answered an error).
     refused: Mutex<Option<RedisError>>,
-    /// What the last connection's `RLOCK.HELLO` said (asked on every connect).
-    caps: Mutex<Option<Capabilities>>,
 }
 
 /// One client's ticket connection and waiters. Dropping it closes the connection.
@@ -200,16 +198,8 @@ impl Tickets {
                 mode: AtomicU8::new(start),
                 forced: mode == WaitMode::Tickets,
                 refused: Mutex::new(None),
-                caps: Mutex::new(None),
             }),
         })
-    }
-
-    /// What the server said to the capability probe of the last ticket connection
-    /// (`None` before the first connect).
-    #[cfg(test)]
-    pub(crate) fn capabilities(&self) -> Option<Capabilities> {
-        lock_ignoring_poison(&self.shared.caps).clone()
     }
 
     /// Whether waits should try tickets (not known to be unsupported).
@@ -550,9 +540,7 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
         parser.parse_value(&mut reader)?.extract_error()?;
     }
     let caps = hello::parse(parser.parse_value(&mut reader)?.extract_error())?;
-    let tickets = caps.tickets();
-    *lock_ignoring_poison(&shared.caps) = Some(caps);
-    if !tickets {
+    if !caps.tickets() {
         return Err(no_tickets());
     }
     stream.set_read_timeout(None)?;
