@@ -207,9 +207,11 @@ faults-tools: build venv
 	cd faults/checker && $(GO) build -o $(CURDIR)/target/faults/rlock-check .
 	cd faults/goworker && $(GO) build -o $(CURDIR)/target/faults/rlock-goworker .
 
-test-faults: faults-tools ## Fault harness, short slice (~2.5 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; fails on any anomaly where the guarantee holds
+test-faults: faults-tools ## Fault harness, short slice (~3 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; the lock while its slot migrates back and forth (Valkey 9.1 cluster); fails on any anomaly where the guarantee holds
 	cd faults/checker && $(GO) test ./...
 	$(PY) faults/harness.py --cells slice --ops 100000 --seconds 6 --server $(FAULTS_SERVER) \
+		--out $(CURDIR)/target/faults/slice --expect
+	$(PY) faults/harness.py --cells lock:migrate --ops 100000 --seconds 6 --server valkey \
 		--out $(CURDIR)/target/faults/slice --expect
 
 faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~30 min) -> faults/REPORT.md

@@ -15,6 +15,13 @@ the resource's final values read, the checker run on every history file of the c
 With `--expect` the run fails (exit 1) when a cell whose guarantee holds shows any
 anomaly, or when fencing let a stale write through anywhere.
 
+The `migrate` fault (Valkey 9.0+ only) runs the cell on a 3-master cluster with the module
+on every node: the workers use the Rust client's cluster client, the name's slot (holding
+also 1 000 locks held for the whole cell and the queues of 100 waiter threads of the
+harness, on locks and a semaphore) moves from master to master with `CLUSTER MIGRATESLOTS`
+again and again, and besides the checker's models the cell fails on a held lock that did
+not arrive intact, or a waiter not answered within its timeout (plus a bound).
+
 Network partitions use the harness's own network namespaces (`ip netns`), one veth
 pair between them with addresses in 10.213.1.0/30 that exist only there, and
 `tc netem loss 100%` on both ends; nothing else is ever addressed. Every other cell
@@ -41,7 +48,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 PRIMITIVES = ["lock", "lock-py", "lock-go", "fenced", "rwlock", "semaphore", "expirable", "latch"]
 FAULTS = ["none", "pause", "kill", "clientkill", "partition", "restart-always",
-          "restart-everysec", "failover", "failover-wait", "failover-commands"]
+          "restart-everysec", "failover", "failover-wait", "failover-commands", "migrate"]
 # Where the guarantee cannot hold, and why (the README's "Guarantees under faults" says
 # the same in words). Everything not listed here must show zero anomalies.
 CANNOT_HOLD = {
@@ -54,6 +61,14 @@ CANNOT_HOLD = {
 }
 # Leases do not exist for these: a pause or a cut-off holder keeps its hold.
 NO_LEASE = {"semaphore", "latch"}
+# The migrate cells: the fault needs Valkey 9's atomic slot migration; the Python and Go
+# workers have no cluster client, so lock-py and lock-go have no migrate cell.
+MIGRATE_HELD = 1000
+MIGRATE_WAITERS = 100
+MIGRATE_WAIT_MS = 2000
+# How late past its timeout a waiter's answer may come on a loaded machine before the cell
+# counts it as left hanging.
+MIGRATE_ANSWER_SLACK_S = 10.0
 # The Go client's lock gets one cell in the slice (CLIENT KILL: its tickets are dropped
 # and must be queued again); its other cells are in the full matrix.
 SLICE = ([f"{p}:kill" for p in PRIMITIVES if p != "lock-go"] + [f"{p}:clientkill" for p in PRIMITIVES]
@@ -66,6 +81,20 @@ WATCHDOG_MS = 1000
 HOLD_MS = {"pause": "10", "partition": "10", "failover": "50"}
 MODULE_ARGS: List[str] = []
 PERMITS = 2
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = random.randrange(20000, 55535)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def free_port() -> int:
@@ -286,10 +315,16 @@ class Run:
         self.url = ""
         self.stop_at = 0.0
         self.faults_done = 0
+        self.cluster: List[Server] = []
+        self.extra_anomalies: Dict[str, int] = {}
+        self.extra_info: Dict[str, int] = {}
+        self.waiter_threads: List[threading.Thread] = []
 
     # ---- topology ----
     def setup(self) -> None:
         f = self.cell.fault
+        if f == "migrate":
+            return self.setup_cluster()
         host = "127.0.0.1"
         ns = None
         if f == "partition":
@@ -311,6 +346,132 @@ class Run:
             self.replica = self._replica_of(self.primary)
             self.proxy = Proxy(self.primary.port)
             self.url = f"redis://127.0.0.1:{self.proxy.port}/"
+
+    def setup_cluster(self) -> None:
+        """Three masters with the module splitting the slots; the workers' URL names the
+        first, the cluster client finds the rest."""
+        for i in range(3):
+            port = free_cluster_port()
+            n = Server(self.binary, "127.0.0.1", port, self.dir / f"node{i}", self.module,
+                       ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                        "--cluster-node-timeout", "3000", "--hz", "100"])
+            n.start()
+            self.servers.append(n)
+            self.cluster.append(n)
+        ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
+        for n, (lo, hi) in zip(self.cluster, ranges):
+            n.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        for n in self.cluster[1:]:
+            self.cluster[0].client().execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
+
+        def ok() -> bool:
+            for n in self.cluster:
+                info = n.client().execute_command("CLUSTER", "INFO").decode()
+                if "cluster_state:ok" not in info or "cluster_known_nodes:3" not in info:
+                    return False
+            return True
+        wait_until(ok, 30, "cluster_state:ok on every node")
+        self.primary = self.cluster[0]
+        self.resource = Server(self.binary, "127.0.0.1", free_port(), self.dir / "resource", None, [])
+        self.resource.start()
+        self.servers.append(self.resource)
+        self.url = f"redis://127.0.0.1:{self.cluster[0].port}/"
+        rc = self.cluster_client()
+        # Locks held all along, in the name's slot: they must arrive intact every time.
+        pipe = rc.pipeline()
+        for i in range(MIGRATE_HELD):
+            pipe.execute_command("RLOCK.ACQUIRE", f"{{{self.name}}}:held:{i}", f"holder-{i}", 600_000)
+        pipe.execute()
+        rc.execute_command("RSEMAPHORE.TRYSETPERMITS", f"{{{self.name}}}:gate-sem", 3)
+        rc.close()
+
+    def cluster_client(self):
+        from redis.cluster import RedisCluster
+        return RedisCluster(host="127.0.0.1", port=self.cluster[0].port, socket_timeout=30)
+
+    def slot_owner(self) -> Server:
+        """The master serving the name's slot, as the first node that answers sees it."""
+        slot = self.cluster[0].client().execute_command("CLUSTER", "KEYSLOT", self.name)
+        for n in self.cluster:
+            try:
+                for lo, hi, master, *_ in n.client().execute_command("CLUSTER", "SLOTS"):
+                    if lo <= slot <= hi:
+                        return next(s for s in self.cluster if s.port == int(master[1]))
+            except redis.RedisError:
+                continue
+        raise RuntimeError("no node serves the slot")
+
+    def start_waiters(self) -> None:
+        """MIGRATE_WAITERS threads that wait, blocked, on ten locks and a semaphore of the
+        name's slot while it moves; each answer must come within its timeout (plus slack),
+        as a grant or a timeout: the cluster client follows the MOVED a waiter on the old
+        node gets."""
+        mu = threading.Lock()
+        counts = {"served": 0, "timed_out": 0, "late": 0, "errors": 0}
+
+        def note(k: str) -> None:
+            with mu:
+                counts[k] += 1
+
+        def waiter(i: int) -> None:
+            rc = self.waiter_clients[i]
+            sem = i % 2 == 1
+            key = f"{{{self.name}}}:gate-sem" if sem else f"{{{self.name}}}:gate:{i % 10}"
+            try:
+                while time.monotonic() < self.stop_at:
+                    t0 = time.monotonic()
+                    try:
+                        if sem:
+                            got = rc.execute_command("RSEMAPHORE.ACQUIRE", key, 1, "WAIT",
+                                                     MIGRATE_WAIT_MS)
+                        else:
+                            got = rc.execute_command("RLOCK.ACQUIRE", key, f"w{i}", 5000,
+                                                     "WAIT", MIGRATE_WAIT_MS)
+                    except redis.RedisError:
+                        note("errors")
+                        time.sleep(0.05)
+                        continue
+                    if time.monotonic() - t0 > MIGRATE_WAIT_MS / 1000 + MIGRATE_ANSWER_SLACK_S:
+                        note("late")
+                    granted = got == 1 if sem else got is None
+                    if not granted:
+                        note("timed_out")
+                        continue
+                    note("served")
+                    time.sleep(0.005)
+                    try:
+                        if sem:
+                            rc.execute_command("RSEMAPHORE.RELEASE", key, 1)
+                        else:
+                            rc.execute_command("RLOCK.RELEASE", key, f"w{i}")
+                    except redis.RedisError:
+                        note("errors")
+            finally:
+                rc.close()
+
+        for i in range(MIGRATE_WAITERS):
+            t = threading.Thread(target=waiter, args=(i,), daemon=True)
+            t.start()
+            self.waiter_threads.append(t)
+        self.waiter_counts = counts
+
+    def check_migrate(self) -> None:
+        """After the cell: the waiters all returned, none late; every held lock is where
+        the slot is, with its holder and a lease."""
+        for t in self.waiter_threads:
+            t.join(MIGRATE_WAIT_MS / 1000 + MIGRATE_ANSWER_SLACK_S + 5)
+        hung = sum(t.is_alive() for t in self.waiter_threads)
+        c = self.waiter_counts
+        self.extra_anomalies["waiter-late"] = c["late"] + hung
+        self.extra_info.update({f"waiters_{k}": v for k, v in c.items()})
+        rc = self.cluster_client()
+        pipe = rc.pipeline()
+        for i in range(MIGRATE_HELD):
+            pipe.hgetall(f"{{{self.name}}}:held:{i}")
+        held = pipe.execute()
+        rc.close()
+        lost = sum(1 for i, h in enumerate(held) if h != {f"holder-{i}".encode(): b"1"})
+        self.extra_anomalies["held-lost"] = lost
 
     def _replica_of(self, primary: Server) -> Server:
         r = Server(self.binary, "127.0.0.1", free_port(), self.dir / f"replica{len(self.servers)}",
@@ -364,6 +525,8 @@ class Run:
                 cmd += ["--resource", res]
             if self.cell.fault == "failover-wait":
                 cmd += ["--replica-sync", "1"]
+            if self.cell.fault == "migrate":
+                cmd += ["--cluster", "1"]
         if netns:
             cmd = ["ip", "netns", "exec", netns] + cmd
         env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
@@ -443,6 +606,14 @@ class Run:
                 time.sleep(0.2)
                 self.primary.start()
                 time.sleep(1.5)
+            elif f == "migrate":
+                src = self.slot_owner()
+                dst = random.choice([n for n in self.cluster if n is not src])
+                slot = src.client().execute_command("CLUSTER", "KEYSLOT", self.name)
+                dst_id = dst.client().execute_command("CLUSTER", "MYID").decode()
+                src.client().execute_command("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot,
+                                             "NODE", dst_id)
+                wait_until(lambda: self.slot_owner() is dst, 30, "the slot moved")
             elif f.startswith("failover"):
                 old = self.primary
                 # The replica is promoted while the old primary still serves clients
@@ -468,6 +639,9 @@ class Run:
         t0 = time.monotonic()
         try:
             self.setup()
+            if c.fault == "migrate":
+                # Their cluster clients first: mapping the cluster takes a while for 100.
+                self.waiter_clients = [self.cluster_client() for _ in range(MIGRATE_WAITERS)]
             self.stop_at = time.monotonic() + c.seconds
             per = c.ops // c.workers
             for i in range(c.workers):
@@ -476,6 +650,8 @@ class Run:
                 if self.netns:
                     ns = self.netns.c if i % 2 == 0 else None
                 self.spawn(per, c.seconds, ns)
+            if c.fault == "migrate":
+                self.start_waiters()
             self.nemesis()
             # Workers stop by themselves at their deadline; give stragglers a bound.
             end = self.stop_at + 20
@@ -485,6 +661,10 @@ class Run:
                 w.popen.kill()
             self.final()
             self.check()
+            if c.fault == "migrate":
+                self.check_migrate()
+                self.cell.result.setdefault("anomalies", {}).update(self.extra_anomalies)
+                self.cell.result.setdefault("info", {}).update(self.extra_info)
         finally:
             self.teardown()
             c.elapsed = time.monotonic() - t0
@@ -521,6 +701,15 @@ def replication_config(binary: str, module: str, out: Path) -> bool:
         s.kill()
 
 
+def slot_migration(binary: str) -> bool:
+    """Whether the server has atomic slot migration (Valkey 9.0+)."""
+    v = sh(binary, "--version").stdout
+    if not v.startswith("Valkey"):
+        return False
+    major = v.split("v=", 1)[1].split(".", 1)[0] if "v=" in v else "0"
+    return major.isdigit() and int(major) >= 9
+
+
 def expected(cell: Cell) -> bool:
     """True where the guarantee holds (and the cell must show no anomaly)."""
     if cell.fault in CANNOT_HOLD:
@@ -548,6 +737,10 @@ def row(c: Cell) -> str:
         extra.append(f"releases answered not held {info['released_not_held']}")
     if info.get("crashes"):
         extra.append(f"crashes {info['crashes']}")
+    if "waiters_served" in info:
+        extra.append(f"{MIGRATE_HELD} locks held across every move; {MIGRATE_WAITERS} waiter "
+                     f"threads: served {info['waiters_served']}, timed out "
+                     f"{info['waiters_timed_out']}, errors {info['waiters_errors']}")
     extra.append(f"faults {r.get('faults', 0)}")
     verdict = "holds" if expected(c) else f"cannot hold: {CANNOT_HOLD.get(c.fault)}"
     return (f"| {c.primitive} | {c.fault} | {r.get('ops', 0)} ({outcomes}) | {anomalies} | {lin} | "
@@ -604,6 +797,13 @@ def main() -> int:
                 done.append(c)
                 print(row(c), flush=True)
                 continue
+        if f == "migrate" and (p in ("lock-py", "lock-go") or not slot_migration(binary)):
+            c.note = ("skipped: atomic slot migration needs Valkey 9.0+"
+                      if p not in ("lock-py", "lock-go") else
+                      "skipped: this worker has no cluster client")
+            done.append(c)
+            print(row(c), flush=True)
+            continue
         if f == "partition" and os.geteuid() != 0:
             c.note = "skipped: network namespaces (ip netns) need root"
             done.append(c)

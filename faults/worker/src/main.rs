@@ -20,7 +20,8 @@ use rlock_client::{AcquireOptions, Client, ClientOptions, Error, ReleaseOutcome,
 
 const USAGE: &str = "usage: rlock-faults-worker --url URL --primitive lock|fenced|rwlock|semaphore|expirable|latch \
 --name KEY --hist FILE --proc N [--resource URL] [--ops N] [--seconds S] [--watchdog-ms MS] \
-[--hold-ms MS] [--wait-ms MS] [--permits N] [--latch-count N] [--round-ms MS] [--replica-sync N]";
+[--hold-ms MS] [--wait-ms MS] [--permits N] [--latch-count N] [--round-ms MS] [--replica-sync N] \
+[--cluster 0|1]";
 
 /// Reads a resource value (registering the token) unless a higher token was seen.
 /// Tokens are compared as decimal strings (length, then text): Lua numbers are doubles
@@ -53,6 +54,9 @@ struct Args {
     latch_count: u64,
     round_ms: u64,
     replica_sync: u32,
+    /// `--url` names one node of a Redis Cluster: the client routes by slot and follows
+    /// MOVED/ASK (the `migrate` nemesis moves the name's slot under it).
+    cluster: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -72,6 +76,7 @@ fn parse_args() -> Result<Args, String> {
         latch_count: 3,
         round_ms: 200,
         replica_sync: 0,
+        cluster: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +101,7 @@ fn parse_args() -> Result<Args, String> {
             "--latch-count" => a.latch_count = num(&v)?,
             "--round-ms" => a.round_ms = num(&v)?.max(10),
             "--replica-sync" => a.replica_sync = num(&v)? as u32,
+            "--cluster" => a.cluster = num(&v)? != 0,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -328,7 +334,14 @@ fn main() {
     opts = opts.with_replica_sync(
         (a.replica_sync > 0).then(|| ReplicaSync::new(a.replica_sync, Duration::from_millis(500))),
     );
-    let client = match Client::open_with(a.url.as_str(), opts) {
+    let opened = if a.cluster {
+        redis::cluster::ClusterClient::new(vec![a.url.as_str()])
+            .map(|c| Client::from_cluster(c, opts))
+            .map_err(|e| e.to_string())
+    } else {
+        Client::open_with(a.url.as_str(), opts).map_err(|e| e.to_string())
+    };
+    let client = match opened {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cannot open {}: {e}", a.url);
