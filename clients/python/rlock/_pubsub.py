@@ -6,7 +6,9 @@ subscriber connection. `Subscriber` is that connection: a daemon thread reads it
 named ``rlock-py-subscriber`` in CLIENT LIST) and wakes the waiters of a channel when a
 message comes, for threads (`Subscription.wait`) and asyncio tasks
 (`Subscription.await_message`) alike, so the asyncio client needs no second
-implementation. Channels are reference-counted: subscribed while someone waits on them.
+implementation. As in Redisson (LockPubSub), a lock's unlock message (``0``) wakes one
+waiter of the client, the one waiting longest, and is kept for the next waiter if none
+is asleep (a waiter between two tries must not miss it); every other message wakes all. Channels are reference-counted: subscribed while someone waits on them.
 If the connection breaks, every waiter is woken (it tries again: a release may have been
 missed) and the thread reconnects and subscribes again. Used by `rlock._io`'s drivers for
 the `Subscribe` and `Listen` effects of `rlock._scripts.wait`.
@@ -77,12 +79,29 @@ def sync_connection(cls: Any, kwargs: Dict[str, Any]) -> Any:
     return sync_cls(**args)
 
 
+#: The channels whose message ``0`` wakes one waiter (Redisson's UNLOCK_MESSAGE: the
+#: lock, fenced lock and read-lock unlocks); ``1`` there, and any other channel's
+#: message, wakes every waiter.
+_WAKE_ONE_PREFIXES = (b"redisson_lock__channel:", b"redisson_rwlock:")
+
+
+def _wakes_one(channel: bytes, payload: Any) -> bool:
+    return payload == b"0" and channel.startswith(_WAKE_ONE_PREFIXES)
+
+
 class _Channel:
     def __init__(self) -> None:
         self.refs = 0
         self.confirmed = False
-        self.events = 0  # messages heard and breaks seen: a waiter looks again on a change
-        self.wakers: Set[Callable[[], None]] = set()
+        self.events = 0  # messages heard and breaks seen: every waiter looks again
+        self.permits = 0  # wake-one messages not yet taken by a waiter (at most refs)
+        # Asleep waiters' wake-up calls, oldest first (a dict keeps insertion order).
+        self.wakers: Dict[Callable[[], None], None] = {}
+
+    def wake_one(self) -> None:
+        for wake in self.wakers:
+            wake()
+            return
 
 
 class Subscription:
@@ -97,50 +116,79 @@ class Subscription:
         self.closed = False
 
     def _outcome(self) -> Optional[bool]:
-        """None while nothing new; else whether the subscription still stands."""
-        if self._chan.events == self.seen:
-            return None
-        self.seen = self._chan.events
-        return self._chan.confirmed
+        """Under the lock: None while nothing is new for this waiter; else whether the
+        subscription still stands (a wake-one message is taken here, by one waiter)."""
+        chan = self._chan
+        if chan.events != self.seen:
+            self.seen = chan.events
+            return chan.confirmed
+        if chan.permits > 0:
+            chan.permits -= 1
+            return True
+        return None
+
+    def _leave(self, wake: Callable[[], None]) -> None:
+        """Under the lock: stop listening; a wake-one message this waiter did not take
+        goes on to the next asleep waiter."""
+        self._chan.wakers.pop(wake, None)
+        if self._chan.permits > 0:
+            self._chan.wake_one()
 
     def wait(self, timeout: Optional[float]) -> bool:
         """Blocks until a message (True), a break (False) or ``timeout`` (True)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         event = threading.Event()
         with self.subscriber.lock:
             got = self._outcome()
             if got is not None:
                 return got
-            self._chan.wakers.add(event.set)
+            self._chan.wakers[event.set] = None
         try:
-            event.wait(timeout)
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return True
+                event.wait(left)
+                with self.subscriber.lock:
+                    event.clear()
+                    got = self._outcome()
+                if got is not None:
+                    return got
         finally:
             with self.subscriber.lock:
-                self._chan.wakers.discard(event.set)
-                got = self._outcome()
-        return True if got is None else got
+                self._leave(event.set)
 
     async def await_message(self, timeout: Optional[float]) -> bool:
         """As `wait`, for a task."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        woken = asyncio.Event()
 
         def wake() -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(None))
+            loop.call_soon_threadsafe(woken.set)
 
         with self.subscriber.lock:
             got = self._outcome()
             if got is not None:
                 return got
-            self._chan.wakers.add(wake)
+            self._chan.wakers[wake] = None
         try:
-            await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
-            pass
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return True
+                try:
+                    await asyncio.wait_for(woken.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+                with self.subscriber.lock:
+                    woken.clear()
+                    got = self._outcome()
+                if got is not None:
+                    return got
         finally:
             with self.subscriber.lock:
-                self._chan.wakers.discard(wake)
-                got = self._outcome()
-        return True if got is None else got
+                self._leave(wake)
 
     def close(self) -> None:
         if not self.closed:
@@ -197,12 +245,12 @@ class Subscriber:
                 raise ConnectionError(f"rlock: could not subscribe {channel!r}")
             event = threading.Event()
             with self.lock:
-                chan.wakers.add(event.set)
+                chan.wakers[event.set] = None
                 ready = chan.confirmed
             if not ready:
                 event.wait(min(left, 0.5))
             with self.lock:
-                chan.wakers.discard(event.set)
+                chan.wakers.pop(event.set, None)
 
     async def asubscribe(self, channel: bytes) -> Subscription:
         chan = self._take(channel)
@@ -304,7 +352,7 @@ class Subscriber:
     def _handle(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
             return
-        kind, channel = bytes(reply[0]).lower(), bytes(reply[1])
+        kind, channel, payload = bytes(reply[0]).lower(), bytes(reply[1]), reply[2]
         with self.lock:
             chan = self.channels.get(channel)
             if chan is None:
@@ -316,6 +364,10 @@ class Subscriber:
                 # shard channel whose slot left the node. Either way, not subscribed now.
                 chan.confirmed = False
             elif kind not in (b"message", b"smessage"):
+                return
+            elif _wakes_one(channel, payload):
+                chan.permits = min(chan.permits + 1, chan.refs)
+                chan.wake_one()
                 return
             chan.events += 1
             for wake in list(chan.wakers):

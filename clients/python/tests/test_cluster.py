@@ -191,8 +191,10 @@ def test_scripts_mode_waits_on_each_keys_node_with_shard_channels(cluster):
             latch = rlock.CountDownLatch(rc, helpers.key_on(lo, hi, f"spy{i}-latch"))
             latch.try_set_count(1)
             calls = [lambda: rlock.FencedLock(rc, key, timeout=30).acquire(blocking_timeout=10),
-                     lambda: rlock.RwLock(rc, "{%s}:rw" % key).read.acquire(blocking_timeout=10),
-                     lambda: rlock.RwLock(rc, "{%s}:rd" % key).write.acquire(blocking_timeout=10),
+                     lambda: rlock.RwLock(rc, "{%s}:rw" % key, timeout=30)
+                     .read.acquire(blocking_timeout=10),
+                     lambda: rlock.RwLock(rc, "{%s}:rd" % key, timeout=30)
+                     .write.acquire(blocking_timeout=10),
                      lambda: sem.acquire(blocking_timeout=10),
                      lambda: latch.wait(10)]
             results: list = []

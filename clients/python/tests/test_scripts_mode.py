@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 import redis
-from conftest import wait_until
+from conftest import scripts_waiters, wait_until
 from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, ResponseError
 from redisson import Redisson
@@ -265,6 +265,39 @@ def test_a_broken_subscriber_connection_wakes_its_waiters_and_asks_the_mode_agai
     holder.release()  # the message reaches the new subscription: served long before 30 s
     t.join(20)
     assert out == [True] and rlock.get_mode(r) == "scripts"
+
+
+WAITERS = 10
+
+
+def test_an_unlock_message_wakes_one_waiter_of_the_client_and_none_is_lost(app, admin):
+    """Redisson's LockPubSub: the unlock message wakes one waiter (no herd of script
+    runs), and a chain of releases reaches every waiter long before any 60 s lease."""
+    r = app()
+    holder = rlock.Lock(r, "k", timeout=60, thread_local=False)
+    assert holder.acquire(blocking=False)
+    order: list = []
+
+    def waiter(i: int) -> None:
+        lock = rlock.Lock(r, "k", timeout=60, thread_local=False)
+        assert lock.acquire(blocking_timeout=30)
+        order.append(i)
+        lock.release()
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(WAITERS)]
+    for i, t in enumerate(threads):
+        t.start()
+        wait_until(lambda i=i: scripts_waiters(r) == i + 1, what=f"waiter {i} subscribed")
+    before = evalsha_calls(admin)
+    holder.release()
+    for t in threads:
+        t.join(30)
+    assert sorted(order) == list(range(WAITERS))
+    runs = evalsha_calls(admin) - before
+    # WAITERS + 1 releases and WAITERS acquires, and a few looks more (a message kept
+    # for a waiter between two tries); waking every waiter at each release would add up
+    # to 9 + 8 + ... + 1 tries.
+    assert runs <= 2 * WAITERS + 1 + WAITERS // 2
 
 
 # ---- the read lock's timeout keys ----------------------------------------------------------
