@@ -173,13 +173,14 @@ clean: ## Remove build output and the virtualenv
 	cargo clean
 	rm -rf $(VENV)
 
-# The Java client (clients/java): Maven, Java 17, Lettuce; its tests start their own
-# module-loaded servers (RLOCK_MODULE, REDIS_SERVER) and run the real Redisson against them.
+# The Java build (clients/java): Maven, Java 17; rlock-client (Lettuce), rlock-spring and
+# rlock-shedlock (Spring Boot 4.0.7). Their tests start their own module-loaded servers
+# (RLOCK_MODULE, REDIS_SERVER), run the real Redisson and Spring Boot applications on both drivers.
 # Maven fetches the pinned dependencies into ~/.m2 on the first run.
 JAVA_DIR := clients/java
 MVN      := mvn -B -ntp -f $(JAVA_DIR)/pom.xml
 
-test-java: build ## Java client: JUnit 5 tests and Redisson interop (every primitive, both ways) on each server in SERVERS
+test-java: build ## Java: the client's JUnit 5 tests and Redisson interop, rlock-spring's and rlock-shedlock's Boot applications (Lettuce and Jedis) on each server in SERVERS
 	@./scripts/deps.sh --java
 	@$(PER_SERVER) $(MVN) test; done
 

@@ -19,8 +19,11 @@ import java.util.List;
  * arrays, sets and maps (a RESP3 map comes flat, key then value, as under RESP2). A server
  * error completes the command exceptionally with Lettuce's
  * {@code RedisCommandExecutionException}, whose message is the error text.
+ *
+ * <p>{@link #normalize} puts another driver's reply (Jedis: {@code byte[]} for bulk and
+ * status replies) into the same values.
  */
-final class Reply extends CommandOutput<String, String, Object> {
+public final class Reply extends CommandOutput<String, String, Object> {
     /** The arrays being filled, innermost on top; empty while the reply is a scalar. */
     private final Deque<List<Object>> open = new ArrayDeque<>();
     /** Lettuce's nesting depth of the innermost open array. */
@@ -28,7 +31,8 @@ final class Reply extends CommandOutput<String, String, Object> {
     /** Whether Lettuce handed this output anything (see {@link #get()}). */
     private boolean touched;
 
-    Reply() {
+    /** Public for transports that dispatch through Lettuce themselves (rlock-spring's). */
+    public Reply() {
         super(StringCodec.UTF8, null);
     }
 
@@ -40,6 +44,32 @@ final class Reply extends CommandOutput<String, String, Object> {
     @Override
     public Object get() {
         return touched ? output : "QUEUED";
+    }
+
+    /** Another driver's reply as these values: byte arrays decoded as UTF-8, lists element by element. */
+    public static Object normalize(Object v) {
+        if (v instanceof byte[] b) {
+            return new String(b, StandardCharsets.UTF_8);
+        }
+        if (v instanceof java.util.Collection<?> c) {
+            List<Object> out = new ArrayList<>(c.size());
+            for (Object o : c) {
+                out.add(normalize(o));
+            }
+            return out;
+        }
+        if (v instanceof java.util.Map<?, ?> m) {
+            List<Object> out = new ArrayList<>(m.size() * 2);
+            m.forEach((k, x) -> {
+                out.add(normalize(k));
+                out.add(normalize(x));
+            });
+            return out;
+        }
+        if (v instanceof ByteBuffer bb) {
+            return StandardCharsets.UTF_8.decode(bb.duplicate()).toString();
+        }
+        return v;
     }
 
     private void add(Object v) {

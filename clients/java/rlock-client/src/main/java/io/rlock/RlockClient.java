@@ -1,13 +1,12 @@
 // The entry point of the rlock Java client (clients/java; SPEC 6): one shared command
 // connection, one notification connection for every waiting call, one scheduler thread for
 // the watchdog and retries. Hands out the primitives by name, as Redisson's RedissonClient
-// does. It opens its own Lettuce RedisClient or rides on the application's.
+// does. It opens its own Lettuce RedisClient, rides on the application's, or runs on any
+// Transport (rlock-spring's over a Spring RedisConnectionFactory).
 package io.rlock;
 
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
-import io.lettuce.core.api.StatefulRedisConnection;
-import io.lettuce.core.codec.StringCodec;
 import io.lettuce.core.resource.ClientResources;
 import io.lettuce.core.resource.DefaultClientResources;
 
@@ -31,40 +30,27 @@ import java.util.concurrent.ScheduledThreadPoolExecutor;
  * }
  * }</pre>
  *
- * Spring Data Redis users can pass the client behind their connection factory:
- * {@code RlockClient.create((RedisClient) lettuceConnectionFactory.getNativeClient())}.
+ * On Spring Data Redis, rlock-spring's {@code SpringTransport} runs it on the application's
+ * {@code RedisConnectionFactory} (Lettuce or Jedis) instead of a Lettuce client of its own.
  */
 public final class RlockClient implements AutoCloseable {
     /** The name the command connection gives itself (`CLIENT LIST` shows it). */
     public static final String CONNECTION_NAME = "rlock-java";
+    /** The name the notification (pub/sub) connection gives itself. */
+    public static final String NOTIFICATION_CONNECTION_NAME = "rlock-java-tickets";
 
     private final String id = UUID.randomUUID().toString();
-    private final RedisClient redis;
-    private final boolean ownsRedis;
-    /** Made by this client (with its own RedisClient), shut down with it; else null. */
-    private final ClientResources ownResources;
+    private final Transport transport;
     private final RlockOptions options;
-    private final StatefulRedisConnection<String, String> conn;
     private final ScheduledExecutorService scheduler;
+    private final RlockStats stats = new RlockStats();
     private final Wire wire;
     private final Waits waits;
     private final Watchdog watchdog;
 
-    private RlockClient(RedisClient redis, boolean ownsRedis, RlockOptions options) {
-        this(redis, ownsRedis, null, options);
-    }
-
-    private RlockClient(RedisClient redis, ClientResources resources, RlockOptions options) {
-        this(redis, true, resources, options);
-    }
-
-    private RlockClient(RedisClient redis, boolean ownsRedis, ClientResources resources, RlockOptions options) {
-        this.redis = Objects.requireNonNull(redis, "redis");
-        this.ownsRedis = ownsRedis;
-        this.ownResources = resources;
+    private RlockClient(Transport transport, RlockOptions options) {
+        this.transport = Objects.requireNonNull(transport, "transport");
         this.options = Objects.requireNonNull(options, "options");
-        this.conn = redis.connect(StringCodec.UTF8);
-        conn.async().clientSetname(CONNECTION_NAME);
         ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
             Thread t = new Thread(r, "rlock-scheduler-" + id.substring(0, 8));
             t.setDaemon(true);
@@ -72,9 +58,9 @@ public final class RlockClient implements AutoCloseable {
         });
         s.setRemoveOnCancelPolicy(true);
         this.scheduler = Executors.unconfigurableScheduledExecutorService(s);
-        this.wire = new Wire(conn, scheduler, options);
-        this.waits = new Waits(redis, wire, ForkJoinPool.commonPool(), options.waitMode());
-        this.watchdog = new Watchdog(scheduler, wire, options.watchdogTimeout().toMillis());
+        this.wire = new Wire(transport, scheduler, options);
+        this.waits = new Waits(transport, wire, ForkJoinPool.commonPool(), options.waitMode(), stats);
+        this.watchdog = new Watchdog(scheduler, wire, options.watchdogTimeout().toMillis(), stats);
     }
 
     /** Connects to `uri` (`redis://host:port`) with its own Lettuce client. */
@@ -90,7 +76,7 @@ public final class RlockClient implements AutoCloseable {
                 .computationThreadPoolSize(1).build();
         RedisClient redis = RedisClient.create(resources, uri);
         try {
-            return new RlockClient(redis, resources, options);
+            return new RlockClient(new LettuceTransport(redis, true, resources), options);
         } catch (RuntimeException e) {
             redis.shutdown();
             resources.shutdown();
@@ -103,11 +89,19 @@ public final class RlockClient implements AutoCloseable {
      * opened from it, and closing this client leaves `redis` running.
      */
     public static RlockClient create(RedisClient redis) {
-        return new RlockClient(redis, false, RlockOptions.defaults());
+        return create(redis, RlockOptions.defaults());
     }
 
     public static RlockClient create(RedisClient redis, RlockOptions options) {
-        return new RlockClient(redis, false, options);
+        return new RlockClient(new LettuceTransport(Objects.requireNonNull(redis, "redis"), false, null), options);
+    }
+
+    /**
+     * Runs on other connections: rlock-spring's transport over a Spring Data Redis
+     * RedisConnectionFactory, or any {@link Transport}. Closing the client closes the transport.
+     */
+    public static RlockClient create(Transport transport, RlockOptions options) {
+        return new RlockClient(transport, options);
     }
 
     /** This client's id: the first half of every owner id it uses (`<id>:<thread id>`). */
@@ -119,6 +113,10 @@ public final class RlockClient implements AutoCloseable {
         return options;
     }
 
+    /** Counters of acquisitions, waits and lost locks since this client was made. */
+    public RlockStats stats() {
+        return stats;
+    }
     /** A re-entrant lock (RLOCK.*), Redisson's RLock layout. */
     public RlockLock getLock(String name) {
         return new RlockLock(this, name);
@@ -159,6 +157,7 @@ public final class RlockClient implements AutoCloseable {
         return Sync.join(waits.capabilities());
     }
 
+    RlockStats counters() { return stats; }
     Waits waits() { return waits; }
     Watchdog watchdog() { return watchdog; }
     ScheduledExecutorService scheduler() { return scheduler; }
@@ -193,14 +192,6 @@ public final class RlockClient implements AutoCloseable {
     public void close() {
         watchdog.close();
         scheduler.shutdownNow();
-        waits.close();
-        conn.close();
-        if (ownsRedis) {
-            // No quiet period: nothing of ours is left on the client's event loops.
-            redis.shutdown(java.time.Duration.ZERO, java.time.Duration.ofSeconds(2));
-        }
-        if (ownResources != null) {
-            ownResources.shutdown(0, 2, java.util.concurrent.TimeUnit.SECONDS);
-        }
+        transport.close();
     }
 }

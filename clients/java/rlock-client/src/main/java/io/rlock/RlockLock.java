@@ -109,7 +109,7 @@ public class RlockLock implements Lock {
         }
         CompletableFuture<Acquired> out = raw.thenCompose(reply -> {
             Acquired a = parseAcquire(reply);
-            if (!a.held()) {
+            if (!client.counters().count(a.held())) {
                 return CompletableFuture.completedFuture(a);
             }
             lost.remove(owner);
@@ -300,6 +300,23 @@ public class RlockLock implements Lock {
 
     public CompletableFuture<Long> remainTimeToLiveAsync() {
         return client.wire().sendRetrying(List.of("PTTL", name)).thenApply(Sync::asLong);
+    }
+
+    /**
+     * Sets the current thread's hold to expire `leaseTime` from now, shorter or longer than
+     * it was (Spring's renewLock, ShedLock's extend and lockAtLeastFor). False when the thread
+     * does not hold the lock. A hold the watchdog keeps is renewed again at its next tick.
+     */
+    public boolean renewLease(long leaseTime, TimeUnit unit) {
+        return Sync.join(renewLeaseAsync(leaseTime, unit, currentThreadId()));
+    }
+
+    public CompletableFuture<Boolean> renewLeaseAsync(long leaseTime, TimeUnit unit, long threadId) {
+        if (leaseTime <= 0) {
+            throw new IllegalArgumentException("leaseTime must be positive, got " + leaseTime);
+        }
+        return client.wire().sendRetrying(renewArgs(ownerOf(threadId), Math.max(1, unit.toMillis(leaseTime))))
+                .thenApply(v -> Long.valueOf(1).equals(v));
     }
 
     /** Listeners told when a watchdog renewal finds a hold of this lock gone. */

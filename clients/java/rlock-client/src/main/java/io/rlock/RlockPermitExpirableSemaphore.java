@@ -53,6 +53,7 @@ public final class RlockPermitExpirableSemaphore {
         }
         CompletableFuture<String> out = raw.thenApply(v -> {
             String id = (String) v;
+            client.counters().count(id != null);
             if (id != null && leaseMs <= 0) {
                 client.watchdog().hold(watchName(id),
                         List.of("RPSEMAPHORE.UPDATELEASETIME", name, id, Long.toString(lease)),

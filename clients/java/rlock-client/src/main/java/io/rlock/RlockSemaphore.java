@@ -46,7 +46,7 @@ public final class RlockSemaphore {
                     ? List.of(List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId()))
                     : List.of());
         }
-        return Sync.linked(raw.thenApply(v -> Sync.asLong(v) == 1), raw);
+        return Sync.linked(raw.thenApply(v -> client.counters().count(Sync.asLong(v) == 1)), raw);
     }
 
     public void acquire() throws InterruptedException {

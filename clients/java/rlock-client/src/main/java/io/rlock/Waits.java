@@ -2,19 +2,11 @@
 // call of one client queues a ticket (`WAIT t ASYNC ID id`) on the client's command
 // connection and hears its fate on the client's one notification (pub/sub) connection, so
 // the client holds two connections however many threads wait. The Rust client's
-// tickets.rs is the reference; this is the same protocol over Lettuce.
+// tickets.rs is the reference; this is the same protocol over the client's Transport.
 package io.rlock;
 
-import io.lettuce.core.RedisChannelHandler;
-import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisCommandExecutionException;
-import io.lettuce.core.RedisConnectionStateListener;
-import io.lettuce.core.api.StatefulRedisConnection;
-import io.lettuce.core.codec.StringCodec;
-import io.lettuce.core.pubsub.RedisPubSubAdapter;
-import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
 
-import java.net.SocketAddress;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -23,13 +15,17 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
+import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 
 final class Waits {
     /** The name the notification connection gives itself (`CLIENT LIST` shows it). */
-    static final String CONNECTION_NAME = "rlock-java-tickets";
+    static final String CONNECTION_NAME = RlockClient.NOTIFICATION_CONNECTION_NAME;
+    /** How long after a ticket's deadline the client looks for itself (see ticketed). */
+    static final long LATE_LOOK_MS = 2_000;
 
-    private final RedisClient redis;
+    private final Transport transport;
+    private final RlockStats stats;
     private final Wire wire;
     private final Executor executor;
     private final RlockOptions.WaitMode waitMode;
@@ -41,15 +37,10 @@ final class Waits {
      */
     private volatile CompletableFuture<Capabilities> probe;
 
-    /** Lazily opened on the first waiting call; null until then. Written under `this`. */
-    private volatile StatefulRedisPubSubConnection<String, String> pubsub;
-    /** Connections seen connected once: a later connect event is a reconnect. */
-    private final java.util.Set<Object> seen = ConcurrentHashMap.newKeySet();
     /** Ticket channels subscribed, with their waiter counts. Guarded by `this`. */
     private final Map<String, Sub> subs = new HashMap<>();
     /** Waiters by request id, until their ticket's fate is known (cancelled ones too). */
     private final Map<String, Waiter> waiters = new ConcurrentHashMap<>();
-    private final RedisConnectionStateListener reconnects;
     private final Object connecting = new Object();
 
     private static final class Sub {
@@ -57,32 +48,22 @@ final class Waits {
         CompletableFuture<Void> ready;
     }
 
-    Waits(RedisClient redis, Wire wire, Executor executor, RlockOptions.WaitMode waitMode) {
-        this.redis = redis;
+    Waits(Transport transport, Wire wire, Executor executor, RlockOptions.WaitMode waitMode, RlockStats stats) {
+        this.transport = transport;
+        this.stats = stats;
         this.wire = wire;
         this.executor = executor;
         this.waitMode = waitMode;
+        transport.listen(this::onMessage);
         // A ticket lives as long as the connection that queued it, and a grant message sent
         // while the subscriber was away is lost: after either connection comes back, every
         // waiter sends its command again with the same request id. The server replays a
-        // grant already made under that id and queues anything else anew.
-        seen.add(wire.connection());
-        this.reconnects = new RedisConnectionStateListener() {
-            @Override
-            public void onRedisConnected(RedisChannelHandler<?, ?> c, SocketAddress a) {
-                // Runs on Lettuce's event loop: takes no lock.
-                if ((c == wire.connection() || c == pubsub) && !seen.add(c)) {
-                    if (c == wire.connection()) {
-                        // Another server, maybe: ask again before the waiters go out again.
-                        probe = null;
-                        capabilities().whenComplete((caps, e) -> resendAll());
-                    } else {
-                        resendAll();
-                    }
-                }
-            }
-        };
-        redis.addListener(reconnects);
+        // grant already made under that id and queues anything else anew. The server may be
+        // another one (a failover): it is asked what it can do first.
+        transport.onReconnect(() -> {
+            probe = null;
+            capabilities().whenComplete((caps, e) -> resendAll());
+        });
     }
 
     /** The ticket channel of `key` (Redisson's prefixName rule keeps it in the key's slot). */
@@ -103,6 +84,8 @@ final class Waits {
         final Function<Object, List<List<String>>> undo;
         final CompletableFuture<Object> result = new CompletableFuture<>();
         volatile boolean finished;
+        /** Counted as a wait once (a resent ticket queued again is the same wait). */
+        volatile boolean queued;
 
         Waiter(List<String> args, Function<Object, List<List<String>>> undo) {
             this.args = args;
@@ -247,6 +230,13 @@ final class Waits {
                 send(w, w.ticketed());
             }
         });
+        if (w.waitMs > 0) {
+            // The server ends a ticket at its deadline and says so; should that message be
+            // lost, the client looks once itself a little later (the same id: a grant made
+            // meanwhile is replayed, else the state now), so no wait outlives its time.
+            CompletableFuture.delayedExecutor(w.waitMs + LATE_LOOK_MS, TimeUnit.MILLISECONDS, executor)
+                    .execute(() -> send(w, w.look()));
+        }
     }
 
     private void send(Waiter w, List<String> args) {
@@ -260,7 +250,12 @@ final class Waits {
     private void onReply(Waiter w, boolean ticketed, Object reply, Throwable e) {
         if (e != null) {
             finish(w, null, e);
-        } else if (!(ticketed && "QUEUED".equals(reply))) {
+        } else if (ticketed && "QUEUED".equals(reply)) {
+            if (!w.queued) {
+                w.queued = true;
+                stats.waits.increment();
+            }
+        } else {
             finish(w, reply, null);
         }
     }
@@ -333,33 +328,11 @@ final class Waits {
     // ---- the notification connection ----------------------------------------------------
 
     private CompletableFuture<Void> join(String channel) {
-        if (pubsub == null) {
-            // Connected outside the lock: Lettuce's event loop calls back into this class.
-            synchronized (connecting) {
-                if (pubsub == null) {
-                    StatefulRedisPubSubConnection<String, String> p;
-                    try {
-                        p = redis.connectPubSub(StringCodec.UTF8);
-                    } catch (RuntimeException e) {
-                        return CompletableFuture.failedFuture(e);
-                    }
-                    seen.add(p);
-                    p.addListener(new RedisPubSubAdapter<>() {
-                        @Override
-                        public void message(String ch, String message) {
-                            onMessage(ch, message);
-                        }
-                    });
-                    p.async().clientSetname(CONNECTION_NAME);
-                    pubsub = p;
-                }
-            }
-        }
         synchronized (this) {
             Sub s = subs.computeIfAbsent(channel, c -> new Sub());
             if (s.refs++ == 0) {
                 // Subscribed before the ticket is sent, so its message cannot be missed.
-                s.ready = pubsub.async().subscribe(channel).toCompletableFuture();
+                s.ready = transport.subscribe(channel);
             }
             return s.ready;
         }
@@ -370,7 +343,7 @@ final class Waits {
             Sub s = subs.get(w.channel);
             if (s != null && --s.refs == 0) {
                 subs.remove(w.channel);
-                pubsub.async().unsubscribe(w.channel);
+                transport.unsubscribe(w.channel);
             }
         }
     }
@@ -391,13 +364,14 @@ final class Waits {
                     "the server queues no tickets; use WaitMode.AUTO or BLOCKING"));
             return;
         }
+        stats.waits.increment();
         CompletableFuture.runAsync(() -> {
             if (w.result.isDone()) {
                 return;
             }
-            StatefulRedisConnection<String, String> c;
+            Transport.Dedicated c;
             try {
-                c = redis.connect(StringCodec.UTF8);
+                c = transport.dedicated();
             } catch (RuntimeException e) {
                 w.result.completeExceptionally(e);
                 return;
@@ -405,9 +379,8 @@ final class Waits {
             // Closing the connection removes the waiter from the server's queue, or makes
             // the server take back a lock it had just handed over: a cancelled wait leaves
             // nothing behind.
-            w.result.whenComplete((v, e) -> c.closeAsync());
-            Wire own = new Wire(c, null, RlockOptions.defaults().withRetryAttempts(1));
-            own.send(w.blocking()).whenComplete((reply, e) -> {
+            w.result.whenComplete((v, e) -> c.close());
+            c.send(w.blocking()).whenComplete((reply, e) -> {
                 if (e != null) {
                     w.result.completeExceptionally(Wire.unwrap(e));
                 } else if (!w.result.complete(reply)) {
@@ -422,17 +395,5 @@ final class Waits {
     /** How many waiters this client has registered (tests: nothing left behind). */
     int registered() {
         return waiters.size();
-    }
-
-    void close() {
-        redis.removeListener(reconnects);
-        StatefulRedisPubSubConnection<String, String> p;
-        synchronized (this) {
-            p = pubsub;
-            pubsub = null;
-        }
-        if (p != null) {
-            p.close();
-        }
     }
 }

@@ -16,6 +16,7 @@ import java.util.function.Predicate;
 final class Watchdog {
     private final ScheduledExecutorService scheduler;
     private final Wire wire;
+    private final RlockStats stats;
     private final long leaseMs;
     /** One entry per held thing (a key and an owner, or a permit id). */
     private final Map<String, Entry> entries = new ConcurrentHashMap<>();
@@ -51,8 +52,9 @@ final class Watchdog {
         }
     }
 
-    Watchdog(ScheduledExecutorService scheduler, Wire wire, long leaseMs) {
+    Watchdog(ScheduledExecutorService scheduler, Wire wire, long leaseMs, RlockStats stats) {
         this.scheduler = scheduler;
+        this.stats = stats;
         this.wire = wire;
         this.leaseMs = leaseMs;
     }
@@ -97,6 +99,7 @@ final class Watchdog {
     private void drop(Entry e, String why) {
         if (entries.remove(e.name, e)) {
             e.task.cancel(false);
+            stats.lostLocks.increment();
             e.lost.accept(why);
         }
     }

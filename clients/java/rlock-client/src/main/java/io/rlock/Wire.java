@@ -1,14 +1,11 @@
-// How the rlock Java client talks to the server (clients/java, internal): one shared
-// Lettuce connection for every command of a client, generic commands read with Reply,
-// retries of transient failures with capped exponential backoff and jitter, request ids.
+// How the rlock Java client talks to the server (clients/java, internal): every command of
+// a client goes out on its Transport's command connection, read as Reply's values, with
+// retries of transient failures (capped exponential backoff and jitter) and request ids.
 package io.rlock;
 
 import io.lettuce.core.RedisCommandExecutionException;
 import io.lettuce.core.RedisCommandTimeoutException;
 import io.lettuce.core.RedisConnectionException;
-import io.lettuce.core.api.StatefulRedisConnection;
-import io.lettuce.core.codec.StringCodec;
-import io.lettuce.core.protocol.CommandArgs;
 import io.lettuce.core.protocol.ProtocolKeyword;
 
 import java.io.IOException;
@@ -26,7 +23,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
 final class Wire {
-    private final StatefulRedisConnection<String, String> conn;
+    private final Transport transport;
     private final ScheduledExecutorService scheduler;
     private final RlockOptions options;
     private static final ConcurrentHashMap<String, ProtocolKeyword> KEYWORDS = new ConcurrentHashMap<>();
@@ -34,14 +31,10 @@ final class Wire {
     private static final String ID_PREFIX = UUID.randomUUID().toString().substring(0, 8);
     private static final AtomicLong ID_SEQ = new AtomicLong();
 
-    Wire(StatefulRedisConnection<String, String> conn, ScheduledExecutorService scheduler, RlockOptions options) {
-        this.conn = conn;
+    Wire(Transport transport, ScheduledExecutorService scheduler, RlockOptions options) {
+        this.transport = transport;
         this.scheduler = scheduler;
         this.options = options;
-    }
-
-    StatefulRedisConnection<String, String> connection() {
-        return conn;
     }
 
     /** A fresh request id (`ID` argument): names one call, so that its retry is not applied twice. */
@@ -65,18 +58,10 @@ final class Wire {
         });
     }
 
-    /** Sends one command once on the connection; its reply as Reply's values. */
+    /** Sends one command once on the command connection; its reply as Reply's values. */
     CompletableFuture<Object> send(List<String> args) {
-        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
-        for (int i = 1; i < args.size(); i++) {
-            if (i == 1) {
-                a.addKey(args.get(i));
-            } else {
-                a.add(args.get(i));
-            }
-        }
         try {
-            return conn.async().dispatch(keyword(args.get(0)), new Reply(), a).toCompletableFuture();
+            return transport.send(args);
         } catch (RuntimeException e) {
             return CompletableFuture.failedFuture(e);
         }

@@ -300,13 +300,18 @@ public final class Bench {
 
     /** Replaces this section of the report (from its heading to the next `## `), or appends it. */
     static void write(Path report, String section) throws Exception {
+        write(report, HEADING, section);
+    }
+
+    /** Replaces the section `heading` opens (to the next `## `) with `section`, or appends it (other benches too). */
+    public static void write(Path report, String heading, String section) throws Exception {
         String old = Files.exists(report) ? Files.readString(report) : "";
-        int at = old.indexOf(HEADING);
+        int at = old.indexOf(heading);
         String out;
         if (at < 0) {
             out = old + (old.endsWith("\n") || old.isEmpty() ? "" : "\n") + "\n" + section;
         } else {
-            int next = old.indexOf("\n## ", at + HEADING.length());
+            int next = old.indexOf("\n## ", at + heading.length());
             out = old.substring(0, at) + section + (next < 0 ? "" : old.substring(next));
         }
         Files.writeString(report, out);

@@ -5,8 +5,6 @@ package io.rlock;
 
 import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
-import io.lettuce.core.api.StatefulRedisConnection;
-import io.lettuce.core.codec.StringCodec;
 import io.lettuce.core.protocol.ProtocolVersion;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
@@ -23,8 +21,8 @@ class ReplyTest {
         try (TestServer server = new TestServer()) {
             RedisClient c = RedisClient.create(server.uri());
             c.setOptions(ClientOptions.builder().protocolVersion(protocol).build());
-            try (StatefulRedisConnection<String, String> conn = c.connect(StringCodec.UTF8)) {
-                Wire w = new Wire(conn, null, RlockOptions.defaults().withRetryAttempts(1));
+            try (LettuceTransport t = new LettuceTransport(c, false, null)) {
+                Wire w = new Wire(t, null, RlockOptions.defaults().withRetryAttempts(1));
                 assertNull(get(w, "RLOCK.ACQUIRE", "k", "a", "10000"));
                 Object pttl = get(w, "RLOCK.ACQUIRE", "k", "b", "10000");
                 assertInstanceOf(Long.class, pttl);

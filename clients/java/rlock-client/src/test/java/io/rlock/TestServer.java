@@ -22,14 +22,14 @@ import java.util.List;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.function.BooleanSupplier;
 
-final class TestServer implements AutoCloseable {
-    final int port;
-    final Path dir;
+public final class TestServer implements AutoCloseable {
+    public final int port;
+    public final Path dir;
     private final Process proc;
     private final RedisClient admin;
     private final StatefulRedisConnection<String, String> adminConn;
 
-    static Path module() {
+    public static Path module() {
         String env = System.getProperty("rlock.module", System.getenv("RLOCK_MODULE"));
         Path base = Path.of(System.getenv().getOrDefault("RLOCK_JAVA_DIR", "."));
         Path p = env != null && !env.isEmpty() ? Path.of(env) : base.resolve("../../../target/debug/librlock.so").normalize();
@@ -41,13 +41,13 @@ final class TestServer implements AutoCloseable {
         return p.toAbsolutePath();
     }
 
-    static String serverBinary() {
+    public static String serverBinary() {
         String s = System.getProperty("redis.server", System.getenv("REDIS_SERVER"));
         return s == null || s.isEmpty() ? "redis-server" : s;
     }
 
     /** A free TCP port whose cluster bus port (+10000) is free too. */
-    static int freePort() {
+    public static int freePort() {
         for (int i = 0; i < 100; i++) {
             int p = 20000 + ThreadLocalRandom.current().nextInt(30000);
             if (free(p) && free(p + 10000)) {
@@ -66,7 +66,7 @@ final class TestServer implements AutoCloseable {
         }
     }
 
-    TestServer(String... extra) {
+    public TestServer(String... extra) {
         this.port = freePort();
         try {
             this.dir = Files.createTempDirectory("rlock-java-" + port + "-");
@@ -94,7 +94,7 @@ final class TestServer implements AutoCloseable {
         this.adminConn = admin.connect(StringCodec.UTF8);
     }
 
-    String log() {
+    public String log() {
         try {
             return Files.readString(dir.resolve("stdout.log")) + Files.readString(dir.resolve("redis.log"));
         } catch (IOException e) {
@@ -102,21 +102,21 @@ final class TestServer implements AutoCloseable {
         }
     }
 
-    RedisURI uri() {
+    public RedisURI uri() {
         return RedisURI.create("redis://127.0.0.1:" + port);
     }
 
-    String address() {
+    public String address() {
         return "redis://127.0.0.1:" + port;
     }
 
     /** Plain commands for checks. */
-    RedisCommands<String, String> redis() {
+    public RedisCommands<String, String> redis() {
         return adminConn.sync();
     }
 
     /** Any command, its reply as the client's own Reply values. */
-    Object call(String... args) {
+    public Object call(String... args) {
         CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
         for (int i = 1; i < args.length; i++) {
             a.add(args[i]);
@@ -126,7 +126,7 @@ final class TestServer implements AutoCloseable {
     }
 
     /** One field of INFO section (null when absent). */
-    String info(String section, String field) {
+    public String info(String section, String field) {
         for (String line : redis().info(section).split("\r?\n")) {
             if (line.startsWith(field + ":")) {
                 return line.substring(field.length() + 1).trim();
@@ -136,11 +136,11 @@ final class TestServer implements AutoCloseable {
     }
 
     /** How many connections the server has open (CLIENT LIST). */
-    int connections() {
+    public int connections() {
         return redis().clientList().split("\n").length;
     }
 
-    static void waitUntil(Duration timeout, String what, BooleanSupplier cond) {
+    public static void waitUntil(Duration timeout, String what, BooleanSupplier cond) {
         long end = System.nanoTime() + timeout.toNanos();
         while (!cond.getAsBoolean()) {
             if (System.nanoTime() > end) {

@@ -1,0 +1,170 @@
+// The client's connections on a Lettuce RedisClient (clients/java, internal): a shared
+// command connection, a lazily opened pub/sub connection, and a new connection per blocking
+// wait; Lettuce's reconnect events tell the client when tickets may have been lost.
+package io.rlock;
+
+import io.lettuce.core.RedisChannelHandler;
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisConnectionStateListener;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.pubsub.RedisPubSubAdapter;
+import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
+import io.lettuce.core.resource.ClientResources;
+
+import java.net.SocketAddress;
+import java.time.Duration;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.TimeUnit;
+import java.util.function.BiConsumer;
+
+final class LettuceTransport implements Transport {
+    private final RedisClient redis;
+    private final boolean ownsRedis;
+    /** Made with the client's own RedisClient, shut down with it; else null. */
+    private final ClientResources ownResources;
+    private final StatefulRedisConnection<String, String> conn;
+    private volatile StatefulRedisPubSubConnection<String, String> pubsub;
+    private volatile BiConsumer<String, String> listener = (c, m) -> { };
+    private final List<Runnable> hooks = new CopyOnWriteArrayList<>();
+    /** Connections seen connected once: a later connect event is a reconnect. */
+    private final Set<Object> seen = ConcurrentHashMap.newKeySet();
+    private final RedisConnectionStateListener reconnects;
+    private final Object connecting = new Object();
+
+    LettuceTransport(RedisClient redis, boolean ownsRedis, ClientResources ownResources) {
+        this.redis = redis;
+        this.ownsRedis = ownsRedis;
+        this.ownResources = ownResources;
+        this.conn = redis.connect(StringCodec.UTF8);
+        conn.async().clientSetname(RlockClient.CONNECTION_NAME);
+        seen.add(conn);
+        this.reconnects = new RedisConnectionStateListener() {
+            @Override
+            public void onRedisConnected(RedisChannelHandler<?, ?> c, SocketAddress a) {
+                // Runs on Lettuce's event loop: takes no lock.
+                if ((c == conn || c == pubsub) && !seen.add(c)) {
+                    hooks.forEach(Runnable::run);
+                }
+            }
+        };
+        redis.addListener(reconnects);
+    }
+
+    StatefulRedisConnection<String, String> connection() {
+        return conn;
+    }
+
+    static CompletableFuture<Object> send(StatefulRedisConnection<String, String> c, List<String> args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        for (int i = 1; i < args.size(); i++) {
+            if (i == 1) {
+                a.addKey(args.get(i));
+            } else {
+                a.add(args.get(i));
+            }
+        }
+        try {
+            return c.async().dispatch(Wire.keyword(args.get(0)), new Reply(), a).toCompletableFuture();
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+    }
+
+    @Override
+    public CompletableFuture<Object> send(List<String> args) {
+        return send(conn, args);
+    }
+
+    @Override
+    public void listen(BiConsumer<String, String> l) {
+        this.listener = l;
+    }
+
+    private StatefulRedisPubSubConnection<String, String> pubsub() {
+        StatefulRedisPubSubConnection<String, String> p = pubsub;
+        if (p != null) {
+            return p;
+        }
+        synchronized (connecting) {
+            if (pubsub == null) {
+                p = redis.connectPubSub(StringCodec.UTF8);
+                seen.add(p);
+                p.addListener(new RedisPubSubAdapter<>() {
+                    @Override
+                    public void message(String ch, String message) {
+                        listener.accept(ch, message);
+                    }
+                });
+                p.async().clientSetname(Waits.CONNECTION_NAME);
+                pubsub = p;
+            }
+            return pubsub;
+        }
+    }
+
+    @Override
+    public CompletableFuture<Void> subscribe(String channel) {
+        try {
+            // Lettuce completes SUBSCRIBE on the server's confirmation.
+            return pubsub().async().subscribe(channel).toCompletableFuture();
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+    }
+
+    @Override
+    public void unsubscribe(String channel) {
+        StatefulRedisPubSubConnection<String, String> p = pubsub;
+        if (p != null) {
+            p.async().unsubscribe(channel);
+        }
+    }
+
+    @Override
+    public void onReconnect(Runnable hook) {
+        hooks.add(hook);
+    }
+
+    @Override
+    public Dedicated dedicated() {
+        StatefulRedisConnection<String, String> c = redis.connect(StringCodec.UTF8);
+        return new Dedicated() {
+            @Override
+            public CompletableFuture<Object> send(List<String> args) {
+                return LettuceTransport.send(c, args);
+            }
+
+            @Override
+            public void close() {
+                c.closeAsync();
+            }
+        };
+    }
+
+    @Override
+    public void close() {
+        redis.removeListener(reconnects);
+        StatefulRedisPubSubConnection<String, String> p;
+        synchronized (connecting) {
+            p = pubsub;
+            pubsub = null;
+        }
+        if (p != null) {
+            p.close();
+        }
+        conn.close();
+        if (ownsRedis) {
+            // No quiet period: nothing of ours is left on the client's event loops.
+            redis.shutdown(Duration.ZERO, Duration.ofSeconds(2));
+        }
+        if (ownResources != null) {
+            ownResources.shutdown(0, 2, TimeUnit.SECONDS);
+        }
+    }
+}

@@ -1,0 +1,66 @@
+// The connections under an RlockClient (clients/java): what the client's one implementation
+// of the locks, waits and watchdog needs from a Redis driver, so that the same client runs
+// on its own Lettuce RedisClient (LettuceTransport, here) or on an application's Spring Data
+// Redis RedisConnectionFactory, Lettuce or Jedis behind it (rlock-spring's SpringTransport).
+package io.rlock;
+
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.function.BiConsumer;
+
+/**
+ * The connections of one client: a command connection, one notification (pub/sub)
+ * connection for every waiting call, and a connection of its own for a blocking wait.
+ *
+ * <p>Replies come as {@link Reply}'s plain values ({@code null}, {@code Long}, UTF-8
+ * {@code String}, {@code List<Object>}); a queued ticket's {@code +QUEUED} as the string
+ * {@code "QUEUED"}. Failures speak Lettuce's exceptions, whatever the driver, so the client
+ * classifies them once: a server error is {@code RedisCommandExecutionException} whose
+ * message is the error text, a broken connection {@code RedisConnectionException}, a timeout
+ * {@code RedisCommandTimeoutException}.
+ *
+ * <p>An implementation must keep a ticket's promise (docs/tickets.md): a ticket lives as
+ * long as the connection that queued it, and a grant published while the notification
+ * connection was away is lost. When either happened it calls the reconnect hook, and the
+ * client sends every waiting command again under its request id.
+ */
+public interface Transport extends AutoCloseable {
+    /** Sends one command once: `args[0]` the command, `args[1]` its key. */
+    CompletableFuture<Object> send(List<String> args);
+
+    /**
+     * Where notification messages go: `(channel, message)` of every subscribed channel, on
+     * whatever thread the driver delivers them. Called once, before any subscribe.
+     */
+    void listen(BiConsumer<String, String> listener);
+
+    /**
+     * Subscribes the notification connection (opened on first use) to `channel`; completes
+     * once a message published on it from now on is certain to be heard.
+     */
+    CompletableFuture<Void> subscribe(String channel);
+
+    void unsubscribe(String channel);
+
+    /** Runs `hook` (taking no lock, quickly) whenever queued tickets or grant messages may have been lost. */
+    void onReconnect(Runnable hook);
+
+    /**
+     * A connection of its own for one blocking command (the fallback for a module without
+     * tickets); closing it while the command runs ends the command in the server (the
+     * server then drops the waiter, or takes back a grant it had just made).
+     */
+    Dedicated dedicated();
+
+    /** One blocking command's connection. */
+    interface Dedicated extends AutoCloseable {
+        CompletableFuture<Object> send(List<String> args);
+
+        @Override
+        void close();
+    }
+
+    /** Closes what the transport opened (not what the application lent it). */
+    @Override
+    void close();
+}

@@ -1,0 +1,51 @@
+// The `rlock.*` properties of rlock-spring's Boot auto-configuration: the client's options
+// and the LockRegistry's, each default the client's own (RlockOptions' DEFAULT_*).
+package io.rlock.spring;
+
+import io.rlock.RlockOptions;
+import org.springframework.boot.context.properties.ConfigurationProperties;
+
+import java.time.Duration;
+
+/** Bound from {@code rlock.*}. */
+@ConfigurationProperties(prefix = "rlock")
+public class RlockProperties {
+    /** Whether to build the rlock client and LockRegistry from the application's RedisConnectionFactory. */
+    private boolean enabled = true;
+    /** Lease of a hold taken without one, renewed every third of it (Redisson's lockWatchdogTimeout). */
+    private Duration watchdogTimeout = RlockOptions.DEFAULT_WATCHDOG_TIMEOUT;
+    /** Tries of a transiently failing command, the first included. */
+    private int retryAttempts = RlockOptions.DEFAULT_RETRY_ATTEMPTS;
+    /** How waiting calls wait: AUTO (queued tickets when the module takes them), TICKETS or BLOCKING. */
+    private RlockOptions.WaitMode waitMode = RlockOptions.WaitMode.AUTO;
+    private final Registry registry = new Registry();
+
+    /** The LockRegistry's settings. */
+    public static class Registry {
+        /** Prefix of the registry's lock keys (`<key>:<lock key>`). */
+        private String key = RlockLockRegistry.DEFAULT_REGISTRY_KEY;
+        /** A fixed lease for every hold (as RedisLockRegistry's expireAfter); unset: the watchdog keeps holds. */
+        private Duration expireAfter;
+
+        public String getKey() { return key; }
+        public void setKey(String key) { this.key = key; }
+        public Duration getExpireAfter() { return expireAfter; }
+        public void setExpireAfter(Duration expireAfter) { this.expireAfter = expireAfter; }
+    }
+
+    /** The client options these properties make. */
+    public RlockOptions toOptions() {
+        return RlockOptions.defaults().withWatchdogTimeout(watchdogTimeout).withRetryAttempts(retryAttempts)
+                .withWaitMode(waitMode);
+    }
+
+    public boolean isEnabled() { return enabled; }
+    public void setEnabled(boolean enabled) { this.enabled = enabled; }
+    public Duration getWatchdogTimeout() { return watchdogTimeout; }
+    public void setWatchdogTimeout(Duration watchdogTimeout) { this.watchdogTimeout = watchdogTimeout; }
+    public int getRetryAttempts() { return retryAttempts; }
+    public void setRetryAttempts(int retryAttempts) { this.retryAttempts = retryAttempts; }
+    public RlockOptions.WaitMode getWaitMode() { return waitMode; }
+    public void setWaitMode(RlockOptions.WaitMode waitMode) { this.waitMode = waitMode; }
+    public Registry getRegistry() { return registry; }
+}
