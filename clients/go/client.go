@@ -288,14 +288,15 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 	if !forever {
 		waitMs = proto.Millis(wait)
 	}
+	ctxBound := false
 	if dl, ok := ctx.Deadline(); ok {
 		// The server drops the ticket when the caller would stop waiting anyway.
 		left := proto.Millis(time.Until(dl))
 		if left <= 0 {
-			return reply, ctx.Err()
+			return reply, context.DeadlineExceeded
 		}
 		if waitMs == 0 || left < waitMs {
-			waitMs = left
+			waitMs, ctxBound = left, true
 		}
 	}
 	for tries := 0; ; tries++ {
@@ -304,6 +305,12 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 			return nil, err
 		}
 		reply, err = h.wait(ctx, build(waitMs))
+		if err == nil && ctxBound && !satisfied(reply) {
+			// The server ended the wait at the context's deadline (to the millisecond,
+			// maybe a moment before the context itself): the context's error, as a
+			// wait that the context ended.
+			return reply, context.DeadlineExceeded
+		}
 		if c.cluster != nil && redirected(err) && tries < 3 {
 			// The slot moved: learn the new layout and queue on the key's new node.
 			c.cluster.ReloadState(ctx)

@@ -17,5 +17,5 @@
 // acquire/release/renew engine every owned hold shares) and one file per primitive;
 // internal/proto holds the wire protocol with no I/O; internal/testserver starts real
 // module-loaded servers for the tests. Scripts mode (Redisson's Lua scripts on a server
-// without the module) is not built yet: Client.mode is its seam.
+// without the module) is not built yet: the Mode type (ModeModule only) is its seam.
 package rlock

@@ -420,3 +420,19 @@ func infoWaiters(t *testing.T, cmd, key string) int64 {
 	}
 	return 0
 }
+
+func TestLockContextEndsWithTheContextsDeadline(t *testing.T) {
+	_, _, c := setup(t)
+	holder := c.NewMutex("dl")
+	must(t, holder.Lock())
+	// The server drops the ticket at the context's deadline, maybe a moment before the
+	// context itself ends: the caller still sees the context's error, not ErrTimeout.
+	for i := 0; i < 5; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := c.NewMutex("dl").LockContext(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("LockContext past its deadline = %v, want context.DeadlineExceeded", err)
+		}
+	}
+}

@@ -43,6 +43,10 @@ type result struct {
 	Acquired int     `json:"acquired"`
 	Changes  int     `json:"changes"`
 	WaitsUs  []int64 `json:"waits_us"`
+	// ChangeWaitsUs are the waits of the acquisitions that took the lock from another
+	// process: what waiting for the lock costs, without the free re-acquisitions of an
+	// unfair lock's current owner.
+	ChangeWaitsUs []int64 `json:"change_waits_us"`
 }
 
 func main() {
@@ -86,10 +90,12 @@ func runChild(addr, impl string, proc int, start time.Time, seconds float64) err
 		err := acquire(ctx)
 		// A wait cut by the end of the run counts too, as the least it waited: leaving it
 		// out would flatter the lock that starved this process.
-		res.WaitsUs = append(res.WaitsUs, time.Since(t0).Microseconds())
+		waited := time.Since(t0).Microseconds()
+		res.WaitsUs = append(res.WaitsUs, waited)
 		if err != nil {
-			if ctx.Err() != nil {
-				break
+			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsync.ErrFailed) ||
+				errors.Is(err, redislock.ErrNotObtained) {
+				break // the run ended while it waited
 			}
 			return fmt.Errorf("%s acquire: %w", impl, err)
 		}
@@ -101,6 +107,7 @@ func runChild(addr, impl string, proc int, start time.Time, seconds float64) err
 		}
 		if prev != me {
 			res.Changes++
+			res.ChangeWaitsUs = append(res.ChangeWaitsUs, waited)
 		}
 		if err := release(context.Background()); err != nil {
 			return fmt.Errorf("%s release: %w", impl, err)
@@ -147,6 +154,7 @@ type row struct {
 	n           int
 	changesPerS float64
 	p99         time.Duration
+	p99Change   time.Duration
 	jain        float64
 	conns       int
 	acquired    int
@@ -180,8 +188,8 @@ func runDriver(seconds float64, contenders, report string) error {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%-9s %3d contenders: %8.0f owner changes/s, p99 wait %v, Jain %.3f, %d connections\n",
-				impl, n, r.changesPerS, r.p99.Round(time.Millisecond), r.jain, r.conns)
+			fmt.Printf("%-9s %3d contenders: %8.0f owner changes/s (%d acquisitions), p99 wait %v (owner changes: %v), Jain %.3f, %d connections\n",
+				impl, n, r.changesPerS, r.acquired, r.p99.Round(time.Millisecond), r.p99Change.Round(time.Millisecond), r.jain, r.conns)
 			rows = append(rows, r)
 		}
 	}
@@ -238,7 +246,7 @@ func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n
 		return row{}, failed
 	}
 	r := row{impl: impl, n: n, conns: peak}
-	var waits []int64
+	var waits, changeWaits []int64
 	var counts []float64
 	changes := 0
 	for _, o := range outs {
@@ -251,12 +259,14 @@ func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n
 			}
 		}
 		waits = append(waits, res.WaitsUs...)
+		changeWaits = append(changeWaits, res.ChangeWaitsUs...)
 		counts = append(counts, float64(res.Acquired))
 		changes += res.Changes
 		r.acquired += res.Acquired
 	}
 	r.changesPerS = float64(changes) / seconds
 	r.p99 = time.Duration(percentile(waits, 0.99)) * time.Microsecond
+	r.p99Change = time.Duration(percentile(changeWaits, 0.99)) * time.Microsecond
 	r.jain = jain(counts)
 	return r, nil
 }
@@ -317,14 +327,16 @@ func render(rows []row, seconds float64, server string) string {
 	fmt.Fprintf(&b, "### Go clients: one lock, contenders in separate processes (`make bench-go`)\n\n")
 	fmt.Fprintf(&b, "%s, module release build, %g s per run, each process one goroutine looping "+
 		"acquire (waiting until granted), `GETSET` of the last owner, release. Owner changes/s: "+
-		"acquisitions that found another process's mark. p99 wait: of every acquire, a wait cut by the "+
-		"end of the run counted as its length so far. Jain: fairness of the acquisitions over the "+
-		"processes (1 = equal). Connections: the server's peak `connected_clients` during the run. "+
-		"rlock: `Mutex.LockContext` (queued tickets); redsync v4.13.0: defaults (random 50-250 ms "+
-		"between tries), tries without limit; bsm/redislock v0.9.4: `ExponentialBackoff(16ms, 512ms)`. "+
-		"Ratios: rlock against each.\n\n", server, seconds)
-	b.WriteString("| contenders | client | owner changes/s | p99 wait | Jain | connections | rlock: changes/s ratio | rlock: p99 ratio |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+		"acquisitions that found another process's mark. p99 wait: of every acquire (a wait cut by the "+
+		"end of the run counted as its length so far); p99 handoff wait: of the acquires that took the "+
+		"lock from another process (an unfair lock's owner re-acquiring at once does not count). Jain: "+
+		"fairness of the acquisitions over the processes (1 = equal). Connections: the server's peak "+
+		"`connected_clients` during the run. rlock: `Mutex.LockContext` (queued tickets); redsync "+
+		"v4.13.0: defaults (random 50-250 ms between tries), tries without limit; bsm/redislock "+
+		"v0.9.4: `ExponentialBackoff(16ms, 512ms)`. Ratios: rlock's changes/s over the other's, the "+
+		"other's p99 handoff wait over rlock's (above 1: rlock ahead).\n\n", server, seconds)
+	b.WriteString("| contenders | client | owner changes/s | acquisitions | p99 wait | p99 handoff wait | Jain | connections | changes/s: rlock ahead | p99 handoff: rlock ahead |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	byN := map[int]row{}
 	for _, r := range rows {
 		if r.impl == "rlock" {
@@ -337,15 +349,18 @@ func render(rows []row, seconds float64, server string) string {
 			if r.changesPerS > 0 {
 				ratio = fmt.Sprintf("%.1fx", base.changesPerS/r.changesPerS)
 			}
-			if r.p99 > 0 {
-				p99 = fmt.Sprintf("%.2fx", float64(base.p99)/float64(r.p99))
+			if base.p99Change > 0 {
+				p99 = fmt.Sprintf("%.1fx", float64(r.p99Change)/float64(base.p99Change))
 			}
 		}
-		fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %.3f | %d | %s | %s |\n", r.n, r.impl, r.changesPerS,
-			r.p99.Round(100*time.Microsecond), r.jain, r.conns, ratio, p99)
+		fmt.Fprintf(&b, "| %d | %s | %.0f | %d | %s | %s | %.3f | %d | %s | %s |\n", r.n, r.impl, r.changesPerS,
+			r.acquired, ms(r.p99), ms(r.p99Change), r.jain, r.conns, ratio, p99)
 	}
 	return b.String()
 }
+
+// ms formats a duration in milliseconds with one decimal.
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 
 const (
 	beginMark = "<!-- bench-go:begin -->"
