@@ -231,7 +231,9 @@ func (h *hub) orphanEvent(w *waiter, ev proto.Event) {
 	}
 	delete(h.waiters, w.shape.ID())
 	h.unref(w.channel)
-	if ev.Note.Kind == proto.Granted && !w.shape.Latch {
+	// A grant, or a kind this client does not know (which may have been one): collect,
+	// and give back what the reply says was granted.
+	if (ev.Note.Kind == proto.Granted || ev.Note.Kind == proto.Other) && !w.shape.Latch {
 		s := h.sess
 		go h.giveBack(s, w)
 	}

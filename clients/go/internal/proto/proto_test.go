@@ -138,16 +138,28 @@ func TestItParsesTicketMessages(t *testing.T) {
 		want    Note
 		ok      bool
 	}{
-		{"granted:2:8:r1client-1", Note{Kind: Granted, ID: "r1", Owner: "client-1"}, true},
-		{"timeout:2:0:r1", Note{Kind: Timeout, ID: "r1"}, true},
-		{"error:2:1:r1oMOVED 12 127.0.0.1:7000", Note{Kind: Failed, ID: "r1", Owner: "o", Detail: "MOVED 12 127.0.0.1:7000"}, true},
-		// Lengths count bytes, so ids and owners may hold ':'.
-		{"granted:3:3:a:bc:d", Note{Kind: Granted, ID: "a:b", Owner: "c:d"}, true},
-		{"granted:2:8:r1client-1extra", Note{}, false},
+		{"granted:2:8:r1client-1", Note{Kind: Granted, Word: "granted", ID: "r1", Owner: "client-1"}, true},
+		{"timeout:2:0:r1", Note{Kind: Timeout, Word: "timeout", ID: "r1"}, true},
+		{"error:2:1:r1oMOVED 12 127.0.0.1:7000", Note{Kind: Failed, Word: "error", ID: "r1", Owner: "o", Detail: "MOVED 12 127.0.0.1:7000"}, true},
+		// Lengths count bytes, so ids and owners may hold ':' and any UTF-8.
+		{"granted:3:3:a:bc:d", Note{Kind: Granted, Word: "granted", ID: "a:b", Owner: "c:d"}, true},
+		{"granted:2:7:r1m\u00fcller", Note{Kind: Granted, Word: "granted", ID: "r1", Owner: "m\u00fcller"}, true},
+		// What a later module may add: a detail after any kind, kinds unknown here
+		// (collected, never ignored), leading zeros.
+		{"granted:2:8:r1client-1extra", Note{Kind: Granted, Word: "granted", ID: "r1", Owner: "client-1", Detail: "extra"}, true},
+		{"moved:2:1:r1o127.0.0.1:7001", Note{Kind: Other, Word: "moved", ID: "r1", Owner: "o", Detail: "127.0.0.1:7001"}, true},
+		{"GRANTED:2:1:r1o", Note{Kind: Other, Word: "GRANTED", ID: "r1", Owner: "o"}, true},
+		{"granted:02:0:r1", Note{Kind: Granted, Word: "granted", ID: "r1"}, true},
+		// Not ticket messages: ignored.
 		{"granted:9:8:r1client-1", Note{}, false},
 		{"granted:x:1:ab", Note{}, false},
+		{"granted:-1:0:r1", Note{}, false},
+		{"granted: 2:0:r1", Note{}, false},
+		{"granted::0:r1", Note{}, false},
+		{"granted:00000000002:0:r1", Note{}, false},
+		{"granted:2:0", Note{}, false},
 		{"nonsense", Note{}, false},
-		{"other:1:1:ab", Note{}, false},
+		{"", Note{}, false},
 	}
 	for _, c := range cases {
 		got, ok := ParseNote(c.payload)
@@ -223,6 +235,13 @@ func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 	m3.On(Event{Reply: "QUEUED"}, now)
 	if step = m3.On(Event{Note: &Note{Kind: Timeout}}, now); step.Send == nil || m3.Outstanding {
 		t.Fatalf("timeout: %+v", step)
+	}
+	// A kind this client does not know ends the ticket too: collect, do not assume.
+	m6 := NewMachine(s, now, true)
+	m6.Start(now)
+	m6.On(Event{Reply: "QUEUED"}, now)
+	if step = m6.On(Event{Note: &Note{Kind: Other, Word: "moved"}}, now); join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 ID r1" || m6.Outstanding {
+		t.Fatalf("unknown kind: %+v", step)
 	}
 	if step = m3.On(Event{Reply: int64(50)}, now); !step.Done || step.Reply != int64(50) {
 		t.Fatalf("after timeout: %+v", step)

@@ -42,37 +42,50 @@ const (
 	// Failed: it can never be granted here; Detail is the server's error text
 	// (`MOVED ...` when the slot left the node, the primitive's refusal, ...).
 	Failed
+	// Other: a kind this client does not know (a later module's). Every message ends
+	// its ticket, so the waiter collects, without assuming a grant: the collect's reply
+	// is the truth (ignoring it would leave the waiter hanging until its deadline).
+	Other
 )
 
 // Note is one parsed ticket message.
 type Note struct {
-	Kind   NoteKind
+	Kind NoteKind
+	// Word is the kind as sent.
+	Word   string
 	ID     string
 	Owner  string
 	Detail string
 }
 
-// ParseNote reads a ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`;
-// ok is false when the payload is not one.
+// ParseNote reads a ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`
+// (lengths in bytes, 1 to 10 ASCII digits); ok is false when the payload is not one. The
+// kind word alone decides what it means; a detail after any kind is kept (a later module
+// may add one).
 func ParseNote(payload string) (Note, bool) {
 	parts := strings.SplitN(payload, ":", 4)
 	if len(parts) != 4 {
 		return Note{}, false
 	}
-	num := func(s string) (int, bool) {
-		if s == "" || strings.TrimLeft(s, "0123456789") != "" || len(s) > 9 {
+	num := func(s string) (int64, bool) {
+		if len(s) < 1 || len(s) > 10 {
 			return 0, false
 		}
-		n, err := strconv.Atoi(s)
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return 0, false
+			}
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
 		return n, err == nil
 	}
 	idLen, ok1 := num(parts[1])
 	ownerLen, ok2 := num(parts[2])
 	rest := parts[3]
-	if !ok1 || !ok2 || len(rest) < idLen+ownerLen {
+	if !ok1 || !ok2 || int64(len(rest)) < idLen+ownerLen {
 		return Note{}, false
 	}
-	n := Note{ID: rest[:idLen], Owner: rest[idLen : idLen+ownerLen], Detail: rest[idLen+ownerLen:]}
+	n := Note{Word: parts[0], ID: rest[:idLen], Owner: rest[idLen : idLen+ownerLen], Detail: rest[idLen+ownerLen:]}
 	switch parts[0] {
 	case "granted":
 		n.Kind = Granted
@@ -80,12 +93,8 @@ func ParseNote(payload string) (Note, bool) {
 		n.Kind = Timeout
 	case "error":
 		n.Kind = Failed
-		return n, true
 	default:
-		return Note{}, false
-	}
-	if n.Detail != "" {
-		return Note{}, false
+		n.Kind = Other
 	}
 	return n, true
 }
@@ -273,13 +282,14 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 			}
 			// Collect: the same command and id again; the server replays the grant.
 			return Step{Send: m.Shape.Look()}
-		case Timeout:
-			// The ordinary reply of a timed-out wait: look once.
-			m.Outstanding = false
-			return Step{Send: m.Shape.Look()}
-		default:
+		case Failed:
 			m.Outstanding = false
 			return Step{Done: true, Err: NoteError(ev.Note.Detail)}
+		default:
+			// A timeout, or a kind this client does not know: the ticket left its
+			// queue; look once, and the ordinary reply says what happened.
+			m.Outstanding = false
+			return Step{Send: m.Shape.Look()}
 		}
 	case ev.Err != nil:
 		if !m.Known && RefusesAsync(ev.Err.Error()) {
