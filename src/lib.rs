@@ -66,8 +66,14 @@ const ALLOCATOR: Allocator = std::alloc::System;
 /// `ffi::dispatch` with the command's function (see `ffi/commands.rs` for why not
 /// `redis_module!`'s command list). Each entry is `[name, function, flags, first key,
 /// last key, key step]`.
+/// The same table also makes [`COMMAND_NAMES`], which a unit test holds against
+/// commands.json (one description per registered command).
 macro_rules! register_commands {
-    ($ctx:expr, $( [$name:literal, $handler:path, $flags:literal, $first:literal, $last:literal, $step:literal] ),* $(,)?) => {{
+    ($( [$name:literal, $handler:path, $flags:literal, $first:literal, $last:literal, $step:literal] ),* $(,)?) => {
+        /// Every registered command's name, in the table's order.
+        pub const COMMAND_NAMES: &[&str] = &[$($name),*];
+
+        fn register(ctx: &Context) -> Status {
         $(
             {
                 extern "C" fn entry(
@@ -82,21 +88,21 @@ macro_rules! register_commands {
                 let to_cstr = |s: &'static str| {
                     std::ffi::CStr::from_bytes_with_nul(s.as_bytes()).expect("a literal")
                 };
-                if ffi::create_command($ctx, to_cstr(name), entry, to_cstr(flags), ($first, $last, $step))
+                if ffi::create_command(ctx, to_cstr(name), entry, to_cstr(flags), ($first, $last, $step))
                     == Status::Err
                 {
                     return Status::Err;
                 }
             }
         )*
-    }};
+            Status::Ok
+        }
+    };
 }
 
-// One line per command: the table reads as one.
-#[rustfmt::skip]
-fn register(ctx: &Context) -> Status {
-    register_commands!(
-        ctx,
+// One line per command: the table reads as one. Each is described in commands.json
+// (COMMAND DOCS, server/docs.rs).
+register_commands! {
         // Key at position 1 and nowhere else, so Redis Cluster routes every command.
         // On 7.0 module commands get no ACL category (see the README's ACL note).
         ["rlock.acquire", lock::commands::acquire, "write deny-oom", 1, 1, 1],
@@ -156,13 +162,17 @@ fn register(ctx: &Context) -> Status {
         // ends, as well) and the fenced lock's (rwlock/commands.rs, fenced/commands.rs).
         ["rrwlock.acquireat", rwlock::commands::acquire_at, "write", 1, 1, 1],
         ["rfenced.acquireat", fenced::commands::acquire_at, "write", 1, 1, 1],
-    );
-    Status::Ok
 }
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if register(ctx) == Status::Err {
         return Status::Err;
+    }
+    // COMMAND DOCS: commands.json is checked by the unit tests; a server that cannot take
+    // the docs gets none, never a failed load.
+    match server::docs::parse(server::docs::COMMANDS_JSON) {
+        Ok(docs) => ffi::set_command_docs(ctx, &docs),
+        Err(e) => ctx.log_warning(&format!("rlock: commands.json: {e}")),
     }
     // What the module handles, told to the server so that it turns none of those features
     // off (ffi/options.rs): after the configs, which may say not to.
@@ -246,4 +256,20 @@ redis_module! {
         ],
         module_args_as_configuration: true,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// commands.json describes exactly the registered commands: one entry each, no more.
+    #[test]
+    fn commands_json_names_exactly_the_registration_tables_commands() {
+        let docs = server::docs::parse(server::docs::COMMANDS_JSON).unwrap();
+        let mut described: Vec<&str> = docs.iter().map(|d| d.name.as_str()).collect();
+        let mut registered = COMMAND_NAMES.to_vec();
+        described.sort_unstable();
+        registered.sort_unstable();
+        assert_eq!(described, registered);
+    }
 }

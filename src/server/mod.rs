@@ -8,6 +8,7 @@
 //! - `replication`: `RLOCK.APPLY`, how a replica or an AOF reload applies the one command
 //!   a module command replicates (`rlock.replication commands`).
 //! - `tracking`: the lock keys the module wrote, and the marker for its own writes.
+//! - `docs`: commands.json, read for COMMAND DOCS (registered through `ffi`).
 //! - `hello`: `RLOCK.HELLO`, the module's name, version, protocol and features.
 //! - `cluster`: where a key lives (redirections for waiters whose slot moved).
 //! - `config` (module configs), `stats` (the `INFO rlock` counters), `guard` (a panic
@@ -15,6 +16,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod docs;
 pub mod ffi;
 pub mod guard;
 pub mod hello;

@@ -1,12 +1,19 @@
 """Commands that describe themselves: RLOCK.HELLO (what the module is and can do, asked
-by the clients once per connection) on every tested server.
+by the clients once per connection) and COMMAND DOCS (from commands.json at the
+repository root, the one description of every command) on every tested server.
 
 Runs against module-loaded servers (conftest's `make_server`); the cluster's
 `sharded-channels` word is checked in test_cluster.py's cluster.
 """
 
+import json
+
 import pytest
 import redis
+
+from conftest import ROOT
+
+COMMANDS_JSON = json.loads((ROOT / "commands.json").read_text())
 
 ALWAYS = ["tickets", "request-ids", "lock", "fenced", "rwlock", "semaphore",
           "permit-expirable-semaphore", "latch"]
@@ -54,3 +61,56 @@ def test_hello_answers_on_a_replica(make_server):
     replica = make_server(args=["--replicaof", "127.0.0.1", str(primary.port)])
     fields = replica.client().execute_command("RLOCK.HELLO")
     assert dict(zip(fields[::2], fields[1::2]))[b"module"] == b"rlock"
+
+
+def raw(r, *args):
+    """A command's reply as the server sent it: redis-py's callback for COMMAND reads
+    COMMAND INFO's shape into every subcommand's reply."""
+    conn = r.connection_pool.get_connection("COMMAND")
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    finally:
+        r.connection_pool.release(conn)
+
+
+def served(arg):
+    """One argument as a server answers it, without the display_text that Redis 7.2+ and
+    Valkey fill in with the argument's name (commands.json gives none; 7.0 reports none)."""
+    out = {k: v for k, v in arg.items() if not (k == "display_text" and v == arg["name"])}
+    if "arguments" in arg:
+        out["arguments"] = [served(a) for a in arg["arguments"]]
+    return out
+
+
+def test_command_docs_describe_every_registered_command_as_commands_json_does(server):
+    r = server.client(protocol=3, decode_responses=True)
+    registered = raw(r, "COMMAND", "LIST", "FILTERBY", "MODULE", "rlock")
+    # The registered set is commands.json's: nothing undescribed, nothing described twice.
+    assert sorted(registered) == sorted(name.lower() for name in COMMANDS_JSON)
+    docs = raw(r, "COMMAND", "DOCS", *registered)
+    assert sorted(docs) == sorted(registered)
+    for name, want in COMMANDS_JSON.items():
+        got = docs[name.lower()]
+        assert got["summary"] == want["summary"], name
+        assert got["since"] == want["since"], name
+        assert got["complexity"] == want["complexity"], name
+        # Every module command's group is "module" in COMMAND DOCS; commands.json's own
+        # group (the primitive) sorts the reference pages.
+        assert (got["group"], got["module"]) == ("module", "rlock"), name
+        assert [served(a) for a in got.get("arguments", [])] == \
+            want["arguments"], name
+
+
+def test_every_key_argument_is_the_registrations_key(server):
+    """redis-cli's hints and cluster clients read the key from COMMAND DOCS and COMMAND
+    INFO: each command's key argument is its first, the key position the server routes."""
+    r = server.client(protocol=3, decode_responses=True)
+    for name, doc in COMMANDS_JSON.items():
+        keys = [a for a in doc["arguments"] if a["type"] == "key"]
+        info = r.execute_command("COMMAND", "INFO", name)[name.lower()]
+        if keys:
+            assert doc["arguments"][0] == keys[0] and len(keys) == 1, name
+            assert info["first_key_pos"] == 1, name
+        else:
+            assert info["first_key_pos"] == 0, name

@@ -9,7 +9,7 @@
 //!   stored box wrongly, see the shared notes).
 //! - Replication: plain effects, or one command per unit of work (`replication.rs`).
 //! - Commands: registered with an entry point that lends each call the server's own
-//!   argument strings (`commands.rs`).
+//!   argument strings (`commands.rs`), and described for COMMAND DOCS (`docs.rs`).
 //! - Options: what the module declares it handles (`options.rs`).
 //! - Pub/sub and a few context helpers.
 //!
@@ -237,6 +237,7 @@ pub fn value(reply: Reply) -> redis_module::RedisValue {
 
 mod clients;
 mod commands;
+mod docs;
 mod events;
 mod key;
 mod options;
@@ -245,6 +246,7 @@ mod timers;
 
 pub use clients::*;
 pub use commands::*;
+pub use docs::*;
 pub use events::*;
 pub use key::*;
 pub use options::*;
