@@ -436,3 +436,47 @@ func TestLockContextEndsWithTheContextsDeadline(t *testing.T) {
 		}
 	}
 }
+
+func TestManyWaitersHoldAConstantNumberOfConnections(t *testing.T) {
+	_, rdb, c := setup(t)
+	ctx := context.Background()
+	holder := c.NewMutex("crowd")
+	must(t, holder.Lock())
+	const n = 200
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := c.NewMutex("crowd")
+			lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			if err := m.LockContext(lctx); err != nil {
+				t.Error(err)
+				return
+			}
+			served.Add(1)
+			if _, err := m.Unlock(); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	testserver.WaitUntil(t, 30*time.Second, "200 goroutines queued", func() bool {
+		info, _ := holder.Info(ctx)
+		return info != nil && info.Waiters == n
+	})
+	// 200 goroutines wait in the server: the client holds its go-redis pool (at most
+	// PoolSize) and the two connections of its ticket hub, not a connection per waiter.
+	list := rdb.ClientList(ctx).Val()
+	conns := strings.Count(list, "\n")
+	t.Logf("%d connections while %d goroutines wait", conns, n)
+	if limit := rdb.Options().PoolSize + 2; conns > limit {
+		t.Fatalf("%d connections for %d waiters (limit %d)", conns, n, limit)
+	}
+	_, _ = holder.Unlock()
+	wg.Wait()
+	if served.Load() != n {
+		t.Fatalf("%d of %d served", served.Load(), n)
+	}
+}
