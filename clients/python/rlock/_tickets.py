@@ -177,6 +177,8 @@ class Book:
         self.mailbox = mailbox
         self.pending: Deque[Any] = deque()
         self.notes: Dict[str, Any] = {}
+        # The ticket channel of each waiter in `notes` (see `moved`).
+        self.note_channels: Dict[str, bytes] = {}
         self.channels: Dict[bytes, int] = {}
         # Channels nobody waits on, kept subscribed (oldest first) so that the next wait
         # on a hot key needs no SUBSCRIBE round trip; at most IDLE_CHANNELS of them.
@@ -214,11 +216,34 @@ class Book:
                 # slot that left the node) finds no subscribe slot at the head.
                 if self.pending and self.pending[0].sub:
                     self.pending.popleft().put(None)
+                elif kind == b"sunsubscribe" and len(frame) >= 2:
+                    self.moved(bytes(frame[1]))
                 return None
             return None
         if self.pending:
             self.pending.popleft().put(frame)
         return None
+
+    def register(self, note_id: str, box: Any, key: Any) -> None:
+        """A waiter's mailbox, before its ticket is sent (``key``: its command's key)."""
+        self.notes[note_id] = box
+        if key is not None:
+            k = key if isinstance(key, bytes) else str(key).encode()
+            self.note_channels[note_id] = ticket_channel(k)
+
+    def moved(self, channel: bytes) -> None:
+        """The server dropped our subscription to ``channel`` by itself: the key's slot
+        left the node (an atomic slot migration, Valkey 9). A ticket queued there is
+        answered ``MOVED`` on that channel, which we no longer hear: its waiters are told
+        here instead, and wait on the slot's new owner (`Fallback`). The source never
+        grants a ticket of a slot it no longer serves."""
+        self.channels.pop(channel, None)
+        self.idle.pop(channel, None)
+        note = f"MOVED (the slot of {channel.decode(errors='replace')} left the node)"
+        for note_id, ch in list(self.note_channels.items()):
+            box = self.notes.get(note_id)
+            if ch == channel and box is not None:
+                box.put(Note("error", note_id, b"", note))
 
     def lost(self) -> None:
         """The connection broke: replies fail, waiters are told, the server has dropped
@@ -268,6 +293,7 @@ class Book:
         orphan that keeps its reference to ``channel`` until its message comes. Returns
         (``look`` if its grant already came, whether the channel reference was kept)."""
         box = self.notes.pop(note_id, None)
+        self.note_channels.pop(note_id, None)
         if look is None:
             return None, False
         if box is not None and any(n.kind == "granted" for n in box.items()):
@@ -466,7 +492,7 @@ class SyncTicketConn:
         """Sends ``args`` and returns the reply (raising a server error)."""
         with self.lock:
             if note_id is not None:
-                self.book.notes[note_id] = _SyncMailbox(collect)
+                self.book.register(note_id, _SyncMailbox(collect), args[1] if len(args) > 1 else None)
             slot = self._send_locked(args)
         return slot.get()
 
@@ -712,7 +738,7 @@ class AsyncTicketConn:
                    collect: Optional[Tuple[Any, ...]] = None) -> Any:
         async with self.lock:
             if note_id is not None:
-                self.book.notes[note_id] = _AsyncMailbox(collect)
+                self.book.register(note_id, _AsyncMailbox(collect), args[1] if len(args) > 1 else None)
             slot = await self._send_locked(args)
         return await slot.get()
 

@@ -1,8 +1,8 @@
 """The Python client on a real Redis Cluster (3 masters with the module, started by the
 module suite's tests/support/cluster_helpers.py, reused here) through redis-py's `RedisCluster`:
 every primitive waits as a ticket on the node owning its key (one ticket connection per
-node, shard channels), and a ticket whose slot migrates while it waits is redirected and
-still served, on the new node.
+node, shard channels), and a ticket whose slot migrates while it waits (MIGRATE, or
+Valkey 9's atomic slot migration) is redirected and still served, on the new node.
 """
 
 from __future__ import annotations
@@ -133,6 +133,35 @@ def test_a_ticket_whose_slot_migrates_while_it_waits_is_served_on_the_new_node(c
     again.release()
     t.join(10)
     assert result == [True, True]
+
+
+def test_a_ticket_whose_slot_migrates_atomically_is_served_on_the_new_node(cluster, rc):
+    """Valkey 9's `CLUSTER MIGRATESLOTS` (issue 37): the source answers the queued ticket
+    `MOVED` after the handover, never grants it there; the client waits on the new owner
+    and is served by the release made there."""
+    src, dst = sorted(cluster.masters(), key=lambda s: s.port)[:2]
+    info = src.client().info("server")
+    if info.get("server_name") != "valkey" or int(str(info["valkey_version"]).split(".")[0]) < 9:
+        pytest.skip("atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+")
+    slot = cluster.slot_ranges(src)[-1][1] - 1
+    key = helpers.key_on(slot, slot, "py-asm")
+    holder = rlock.FencedLock(rc, key, timeout=30)
+    assert holder.acquire()
+    waiter = rlock.FencedLock(rc, key, timeout=30)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(waiter.acquire(blocking_timeout=20)))
+    t.start()
+    wait_until(lambda: waiters(src) == 1, what="ticket queued on the source")
+    assert src.client().execute_command("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot,
+                                        "NODE", cluster.node_id(dst)) == b"OK"
+    wait_until(lambda: waiters(dst) == 1, timeout=20, what="the waiter waits on the new owner")
+    assert waiters(src) == 0
+    assert result == [], "not granted anywhere while the holder holds"
+    holder.release()
+    t.join(20)
+    assert result == [True] and waiter.token > holder.token
+    assert dst.client().hgetall(key) == {waiter.owner.encode(): b"1"}
+    waiter.release()
 
 
 async def test_asyncio_cluster_clients_wait_with_tickets_too(cluster):

@@ -256,3 +256,77 @@ fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
     g2.release().unwrap();
     assert!(!exists(&mut d, &key));
 }
+
+/// Whether the server has atomic slot migration (Valkey 9.0+; Redis reports no
+/// `valkey_version`).
+fn atomic_slot_migration(r: &mut redis::Connection) -> bool {
+    let info: String = redis::cmd("INFO").arg("server").query(r).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("valkey_version:"))
+        .and_then(|v| v.trim().split('.').next()?.parse::<u32>().ok())
+        .is_some_and(|major| major >= 9)
+}
+
+#[test]
+fn a_ticket_follows_its_key_through_an_atomic_slot_migration() {
+    let cluster = Cluster::start();
+    let (src, dst) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (mut s, mut d) = (src.conn(), dst.conn());
+    if !atomic_slot_migration(&mut s) {
+        eprintln!("skipped: atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+");
+        return;
+    }
+    let key = cluster.key_on(0, "asm");
+    let slot = keyslot(&mut s, &key);
+    let c = rlock_client::Client::open_cluster(cluster.urls()).unwrap();
+    let holder = rlock_client::Client::open_cluster_with(
+        cluster.urls(),
+        ClientOptions::new().with_wait_mode(WaitMode::Blocking),
+    )
+    .unwrap();
+    let held = holder.lock(key.as_str()).acquire().unwrap();
+    let waiter = {
+        let (c, k) = (c.clone(), key.clone());
+        thread::spawn(move || {
+            c.lock(k)
+                .acquire_timeout(Duration::from_secs(30))
+                .unwrap()
+                .expect("handed the lock")
+        })
+    };
+    assert!(wait_until(LONG, || waiters(&cluster, &key) == 1));
+    assert_eq!(ticket_conns(&mut s), 1, "a ticket, on the source");
+    // Valkey 9 moves the slot atomically: the source answers the ticket MOVED after the
+    // handover (never grants it there), and the client queues it again on the new owner.
+    let dst_id = node_id(&mut d);
+    let _: () = redis::cmd("CLUSTER")
+        .arg("MIGRATESLOTS")
+        .arg("SLOTSRANGE")
+        .arg(slot)
+        .arg(slot)
+        .arg("NODE")
+        .arg(&dst_id)
+        .query(&mut s)
+        .unwrap();
+    // `INFO rlock` (RLOCK.INFO on the new owner is MOVED until the handover).
+    let node_waiters = |r: &mut redis::Connection| {
+        let info: String = redis::cmd("INFO").arg("rlock").query(r).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("rlock_waiters:")?.trim().parse::<i64>().ok())
+            .unwrap_or(-1)
+    };
+    let mut d2 = dst.conn();
+    assert!(
+        wait_until(LONG, || node_waiters(&mut d2) == 1),
+        "the waiter waits on the new owner"
+    );
+    assert_eq!(node_waiters(&mut s), 0, "nobody waits on the source");
+    held.release().unwrap();
+    let g = waiter.join().unwrap();
+    assert!(
+        exists(&mut d, &key),
+        "the new owner holds the waiter's lock"
+    );
+    g.release().unwrap();
+    assert!(!exists(&mut d, &key));
+}

@@ -615,8 +615,14 @@ fn reader_loop(
             } => count_down(&mut st.pending, true),
             Value::Push {
                 kind: redis::PushKind::Unsubscribe | redis::PushKind::SUnsubscribe,
-                ..
-            } => count_down(&mut st.pending, false),
+                data,
+            } => {
+                if matches!(st.pending.front(), Some(Pending::Unsubscribe(_))) {
+                    count_down(&mut st.pending, false);
+                } else if let Some(Value::BulkString(channel)) = data.first() {
+                    slot_left(&mut st, channel, gen);
+                }
+            }
             Value::Push { .. } => {}
             other => match st.pending.pop_front() {
                 Some(Pending::Reply(id)) => {
@@ -681,6 +687,23 @@ fn redirected(v: &Value) -> bool {
     match v.clone().extract_error() {
         Err(e) => matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")),
         Ok(_) => false,
+    }
+}
+
+/// The server dropped our subscription to `channel` by itself: the key's slot left the
+/// node (an atomic slot migration, Valkey 9). A ticket queued there is answered `MOVED` on
+/// that channel, which we no longer hear; its waiters are told `Lost` instead and send
+/// their ticket again with the same request id, which the node answers `MOVED`: the
+/// cluster layer then queues it on the slot's new owner. The node never grants a ticket
+/// of a slot it no longer serves.
+fn slot_left(st: &mut State, channel: &[u8], gen: u64) {
+    st.channels.remove(channel);
+    for slot in st.waiters.values() {
+        if let Slot::Live { sink, channel: c } = slot {
+            if c.as_slice() == channel {
+                sink(Event::Lost(gen));
+            }
+        }
     }
 }
 
