@@ -1,6 +1,6 @@
 module github.com/rlock/rlock/clients/go/bench
 
-go 1.22.12
+go 1.22
 
 require (
 	github.com/bsm/redislock v0.9.4
