@@ -319,16 +319,42 @@ func watch(c *Client, lease time.Duration, renew bool, stop, done <-chan struct{
 		if !renew {
 			continue // extended meanwhile
 		}
+		// The renewal runs beside the lease's end: a call stuck on a cut-off connection
+		// (go-redis waits up to its ReadTimeout) must not delay the loss being reported
+		// when the lease, counted from the last renewal's send, has run out.
 		at := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), interval)
-		v, err := c.do(ctx, renewCmd)
-		cancel()
-		if err != nil {
+		type reply struct {
+			v   any
+			err error
+		}
+		got := make(chan reply, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), interval)
+			defer cancel()
+			v, err := c.do(ctx, renewCmd)
+			got <- reply{v, err}
+		}()
+		end := time.NewTimer(time.Until(from().Add(lease)))
+		var r reply
+		select {
+		case r = <-got:
+			end.Stop()
+		case <-end.C:
+			lost()
+			return
+		case <-stop:
+			end.Stop()
+			return
+		case <-done:
+			end.Stop()
+			return
+		}
+		if r.err != nil {
 			retry++
 			continue
 		}
 		retry = 0
-		ok, err := proto.ParseBool("renew", v)
+		ok, err := proto.ParseBool("renew", r.v)
 		if err != nil || !ok {
 			lost()
 			return

@@ -480,3 +480,31 @@ func TestManyWaitersHoldAConstantNumberOfConnections(t *testing.T) {
 		t.Fatalf("%d of %d served", served.Load(), n)
 	}
 }
+
+func TestALockIsReportedLostAtItsLeaseEndWhileARenewalHangs(t *testing.T) {
+	s := testserver.Start(t)
+	// A read timeout longer than the server's silence, as on a cut-off network.
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 30 * time.Second})
+	t.Cleanup(func() { rdb.Close() })
+	c := rlock.New(rdb, rlock.WithWatchdogTimeout(900*time.Millisecond))
+	defer c.Close()
+	m := c.NewMutex("hang")
+	must(t, m.Lock())
+	// The server stops answering for 10 s: renewals hang; the loss must be signalled
+	// when the lease, counted from the last renewal, ends (within 900 ms), not when the
+	// server answers again.
+	raw := s.Client(t)
+	start := time.Now()
+	go raw.Do(context.Background(), "DEBUG", "SLEEP", "10")
+	select {
+	case <-m.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no loss signalled")
+	}
+	if took := time.Since(start); took > 7*time.Second {
+		t.Fatalf("loss signalled after %v, after the server woke, not at the lease end", took)
+	}
+	if !errors.Is(m.Err(), rlock.ErrLost) {
+		t.Fatalf("Err = %v, want ErrLost", m.Err())
+	}
+}
