@@ -311,8 +311,9 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 			// wait that the context ended.
 			return reply, context.DeadlineExceeded
 		}
-		if c.cluster != nil && redirected(err) && tries < 3 {
-			// The slot moved: learn the new layout and queue on the key's new node.
+		if c.cluster != nil && (redirected(err) || errors.Is(err, errLost)) && tries < c.opts.backoff.Attempts {
+			// The slot moved, or the node's ticket connections broke (a failover, a
+			// restart): learn the layout again and queue on the key's node, same id.
 			c.cluster.ReloadState(ctx)
 			if serr := sleep(ctx, c.opts.backoff.Delay(tries)); serr != nil {
 				return nil, serr

@@ -72,3 +72,34 @@ func TestClusterLocksWaitOnTheKeysNode(t *testing.T) {
 		}
 	}
 }
+
+func TestClusterWaiterQueuesAgainWhenItsNodeConnectionsAreKilled(t *testing.T) {
+	cl := testserver.StartCluster(t)
+	rdb := cl.Client(t)
+	c := rlock.New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	holder := c.NewMutex("k1")
+	must(t, holder.Lock())
+	waiter := c.NewMutex("k1")
+	got := within(waiter.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
+		info, _ := holder.Info(ctx)
+		return info != nil && info.Waiters == 1
+	})
+	node, err := rdb.MasterForKey(ctx, "k1")
+	must(t, err)
+	// Every connection to the key's node but the killer's: the ticket goes with them.
+	must(t, node.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err())
+	must(t, node.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err())
+	testserver.WaitUntil(t, 20*time.Second, "the waiter queued again", func() bool {
+		info, _ := holder.Info(ctx)
+		return info != nil && info.Waiters == 1
+	})
+	_, err = holder.Unlock()
+	must(t, err)
+	must(t, <-got)
+	if waiter.Held() != 1 {
+		t.Fatal("the waiter does not hold the lock")
+	}
+}

@@ -481,6 +481,12 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 		case step.Send != nil:
 			g, reply, err := h.send(ctx, w, step.Send)
 			if errors.Is(err, errLost) || (err != nil && transient(err)) {
+				if h.shard {
+					// A cluster node's session broke: the node may have failed over or
+					// given the slot away; waitCall asks the cluster again where to queue.
+					h.leave(w)
+					return nil, errLost
+				}
 				lastErr = err
 				losses++
 				if losses >= h.c.opts.backoff.Attempts+1 {
@@ -512,6 +518,10 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 				}
 				if e.ev.Lost && e.gen != gen {
 					continue
+				}
+				if e.ev.Lost && h.shard {
+					h.leave(w) // the session, and our ticket with it, is gone: re-route
+					return nil, errLost
 				}
 				step = m.On(e.ev, time.Now())
 			case <-ctx.Done():
