@@ -51,7 +51,7 @@ fn arm_sweep(ctx: &Context, delay_ms: i64) {
 /// Nobody waits any more, in a timer's callback (a wait's deadline, a ticket's): the work
 /// left for later is done now rather than from zero-delay timers, which fire only after
 /// whatever the server reads next. The client told last may send `MODULE UNLOAD` at once,
-/// and the server refuses it while the module holds a timer (SPEC 10: unload succeeds as
+/// and the server refuses it while the module holds a timer (design.md 10: unload succeeds as
 /// soon as the last waiter has its reply). A timer's callback is where the sweep runs
 /// anyway: its writes propagate, after everything that caused them.
 pub(super) fn settle_now(ctx: &Context) {

@@ -124,7 +124,8 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RFENCED.ACQUIREAT <payload>`: internal (SPEC 1.4), what RFENCED.ACQUIRE replicates for a
+/// `RFENCED.ACQUIREAT [<key>] <payload>`: internal (design.md 1.4; the key first in
+/// cluster mode, see server/ffi/replication.rs), what RFENCED.ACQUIRE replicates for a
 /// new lock or a re-entry: the command made deterministic, its key, owner, lease and the
 /// primary's clock as one argument (a RESP array of the four). The clock decides the
 /// lease's end and the token (`max(last + 1, now << 10)`); a replica or an AOF reload runs

@@ -94,7 +94,8 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RLOCK.ACQUIREAT <payload>`: internal (SPEC 1.4), what RLOCK.ACQUIRE replicates for a
+/// `RLOCK.ACQUIREAT [<key>] <payload>`: internal (design.md 1.4; the key first in
+/// cluster mode, see server/ffi/replication.rs), what RLOCK.ACQUIRE replicates for a
 /// new lock or a re-entry: the command made deterministic, its key, owner and lease's
 /// absolute end as one argument (a RESP array of the three, `vocab::apply::push_words`).
 /// A replica or an AOF reload runs the acquire's rule on the same state with that end:

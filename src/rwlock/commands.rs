@@ -193,7 +193,8 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RRWLOCK.ACQUIREAT <payload>`: internal (SPEC 1.4), what RRWLOCK.ACQUIRE replicates when
+/// `RRWLOCK.ACQUIREAT [<key>] <payload>`: internal (design.md 1.4; the key first in
+/// cluster mode, see server/ffi/replication.rs), what RRWLOCK.ACQUIRE replicates when
 /// it takes or re-enters a hold and writes nothing after it: the command made
 /// deterministic, its key, side, owner, lease and the primary's clock as one argument (a
 /// RESP array of the five). The clock decides the lease ends and which read holds had
