@@ -1,14 +1,16 @@
 """The documentation and packaging checks, without a server: every relative link in the
 repository's Markdown resolves (the file, and the heading an anchor names), the README stays
 a front door (at most 250 lines), the project's own pages cite docs/design.md rather than
-an unpublished "SPEC n", and every package carries the one version in the top-level VERSION
-file (Cargo.toml of the module and of the Rust client, the Python client's pyproject.toml,
+an unpublished "SPEC n", every command of commands.json has its synopsis, rendered from
+commands.json, on its reference page, and every package carries the one version in the
+top-level VERSION file (Cargo.toml of the module and of the Rust client, the Python client's pyproject.toml,
 the Java poms).
 
 Docs move often (issue 38 moved two thousand lines of README into docs/); a link to a page
 or a section that moved fails here instead of in a reader's browser.
 """
 
+import json
 import re
 import subprocess
 import tomllib
@@ -140,6 +142,72 @@ def test_design_md_keeps_the_contract_s_section_numbers():
     expected = (["1"] + [f"1.{i}" for i in range(1, 8)] + ["2", "3", "4"]
                 + [f"4.{i}" for i in range(1, 6)] + [str(i) for i in range(5, 13)])
     assert numbers == expected
+
+
+REFERENCE_PAGES = [*sorted((ROOT / "docs" / "commands").glob("*.md")),
+                   ROOT / "docs" / "internals" / "internal-commands.md"]
+
+
+def synopsis(args):
+    """A command's arguments from commands.json (COMMAND DOCS's schema) as the reference
+    pages write them: `<name>`, `[optional]`, `TOKEN <value>`, `A|B`, `x ...`."""
+    out = []
+    for a in args:
+        kind, flags = a["type"], a.get("flags", [])
+        if kind == "pure-token":
+            text = a["token"]
+        elif kind == "block":
+            text = synopsis(a["arguments"])
+        elif kind == "oneof":
+            text = "|".join(synopsis([x]) for x in a["arguments"])
+        else:
+            text = f"<{a['name']}>"
+        if "token" in a and kind != "pure-token":
+            text = f"{a['token']} {text}"
+        if "multiple" in flags:
+            text += " ..."
+        if "optional" in flags:
+            text = f"[{text}]"
+        out.append(text)
+    return " ".join(out)
+
+
+def documented_synopses():
+    found = {}
+    for page in REFERENCE_PAGES:
+        for block in re.findall(r"^```\n(.*?)^```", page.read_text(), re.M | re.S):
+            for line in block.strip().split("\n"):
+                if re.match(r"R[A-Z]+\.[A-Z]+( |$)", line):
+                    found.setdefault(line.split()[0], set()).add(" ".join(line.split()))
+    return found
+
+
+def test_every_command_s_synopsis_on_its_page_is_the_one_commands_json_gives():
+    # commands.json is the one description of the commands (COMMAND DOCS comes from it):
+    # a reference page that shows an argument it does not have, or misses one, fails here.
+    commands = json.loads((ROOT / "commands.json").read_text())
+    documented = documented_synopses()
+    wrong = []
+    for name, spec in sorted(commands.items()):
+        want = " ".join(f"{name} {synopsis(spec['arguments'])}".split())
+        if want not in documented.get(name, set()):
+            wrong.append(f"{name}: commands.json says `{want}`, the docs show "
+                         f"{sorted(documented.get(name, [])) or 'nothing'}")
+    assert len(commands) >= 39 and wrong == [], "\n".join(wrong)
+
+
+def test_the_synopsis_renders_every_shape_of_argument():
+    args = [{"name": "key", "type": "key"},
+            {"name": "side", "type": "oneof", "arguments": [
+                {"name": "read", "type": "pure-token", "token": "READ"},
+                {"name": "write", "type": "pure-token", "token": "WRITE"}]},
+            {"name": "wait", "type": "block", "flags": ["optional"], "arguments": [
+                {"name": "timeout-ms", "type": "integer", "token": "WAIT"},
+                {"name": "async", "type": "pure-token", "token": "ASYNC", "flags": ["optional"]}]},
+            {"name": "id", "type": "string", "token": "ID", "flags": ["optional"]},
+            {"name": "field", "type": "string", "flags": ["multiple"]}]
+    assert synopsis(args) == ("<key> READ|WRITE [WAIT <timeout-ms> [ASYNC]] [ID <id>] "
+                              "<field> ...")
 
 
 def version():
