@@ -1,11 +1,13 @@
 """Issue 37, part 2 (design.md 10): rlock through an atomic slot migration (Valkey 9's
 `CLUSTER MIGRATESLOTS`), on a real 3-master cluster with the module on every node.
 
-- Every primitive's state arrives on the target exactly: DUMP and PEXPIRETIME of every key
-  of the slot equal the source's just before the handover, both for what the snapshot
-  carries and for what the module wrote while the slot streamed (`RLOCK.ACQUIREAT`,
-  `RRWLOCK.ACQUIREAT`, `RFENCED.ACQUIREAT`, `RLOCK.APPLY`, a timer's handoff): those carry
-  their key first in cluster mode, so the server streams them (src/server/ffi/replication.rs).
+- Every primitive's state arrives on the target exactly, in both `rlock.replication`
+  modes: DUMP and PEXPIRETIME of every key of the slot equal the source's just before the
+  handover, both for what the snapshot carries and for what the module wrote while the
+  slot streamed (`RLOCK.ACQUIREAT`, `RRWLOCK.ACQUIREAT`, `RFENCED.ACQUIREAT`,
+  `RLOCK.APPLY`, a timer's handoff; under `effects` the plain commands): the internal
+  commands carry their key first in cluster mode, so the server streams them
+  (src/server/ffi/replication.rs).
 - Waiters queued on the source, blocked and tickets, are answered with `MOVED` to the
   target, never granted on the source; the source keeps no waiter, timer or tracked key.
 - A release on the target serves the waiters queued there, and its unlock message reaches
@@ -40,7 +42,19 @@ def valkey_9(workdir):
 def cluster(tmp_path_factory):
     if not valkey_9(tmp_path_factory.mktemp("probe")):
         pytest.skip(f"no atomic slot migration on {REDIS_SERVER} (Valkey 9.0+ has it)")
-    c = Cluster(tmp_path_factory.mktemp("asm"))
+    yield from started(tmp_path_factory.mktemp("asm"))
+
+
+@pytest.fixture(scope="module")
+def effects_cluster(tmp_path_factory):
+    """The same under `rlock.replication effects` (plain commands, in MULTI/EXEC)."""
+    if not valkey_9(tmp_path_factory.mktemp("probe")):
+        pytest.skip(f"no atomic slot migration on {REDIS_SERVER} (Valkey 9.0+ has it)")
+    yield from started(tmp_path_factory.mktemp("asm-effects"), ["replication", "effects"])
+
+
+def started(workdir, module_args=()):
+    c = Cluster(workdir, module_args=module_args)
     try:
         c.start()
         yield c
@@ -106,7 +120,11 @@ def assert_nothing_left(source):
     assert s.info("clients")["blocked_clients"] == 0
 
 
-def test_every_primitive_arrives_exactly_from_snapshot_and_stream(cluster):
+@pytest.mark.parametrize("mode", ["commands", "effects"])
+def test_every_primitive_arrives_exactly_from_snapshot_and_stream(request, mode):
+    cluster = request.getfixturevalue("cluster" if mode == "commands" else "effects_cluster")
+    assert cluster.nodes[0].client().config_get("rlock.replication") == {
+        "rlock.replication": mode}
     source, target = cluster.nodes[0], cluster.nodes[1]
     slot = 101
     k = {n: key_in_slot(slot, n) for n in

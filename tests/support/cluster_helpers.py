@@ -226,14 +226,15 @@ def cluster_port():
 class Cluster:
     """Three masters (module loaded) splitting 0-16383, plus optional replicas."""
 
-    def __init__(self, base_dir, replicas_of=(), node_timeout=2000):
+    def __init__(self, base_dir, replicas_of=(), node_timeout=2000, module_args=()):
         self.base = Path(base_dir)
         self.nodes = []
         self.node_timeout = node_timeout
         self.replicas_of = list(replicas_of)
+        self.module_args = list(module_args)  # for every node's module (`replication effects`)
 
     def _node(self, name):
-        s = RedisServer(self.base / name, module=True, args=[
+        s = RedisServer(self.base / name, module=True, module_args=self.module_args, args=[
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(self.node_timeout), "--hz", "100",
             "--repl-diskless-sync-delay", "0", "--shutdown-on-sigterm", "now"])
