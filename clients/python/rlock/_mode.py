@@ -2,8 +2,8 @@
 
 Every client has a mode, ``auto`` (the default), ``module`` or ``scripts``
 (`set_mode`). In ``auto`` the client asks the server once, on its first module command,
-whether the rlock module is loaded (`detect`: ``RLOCK.HELLO``; "unknown command" or a
-user not allowed the command means no module), and asks again after a connection error
+whether the rlock module is loaded (`detect`: the capability probe ``RLOCK.HELLO`` of
+`rlock._hello`, "unknown command" meaning no module), and asks again after a connection error
 or when a module command comes back unknown (a failover to a server without the module).
 A client in scripts mode also asks again every `REPROBE_SECONDS` and when its
 subscriber connection breaks: redis-py reconnects its pool silently, and scripts keep
@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _scripts
+from ._hello import HELLO_ARGS, parse_hello
 from ._proto import Call, Wait, to_bytes
 from ._pubsub import Subscriber, node_of
 
@@ -156,10 +157,16 @@ def detect(b: Backend, cluster: bool, key: bytes) -> Op:
     client) whether the module is loaded (``auto``), and on a cluster whether it has
     sharded pub/sub (for the scripts' publish command)."""
     if b.mode is None:
-        # RLOCK.HELLO is the capability command; a module older than it still answers
-        # RLOCK.ACQUIRE without arguments with a wrong-arity error (which changes nothing).
-        found = ((yield from _probe(key, "RLOCK.HELLO"))
-                 or (yield from _probe(key, "RLOCK.ACQUIRE")))
+        try:
+            reply = yield Call(HELLO_ARGS, direct=True, at=key)
+        except ResponseError as e:
+            reply = e
+        try:
+            found = parse_hello(reply).module
+        except ResponseError:
+            # The user may not run RLOCK.HELLO (an ACL that predates it): ask whether the
+            # module's commands exist, with one that changes nothing without arguments.
+            found = yield from _probe(key, "RLOCK.ACQUIRE")
         b.mode = "module" if found else "scripts"
         b.probed_at = time.monotonic()
     if b.mode == "scripts" and cluster and not b.sharded_known:

@@ -141,6 +141,22 @@ def test_module_mode_without_the_module_says_so(app):
         rlock.set_mode(r, "lua")
 
 
+def test_a_user_refused_the_probe_on_a_module_server_still_finds_the_module(native):
+    admin = redis.Redis(port=native.port, socket_timeout=5)
+    admin.execute_command("ACL", "SETUSER", "nohello", "on", ">pw", "~*", "&*", "+@all",
+                          "-rlock.hello")
+    r = redis.Redis(port=native.port, socket_timeout=5, username="nohello", password="pw")
+    try:
+        with pytest.raises(NoPermissionError):
+            r.execute_command("RLOCK.HELLO")
+        with rlock.Lock(r, "probe", timeout=10):
+            assert rlock.get_mode(r) == "module"  # RLOCK.ACQUIRE without arguments told
+    finally:
+        rlock.close_tickets(r)
+        r.close()
+        admin.close()
+
+
 def test_a_flushed_script_cache_is_loaded_again(app, admin):
     r = app()
     lock = rlock.Lock(r, "k", timeout=10, thread_local=False)
