@@ -103,10 +103,10 @@ async def test_the_watchdog_task_renews_and_reports_a_lost_lock(ar):
     async def on_lost(name, token):
         lost.append((name, token))
 
-    lock = rlock.asyncio.Lock(ar, "k", watchdog_timeout=0.3, on_lost=on_lost)
+    lock = rlock.asyncio.Lock(ar, "k", watchdog_timeout=1.0, on_lost=on_lost)
     assert await lock.acquire(blocking=False)
     renewals = await astat(ar, "renewals")
-    await await_until(lambda: _ge(astat(ar, "renewals"), renewals + 6), what="renewals")
+    await await_until(lambda: _ge(astat(ar, "renewals"), renewals + 6), 15, what="renewals")
     assert await lock.owned()
     token = lock.local.token
     await acommand(ar, "RLOCK.FORCERELEASE", "k")

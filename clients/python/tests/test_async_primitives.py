@@ -52,11 +52,11 @@ async def test_each_primitive_works_with_async_with(ar):
     async with sem:
         assert await sem.available_permits() == 0
 
-    psem = arlock.ExpirableSemaphore(ar, "p", watchdog_timeout=0.3)
+    psem = arlock.ExpirableSemaphore(ar, "p", watchdog_timeout=1.0)
     await psem.try_set_permits(1)
     permit = await psem.acquire()
     async with permit:
-        await until(lambda: _ge(astat(ar, "psem_lease_updates"), 3), what="renewed")
+        await until(lambda: _ge(astat(ar, "psem_lease_updates"), 3), 15, what="renewed")
         assert not permit.lost
     assert await psem.available_permits() == 1
     with pytest.raises(LockNotOwnedError):

@@ -134,11 +134,11 @@ def test_a_non_lock_value_is_polled_like_redis_py_does(r):
 
 def test_the_watchdog_renews_until_release(r):
     lock = r.lock("k", lock_class=rlock.Lock)  # no timeout: watchdog mode
-    lock.watchdog_timeout = 0.3  # renewed every 0.1 s
+    lock.watchdog_timeout = 1.0  # renewed every 1/3 s (a shorter lease is lost on a busy machine)
     assert lock.acquire(blocking=False)
     renewals = stat(r, "renewals")
     # Held for three leases: only renewals can keep it.
-    wait_until(lambda: stat(r, "renewals") - renewals >= 9, what="nine renewals")
+    wait_until(lambda: stat(r, "renewals") - renewals >= 9, 15, what="nine renewals")
     assert lock.owned() and not lock.lost
     watchdog = lock._watchdog(lock.local.token)
     with pytest.raises(LockError):
