@@ -60,7 +60,9 @@ def test_a_wait_may_outlast_the_clients_socket_timeout(server, r):
                       lock_class=rlock.Lock)
     started = time.monotonic()
     assert lock.acquire() is False
-    assert 0.6 < time.monotonic() - started < 0.8
+    # Past the socket timeout (the point), and bounded; the envelope itself (never after
+    # blocking_timeout) is redis-py's own test_blocking_timeout, run by redis_py_suite.
+    assert 0.6 < time.monotonic() - started < 2
     # And is handed the lock after more than the socket timeout.
     result: list[bool] = []
     t = threading.Thread(target=lambda: result.append(lock.acquire(blocking_timeout=5)))
