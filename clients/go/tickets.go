@@ -114,7 +114,15 @@ func (s *session) shutdown() {
 	}
 	close(s.done)
 	_ = s.ps.Close()
-	_ = s.conn.Close()
+	// go-redis's Conn may not be closed while a command runs on it: close it once the
+	// command in flight (if any) has returned. Until then the server may still hold a
+	// ticket of ours there; a waiter queuing again under the same id meanwhile is safe
+	// (a grant under that id is either collected by it, or taken back and forgotten).
+	go func() {
+		s.sendMu.Lock()
+		defer s.sendMu.Unlock()
+		_ = s.conn.Close()
+	}()
 }
 
 func deliver(w *waiter, e event) {
