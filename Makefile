@@ -65,6 +65,16 @@ run: build ## Build, then start redis-server with the module on redis.conf.examp
 
 test: build venv test-unit test-py test-client test-pyclient test-java test-go bench-quick test-faults ## Every test: Rust unit tests, client + Python integration tests on each server in SERVERS, Python client + redis-py lock suites, Java client + Redisson interop, Go client, bench smoke runs, the fault harness's short slice
 
+# A few minutes: every suite's unit tests and the protocol vectors (spec/vectors) in the
+# module and each client, then the module's integration tests on Redis 7.0 without stress/.
+check: build venv $(VENV)/pyclient/.ok ## Quick check (a few minutes): unit tests, the protocol vectors in the module and every client, the module's tests on Redis 7.0 minus stress/
+	cargo test -q -p rlock
+	cargo test -q -p rlock-client --all-features --lib
+	$(PYC_PY) -m pytest -q $(PYCLIENT)/tests/test_vectors.py $(PYCLIENT)/tests/test_proto.py $(PYCLIENT)/tests/test_plan.py
+	@./scripts/deps.sh --java
+	$(MVN) -q -pl rlock-client test -Dtest=VectorsTest -Dsurefire.failIfNoSpecifiedTests=false
+	REDIS_SERVER=$$(./scripts/server-path.sh redis) $(PYTEST) -q -p no:valkey tests --ignore=tests/stress
+
 test-unit: ## Rust unit and property tests of the module (pure cores, engine bookkeeping)
 	cargo test -p rlock
 

@@ -45,6 +45,10 @@ pub mod pipeline;
 pub mod server;
 pub mod vocab;
 
+// The module's side of spec/vectors (the contract every client's suite reads too).
+#[cfg(test)]
+mod vectors;
+
 use engine::events;
 use server::{config, ffi, stats, tracking};
 

@@ -25,7 +25,7 @@ from redisson_rw import RedissonFencedLock, token_key
 LEASE = 60000
 SHIFT = 10
 MASTER_ARGS = ["--hz", "100", "--repl-diskless-sync-delay", "0", "--shutdown-on-sigterm", "now"]
-NOT_A_TOKEN = "ERR the fencing token key holds a value that is not an integer"
+NOT_A_TOKEN = errors.NOT_A_TOKEN
 
 
 def acquire(c, key, owner, lease=LEASE, *opts):
@@ -329,7 +329,7 @@ def test_spoiled_keys_get_named_errors_and_stay_as_they_are(r):
     r.set("str", "x")
     before = everything(r)
     for key, error in [("s1", NOT_A_TOKEN), ("s2", NOT_A_TOKEN),
-                       ("s3", "ERR fencing token would overflow"),
+                       ("s3", errors.TOKEN_OVERFLOW),
                        ("rw", errors.NOT_A_LOCK), ("str", errors.WRONGTYPE)]:
         with pytest.raises(redis.ResponseError) as e:
             r.execute_command("RFENCED.ACQUIRE", key, "a", LEASE)

@@ -8,12 +8,15 @@ Awaiters are raw sockets (hostile_helpers.Raw): hundreds of blocked calls need n
 each, and every reply is read exactly as the server sent it.
 """
 
+import re
+
 import pytest
 import redis
 
 from cluster_helpers import (aof_commands, info_field, snapshot, wait_link_up, wait_online,
                              wait_replicated)
 from conftest import EFFECTS, wait_until
+import errors
 from errors import ASYNC, EMPTY_ID, LATCH_COUNT, LATCH_OVERFLOW, NOT_A_LATCH, SYNTAX, TIMEOUT, WRONGTYPE
 from hostile_helpers import Map, Raw, ReplyError, arity_error, blocked_clients, rlock_stat
 from redisson_sync import NEW_COUNT_MESSAGE, ZERO_COUNT_MESSAGE, RedissonCountDownLatch, latch_channel
@@ -271,7 +274,7 @@ def test_await_on_a_key_that_is_no_latch_waits_until_it_goes(server):
     r.delete("l")
     r.set("l", "not a number")  # after the opening: the awaiters were answered already
     assert replies(conns) == [1, 1]
-    with pytest.raises(redis.ResponseError, match="not a latch count"):
+    with pytest.raises(redis.ResponseError, match=re.escape(errors.text(NOT_A_LATCH))):
         latch(r, "RLATCH.AWAIT", "l", "WAIT", 0)
 
 

@@ -7,6 +7,7 @@ import threading
 import pytest
 import redis
 
+import errors
 from conftest import EFFECTS, wait_until
 
 
@@ -102,11 +103,11 @@ def test_a_foreign_value_at_the_request_key_is_never_overwritten(r):
 
 
 @pytest.mark.parametrize("call,error", [
-    (["RLOCK.ACQUIRE", "k", "a", "10", "ID", ""], "request-id must not be empty"),
-    (["RLOCK.ACQUIRE", "k", "a", "10", "ID"], "syntax error"),
-    (["RLOCK.ACQUIRE", "k", "a", "10", "ID", "x", "ID", "y"], "syntax error"),
-    (["RLOCK.RELEASE", "k", "a", "ID", ""], "request-id must not be empty"),
-    (["RLOCK.RELEASE", "k", "a", "10", "ID"], "syntax error"),
+    (["RLOCK.ACQUIRE", "k", "a", "10", "ID", ""], errors.text(errors.EMPTY_ID)),
+    (["RLOCK.ACQUIRE", "k", "a", "10", "ID"], errors.text(errors.SYNTAX)),
+    (["RLOCK.ACQUIRE", "k", "a", "10", "ID", "x", "ID", "y"], errors.text(errors.SYNTAX)),
+    (["RLOCK.RELEASE", "k", "a", "ID", ""], errors.text(errors.EMPTY_ID)),
+    (["RLOCK.RELEASE", "k", "a", "10", "ID"], errors.text(errors.SYNTAX)),
 ])
 def test_malformed_request_ids_are_refused(r, call, error):
     with pytest.raises(redis.ResponseError) as e:

@@ -8,6 +8,7 @@ fixture kills and joins them at teardown. A waiter counts as queued once RRWLOCK
 shows it, so the order of the queue is the order the test chose.
 """
 
+import re
 import threading
 import time
 
@@ -19,13 +20,11 @@ from cluster_helpers import snapshot, wait_replicated
 from conftest import EFFECTS, wait_until
 from redisson_rw import rw_channel, timeout_key
 
-# src/vocab/errors.rs, the read-write lock's texts (redis-py drops the "ERR " code).
-RW_SIDE = "lock side must be READ or WRITE"
-RW_OWNER_SUFFIX = "owner must not end with ':write' (the suffix of the write lock's field)"
-NOT_A_RWLOCK = ("key holds a hash that is not a read-write lock (a 'mode' field of read or "
-                "write, one writer at most, positive integer hold counts)")
-RW_READ_HELD = ("this owner holds the read lock: release the read lock first (a writer "
-                "waiting on its own read would wait forever)")
+# The read-write lock's texts as redis-py shows them (it drops the "ERR " code).
+RW_SIDE = errors.text(errors.RW_SIDE)
+RW_OWNER_SUFFIX = errors.text(errors.RW_OWNER_SUFFIX)
+NOT_A_RWLOCK = errors.text(errors.NOT_A_RWLOCK)
+RW_READ_HELD = errors.text(errors.RW_READ_HELD)
 LONG = 30_000
 
 
@@ -224,7 +223,7 @@ def test_read_to_write_upgrade_is_refused_at_once(r):
     acq(r, "rw", "READ", "a")
     before = r.dump("rw")
     t0 = time.monotonic()
-    with pytest.raises(redis.ResponseError, match="release the read lock first"):
+    with pytest.raises(redis.ResponseError, match=re.escape(RW_READ_HELD)):
         acq(r, "rw", "WRITE", "a", LONG, "WAIT", 0)
     assert time.monotonic() - t0 < 2, "answered at once, not after a wait"
     assert r.dump("rw") == before

@@ -21,13 +21,14 @@ import time
 
 import pytest
 
+import errors
 from conftest import wait_until
 from hostile_helpers import Raw, ReplyError, blocked_clients, rlock_stat
 
 SEED = int(os.environ.get("RLOCK_FUZZ_SEED", "20240607"))
 CALLS = int(os.environ.get("RLOCK_FUZZ_CALLS", "3000"))
 
-ERR_INTERNAL = "ERR rlock internal error (details in the server log)"
+ERR_INTERNAL = errors.INTERNAL
 
 # Few keys, so that commands of different primitives keep meeting on them; a hash tag
 # and a lone brace exercise the channel and auxiliary-key naming rules.

@@ -13,6 +13,7 @@ which must get that first reply again. Afterwards the server is up, nobody waits
 is back at its baseline. Same knobs as test_fuzz.py: $RLOCK_FUZZ_SEED, $RLOCK_FUZZ_CALLS.
 """
 
+import errors
 from conftest import wait_until
 from hostile_helpers import (fill_module_client_pool, memory_back, ERR_INTERNAL_PREFIX, ERR_NOT_A_LOCK, ERR_WRONGTYPE, MAX_MS, Raw,
                              ReplyError, arity_error, blocked_clients, connected_clients,
@@ -21,7 +22,7 @@ from redisson_rw import token_key
 from test_fuzz import (CALLS, CHUNK, HELD_KEY, KEYS, NOT_A_LOCK_KEY, SEED, WRONG_TYPE_KEYS, Gen,
                        expected_error, parse_ms, show)
 
-ERR_NOT_A_TOKEN = "ERR the fencing token key holds a value that is not an integer"
+ERR_NOT_A_TOKEN = errors.NOT_A_TOKEN
 SPOILED_KEY = b"fz:spoiled"  # its token key holds a string that is no integer
 FENCED_KEYS = KEYS + [SPOILED_KEY]
 

@@ -10,6 +10,7 @@ so `make test` stays fast); $RLOCK_FUZZ_SEED the seed.
 
 import os
 
+import errors
 from conftest import wait_until
 from hostile_helpers import (fill_module_client_pool, memory_back, ERR_INTERNAL_PREFIX, ERR_WRONGTYPE, MAX_MS, Map, Raw, ReplyError,
                              arity_error, blocked_clients, connected_clients, rlock_stat, settle_memory,
@@ -19,16 +20,11 @@ from test_fuzz import CHUNK, NOT_A_LOCK_KEY, WRONG_TYPE_KEYS, Gen, expected_erro
 SEED = int(os.environ.get("RLOCK_FUZZ_SEED", "20240607"))
 CALLS = int(os.environ.get("RLOCK_FUZZ_CALLS", "1500"))
 
-ERR_RW_SIDE = "ERR lock side must be READ or WRITE"
-ERR_RW_OWNER_SUFFIX = "ERR owner must not end with ':write' (the suffix of the write lock's field)"
-ERR_NOT_A_RWLOCK = ("ERR key holds a hash that is not a read-write lock (a 'mode' field of read or "
-                    "write, one writer at most, positive integer hold counts)")
+ERR_RW_SIDE = errors.RW_SIDE
+ERR_RW_OWNER_SUFFIX = errors.RW_OWNER_SUFFIX
+ERR_NOT_A_RWLOCK = errors.NOT_A_RWLOCK
 # Well-formed acquires may be refused by the lock's own rules.
-ACQUIRE_REFUSALS = {
-    "ERR this owner holds the read lock: release the read lock first (a writer waiting on "
-    "its own read would wait forever)",
-    "ERR an owner may hold the read lock at most 1024 times",
-}
+ACQUIRE_REFUSALS = {errors.RW_READ_HELD, errors.RW_TOO_MANY_HOLDS}
 HELD_KEY = b"fz:held"
 PLAIN_LOCK_KEY = b"fz:plain"
 KEYS = [b"fz:a", b"fz:b", b"{fz}c", b"fz:{x", HELD_KEY, PLAIN_LOCK_KEY, NOT_A_LOCK_KEY,

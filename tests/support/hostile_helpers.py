@@ -19,7 +19,10 @@ from errors import SYNTAX as ERR_SYNTAX
 from errors import TIMEOUT as ERR_TIMEOUT
 from errors import WRONGTYPE as ERR_WRONGTYPE
 
-ERR_INTERNAL_PREFIX = "ERR rlock internal error"
+from errors import INTERNAL as _INTERNAL
+
+# The internal error's text up to its parenthesis (a fuzz call may see it with more).
+ERR_INTERNAL_PREFIX = _INTERNAL.split(" (")[0]
 MAX_MS = 100 * 365 * 24 * 3600 * 1000
 
 

@@ -10,6 +10,7 @@ reference behaviour mirrored here.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
@@ -45,17 +46,46 @@ class Note:
 LOST = Note("lost", "")
 
 
+#: A length in a ticket message: 1 to 10 ASCII digits, as the module writes them (``int``
+#: alone would also take a sign, spaces, ``_`` and other scripts' digits).
+_LENGTH = re.compile(rb"[0-9]{1,10}")
+
+
 def parse_note(payload: bytes) -> Optional[Note]:
-    """``<kind>:<id-len>:<owner-len>:<id><owner><detail>``, or None if malformed."""
+    """``<kind>:<id-len>:<owner-len>:<id><owner><detail>``, or None if malformed
+    (spec/vectors/tickets.json pins the reading)."""
+    parts = payload.split(b":", 3)
+    if len(parts) != 4 or not all(_LENGTH.fullmatch(p) for p in parts[1:3]):
+        return None
+    kind, id_len, owner_len, rest = parts
+    n, m = int(id_len), int(owner_len)
+    if len(rest) < n + m:
+        return None
     try:
-        kind, id_len, owner_len, rest = payload.split(b":", 3)
-        n, m = int(id_len), int(owner_len)
-    except ValueError:
-        return None
-    if n < 0 or m < 0 or len(rest) < n + m:
-        return None
-    return Note(kind.decode(), rest[:n].decode(), rest[n:n + m],
+        note_id = rest[:n].decode()
+    except UnicodeDecodeError:
+        return None  # our ids are text: not a message for any waiter of ours
+    return Note(kind.decode(errors="replace"), note_id, rest[n:n + m],
                 rest[n + m:].decode(errors="replace"))
+
+
+def note_action(note: Note) -> str:
+    """What the waiter does with a ticket message (spec/vectors/tickets.json, ``then``):
+    ``granted`` (collect the grant; the latch's await returns 1), ``fail`` (an ``error``
+    note: its detail is the server's error) or ``collect`` (a timeout, and a kind this
+    client does not know: the ticket left its queue all the same, and the collect's reply
+    tells what happened). The kind word alone decides; a detail is ignored."""
+    if note.kind == "granted":
+        return "granted"
+    if note.kind == "error":
+        return "fail"
+    return "collect"
+
+
+def may_be_grant(note: Note) -> bool:
+    """Whether an abandoned waiter's note may stand for a grant to give back: a grant, or
+    a kind this client does not know."""
+    return note.kind not in ("timeout", "error", "lost")
 
 
 def new_request_id() -> str:

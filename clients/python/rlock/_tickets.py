@@ -38,8 +38,8 @@ from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
-from ._proto import (CONNECTION_NAME, LOST, NOTE_GRACE, Note, Shape, parse_note,
-                     redirected, ticket_channel, undo_args)
+from ._proto import (CONNECTION_NAME, LOST, NOTE_GRACE, Note, Shape, may_be_grant, note_action,
+                     parse_note, redirected, ticket_channel, undo_args)
 
 log = logging.getLogger("rlock")
 
@@ -142,9 +142,10 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             if attempts >= TICKET_ATTEMPTS:
                 raise ConnectionError("the ticket connection broke while waiting")
             continue  # resubscribe and queue again with the same id (a grant is replayed)
-        if note.kind == "granted" and shape.latch:
+        action = note_action(note)
+        if action == "granted" and shape.latch:
             return 1
-        if note.kind in ("granted", "timeout"):
+        if action in ("granted", "collect"):
             # Collect: the same command and id without WAIT replays the grant (or, after
             # a timeout, answers the ordinary reply of a wait that ran out).
             return (yield TCollect(shape.id, tuple(shape.with_wait(None, False))))
@@ -201,7 +202,7 @@ class Book:
                     return None
                 box = self.notes.get(note.id)
                 if box is not None:
-                    if note.kind in ("granted", "timeout") and box.look is not None:
+                    if note_action(note) != "fail" and box.look is not None:
                         return box, note  # the shell sends box.look, then delivers
                     box.put(note)
                     return None
@@ -210,7 +211,7 @@ class Book:
                     return None
                 look, channel = orphan
                 # The orphan's channel reference is released now (see `leave`).
-                return (look if note.kind == "granted" else None), channel
+                return (look if may_be_grant(note) else None), channel
             if kind in _SUB_KINDS:
                 # The confirmation of our (un)subscribe; an unsolicited sunsubscribe (a
                 # slot that left the node) finds no subscribe slot at the head.
@@ -296,7 +297,7 @@ class Book:
         self.note_channels.pop(note_id, None)
         if look is None:
             return None, False
-        if box is not None and any(n.kind == "granted" for n in box.items()):
+        if box is not None and any(may_be_grant(n) for n in box.items()):
             return look, False
         if box is not None and any(n.kind in ("timeout", "error", "lost")
                                    for n in box.items()):

@@ -1,7 +1,6 @@
 """The pure decisions of rlock._plan: one table per function."""
 
 import pytest
-from redis.exceptions import ResponseError
 
 from rlock import _plan
 from rlock._plan import Wait
@@ -58,15 +57,7 @@ def test_it_builds_the_calls():
     assert _plan.renew_args("k", b"t", 500) == ["RLOCK.RENEW", "k", b"t", 500]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("WRONGTYPE Operation against a key holding the wrong kind of value", True),
-    ("key holds a hash that is not a lock (every field value must be a positive integer "
-     "hold count)", True),
-    ("too many clients waiting for this lock (see rlock.max-waiters-per-key)", False),
-    ("syntax error", False),
-])
-def test_it_recognises_a_key_that_is_not_a_lock(text, expected):
-    assert _plan.not_a_lock(ResponseError(text)) is expected
+# not_a_lock against every error text of the module: test_vectors.py (spec/vectors).
 
 
 def test_tokens_and_request_ids_are_fresh():

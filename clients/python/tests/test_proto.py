@@ -8,28 +8,11 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ConnectionError
 
-from rlock._proto import Note, parse_note, ticket_channel, undo_args, waiting
+from rlock._proto import Note, undo_args, waiting
 from rlock._tickets import Book, _Push
 
 
-@pytest.mark.parametrize("key, channel", [
-    (b"orders:42", b"rlock_ticket:{orders:42}"),   # braces added: the key's slot
-    (b"{orders}:42", b"rlock_ticket:{orders}:42"),  # already braced: Redisson's prefixName
-])
-def test_it_names_the_ticket_channel_like_redissons_prefix_name(key, channel):
-    assert ticket_channel(key) == channel
-
-
-@pytest.mark.parametrize("payload, note", [
-    (b"granted:2:8:r1client-1", Note("granted", "r1", b"client-1", "")),
-    (b"timeout:2:0:r1", Note("timeout", "r1", b"", "")),            # the latch: no owner
-    (b"error:2:1:r1wASK 12 127.0.0.1:7001", Note("error", "r1", b"w", "ASK 12 127.0.0.1:7001")),
-    (b"granted:9:0:r1", None),                                       # shorter than its lengths
-    (b"granted:x:0:r1", None),                                       # not a length
-    (b"nonsense", None),
-])
-def test_it_parses_ticket_messages(payload, note):
-    assert parse_note(payload) == note
+# The ticket channel and the reading of ticket messages: test_vectors.py (spec/vectors).
 
 
 def test_a_waiting_shape_adds_async_and_looks_without_wait():

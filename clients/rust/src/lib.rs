@@ -72,6 +72,9 @@ mod latch;
 mod net;
 mod options;
 mod proto;
+// The client's reader of spec/vectors, the protocol contract every client's suite reads.
+#[cfg(test)]
+mod vectors;
 
 pub use aio::rwlock::RwLockInfo;
 pub use blocking::multi::{

@@ -25,16 +25,22 @@ pub(crate) enum Note {
     Timeout,
     /// It can never be granted here; the server's error text (`MOVED ...`, ...).
     Error(String),
+    /// A kind this client does not know (a later module's): the ticket left its queue
+    /// all the same, so the waiter collects as after a timeout, and the reply tells
+    /// (spec/vectors/tickets.json says why neither an error nor ignoring it is right).
+    Other,
 }
 
 /// A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`: the note and the
-/// request id. `None` if it is not one.
+/// request id. `None` if it is not one. The kind word alone decides: a detail after
+/// `granted` or `timeout` is ignored, as a later module may add one.
 pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, String)> {
     let mut parts = payload.splitn(4, |&b| b == b':');
     let kind = parts.next()?;
+    // 1 to 10 ASCII digits, as the module writes them (no sign, space or other digit).
     let num = |p: Option<&[u8]>| -> Option<usize> {
         let p = p?;
-        if p.is_empty() || !p.iter().all(u8::is_ascii_digit) {
+        if p.is_empty() || p.len() > 10 || !p.iter().all(u8::is_ascii_digit) {
             return None;
         }
         std::str::from_utf8(p).ok()?.parse().ok()
@@ -48,10 +54,10 @@ pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, String)> {
     let id = String::from_utf8(rest[..id_len].to_vec()).ok()?;
     let detail = &rest[id_len + owner_len..];
     let note = match kind {
-        b"granted" if detail.is_empty() => Note::Granted,
-        b"timeout" if detail.is_empty() => Note::Timeout,
+        b"granted" => Note::Granted,
+        b"timeout" => Note::Timeout,
         b"error" => Note::Error(String::from_utf8_lossy(detail).into_owned()),
-        _ => return None,
+        _ => Note::Other,
     };
     Some((note, id))
 }
@@ -293,7 +299,7 @@ impl Machine {
             // Collect: the same command and id again; the server replays the grant.
             Event::Note(Note::Granted) => Step::Send(self.shape.look()),
             // The ordinary reply of a timed-out wait: look once.
-            Event::Note(Note::Timeout) => Step::Send(self.shape.look()),
+            Event::Note(Note::Timeout | Note::Other) => Step::Send(self.shape.look()),
             Event::Note(Note::Error(detail)) => {
                 self.outstanding = false;
                 self.error = Some(note_error(&detail));

@@ -765,8 +765,11 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
         Some(Slot::Orphan { .. }) => {
             let slot = st.waiters.remove(id).expect("just seen");
             release_channel(st, slot.channel());
+            // A kind this client does not know may stand for a grant too: collected and
+            // given back the same way (a look that finds the lock free takes it, and the
+            // undo gives that back as well).
             if let (
-                Note::Granted,
+                Note::Granted | Note::Other,
                 Slot::Orphan {
                     look, latch: false, ..
                 },

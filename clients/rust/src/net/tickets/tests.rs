@@ -19,32 +19,6 @@ fn it_names_the_channel_like_redissons_prefix_name() {
 }
 
 #[test]
-fn it_parses_ticket_messages() {
-    // Table: payload -> (note, id) or None.
-    for (payload, want) in [
-        (&b"granted:2:8:r1client-1"[..], Some((Note::Granted, "r1"))),
-        (b"timeout:2:0:r9", Some((Note::Timeout, "r9"))),
-        (
-            b"error:1:1:xoMOVED 12 127.0.0.1:7001",
-            Some((Note::Error("MOVED 12 127.0.0.1:7001".into()), "x")),
-        ),
-        // Ids and owners may contain the separator.
-        (b"granted:3:3:a:bc:d", Some((Note::Granted, "a:b"))),
-        (b"granted:2:8:r1client-", None),
-        (b"granted:2:0:r1extra", None),
-        (b"granted:x:0:r1", None),
-        (b"granted:-1:0:r1", None),
-        (b"bogus:2:0:r1", None),
-        (b"granted", None),
-        (b"", None),
-    ] {
-        let got = parse_message(payload);
-        let want = want.map(|(n, id)| (n, id.to_owned()));
-        assert_eq!(got, want, "{}", String::from_utf8_lossy(payload));
-    }
-}
-
-#[test]
 fn it_turns_an_error_note_into_the_servers_error() {
     let e = note_error("MOVED 12 127.0.0.1:7001");
     assert_eq!(e.code(), Some("MOVED"));

@@ -7,6 +7,7 @@ package io.rlock;
 
 import io.lettuce.core.RedisCommandExecutionException;
 
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -269,40 +270,84 @@ final class Waits {
         if (w == null || !w.channel.equals(channel)) {
             return;
         }
-        switch (n.kind) {
-            case "granted":
+        switch (n.action()) {
+            case GRANTED:
                 if (w.latch) {
                     finish(w, 1L, null);
                 } else {
                     send(w, w.look()); // collect: the same id replays the grant
                 }
                 break;
-            case "timeout":
+            case COLLECT:
+                // A timeout, or a kind this client does not know: the ticket left its queue
+                // all the same, and the reply without WAIT tells what happened (granted
+                // under this id, or not). A cancelled waiter gives back what it gets.
                 send(w, w.look());
                 break;
-            default:
+            case FAIL:
                 finish(w, null, new RedisCommandExecutionException(n.detail));
         }
     }
 
-    /** A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`. */
-    record Note(String kind, String id, String detail) {
+    /** What a waiter does with a ticket message (spec/vectors/tickets.json, `then`). */
+    enum Action { GRANTED, COLLECT, FAIL }
+
+    /**
+     * A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`, its lengths in
+     * bytes of the UTF-8 text (the module's): read on the bytes, not on UTF-16 units.
+     */
+    record Note(String kind, String id, String owner, String detail) {
         static Note parse(String m) {
-            String[] p = m.split(":", 4);
-            if (p.length < 4) {
+            byte[] b = m.getBytes(StandardCharsets.UTF_8);
+            int c1 = indexOf(b, 0), c2 = indexOf(b, c1 + 1), c3 = indexOf(b, c2 + 1);
+            if (c1 < 0 || c2 < 0 || c3 < 0) {
                 return null;
             }
-            try {
-                int idLen = Integer.parseInt(p[1]);
-                int ownerLen = Integer.parseInt(p[2]);
-                String rest = p[3];
-                if (idLen < 0 || ownerLen < 0 || rest.length() < idLen + ownerLen) {
-                    return null;
+            long idLen = length(b, c1 + 1, c2), ownerLen = length(b, c2 + 1, c3);
+            int rest = c3 + 1;
+            if (idLen < 0 || ownerLen < 0 || b.length - rest < idLen + ownerLen) {
+                return null;
+            }
+            int ownerAt = rest + (int) idLen, detailAt = ownerAt + (int) ownerLen;
+            return new Note(text(b, 0, c1), text(b, rest, ownerAt), text(b, ownerAt, detailAt),
+                    text(b, detailAt, b.length));
+        }
+
+        /** The kind word alone decides; a detail after `granted` or `timeout` is ignored. */
+        Action action() {
+            return switch (kind) {
+                case "granted" -> Action.GRANTED;
+                case "error" -> Action.FAIL;
+                default -> Action.COLLECT;
+            };
+        }
+
+        private static int indexOf(byte[] b, int from) {
+            for (int i = from; i < b.length; i++) {
+                if (b[i] == ':') {
+                    return i;
                 }
-                return new Note(p[0], rest.substring(0, idLen), rest.substring(idLen + ownerLen));
-            } catch (NumberFormatException e) {
-                return null;
             }
+            return -1;
+        }
+
+        /** 1 to 10 ASCII digits, as the module writes them; -1 for anything else. */
+        private static long length(byte[] b, int from, int to) {
+            if (to - from < 1 || to - from > 10) {
+                return -1;
+            }
+            long n = 0;
+            for (int i = from; i < to; i++) {
+                if (b[i] < '0' || b[i] > '9') {
+                    return -1;
+                }
+                n = n * 10 + (b[i] - '0');
+            }
+            return n;
+        }
+
+        private static String text(byte[] b, int from, int to) {
+            return new String(b, from, to - from, StandardCharsets.UTF_8);
         }
     }
 

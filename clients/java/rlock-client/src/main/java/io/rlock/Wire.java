@@ -110,8 +110,10 @@ final class Wire {
         }
         if (e instanceof RedisCommandExecutionException) {
             String m = String.valueOf(e.getMessage());
+            // The codes the module's vectors class as "retry" (spec/vectors/errors.json) and
+            // the server's own "not now" replies.
             return m.startsWith("LOADING") || m.startsWith("TRYAGAIN") || m.startsWith("CLUSTERDOWN")
-                    || m.startsWith("MASTERDOWN") || m.startsWith("BUSY ");
+                    || m.startsWith("MASTERDOWN") || m.startsWith("READONLY") || m.startsWith("BUSY ");
         }
         return e instanceof io.lettuce.core.RedisException
                 && String.valueOf(e.getMessage()).contains("Connection closed");

@@ -1,0 +1,71 @@
+// The Java client's reader of the protocol contract, spec/vectors/ at the repository's root
+// (its README: the format, and who reads what): the ticket channel, the reading of ticket
+// messages and what a waiter does with each, and which of the module's errors are retried;
+// so that a vector changed by hand, or a client change the vectors do not follow, fails
+// this suite. No server needed.
+package io.rlock;
+
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import io.lettuce.core.RedisCommandExecutionException;
+import org.junit.jupiter.api.Test;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Locale;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+class VectorsTest {
+    /** spec/vectors, found from the module's folder (Maven runs tests in rlock-client/). */
+    static final Path VECTORS = Path.of("").toAbsolutePath().resolve("../../../spec/vectors").normalize();
+
+    static JsonArray load(String file, String field) throws IOException {
+        String text = Files.readString(VECTORS.resolve(file), StandardCharsets.UTF_8);
+        JsonArray rows = JsonParser.parseString(text).getAsJsonObject().getAsJsonArray(field);
+        assertFalse(rows.isEmpty(), "no " + field + " in " + file);
+        return rows;
+    }
+
+    @Test
+    void the_ticket_channel_is_the_vectors() throws IOException {
+        for (JsonElement e : load("channels.json", "cases")) {
+            JsonObject c = e.getAsJsonObject();
+            assertEquals(c.get("ticket").getAsString(), Waits.channel(c.get("key").getAsString()), c.toString());
+        }
+    }
+
+    @Test
+    void every_ticket_message_reads_as_the_vectors_say() throws IOException {
+        for (JsonElement e : load("tickets.json", "cases")) {
+            JsonObject c = e.getAsJsonObject();
+            Waits.Note n = Waits.Note.parse(c.get("message").getAsString());
+            if (c.get("parsed").isJsonNull()) {
+                assertNull(n, c.toString());
+                continue;
+            }
+            assertNotNull(n, c.toString());
+            JsonObject p = c.getAsJsonObject("parsed");
+            assertEquals(p.get("kind").getAsString(), n.kind(), c.toString());
+            assertEquals(p.get("id").getAsString(), n.id(), c.toString());
+            assertEquals(p.get("owner").getAsString(), n.owner(), c.toString());
+            assertEquals(p.get("detail").getAsString(), n.detail(), c.toString());
+            assertEquals(c.get("then").getAsString().toUpperCase(Locale.ROOT), n.action().name(), c.toString());
+        }
+    }
+
+    @Test
+    void the_module_errors_the_vectors_call_retry_are_retried() throws IOException {
+        for (JsonElement e : load("errors.json", "errors")) {
+            JsonObject row = e.getAsJsonObject();
+            String text = row.get("text").getAsString();
+            RedisCommandExecutionException err = new RedisCommandExecutionException(text);
+            assertEquals(row.get("kind").getAsString().equals("retry"), Wire.isTransient(err), row.toString());
+            assertEquals(row.get("code").getAsString(), Wire.serverError(err).split(" ", 2)[0], row.toString());
+        }
+    }
+}

@@ -1,0 +1,59 @@
+"""The Python client's reader of the protocol contract, spec/vectors/ at the repository's
+root (its README: the format, and who reads what): the ticket channel, the reading of
+ticket messages and what a waiter does with each, and how the client classes the module's
+error texts; so that a vector changed by hand, or a client change the vectors do not
+follow, fails this suite. No server needed."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from redis.exceptions import ResponseError
+
+from rlock import _plan
+from rlock._proto import note_action, parse_note, ticket_channel
+
+VECTORS = pathlib.Path(__file__).resolve().parents[3] / "spec" / "vectors"
+
+
+def load(name: str, field: str) -> list:
+    rows = json.loads((VECTORS / name).read_text(encoding="utf-8"))[field]
+    assert rows, f"no {field} in {name}"
+    return rows
+
+
+def ids(rows, field):
+    return [repr(r[field])[:60] for r in rows]
+
+
+CHANNELS = load("channels.json", "cases")
+TICKETS = load("tickets.json", "cases")
+ERRORS = load("errors.json", "errors")
+
+
+@pytest.mark.parametrize("case", CHANNELS, ids=ids(CHANNELS, "key"))
+def test_the_ticket_channel_is_the_vectors(case):
+    assert ticket_channel(case["key"].encode()) == case["ticket"].encode()
+
+
+@pytest.mark.parametrize("case", TICKETS, ids=ids(TICKETS, "message"))
+def test_a_ticket_message_reads_as_the_vectors_say(case):
+    note = parse_note(case["message"].encode())
+    want = case["parsed"]
+    if want is None:
+        assert note is None
+        return
+    assert note is not None
+    assert (note.kind, note.id, note.owner, note.detail) == (
+        want["kind"], want["id"], want["owner"].encode(), want["detail"])
+    assert note_action(note) == case["then"]
+
+
+@pytest.mark.parametrize("row", ERRORS, ids=ids(ERRORS, "name"))
+def test_a_key_that_is_not_a_lock_is_told_by_the_vectors_kind(row):
+    # redis-py drops the "ERR " code of the errors it raises as ResponseError.
+    text = row["text"].removeprefix("ERR ")
+    want = row["kind"] == "wrong-type" and row.get("of") in ("lock", "any")
+    assert _plan.not_a_lock(ResponseError(text)) is want
