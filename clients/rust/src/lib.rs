@@ -25,7 +25,8 @@
 //!   handed it the lock: the retry, on a new connection, learns of the handoff.
 //! - Optional replica safety ([`ReplicaSync`]): `WAIT n timeout` after each acquire.
 //! - Several locks at once: [`MultiLock`] (all or none, on one server or several) and
-//!   [`RedLock`] (a majority of independent servers, within a validity time).
+//!   [`RedLock`] (a majority of independent servers, within a validity time), async as
+//!   well ([`aio::MultiLock`], [`aio::RedLock`]).
 //! - Read-write locks: [`Client::rw_lock`] gives an [`RwLock`] whose `read()` and
 //!   `write()` halves are [`Lock`] handles (module commands `RRWLOCK.*`).
 //! - One server or a Redis Cluster ([`Client::open_cluster`]).
@@ -57,8 +58,9 @@
 
 // Folders by concern, top-down (see the crate's README, "Layout"):
 // - `blocking`: the blocking API, a thin layer over `aio` (handles that run their async
-//   twins on the client's runtime), and the combined locks (MultiLock, RedLock).
-// - `aio`: the implementation: client, lock, read-write lock, semaphores, renewal task.
+//   twins on the client's runtime), the combined locks' (MultiLock, RedLock) included.
+// - `aio`: the implementation: client, lock, read-write lock, semaphores, the combined
+//   locks, renewal task.
 // - `fenced`, `latch`: one primitive each: its commands and replies, the async handle
 //   (the implementation, re-exported from `aio`) and its blocking face.
 // - `net`: connections (one server or a cluster) and the queued-ticket connection.

@@ -209,3 +209,153 @@ fn a_redlock_fails_without_a_majority_of_servers() {
     assert!(err.is_transient(), "{err:?}");
     assert!(!exists(&mut servers[2].conn(), "k"), "left behind");
 }
+
+// ---- the async API: the same MultiLock and RedLock (the one implementation the blocking
+// faces above run), driven by tokio tasks.
+
+mod async_api {
+    use super::*;
+    use rlock_client::aio;
+
+    async fn aclients(servers: &[Server], ms: u64) -> Vec<aio::Client> {
+        let mut out = Vec::new();
+        for s in servers {
+            let opts = ClientOptions::new()
+                .with_watchdog_timeout(Duration::from_millis(ms))
+                .with_retry(
+                    RetryPolicy::new()
+                        .with_max_attempts(2)
+                        .with_base_delay(Duration::from_millis(10)),
+                );
+            out.push(aio::Client::open_with(s.url(), opts).await.unwrap());
+        }
+        out
+    }
+
+    fn amulti(clients: &[aio::Client], name: &str) -> aio::MultiLock {
+        aio::MultiLock::new(clients.iter().map(|c| c.lock(name)))
+    }
+
+    fn ared(clients: &[aio::Client], name: &str) -> aio::RedLock {
+        aio::RedLock::new(clients.iter().map(|c| c.lock(name)))
+    }
+
+    /// Whether `key` has a waiter queued in the server within 5 s, as `c` sees it.
+    async fn aqueued(c: &aio::Client, key: &str) -> bool {
+        for _ in 0..500 {
+            if c.info(key).await.unwrap().is_some_and(|i| i.waiters == 1) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_async_multilock_takes_every_lock_or_none_and_waits_for_the_last() {
+        let servers = three();
+        let (a, b) = (
+            aclients(&servers, 30_000).await,
+            aclients(&servers, 30_000).await,
+        );
+        let mut conns: Vec<_> = servers.iter().map(Server::conn).collect();
+        let ml = amulti(&a, "k");
+        let g = ml.acquire().await.unwrap();
+        assert!(g.is_held());
+        for (conn, lock) in conns.iter_mut().zip(ml.locks()) {
+            assert_eq!(hget(conn, "k", lock.owner()), Some(1));
+        }
+        let other = amulti(&b, "k");
+        assert!(other.try_acquire().await.unwrap().is_none());
+        for (conn, lock) in conns.iter_mut().zip(other.locks()) {
+            assert_eq!(hget(conn, "k", lock.owner()), None, "left behind");
+        }
+        g.release().await.unwrap();
+        for conn in &mut conns {
+            assert!(!exists(conn, "k"));
+        }
+        // One lock held elsewhere: a bounded wait gives back the two it took...
+        let holder = b[2].lock("k").acquire().await.unwrap();
+        let t = Instant::now();
+        assert!(ml
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none());
+        assert_took_at_least(t.elapsed(), Duration::from_millis(250));
+        assert!(!exists(&mut conns[0], "k"), "left behind on server 0");
+        assert!(!exists(&mut conns[1], "k"), "left behind on server 1");
+        // ...and a longer one waits in the server for the last and is handed it.
+        let waiter = tokio::spawn(async move {
+            let g = ml.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+            (ml, g)
+        });
+        assert!(aqueued(&b[2], "k").await);
+        holder.release().await.unwrap();
+        let (ml, g) = waiter.await.unwrap();
+        let g = g.expect("handed the last lock");
+        for (conn, lock) in conns.iter_mut().zip(ml.locks()) {
+            assert_eq!(hget(conn, "k", lock.owner()), Some(1));
+        }
+        g.release().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_async_multilock_is_lost_with_any_of_its_locks() {
+        let servers = three();
+        let a = aclients(&servers, 900).await;
+        let g = amulti(&a, "k").acquire().await.unwrap();
+        assert!(a[1].force_release("k").await.unwrap());
+        let why = tokio::time::timeout(Duration::from_secs(10), g.lost())
+            .await
+            .expect("the loss is reported");
+        assert_eq!(g.lost_reason(), Some(why));
+        assert!(!g.is_held());
+        assert!(matches!(g.release().await, Err(Error::NotHeld { .. })));
+        for s in &servers {
+            assert!(!exists(&mut s.conn(), "k"));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_async_redlocks_exclude_each_other_and_a_majority_loss_is_reported() {
+        let mut servers = three();
+        let (a, b) = (aclients(&servers, 900).await, aclients(&servers, 900).await);
+        let (ra, rb) = (ared(&a, "k"), ared(&b, "k"));
+        let lease = Duration::from_secs(10);
+        let g = ra
+            .acquire_with(AcquireOptions::new().with_lease(lease))
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(g.held_count(), 3);
+        let v = g.validity();
+        assert!(
+            v > Duration::ZERO && v <= lease - redlock_drift(lease),
+            "{v:?}"
+        );
+        assert!(rb.try_acquire().await.unwrap().is_none());
+        for (s, l) in servers.iter().zip(rb.locks()) {
+            assert_eq!(hget(&mut s.conn(), "k", l.owner()), None, "left behind");
+        }
+        assert_eq!(g.release().await.unwrap(), 3);
+        // Watchdog leases: one server dying is spared, a second loss is not.
+        let g = rb.acquire().await.unwrap();
+        servers[2].kill();
+        let spared = tokio::time::timeout(Duration::from_secs(10), async {
+            while g.held_count() != 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(spared.is_ok(), "held on {}", g.held_count());
+        assert!(g.is_held(), "a majority still holds it");
+        assert_eq!(g.lost_reason(), None);
+        assert!(b[0].force_release("k").await.unwrap());
+        tokio::time::timeout(Duration::from_secs(10), g.lost())
+            .await
+            .expect("the majority's loss is reported");
+        assert!(!g.is_held());
+        assert!(g.release().await.is_err(), "one server still held it");
+    }
+}

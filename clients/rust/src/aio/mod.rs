@@ -11,6 +11,7 @@
 //! ```
 
 mod lock;
+pub(crate) mod multi;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 
@@ -33,6 +34,9 @@ use crate::proto::state::{LockShared, Lost, LostReason, OwnerIds};
 use crate::proto::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
 pub use lock::{Lock, LockGuard};
+// Several locks at once (all or a majority): the one implementation, the blocking
+// MultiLock and RedLock run it.
+pub use multi::{MultiGuard, MultiLock, RedLock, RedLockGuard};
 
 // Countdown latch (clients/rust/src/latch.rs): `client.latch(name)`.
 pub use crate::latch::aio::CountDownLatch;

@@ -117,15 +117,14 @@ impl Lock {
         self.inner.hold_count()
     }
 
-    /// Another handle on the same owner state, for a thread of a combined lock. Only
-    /// one operation may run on a handle at a time; the caller sees to that.
-    pub(crate) fn same_handle(&self) -> Lock {
-        Lock::new(self.inner.same_handle(), &self.rt)
+    /// The async twin (the combined locks drive it; `blocking/multi.rs`).
+    pub(crate) fn inner(&self) -> &aio::Lock {
+        &self.inner
     }
 
-    /// The lease an acquire with `opts` asks for.
-    pub(crate) fn lease_for(&self, opts: &AcquireOptions) -> Duration {
-        self.inner.lease_for(opts)
+    /// The client's runtime.
+    pub(crate) fn rt(&self) -> &Rt {
+        &self.rt
     }
 }
 

@@ -7,8 +7,8 @@
 //!
 //! - this file: [`Rt`] and [`Client`];
 //! - `lock`: [`Lock`] and [`LockGuard`]; `rwlock`, `semaphore`: the other primitives'
-//!   handles and guards; `multi`: [`crate::MultiLock`] and [`crate::RedLock`], built on
-//!   blocking locks.
+//!   handles and guards; `multi`: [`crate::MultiLock`] and [`crate::RedLock`], over their
+//!   async twins in `aio/multi.rs`.
 
 pub(crate) mod lock;
 pub(crate) mod multi;
