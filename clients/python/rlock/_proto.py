@@ -137,7 +137,12 @@ class Shape:
         if wait_ms is None:
             return args[:self.wait_at - 1] + args[self.wait_at + 1:]
         args[self.wait_at] = wait_ms
-        return args + ["ASYNC"] if ticket else args
+        if not ticket:
+            return args
+        if self.latch:
+            # RLATCH.AWAIT's synopsis order, WAIT t ASYNC ID id (spec/vectors/commands.json).
+            return args[:-2] + ["ASYNC"] + args[-2:]
+        return args + ["ASYNC"]
 
 
 def waiting(args: List[Any], wait_ms: int, request_id: str, latch: bool = False) -> Shape:

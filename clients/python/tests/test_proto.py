@@ -28,8 +28,8 @@ def test_a_waiting_shape_adds_async_and_looks_without_wait():
 
 def test_the_latch_takes_an_id_only_with_async():
     shape = waiting(["RLATCH.AWAIT", "l"], 1000, "id1", latch=True)
-    assert shape.with_wait(1000, True) == ["RLATCH.AWAIT", "l", "WAIT", 1000, "ID", "id1",
-                                           "ASYNC"]
+    assert shape.with_wait(1000, True) == ["RLATCH.AWAIT", "l", "WAIT", 1000, "ASYNC", "ID",
+                                           "id1"]
     assert shape.with_wait(1000, False) == ["RLATCH.AWAIT", "l", "WAIT", 1000]
     assert shape.with_wait(None, False) == ["RLATCH.AWAIT", "l"]
 

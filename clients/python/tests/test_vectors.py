@@ -13,7 +13,8 @@ import pytest
 from redis.exceptions import ResponseError
 
 from rlock import _plan
-from rlock._proto import note_action, parse_note, ticket_channel
+from rlock._plan import Wait
+from rlock._proto import new_request_id, note_action, parse_note, ticket_channel, waiting
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "spec" / "vectors"
 
@@ -31,6 +32,8 @@ def ids(rows, field):
 CHANNELS = load("channels.json", "cases")
 TICKETS = load("tickets.json", "cases")
 ERRORS = load("errors.json", "errors")
+WAITING = load("commands.json", "waiting")
+BUILDERS = load("commands.json", "builders")
 
 
 @pytest.mark.parametrize("case", CHANNELS, ids=ids(CHANNELS, "key"))
@@ -57,3 +60,38 @@ def test_a_key_that_is_not_a_lock_is_told_by_the_vectors_kind(row):
     text = row["text"].removeprefix("ERR ")
     want = row["kind"] == "wrong-type" and row.get("of") in ("lock", "any")
     assert _plan.not_a_lock(ResponseError(text)) is want
+
+
+def words(args) -> list:
+    """A command as the words on the wire (ints in decimal, bytes as text)."""
+    return [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+
+
+@pytest.mark.parametrize("case", WAITING, ids=ids(WAITING, "base"))
+def test_a_waiting_command_takes_the_vectors_shapes(case):
+    request_id = case["id"] or new_request_id()
+    shape = waiting(case["base"], case["wait_ms"], request_id, latch=case["latch"])
+    mine = [request_id if w == "$id" else w for w in case["ticketed"]]
+    assert words(shape.with_wait(case["wait_ms"], False)) == case["command"]
+    assert words(shape.with_wait(case["wait_ms"], True)) == mine
+    assert words(shape.with_wait(None, False)) == case["look"]
+
+
+# The plain lock's builders (rlock.lock.Lock, redis-py's interface): the other primitives
+# build their commands inline in _ops, on the waiting shapes above.
+LOCK_BUILDERS = [c for c in BUILDERS if c.get("side") is None
+                 and c["op"] in ("acquire", "renew")
+                 or c["op"] == "release" and c.get("side") is None and c["lease_ms"] is not None]
+
+
+@pytest.mark.parametrize("case", LOCK_BUILDERS, ids=ids(LOCK_BUILDERS, "wire"))
+def test_the_lock_builds_the_vectors_words(case):
+    token = case["owner"].encode()
+    if case["op"] == "acquire":
+        args = _plan.acquire_args(case["key"], token, case["lease_ms"], Wait(case["wait_ms"]),
+                                  case["id"])
+    elif case["op"] == "release":
+        args = _plan.release_args(case["key"], token, case["lease_ms"], case["id"])
+    else:
+        args = _plan.renew_args(case["key"], token, case["lease_ms"])
+    assert words(args) == case["wire"]

@@ -123,3 +123,174 @@ fn it_gives_every_module_error_the_vectors_kind() {
         );
     }
 }
+
+fn words(v: &Json, field: &str) -> Vec<String> {
+    v[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("{field} is not an array in {v}"))
+        .iter()
+        .map(|w| w.as_str().expect("a word").to_owned())
+        .collect()
+}
+
+fn strings(args: Vec<Vec<u8>>) -> Vec<String> {
+    args.into_iter()
+        .map(|a| String::from_utf8(a).unwrap())
+        .collect()
+}
+
+fn cmd_words(c: &redis::Cmd) -> Vec<String> {
+    strings(
+        c.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"<cursor>".to_vec(),
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn it_shapes_every_waiting_command_as_the_vectors_do() {
+    for case in cases(&load("commands.json"), "waiting") {
+        let mut c = redis::Cmd::new();
+        for w in words(&case, "command") {
+            c.arg(w);
+        }
+        let shape = Shape::of(&c).unwrap_or_else(|| panic!("not a waiting command: {case}"));
+        let wait_ms = case["wait_ms"].as_u64().expect("wait_ms");
+        let with_id = |ws: Vec<String>| -> Vec<String> {
+            ws.into_iter()
+                .map(|w| if w == "$id" { shape.id().to_owned() } else { w })
+                .collect()
+        };
+        assert_eq!(
+            strings(shape.ticketed(wait_ms)),
+            with_id(words(&case, "ticketed")),
+            "{case}"
+        );
+        assert_eq!(strings(shape.look()), words(&case, "look"), "{case}");
+        if let Some(id) = case["id"].as_str() {
+            assert_eq!(shape.id(), id, "{case}");
+        }
+    }
+}
+
+#[test]
+fn it_builds_every_command_as_the_vectors_do() {
+    use crate::proto::cmd;
+    for case in cases(&load("commands.json"), "builders") {
+        let side = case["side"].as_str();
+        let key = s(&case, "key");
+        let lease = case["lease_ms"].as_u64();
+        let c = match s(&case, "op") {
+            "acquire" => cmd::acquire(
+                key,
+                side,
+                s(&case, "owner"),
+                lease.expect("lease_ms"),
+                case["wait_ms"].as_u64(),
+                s(&case, "id"),
+            ),
+            "release" => cmd::release(key, side, s(&case, "owner"), lease, s(&case, "id")),
+            "renew" => cmd::renew(key, side, s(&case, "owner"), lease.expect("lease_ms")),
+            "force_release" => cmd::force_release(key),
+            "info" => cmd::info(key),
+            op => panic!("no builder for {op}: {case}"),
+        };
+        assert_eq!(cmd_words(&c), words(&case, "wire"), "{case}");
+    }
+}
+
+/// A reply of replies.json as the server's value; an integer known within bounds
+/// becomes each bound in turn (both must read the same).
+fn values(j: &Json) -> Vec<Value> {
+    match j {
+        Json::Null => vec![Value::Nil],
+        Json::Number(n) => vec![Value::Int(n.as_i64().expect("an i64"))],
+        Json::String(s) => vec![Value::SimpleString(s.clone())],
+        Json::Object(o) => o["between"]
+            .as_array()
+            .expect("between")
+            .iter()
+            .map(|b| Value::Int(b.as_i64().expect("a bound")))
+            .collect(),
+        Json::Array(items) => {
+            // Every combination is not needed: each item's bounds, the others' first.
+            let each: Vec<Vec<Value>> = items.iter().map(values).collect();
+            let first: Vec<Value> = each.iter().map(|v| v[0].clone()).collect();
+            let mut out = vec![Value::Array(first.clone())];
+            for (i, vs) in each.iter().enumerate() {
+                for v in &vs[1..] {
+                    let mut a = first.clone();
+                    a[i] = v.clone();
+                    out.push(Value::Array(a));
+                }
+            }
+            out
+        }
+        Json::Bool(_) => panic!("no boolean replies: {j}"),
+    }
+}
+
+/// What the client makes of `reply` to `command`, in replies.json's words.
+fn outcome(command: &str, reply: Value) -> String {
+    use crate::proto::cmd::{self, Acquired, Released};
+    let acquired = |a: Acquired| match a {
+        Acquired::Yes => "acquired",
+        Acquired::HeldFor(n) => {
+            assert!(n == -1 || n > 0, "a PTTL: {n}");
+            "held"
+        }
+    };
+    let out = match command {
+        "RLOCK.ACQUIRE" | "RRWLOCK.ACQUIRE" if reply == Value::SimpleString("QUEUED".into()) => {
+            // A queued ticket's reply: its waiter waits for the ticket's message.
+            let mut c = cmd::acquire("k", None, "o", 100, Some(1000), "r1");
+            c.arg("ASYNC");
+            let now = Instant::now();
+            let mut m = Machine::new(Shape::of(&c).unwrap(), now, false);
+            let _ = m.start(now);
+            m.sent(0);
+            match m.on(Event::Reply(Ok(reply)), now) {
+                Step::Wait => "queued",
+                other => panic!("QUEUED: {other:?}"),
+            }
+        }
+        "RLOCK.ACQUIRE" | "RRWLOCK.ACQUIRE" => acquired(cmd::parse_acquire(reply).unwrap()),
+        "RFENCED.ACQUIRE" => match crate::fenced::parse_acquire(reply).unwrap() {
+            (Acquired::Yes, Some(token)) if token > 0 => "acquired",
+            (a @ Acquired::HeldFor(_), None) => acquired(a),
+            other => panic!("{other:?}"),
+        },
+        "RLOCK.RELEASE" | "RRWLOCK.RELEASE" => match cmd::parse_release(reply).unwrap() {
+            Released::Freed => "freed",
+            Released::StillHeld => "still-held",
+            Released::NotHeld => "not-held",
+        },
+        "RLOCK.RENEW" | "RRWLOCK.RENEW" => match cmd::parse_renew(reply).unwrap() {
+            true => "renewed",
+            false => "not-held",
+        },
+        "RLOCK.FORCERELEASE" => match cmd::parse_force_release(reply).unwrap() {
+            true => "force-freed",
+            false => "nothing-to-free",
+        },
+        other => panic!("no reader of {other}'s reply"),
+    };
+    out.to_owned()
+}
+
+#[test]
+fn it_reads_every_reply_as_the_vectors_outcome() {
+    for case in cases(&load("replies.json"), "cases") {
+        let send = words(&case, "send");
+        for reply in values(&case["reply"]) {
+            assert_eq!(
+                outcome(&send[0], reply.clone()),
+                s(&case, "outcome"),
+                "{case}: {reply:?}"
+            );
+        }
+    }
+}

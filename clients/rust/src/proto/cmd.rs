@@ -298,61 +298,7 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn it_builds_every_command_with_the_key_first() {
-        // Table: the command built -> its words on the wire.
-        let cases: Vec<(Cmd, &[&str])> = vec![
-            (
-                acquire("k", None, "o", 30000, None, "r1"),
-                &["RLOCK.ACQUIRE", "k", "o", "30000", "ID", "r1"],
-            ),
-            (
-                acquire("k", None, "o", 100, Some(0), "r1"),
-                &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "0", "ID", "r1"],
-            ),
-            (
-                acquire("k", None, "o", 100, Some(250), "r1"),
-                &["RLOCK.ACQUIRE", "k", "o", "100", "WAIT", "250", "ID", "r1"],
-            ),
-            (
-                release("k", None, "o", None, "r2"),
-                &["RLOCK.RELEASE", "k", "o", "ID", "r2"],
-            ),
-            (
-                release("k", None, "o", Some(9), "r2"),
-                &["RLOCK.RELEASE", "k", "o", "9", "ID", "r2"],
-            ),
-            (renew("k", None, "o", 9), &["RLOCK.RENEW", "k", "o", "9"]),
-            (force_release("k"), &["RLOCK.FORCERELEASE", "k"]),
-            (info("k"), &["RLOCK.INFO", "k"]),
-            // One side of a read-write lock: the side word after the key.
-            (
-                acquire("k", Some("READ"), "o", 100, Some(0), "r1"),
-                &[
-                    "RRWLOCK.ACQUIRE",
-                    "k",
-                    "READ",
-                    "o",
-                    "100",
-                    "WAIT",
-                    "0",
-                    "ID",
-                    "r1",
-                ],
-            ),
-            (
-                release("k", Some("WRITE"), "o", Some(9), "r2"),
-                &["RRWLOCK.RELEASE", "k", "WRITE", "o", "9", "ID", "r2"],
-            ),
-            (
-                renew("k", Some("READ"), "o", 9),
-                &["RRWLOCK.RENEW", "k", "READ", "o", "9"],
-            ),
-        ];
-        for (cmd, want) in cases {
-            assert_eq!(args(&cmd), want);
-        }
-    }
+    // Every builder's words: spec/vectors/commands.json (crate::vectors reads it).
 
     #[test]
     fn it_pipelines_renew_before_wait_for_replica_safety() {

@@ -16,6 +16,8 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Locale;
 
 import static org.junit.jupiter.api.Assertions.*;
@@ -66,6 +68,31 @@ class VectorsTest {
             RedisCommandExecutionException err = new RedisCommandExecutionException(text);
             assertEquals(row.get("kind").getAsString().equals("retry"), Wire.isTransient(err), row.toString());
             assertEquals(row.get("code").getAsString(), Wire.serverError(err).split(" ", 2)[0], row.toString());
+        }
+    }
+
+    static List<String> words(JsonObject c, String field) {
+        List<String> out = new ArrayList<>();
+        for (JsonElement w : c.getAsJsonArray(field)) {
+            out.add(w.getAsString());
+        }
+        return out;
+    }
+
+    @Test
+    void every_waiting_command_takes_the_vectors_shapes() throws IOException {
+        for (JsonElement e : load("commands.json", "waiting")) {
+            JsonObject c = e.getAsJsonObject();
+            Waits.Waiter w = new Waits.Waiter(words(c, "command"), reply -> List.of());
+            List<String> ticketed = new ArrayList<>();
+            for (String word : words(c, "ticketed")) {
+                ticketed.add(word.equals("$id") ? w.id : word);
+            }
+            assertEquals(ticketed, w.ticketed(), c.toString());
+            assertEquals(words(c, "look"), w.look(), c.toString());
+            if (!c.get("id").isJsonNull()) {
+                assertEquals(c.get("id").getAsString(), w.id, c.toString());
+            }
         }
     }
 }
