@@ -10,11 +10,13 @@ import json
 import pathlib
 
 import pytest
+import redis
 from redis.exceptions import ResponseError
 
 from rlock import _plan
 from rlock._plan import Wait
 from rlock._proto import new_request_id, note_action, parse_note, ticket_channel, waiting
+from rlock.primitives import FencedLock, RwLockHalf
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "spec" / "vectors"
 
@@ -95,3 +97,36 @@ def test_the_lock_builds_the_vectors_words(case):
     else:
         args = _plan.renew_args(case["key"], token, case["lease_ms"])
     assert words(args) == case["wire"]
+
+
+REPLIES = [c for c in load("replies.json", "cases")
+           if c["send"][0] in ("RFENCED.ACQUIRE", "RRWLOCK.ACQUIRE")]
+
+
+def replies(want):
+    """The replies a vector stands for, as redis-py gives them: an integer known within
+    bounds is each bound in turn."""
+    if isinstance(want, dict):
+        return list(want["between"])
+    if isinstance(want, list):
+        first = [replies(w)[0] for w in want]
+        out = [first]
+        for i, w in enumerate(want):
+            for alt in replies(w)[1:]:
+                out.append(first[:i] + [alt] + first[i + 1:])
+        return out
+    return [want]
+
+
+@pytest.mark.parametrize("case", REPLIES, ids=[" ".join(c["send"]) for c in REPLIES])
+def test_an_acquire_reply_reads_as_the_vectors_outcome(case):
+    # The handles' own reading; making one does no I/O (the client never connects).
+    client = redis.Redis(host="127.0.0.1", port=1)
+    for reply in replies(case["reply"]):
+        if case["send"][0] == "RFENCED.ACQUIRE":
+            ops = FencedLock(client, "f")
+        else:
+            ops = RwLockHalf(client, "rw", side=case["send"][2])
+        assert ops._acquired(reply) is (case["outcome"] == "acquired"), reply
+        if case["outcome"] == "acquired" and isinstance(ops, FencedLock):
+            assert ops.token == reply[1] and ops.token > 0

@@ -95,4 +95,68 @@ class VectorsTest {
             }
         }
     }
+
+    /** The replies a vector stands for, as the client's reader gives them (Long, null, List). */
+    static List<Object> replies(JsonElement want) {
+        List<Object> out = new ArrayList<>();
+        if (want.isJsonNull()) {
+            out.add(null);
+        } else if (want.isJsonObject()) {
+            for (JsonElement b : want.getAsJsonObject().getAsJsonArray("between")) {
+                out.add(b.getAsLong());
+            }
+        } else if (want.isJsonArray()) {
+            List<Object> first = new ArrayList<>();
+            List<List<Object>> each = new ArrayList<>();
+            for (JsonElement w : want.getAsJsonArray()) {
+                List<Object> r = replies(w);
+                each.add(r);
+                first.add(r.get(0));
+            }
+            out.add(first);
+            for (int i = 0; i < each.size(); i++) {
+                for (Object alt : each.get(i).subList(1, each.get(i).size())) {
+                    List<Object> a = new ArrayList<>(first);
+                    a.set(i, alt);
+                    out.add(a);
+                }
+            }
+        } else if (want.getAsJsonPrimitive().isNumber()) {
+            out.add(want.getAsLong());
+        } else {
+            out.add(want.getAsString());
+        }
+        return out;
+    }
+
+    @Test
+    void every_acquire_reply_reads_as_the_vectors_outcome() throws IOException {
+        int read = 0;
+        for (JsonElement e : load("replies.json", "cases")) {
+            JsonObject c = e.getAsJsonObject();
+            String command = c.getAsJsonArray("send").get(0).getAsString();
+            String outcome = c.get("outcome").getAsString();
+            RlockLock lock = switch (command) {
+                case "RLOCK.ACQUIRE" -> new RlockLock(null, "k");
+                case "RFENCED.ACQUIRE" -> new RlockFencedLock(null, "f");
+                default -> null;
+            };
+            if (lock == null || outcome.equals("queued")) {
+                continue; // queued: Waits takes QUEUED as the ticket's receipt
+            }
+            for (Object reply : replies(c.get("reply"))) {
+                RlockLock.Acquired a = lock.parseAcquire(reply);
+                assertEquals(outcome.equals("acquired"), a.held(), c + " " + reply);
+                if (a.held() && lock instanceof RlockFencedLock) {
+                    assertTrue(a.token() != null && a.token() > 0, c + " " + reply);
+                }
+                if (!a.held()) {
+                    long pttl = a.pttl();
+                    assertTrue(pttl == -1 || pttl > 0, c + " " + reply);
+                }
+                read++;
+            }
+        }
+        assertTrue(read > 5, "read " + read);
+    }
 }
