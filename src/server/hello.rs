@@ -31,7 +31,7 @@ const ALWAYS: [&str; 8] = [
     "latch",
 ];
 
-/// The feature words of a server: [`ALWAYS`], plus `sharded-channels` in cluster mode
+/// The feature words of a server: `ALWAYS`, plus `sharded-channels` in cluster mode
 /// (messages go out with SPUBLISH to the key's shard, so a client listens with
 /// SSUBSCRIBE on the key's node).
 pub fn features(cluster: bool) -> Vec<&'static str> {

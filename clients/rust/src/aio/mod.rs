@@ -260,7 +260,7 @@ impl Client {
     }
 
     /// What the server can do (`RLOCK.HELLO`, asked now on the command connection; on a
-    /// cluster, any one node): [`Capabilities::NoModule`] when the server does not know
+    /// cluster, any one node): [`Capabilities::NoModule`](crate::Capabilities::NoModule) when the server does not know
     /// the command. The ticket connection asks the same on each connect by itself.
     pub async fn capabilities(&self) -> Result<crate::Capabilities> {
         let c = &self.inner;
