@@ -194,10 +194,14 @@ test-java: build ## Java: the client's JUnit 5 tests and Redisson interop, rlock
 	@./scripts/deps.sh --java
 	@$(PER_SERVER) $(MVN) test; done
 
-bench-java: release ## Java contention bench: rlock's Java client vs Redisson's RLock/RSemaphore, 64 threads and 1 000 tasks (REDIS_SERVER); appends to BENCHMARK.md
+bench-java: release ## Java contention benches (REDIS_SERVER; append to BENCHMARK.md): rlock's client vs Redisson (64 threads, 1 000 tasks); then Spring lock registries across 4 JVMs at 8 and 64 contenders (rlock's LockRegistry, RedisLockRegistry spin and pub/sub, Redisson's RLock)
 	@./scripts/deps.sh --java
 	$(MVN) -q -pl rlock-client test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
 		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
+	@# The registry bench forks worker JVMs from its class path: exec:exec runs it in a JVM of its own.
+	$(MVN) -q -pl rlock-spring -am -DskipTests install
+	$(MVN) -q -pl rlock-spring exec:exec -Dexec.classpathScope=test -Dexec.executable=java \
+		-Dexec.args="-classpath %classpath io.rlock.spring.RegistryBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
 
 # The Go client (clients/go): a Go module on go-redis v9; its tests start their own
 # module-loaded servers (RLOCK_MODULE, REDIS_SERVER) and a 3-master cluster. The module

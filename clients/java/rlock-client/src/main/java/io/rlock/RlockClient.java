@@ -173,18 +173,52 @@ public final class RlockClient implements AutoCloseable {
      * caller gives the acquire back).
      */
     CompletableFuture<Void> syncReplicas() {
-        int n = options.replicas();
-        if (n == 0) {
+        int want = options.replicas();
+        if (want == 0) {
             return CompletableFuture.completedFuture(null);
         }
-        return wire.send(List.of("WAIT", Integer.toString(n), Long.toString(options.replicaTimeout().toMillis())))
-                .thenApply(v -> {
-                    long acked = Sync.asLong(v);
-                    if (acked < n) {
-                        throw new ReplicaSyncException(acked, n);
+        CompletableFuture<Integer> count = want > 0 ? CompletableFuture.completedFuture(want) : connectedReplicas();
+        return count.thenCompose(n -> {
+            if (n == 0) {
+                return CompletableFuture.completedFuture(null);
+            }
+            return wire.send(List.of("WAIT", Integer.toString(n), Long.toString(options.replicaTimeout().toMillis())))
+                    .thenApply(v -> {
+                        long acked = Sync.asLong(v);
+                        if (acked < n) {
+                            throw new ReplicaSyncException(acked, n);
+                        }
+                        return null;
+                    });
+        });
+    }
+
+    /** The last read of how many replicas the server has, and when it was asked (nanoTime). */
+    private volatile CompletableFuture<Integer> replicasRead;
+    private volatile long replicasReadAt;
+
+    /**
+     * How many replicas the server has connected (ROLE), asked at most once a second; a
+     * refused or failed read counts as none, as the Rust client's does.
+     */
+    CompletableFuture<Integer> connectedReplicas() {
+        CompletableFuture<Integer> r = replicasRead;
+        long now = System.nanoTime();
+        if (r != null && now - replicasReadAt < 1_000_000_000L) {
+            return r;
+        }
+        synchronized (this) {
+            if (replicasRead == r) {
+                replicasReadAt = now;
+                replicasRead = wire.send(List.of("ROLE")).handle((v, e) -> {
+                    if (e != null || !(v instanceof List<?> role) || role.isEmpty() || !("master".equals(role.get(0)) || "primary".equals(role.get(0)))) {
+                        return 0;
                     }
-                    return null;
+                    return role.size() > 2 && role.get(2) instanceof List<?> replicas ? replicas.size() : 0;
                 });
+            }
+            return replicasRead;
+        }
     }
 
     /** Stops renewals and closes the connections (and the Lettuce client, if this client made it). */

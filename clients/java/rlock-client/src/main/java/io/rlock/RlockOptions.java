@@ -14,7 +14,10 @@ public final class RlockOptions {
     public static final int DEFAULT_RETRY_ATTEMPTS = 3;
     public static final Duration DEFAULT_RETRY_BASE_DELAY = Duration.ofMillis(50);
     public static final Duration DEFAULT_RETRY_MAX_DELAY = Duration.ofSeconds(1);
+    /** How long an acquire waits for replicas to acknowledge it (Redisson's slavesSyncTimeout). */
     public static final Duration DEFAULT_REPLICA_TIMEOUT = Duration.ofSeconds(1);
+    /** Replica sync's default: wait for every replica the server has connected (Redisson's checkLockSyncedSlaves). */
+    public static final int REPLICAS_CONNECTED = -1;
 
     /** How a waiting call waits in the server. */
     public enum WaitMode {
@@ -47,7 +50,7 @@ public final class RlockOptions {
 
     public static RlockOptions defaults() {
         return new RlockOptions(DEFAULT_WATCHDOG_TIMEOUT, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BASE_DELAY,
-                DEFAULT_RETRY_MAX_DELAY, WaitMode.AUTO, 0, DEFAULT_REPLICA_TIMEOUT);
+                DEFAULT_RETRY_MAX_DELAY, WaitMode.AUTO, REPLICAS_CONNECTED, DEFAULT_REPLICA_TIMEOUT);
     }
 
     private static Duration positive(Duration d, String what) {
@@ -88,16 +91,23 @@ public final class RlockOptions {
     }
 
     /**
-     * Replica sync (Redisson's checkLockSyncedSlaves): after every acquire, `WAIT replicas
-     * timeout`; when fewer replicas acknowledge, the acquire is undone and fails with
-     * {@link ReplicaSyncException}. 0 (the default) does not wait.
+     * Replica sync (Redisson's checkLockSyncedSlaves, on by default as there): after every
+     * lock acquire, `WAIT replicas timeout`; when fewer replicas acknowledge, the acquire is
+     * undone and fails with {@link ReplicaSyncException}. `replicas`: a count, 0 for no
+     * wait, or {@link #REPLICAS_CONNECTED} (the default) for every replica the server has
+     * connected, read with ROLE at most once a second (none: no WAIT is sent at all).
      */
     public RlockOptions withReplicaSync(int replicas, Duration timeout) {
-        if (replicas < 0) {
-            throw new IllegalArgumentException("replicas must be >= 0, got " + replicas);
+        if (replicas < REPLICAS_CONNECTED) {
+            throw new IllegalArgumentException("replicas must be >= 0, or REPLICAS_CONNECTED, got " + replicas);
         }
         positive(timeout, "replicaTimeout");
         return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, replicas, timeout);
+    }
+
+    /** No replica sync: an acquire answers as soon as the primary granted it. */
+    public RlockOptions withoutReplicaSync() {
+        return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, 0, replicaTimeout);
     }
 
     public Duration watchdogTimeout() { return watchdogTimeout; }

@@ -336,4 +336,54 @@ class LockTest {
             TestServer.waitUntil(Duration.ofSeconds(5), "the lock given back", () -> !lock.isLocked());
         }
     }
+
+    /** How many WAIT commands `s` has run. */
+    static long waitCalls(TestServer s) {
+        String line = s.redis().info("commandstats").lines().filter(l -> l.startsWith("cmdstat_wait:"))
+                .findFirst().orElse("cmdstat_wait:calls=0,");
+        return Long.parseLong(line.substring(line.indexOf("calls=") + 6, line.indexOf(',', line.indexOf("calls="))));
+    }
+
+    @Test
+    void replica_sync_is_on_by_default_for_every_connected_replica_as_in_redisson() throws Exception {
+        try (TestServer primary = new TestServer();
+             TestServer replica = new TestServer("--replicaof", "127.0.0.1", Integer.toString(primary.port))) {
+            TestServer.waitUntil(Duration.ofSeconds(20), "the replica in sync", () ->
+                    "1".equals(primary.info("replication", "connected_slaves"))
+                            && "up".equals(replica.info("replication", "master_link_status")));
+            try (RlockClient c = RlockClient.create(primary.uri(), RlockOptions.defaults())) {
+                RlockLock lock = c.getLock(key("synced"));
+                long before = waitCalls(primary);
+                assertTrue(lock.tryLock());
+                lock.unlock();
+                assertEquals(before + 1, waitCalls(primary), "one WAIT 1 after the acquire");
+                // A replica that stops answering: the acquire is not acknowledged, and given back.
+                replica.signal("STOP");
+                try {
+                    ReplicaSyncException e = assertThrows(ReplicaSyncException.class, lock::tryLock);
+                    assertEquals(0, e.acknowledged());
+                    assertEquals(1, e.wanted());
+                    TestServer.waitUntil(Duration.ofSeconds(5), "the lock given back", () -> !lock.isLocked());
+                } finally {
+                    replica.signal("CONT");
+                }
+            }
+            try (RlockClient c = RlockClient.create(primary.uri(), RlockOptions.defaults().withoutReplicaSync())) {
+                long before = waitCalls(primary);
+                RlockLock lock = c.getLock(key("unsynced"));
+                assertTrue(lock.tryLock());
+                lock.unlock();
+                assertEquals(before, waitCalls(primary), "no WAIT when turned off");
+            }
+        }
+    }
+
+    @Test
+    void replica_sync_sends_no_wait_when_the_server_has_no_replica() throws Exception {
+        long before = waitCalls(server);
+        RlockLock lock = rlock.getLock(key("no-replica"));
+        assertTrue(lock.tryLock());
+        lock.unlock();
+        assertEquals(before, waitCalls(server));
+    }
 }

@@ -94,6 +94,17 @@ public final class TestServer implements AutoCloseable {
         this.adminConn = admin.connect(StringCodec.UTF8);
     }
 
+    /** Stops (SIGSTOP) or resumes (SIGCONT) the server process: a replica that stops answering. */
+    public void signal(String sig) {
+        try {
+            new ProcessBuilder("kill", "-" + sig, Long.toString(proc.pid())).inheritIO().start().waitFor();
+        } catch (IOException e) {
+            throw new IllegalStateException(e);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
     public String log() {
         try {
             return Files.readString(dir.resolve("stdout.log")) + Files.readString(dir.resolve("redis.log"));

@@ -18,6 +18,10 @@ public class RlockProperties {
     private int retryAttempts = RlockOptions.DEFAULT_RETRY_ATTEMPTS;
     /** How waiting calls wait: AUTO (queued tickets when the module takes them), TICKETS or BLOCKING. */
     private RlockOptions.WaitMode waitMode = RlockOptions.WaitMode.AUTO;
+    /** After each lock acquire, wait for every connected replica to acknowledge it (Redisson's checkLockSyncedSlaves). */
+    private boolean replicaSync = true;
+    /** How long that wait lasts (Redisson's slavesSyncTimeout). */
+    private Duration replicaSyncTimeout = RlockOptions.DEFAULT_REPLICA_TIMEOUT;
     private final Registry registry = new Registry();
 
     /** The LockRegistry's settings. */
@@ -35,8 +39,9 @@ public class RlockProperties {
 
     /** The client options these properties make. */
     public RlockOptions toOptions() {
-        return RlockOptions.defaults().withWatchdogTimeout(watchdogTimeout).withRetryAttempts(retryAttempts)
+        RlockOptions o = RlockOptions.defaults().withWatchdogTimeout(watchdogTimeout).withRetryAttempts(retryAttempts)
                 .withWaitMode(waitMode);
+        return replicaSync ? o.withReplicaSync(RlockOptions.REPLICAS_CONNECTED, replicaSyncTimeout) : o.withoutReplicaSync();
     }
 
     public boolean isEnabled() { return enabled; }
@@ -47,5 +52,9 @@ public class RlockProperties {
     public void setRetryAttempts(int retryAttempts) { this.retryAttempts = retryAttempts; }
     public RlockOptions.WaitMode getWaitMode() { return waitMode; }
     public void setWaitMode(RlockOptions.WaitMode waitMode) { this.waitMode = waitMode; }
+    public boolean isReplicaSync() { return replicaSync; }
+    public void setReplicaSync(boolean replicaSync) { this.replicaSync = replicaSync; }
+    public Duration getReplicaSyncTimeout() { return replicaSyncTimeout; }
+    public void setReplicaSyncTimeout(Duration replicaSyncTimeout) { this.replicaSyncTimeout = replicaSyncTimeout; }
     public Registry getRegistry() { return registry; }
 }

@@ -7,6 +7,7 @@ package io.rlock.spring;
 
 import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
 import io.rlock.RlockClient;
+import io.rlock.RlockOptions;
 import io.rlock.TestServer;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
@@ -61,6 +62,8 @@ class LockRegistryAppTest {
                 String factory = c.getBean(RedisConnectionFactory.class).getClass().getSimpleName();
                 assertTrue(factory.toLowerCase().startsWith(driver.name().toLowerCase()), factory);
                 assertInstanceOf(RlockLockRegistry.class, c.getBean(LockRegistry.class));
+                // Redisson's replica check, on by default (rlock.replica-sync).
+                assertEquals(RlockOptions.REPLICAS_CONNECTED, c.getBean(RlockClient.class).options().replicas());
             }
             AtomicInteger inside = new AtomicInteger();
             AtomicInteger most = new AtomicInteger();
