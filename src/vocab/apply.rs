@@ -133,7 +133,7 @@ pub fn itoa(n: i64) -> Digits {
 /// The commands a payload carries, each as its words (the name first). An error names
 /// what is wrong; then nothing may be applied.
 pub fn decode(payload: &[u8]) -> Result<Vec<Vec<&[u8]>>, &'static str> {
-    const BAD: &str = "ERR RLOCK.APPLY: malformed payload";
+    const BAD: &str = "BADPAYLOAD RLOCK.APPLY: malformed payload";
     let mut commands = Vec::new();
     let mut at = 0;
     while at < payload.len() {
@@ -158,7 +158,7 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Vec<&[u8]>>, &'static str> {
         commands.push(words);
     }
     if commands.is_empty() {
-        return Err("ERR RLOCK.APPLY: nothing to apply");
+        return Err("BADPAYLOAD RLOCK.APPLY: nothing to apply");
     }
     Ok(commands)
 }
@@ -168,7 +168,7 @@ pub fn decode(payload: &[u8]) -> Result<Vec<Vec<&[u8]>>, &'static str> {
 pub fn decode_words(payload: &[u8], n: usize) -> Result<Vec<&[u8]>, &'static str> {
     match decode(payload) {
         Ok(mut arrays) if arrays.len() == 1 && arrays[0].len() == n => Ok(arrays.remove(0)),
-        _ => Err("ERR malformed internal command"),
+        _ => Err("BADPAYLOAD malformed internal command"),
     }
 }
 

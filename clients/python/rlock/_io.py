@@ -29,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
+from .errors import module_error
 from ._proto import Call, Listen, Shape, Sleep, Subscribe, Wait, Watch
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
@@ -247,7 +248,7 @@ class SyncIO:
             try:
                 value = self.do(effect, stop)
             except BaseException as e:  # noqa: BLE001 - thrown into the logic
-                error = e
+                error = module_error(e)
 
     def do(self, effect: Any, stop: Optional[threading.Event] = None) -> Any:
         if _mode.module_command(effect):  # the module, or Redisson's scripts without it
@@ -362,7 +363,7 @@ class AsyncIO:
             try:
                 value = await self.do(effect)
             except BaseException as e:  # noqa: BLE001 - thrown into the logic
-                error = e
+                error = module_error(e)
 
     async def do(self, effect: Any) -> Any:
         if _mode.module_command(effect):  # the module, or Redisson's scripts without it

@@ -84,9 +84,33 @@ def test_a_reader_asking_for_the_write_lock_is_refused_at_once(r):
     rw = rlock.RwLock(r, "rw", timeout=10)
     with rw.read:
         started = time.monotonic()
-        with pytest.raises(ResponseError, match="release the read lock first"):
+        with pytest.raises(rlock.errors.ReadHeld, match="release the read lock first") as e:
             rw.write.acquire(blocking_timeout=5)
         assert time.monotonic() - started < 1
+        # A redis-py ResponseError all the same, its code word kept.
+        assert isinstance(e.value, ResponseError) and e.value.code == "READHELD"
+
+
+@pytest.mark.parametrize("code, cls", [
+    ("BADLEASE", rlock.errors.BadArgument),
+    ("NOTASEMAPHORE", rlock.errors.NotThisPrimitive),
+    ("OVERFLOW", rlock.errors.Overflow),
+    ("TOOMANYWAITERS", rlock.errors.TooManyWaiters),
+    ("RLOCKBUG", rlock.errors.ModuleBug),
+    ("INTERNALCMD", rlock.errors.InternalCommand),
+])
+def test_each_module_code_word_has_its_exception_class(code, cls):
+    mapped = rlock.errors.module_error(ResponseError(f"{code} some text"))
+    assert type(mapped) is cls and mapped.code == code and str(mapped) == f"{code} some text"
+    plain = ResponseError("syntax error")  # redis-py's ERR: not the module's
+    assert rlock.errors.module_error(plain) is plain
+
+
+def test_a_bad_argument_is_raised_as_its_class(r):
+    sem = rlock.Semaphore(r, "s")
+    with pytest.raises(rlock.errors.BadArgument) as e:
+        sem.try_set_permits(-1)
+    assert e.value.code == "BADPERMITS"
 
 
 def test_the_watchdog_renews_a_read_hold_and_reports_it_lost(r):

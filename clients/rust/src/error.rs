@@ -60,10 +60,71 @@ pub enum Error {
     Redis(redis::RedisError),
 }
 
+/// What a refusal of the module means, read from the code word its error reply starts
+/// with (the module's `src/vocab/errors.rs` states the scheme). [`Error::Server`] keeps the
+/// code itself; this is its kind, for callers that branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// An argument out of its range or shape (`BADLEASE`, `BADOWNER`, `BADPERMITS`, ...).
+    BadArgument,
+    /// The key holds something that is not this primitive (`NOTALOCK`, `NOTASEMAPHORE`,
+    /// ...; Redis's `WRONGTYPE` is [`Error::WrongType`]).
+    NotThisPrimitive,
+    /// A count, a token or a permit total would overflow (`OVERFLOW`).
+    Overflow,
+    /// The key's waiter limit is reached (`TOOMANYWAITERS`, `rlock.max-waiters-per-key`).
+    TooManyWaiters,
+    /// An owner's read holds are at their limit (`TOOMANYHOLDS`).
+    TooManyHolds,
+    /// A holder of the read lock asked for the write lock, a wait that could never end
+    /// (`READHELD`).
+    ReadHeld,
+    /// An internal command sent by a client, or its payload malformed (`INTERNALCMD`,
+    /// `BADPAYLOAD`).
+    Internal,
+    /// A bug in the module, caught (`RLOCKBUG`; details in the server log).
+    ModuleBug,
+}
+
+impl Refusal {
+    /// The kind of a module error code word; `None` for codes that are not the module's
+    /// (`ERR`, `NOPERM`, ...).
+    pub fn of(code: &str) -> Option<Refusal> {
+        Some(match code {
+            "OVERFLOW" => Refusal::Overflow,
+            "TOOMANYWAITERS" => Refusal::TooManyWaiters,
+            "TOOMANYHOLDS" => Refusal::TooManyHolds,
+            "READHELD" => Refusal::ReadHeld,
+            "INTERNALCMD" | "BADPAYLOAD" => Refusal::Internal,
+            "RLOCKBUG" => Refusal::ModuleBug,
+            c if c.starts_with("NOTA") => Refusal::NotThisPrimitive,
+            c if c.starts_with("BAD") => Refusal::BadArgument,
+            _ => return None,
+        })
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The kind of the module's refusal, when this is one ([`Error::Server`] with one of
+    /// the module's code words).
+    ///
+    /// ```
+    /// use rlock_client::{Error, Refusal};
+    /// fn worth_reporting(err: &Error) -> bool {
+    ///     matches!(err.refusal(), Some(Refusal::ModuleBug | Refusal::Internal))
+    /// }
+    /// ```
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::Server { code, .. } => Refusal::of(code),
+            _ => None,
+        }
+    }
+
     /// Whether retrying the same operation later could succeed: connection losses,
     /// timeouts, and the server's own "not now" replies (`LOADING`, `TRYAGAIN`,
     /// `CLUSTERDOWN`, `MASTERDOWN`, `READONLY` during a failover).
@@ -179,6 +240,30 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!Error::from(server_error("ERR", "x")).is_transient());
+    }
+
+    #[test]
+    fn it_reads_the_modules_code_words_as_refusals() {
+        let cases = [
+            // (code word, its kind)
+            ("BADLEASE", Some(Refusal::BadArgument)),
+            ("BADPERMITID", Some(Refusal::BadArgument)),
+            ("NOTALOCK", Some(Refusal::NotThisPrimitive)),
+            ("NOTAPERMITSET", Some(Refusal::NotThisPrimitive)),
+            ("OVERFLOW", Some(Refusal::Overflow)),
+            ("TOOMANYWAITERS", Some(Refusal::TooManyWaiters)),
+            ("TOOMANYHOLDS", Some(Refusal::TooManyHolds)),
+            ("READHELD", Some(Refusal::ReadHeld)),
+            ("INTERNALCMD", Some(Refusal::Internal)),
+            ("RLOCKBUG", Some(Refusal::ModuleBug)),
+            ("ERR", None),
+            ("NOPERM", None),
+        ];
+        for (code, kind) in cases {
+            let e = Error::from(server_error(code, "x"));
+            assert_eq!(e.refusal(), kind, "{code}");
+            assert!(matches!(&e, Error::Server { code: c, .. } if c == code), "{code}");
+        }
     }
 
     #[test]

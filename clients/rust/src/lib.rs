@@ -85,7 +85,7 @@ pub use blocking::multi::{
 pub use blocking::rwlock::RwLock;
 pub use blocking::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 pub use blocking::{Client, Lock, LockGuard};
-pub use error::{Error, Result};
+pub use error::{Error, Refusal, Result};
 pub use fenced::{FencedGuard, FencedLock};
 pub use latch::CountDownLatch;
 pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait, WaitMode};

@@ -60,9 +60,9 @@ fn a_reader_asking_for_the_write_lock_gets_an_error_at_once() {
     let rw = c.rw_lock("rw");
     let g = rw.read().acquire().unwrap();
     match rw.write().acquire_timeout(Duration::from_secs(30)) {
-        Err(Error::Server { code, message }) => {
-            assert_eq!(code, "ERR");
-            assert!(message.contains("release the read lock first"), "{message}");
+        Err(e @ Error::Server { .. }) => {
+            assert_eq!(e.refusal(), Some(rlock_client::Refusal::ReadHeld), "{e}");
+            assert!(e.to_string().starts_with("READHELD this owner holds the read lock"));
         }
         other => panic!("expected the upgrade error, got {other:?}"),
     }

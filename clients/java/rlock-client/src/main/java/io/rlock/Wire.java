@@ -60,11 +60,22 @@ final class Wire {
 
     /** Sends one command once on the command connection; its reply as Reply's values. */
     CompletableFuture<Object> send(List<String> args) {
+        CompletableFuture<Object> reply;
         try {
-            return transport.send(args);
+            reply = transport.send(args);
         } catch (RuntimeException e) {
             return CompletableFuture.failedFuture(e);
         }
+        // A refusal of the module becomes its RlockServerException (its code word's kind).
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        reply.whenComplete((v, e) -> {
+            if (e == null) {
+                out.complete(v);
+            } else {
+                out.completeExceptionally(RlockServerException.of(unwrap(e)));
+            }
+        });
+        return out;
     }
 
     /**

@@ -38,7 +38,7 @@ class ReplyTest {
                 assertTrue(info.contains("waiters"), info.toString());
                 assertEquals("PONG", get(w, "PING"));
                 ExecutionErr e = new ExecutionErr(w);
-                assertTrue(e.text("RLOCK.ACQUIRE", "k", "a", "nope").startsWith("ERR"));
+                assertTrue(e.text("RLOCK.ACQUIRE", "k", "a", "nope").startsWith("BADLEASE"));
             } finally {
                 c.shutdown();
             }
