@@ -44,8 +44,10 @@ pub const ERR_NOT_A_RWLOCK: &str =
     "NOTARWLOCK key holds a hash that is not a read-write lock (a 'mode' field of read or write, one writer at most, positive integer hold counts)";
 pub const ERR_RW_READ_HELD: &str =
     "READHELD this owner holds the read lock: release the read lock first (a writer waiting on its own read would wait forever)";
-pub const ERR_RW_TOO_MANY_HOLDS: &str = "TOOMANYHOLDS an owner may hold the read lock at most 1024 times";
-pub const ERR_NOT_A_TOKEN: &str = "NOTATOKEN the fencing token key holds a value that is not an integer";
+pub const ERR_RW_TOO_MANY_HOLDS: &str =
+    "TOOMANYHOLDS an owner may hold the read lock at most 1024 times";
+pub const ERR_NOT_A_TOKEN: &str =
+    "NOTATOKEN the fencing token key holds a value that is not an integer";
 pub const ERR_TOKEN_OVERFLOW: &str = "OVERFLOW fencing token would overflow";
 
 // Semaphores and latch
@@ -56,13 +58,16 @@ pub const ERR_NOT_A_PERMIT_SET: &str =
 pub const ERR_NOT_A_LATCH: &str =
     "NOTALATCH key holds a string that is not a latch count (it must be a decimal integer)";
 pub const ERR_PERMITS: &str = "BADPERMITS permits must be an integer from 0 to 2147483647";
-pub const ERR_PERMITS_DELTA: &str = "BADPERMITS permits must be an integer from -2147483647 to 2147483647";
+pub const ERR_PERMITS_DELTA: &str =
+    "BADPERMITS permits must be an integer from -2147483647 to 2147483647";
 pub const ERR_PERMIT_COUNT: &str = "BADPERMITS permits must be an integer from 1 to 1024";
 pub const ERR_PERMITS_OVERFLOW: &str = "OVERFLOW permit count would overflow";
 pub const ERR_PERMIT_LEASE: &str =
     "BADLEASE lease-ms must be -1 (no lease) or an integer from 1 to 3153600000000";
-pub const ERR_PERMIT_ID: &str = "BADPERMITID permit-id must be 2 to 64 hex digits, an even number of them";
-pub const ERR_DEADLINE: &str = "BADDEADLINE deadline-ms must be an integer from 1 to 9223372036854775807";
+pub const ERR_PERMIT_ID: &str =
+    "BADPERMITID permit-id must be 2 to 64 hex digits, an even number of them";
+pub const ERR_DEADLINE: &str =
+    "BADDEADLINE deadline-ms must be an integer from 1 to 9223372036854775807";
 pub const ERR_TTL: &str = "BADTTL ttl-ms must be an integer from 1 to 3153600000000";
 pub const ERR_LATCH_COUNT: &str = "BADCOUNT count must be an integer from 1 to 9223372036854775807";
 pub const ERR_LATCH_OVERFLOW: &str = "OVERFLOW latch count would overflow";

@@ -262,7 +262,10 @@ mod tests {
         for (code, kind) in cases {
             let e = Error::from(server_error(code, "x"));
             assert_eq!(e.refusal(), kind, "{code}");
-            assert!(matches!(&e, Error::Server { code: c, .. } if c == code), "{code}");
+            assert!(
+                matches!(&e, Error::Server { code: c, .. } if c == code),
+                "{code}"
+            );
         }
     }
 

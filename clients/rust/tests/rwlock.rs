@@ -62,7 +62,9 @@ fn a_reader_asking_for_the_write_lock_gets_an_error_at_once() {
     match rw.write().acquire_timeout(Duration::from_secs(30)) {
         Err(e @ Error::Server { .. }) => {
             assert_eq!(e.refusal(), Some(rlock_client::Refusal::ReadHeld), "{e}");
-            assert!(e.to_string().starts_with("READHELD this owner holds the read lock"));
+            assert!(e
+                .to_string()
+                .starts_with("READHELD this owner holds the read lock"));
         }
         other => panic!("expected the upgrade error, got {other:?}"),
     }
