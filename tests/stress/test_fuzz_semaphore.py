@@ -29,7 +29,7 @@ SEM = {  # command: (min args after the name, max, kind of reply)
     "RPSEMAPHORE.LEASETIME": (2, 2, "int"), "RPSEMAPHORE.AVAILABLEPERMITS": (1, 1, "int"),
     "RPSEMAPHORE.ACQUIREDPERMITS": (1, 1, "int"), "RPSEMAPHORE.INFO": (1, 1, "map"),
 }
-KNOWN = {getattr(errors, n) for n in dir(errors) if n.isupper()}
+KNOWN = {row["text"] for row in errors.ROWS}
 
 
 class SemGen(Gen):

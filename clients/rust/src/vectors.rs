@@ -11,7 +11,7 @@ use std::time::Instant;
 use redis::Value;
 use serde_json::Value as Json;
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::net::tickets::{channel, parse_message, Event, Machine, Note, Shape, Step};
 
 fn load(name: &str) -> Json {
@@ -121,6 +121,17 @@ fn it_gives_every_module_error_the_vectors_kind() {
             err.to_string().contains(text.split_once(' ').unwrap().1),
             "{row}"
         );
+        // The module's code words: the client's Refusal falls in the vectors' kind.
+        let family = match err.refusal() {
+            Some(Refusal::BadArgument) => Some("argument"),
+            Some(Refusal::NotThisPrimitive) => Some("wrong-type"),
+            Some(Refusal::Internal | Refusal::ModuleBug) => Some("internal"),
+            Some(_) => Some("refused"),
+            None => None,
+        };
+        if let Some(family) = family {
+            assert_eq!(family, s(&row, "kind"), "{row}");
+        }
     }
 }
 
