@@ -30,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from .errors import module_error
-from ._proto import Call, Listen, Shape, Sleep, Subscribe, Wait, Watch
+from ._proto import Call, Listen, Pipe, Shape, Sleep, Subscribe, Wait, Watch
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
 log = logging.getLogger("rlock")
@@ -261,6 +261,11 @@ class SyncIO:
             return self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
             return self.wait(effect.shape)
+        if isinstance(effect, Pipe):
+            with self.redis.pipeline(transaction=False) as pipe:
+                for args in effect.commands:
+                    pipe.execute_command(*args)
+                return pipe.execute()
         if isinstance(effect, Sleep):
             if stop is not None:
                 return stop.wait(effect.seconds)
@@ -377,6 +382,11 @@ class AsyncIO:
             return await self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
             return await self.wait(effect.shape)
+        if isinstance(effect, Pipe):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for args in effect.commands:
+                    pipe.execute_command(*args)
+                return await pipe.execute()
         if isinstance(effect, Sleep):
             await asyncio.sleep(effect.seconds)
             return None

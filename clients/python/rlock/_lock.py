@@ -19,10 +19,11 @@ from typing import Any, Callable, Dict, Optional, Union
 from redis.exceptions import ConnectionError, LockError, LockNotOwnedError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan, _proto
+from . import _plan, _proto, _replicas
 from ._ops import Op, Result
 from ._plan import Number
 from ._proto import Call, Sleep, Watch
+from ._replicas import ReplicaSync, ReplicaSyncError
 
 log = logging.getLogger("rlock")
 
@@ -57,6 +58,7 @@ class LockOps:
         *,
         watchdog_timeout: Number = _plan.DEFAULT_WATCHDOG_TIMEOUT,
         on_lost: Optional[OnLost] = None,
+        replica_sync: Optional[ReplicaSync] = _replicas.DEFAULT,
     ) -> None:
         """Creates the lock object (no I/O), with redis-py's arguments and two more.
 
@@ -69,7 +71,10 @@ class LockOps:
         raising when the lock was no longer held (redis-py >= 5.3 passes it).
         ``watchdog_timeout``: the lease of a lock without ``timeout``, in seconds.
         ``on_lost``: called ``(name, token)`` when a renewal finds that the lock is no
-        longer held (it expired or was taken away).
+        longer held (it expired or was taken away). ``replica_sync``: after each acquire,
+        wait for the server's replicas to have the lock (default: every replica, 1 s;
+        ``ReplicaSync(n, timeout)`` a fixed number; None: off), else release it and raise
+        `ReplicaSyncError` (README, "Replicas and failover").
         """
         self.redis = redis
         self.name = name
@@ -83,6 +88,7 @@ class LockOps:
         self.local.token = None
         self.watchdog_timeout = watchdog_timeout
         self.on_lost = on_lost
+        self.replica_sync = replica_sync
         # Waits go through the client's ticket connection (rlock._io, rlock._tickets).
         self._io = self._io_class(redis)
         self._watchdogs: Dict[bytes, Any] = {}
@@ -143,6 +149,14 @@ class LockOps:
             self.local.token = token_bytes
             if not self.timeout:
                 yield from self._start_watchdog(token_bytes, lease)
+            short = yield from _replicas.sync_op(
+                self.redis, self.replica_sync, _plan.renew_args(self.name, token_bytes, lease))
+            if short is not None:
+                # Not on enough replicas: give it back, so no lock is left that the caller
+                # does not know it holds (the error says how many acknowledged).
+                self.local.token = None
+                yield from self._release_op(token_bytes)
+                raise ReplicaSyncError(self.name, *short)
             return True
 
     # ---- reads --------------------------------------------------------------------------

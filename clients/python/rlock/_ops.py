@@ -23,7 +23,8 @@ from typing import Any, Callable, Generator, List, Optional, Sequence, Union
 from redis.exceptions import ConnectionError, LockError, LockNotOwnedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan
+from . import _plan, _replicas
+from ._replicas import ReplicaSync, ReplicaSyncError
 from ._proto import Call, Shape, Sleep, Wait, Watch, new_request_id, waiting
 
 log = logging.getLogger("rlock")
@@ -173,13 +174,18 @@ class _HoldOps(_Front):
                  owner: Optional[str] = None,
                  watchdog_timeout: Number = _plan.DEFAULT_WATCHDOG_TIMEOUT,
                  on_lost: Optional[Callable[[], Any]] = None,
-                 use_tickets: bool = True) -> None:
+                 use_tickets: bool = True,
+                 replica_sync: Optional[ReplicaSync] = _replicas.DEFAULT) -> None:
         """No I/O. ``timeout``: the lease in seconds (None: a ``watchdog_timeout`` lease
         renewed every third of it while held; ``on_lost()`` is called if a renewal finds
         the hold gone). ``blocking``/``blocking_timeout``: the defaults of ``acquire``, as
         in redis-py's Lock. ``owner``: the owner id (default ``<uuid>:<n>``).
-        ``use_tickets=False`` waits blocked in the server on a connection of its own."""
+        ``use_tickets=False`` waits blocked in the server on a connection of its own.
+        ``replica_sync``: after each acquire, wait for the server's replicas to have the
+        hold (default: every replica, 1 s; ``ReplicaSync(n, timeout)``: a fixed number;
+        None: off), else release it and raise `ReplicaSyncError`."""
         super().__init__(redis, name, use_tickets)
+        self.replica_sync = replica_sync
         self.timeout = timeout
         self.blocking = blocking
         self.blocking_timeout = blocking_timeout
@@ -229,6 +235,12 @@ class _HoldOps(_Front):
         if self._holds == 1 and not self.timeout:
             self._watch = yield Watch(lambda: self._renew_op(lease), lease, self.name,
                                       self.on_lost)
+        short = yield from _replicas.sync_op(self.redis, self.replica_sync,
+                                             self._renew_base(lease))
+        if short is not None:
+            # Not on enough replicas: give this hold back (README, "Replicas and failover").
+            yield from self._release_op()
+            raise ReplicaSyncError(self.name, *short)
         return True
 
     def release(self) -> Result:
@@ -346,13 +358,14 @@ class RwLockOps:
                  owner: Optional[str] = None,
                  watchdog_timeout: Number = _plan.DEFAULT_WATCHDOG_TIMEOUT,
                  on_lost: Optional[Callable[[], Any]] = None,
-                 use_tickets: bool = True) -> None:
+                 use_tickets: bool = True,
+                 replica_sync: Optional[ReplicaSync] = _replicas.DEFAULT) -> None:
         """No I/O; the arguments are those of each half (`FencedLock`'s)."""
         self.name = name
         self.owner = owner or new_owner()
         kwargs = dict(timeout=timeout, blocking=blocking, blocking_timeout=blocking_timeout,
                       owner=self.owner, watchdog_timeout=watchdog_timeout, on_lost=on_lost,
-                      use_tickets=use_tickets)
+                      use_tickets=use_tickets, replica_sync=replica_sync)
         self.read = self._half_class(redis, name, side="READ", **kwargs)
         self.write = self._half_class(redis, name, side="WRITE", **kwargs)
 

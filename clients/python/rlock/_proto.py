@@ -202,6 +202,15 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Pipe:
+    """Run ``commands`` in order on one connection (a pipeline, no transaction); the
+    replies come back as a list. Replica sync (`rlock._replicas`): a ``WAIT`` counts
+    only its own connection's writes."""
+
+    commands: Tuple[Tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Sleep ``seconds`` (the watchdog's interval; a poll)."""
 

@@ -1,0 +1,142 @@
+"""Replica sync after an acquire, written once for threads and asyncio (as `rlock._ops`).
+
+Redisson's ``checkLockSyncedSlaves``: once a lock, a fenced lock or a read-write lock side
+is taken, ``RENEW`` then ``WAIT n timeout`` on one connection (the RENEW is a write of
+that connection, so the WAIT counts the replicas that have the lock; the acquire itself
+may have been served on the ticket connection). Fewer acknowledgements than wanted: the
+hold is released again and the acquire raises `ReplicaSyncError`. The Rust client's
+``proto/replicas.rs`` and ``aio/lock.rs`` (``acquire_as``) are the reference.
+
+By default ``n`` is every replica the server has, read with ``ROLE`` at most once per
+`REFRESH` per client (a refused ``ROLE``, e.g. ``-@dangerous``, counts as none), so a
+server without replicas pays that one command now and then and nothing per acquire. Not
+done on a cluster client nor in scripts mode (README, "Replicas and failover", says why).
+Pure but for the per-client cache of counts; the drivers (`rlock._io`) run the effects.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Generator, List, Optional
+
+from redis.exceptions import LockError, ResponseError
+
+from . import _mode
+from ._proto import Call, Pipe
+
+Op = Generator[Any, Any, Any]
+
+#: How long a replica count is trusted, in seconds (Redisson rescans topology every second).
+REFRESH = 1.0
+
+
+@dataclass(frozen=True)
+class ReplicaSync:
+    """How an acquire waits for replicas: ``replicas`` acknowledgements (None: every
+    replica the server has) within ``timeout`` seconds (Redisson's ``slavesSyncTimeout``,
+    1 s). Pass ``replica_sync=None`` to a lock to turn the check off."""
+
+    replicas: Optional[int] = None
+    timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.replicas is not None and (not isinstance(self.replicas, int)
+                                          or self.replicas < 0):
+            raise ValueError(f"replicas must be None or an int >= 0, not {self.replicas!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {self.timeout!r}")
+
+
+#: The default of every lock: wait up to 1 s for every replica the server has.
+DEFAULT = ReplicaSync()
+
+
+class ReplicaSyncError(LockError):
+    """Fewer replicas than wanted acknowledged an acquire in time; the hold was released."""
+
+    def __init__(self, name: Any, wanted: int, acked: int) -> None:
+        message = (f"lock {name!r}: {acked} of {wanted} replicas acknowledged the acquire "
+                   f"in time; released it")
+        super().__init__(message, lock_name=name)
+        self.args = (message,)  # str() is the message, not the constructor's arguments
+        self.wanted = wanted
+        self.acked = acked
+
+
+def role_replicas(reply: Any) -> int:
+    """The replicas connected to the master that answered ``ROLE`` (0 for a replica's or
+    a sentinel's reply: nothing to wait for there)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) < 3:
+        return 0
+    role = reply[0]
+    if isinstance(role, bytes):
+        role = role.decode(errors="replace")
+    if role != "master" or not isinstance(reply[2], (list, tuple)):
+        return 0
+    return len(reply[2])
+
+
+class _Count:
+    """One client's last replica count and when it was read (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.read_at: Optional[float] = None
+        self.count = 0
+
+    def stale(self, now: float) -> bool:
+        return self.read_at is None or now - self.read_at >= REFRESH
+
+
+_COUNTS: "weakref.WeakKeyDictionary[Any, _Count]" = weakref.WeakKeyDictionary()
+_COUNTS_LOCK = threading.Lock()
+
+
+def _count_of(redis: Any) -> _Count:
+    with _COUNTS_LOCK:
+        c = _COUNTS.get(redis)
+        if c is None:
+            c = _COUNTS[redis] = _Count()
+        return c
+
+
+def wanted_op(redis: Any, setting: ReplicaSync) -> Op:
+    """How many replicas to wait for (0: no check), reading ``ROLE`` when the count is
+    stale. Two acquires racing on a stale count may both read it: harmless."""
+    if setting.replicas is not None:
+        return setting.replicas
+    c = _count_of(redis)
+    now = time.monotonic()
+    if c.stale(now):
+        c.read_at = now  # before the read: a failing read is not retried at once either
+        try:
+            c.count = role_replicas((yield Call(("ROLE",))))
+        except ResponseError:
+            c.count = 0  # not allowed (a managed service's -@dangerous): none known
+    return c.count
+
+
+def applies(redis: Any, setting: Optional[ReplicaSync]) -> bool:
+    """Whether an acquire through ``redis`` checks replicas (see the module docstring)."""
+    if setting is None:
+        return False
+    if hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager"):
+        return False  # a cluster client: not done yet (README, "Replicas and failover")
+    return _mode.get_mode(redis) != "scripts"
+
+
+def sync_op(redis: Any, setting: Optional[ReplicaSync], renew: List[Any]) -> Op:
+    """None once ``setting``'s replicas have the hold just taken (``renew`` re-arms its
+    lease), else ``(wanted, acked)`` (the caller releases and raises)."""
+    if not applies(redis, setting):
+        return None
+    assert setting is not None
+    wanted = yield from wanted_op(redis, setting)
+    if wanted == 0:
+        return None
+    timeout_ms = max(1, int(setting.timeout * 1000))
+    replies = yield Pipe((tuple(renew), ("WAIT", wanted, timeout_ms)))
+    acked = replies[-1] if isinstance(replies[-1], int) else 0
+    return (wanted, acked) if acked < wanted else None
