@@ -23,7 +23,7 @@ from . import _plan, _proto, _replicas
 from ._ops import Op, Result
 from ._plan import Number
 from ._proto import Call, Sleep, Watch
-from ._replicas import ReplicaSync, ReplicaSyncError
+from ._replicas import ReplicaSync
 
 log = logging.getLogger("rlock")
 
@@ -149,14 +149,13 @@ class LockOps:
             self.local.token = token_bytes
             if not self.timeout:
                 yield from self._start_watchdog(token_bytes, lease)
-            short = yield from _replicas.sync_op(
-                self.redis, self.replica_sync, _plan.renew_args(self.name, token_bytes, lease))
-            if short is not None:
-                # Not on enough replicas: give it back, so no lock is left that the caller
-                # does not know it holds (the error says how many acknowledged).
+            def give_back() -> Op:
                 self.local.token = None
-                yield from self._release_op(token_bytes)
-                raise ReplicaSyncError(self.name, *short)
+                return self._release_op(token_bytes)
+
+            yield from _replicas.check_op(self.redis, self.replica_sync, self.name,
+                                          _plan.renew_args(self.name, token_bytes, lease),
+                                          give_back)
             return True
 
     # ---- reads --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError, LockError, LockNotOwnedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _plan, _replicas
-from ._replicas import ReplicaSync, ReplicaSyncError
+from ._replicas import ReplicaSync
 from ._proto import Call, Shape, Sleep, Wait, Watch, new_request_id, waiting
 
 log = logging.getLogger("rlock")
@@ -235,12 +235,8 @@ class _HoldOps(_Front):
         if self._holds == 1 and not self.timeout:
             self._watch = yield Watch(lambda: self._renew_op(lease), lease, self.name,
                                       self.on_lost)
-        short = yield from _replicas.sync_op(self.redis, self.replica_sync,
-                                             self._renew_base(lease))
-        if short is not None:
-            # Not on enough replicas: give this hold back (README, "Replicas and failover").
-            yield from self._release_op()
-            raise ReplicaSyncError(self.name, *short)
+        yield from _replicas.check_op(self.redis, self.replica_sync, self.name,
+                                      self._renew_base(lease), self._release_op)
         return True
 
     def release(self) -> Result:

@@ -9,8 +9,10 @@ hold is released again and the acquire raises `ReplicaSyncError`. The Rust clien
 
 By default ``n`` is every replica the server has, read with ``ROLE`` at most once per
 `REFRESH` per client (a refused ``ROLE``, e.g. ``-@dangerous``, counts as none), so a
-server without replicas pays that one command now and then and nothing per acquire. Not
-done on a cluster client nor in scripts mode (README, "Replicas and failover", says why).
+server without replicas pays that one command now and then and nothing per acquire. In
+scripts mode the RENEW is Redisson's renew script, and the check follows Redisson's own
+acquire script, as Redisson's does. Not done on a cluster client yet (README, "Replicas
+and failover").
 Pure but for the per-client cache of counts; the drivers (`rlock._io`) run the effects.
 """
 
@@ -20,11 +22,11 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Generator, List, Optional
+from typing import Any, Callable, Generator, List, Optional
 
 from redis.exceptions import LockError, ResponseError
 
-from . import _mode
+from . import _mode, _scripts
 from ._proto import Call, Pipe
 
 Op = Generator[Any, Any, Any]
@@ -122,9 +124,8 @@ def applies(redis: Any, setting: Optional[ReplicaSync]) -> bool:
     """Whether an acquire through ``redis`` checks replicas (see the module docstring)."""
     if setting is None:
         return False
-    if hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager"):
-        return False  # a cluster client: not done yet (README, "Replicas and failover")
-    return _mode.get_mode(redis) != "scripts"
+    # A cluster client: not done yet (README, "Replicas and failover").
+    return not (hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager"))
 
 
 def sync_op(redis: Any, setting: Optional[ReplicaSync], renew: List[Any]) -> Op:
@@ -137,6 +138,28 @@ def sync_op(redis: Any, setting: Optional[ReplicaSync], renew: List[Any]) -> Op:
     if wanted == 0:
         return None
     timeout_ms = max(1, int(setting.timeout * 1000))
-    replies = yield Pipe((tuple(renew), ("WAIT", wanted, timeout_ms)))
+    if _mode.get_mode(redis) == "scripts":
+        renew_call = _scripts.renew_eval(renew)  # Redisson's renew script, as Redisson
+    else:
+        renew_call = tuple(renew)
+    replies = yield Pipe((renew_call, ("WAIT", wanted, timeout_ms)))
     acked = replies[-1] if isinstance(replies[-1], int) else 0
     return (wanted, acked) if acked < wanted else None
+
+
+def check_op(redis: Any, setting: Optional[ReplicaSync], name: Any, renew: List[Any],
+             release: Callable[[], Op]) -> Op:
+    """`sync_op` for a hold just taken, which ``release()`` gives back when the replicas
+    fall short (`ReplicaSyncError`) or the check itself fails (its error is raised): an
+    acquire that raises must not leave a hold the caller does not know it has."""
+    try:
+        short = yield from sync_op(redis, setting, renew)
+    except Exception:
+        try:
+            yield from release()
+        except Exception:  # noqa: BLE001 - the check's error is the one to report
+            pass  # the hold then ends with its lease (a watchdog is stopped by release)
+        raise
+    if short is not None:
+        yield from release()
+        raise ReplicaSyncError(name, *short)

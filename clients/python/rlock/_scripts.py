@@ -219,8 +219,25 @@ def _lock_release(args: List[Any], publish: str) -> Op:
 
 
 def _lock_renew(args: List[Any], publish: str) -> Op:
-    (name, owner, lease), _ = _split(args, 3)
-    return (yield from evaluate("lock_renew", [name], [lease, owner])), None
+    return (yield from evaluate(*renew_script(args))), None
+
+
+def renew_script(args: List[Any]) -> Tuple[str, List[Any], List[Any]]:
+    """The script, keys and arguments that do ``RLOCK.RENEW`` or ``RRWLOCK.RENEW``."""
+    if to_bytes(args[0]).upper() == b"RLOCK.RENEW":
+        (name, owner, lease), _ = _split(args, 3)
+        return "lock_renew", [name], [lease, owner]
+    (name, side, owner, lease), _ = _split(args, 4)
+    if side.upper() == b"READ":
+        return "read_renew", [name, rw_key_prefix(name)], [lease, 1, owner]
+    return "lock_renew", [name], [lease, owner + b":write"]
+
+
+def renew_eval(args: List[Any]) -> Tuple[Any, ...]:
+    """``RLOCK.RENEW``/``RRWLOCK.RENEW`` as one ``EVAL`` (not EVALSHA: it goes in a
+    pipeline after which nothing could resend it on NOSCRIPT), for replica sync."""
+    name, keys, argv = renew_script(args)
+    return ("EVAL", script(name).text, len(keys), *keys, *argv)
 
 
 def _lock_force(args: List[Any], publish: str) -> Op:
@@ -282,12 +299,9 @@ def _rw_release(args: List[Any], publish: str) -> Op:
 
 
 def _rw_renew(args: List[Any], publish: str) -> Op:
-    (name, side, owner, lease), _ = _split(args, 4)
-    if side.upper() == b"READ":
-        reply = yield from evaluate("read_renew", [name, rw_key_prefix(name)],
-                                    [lease, 1, owner])
-        return int(reply[0]), None
-    return (yield from evaluate("lock_renew", [name], [lease, owner + b":write"])), None
+    name, keys, argv = renew_script(args)
+    reply = yield from evaluate(name, keys, argv)
+    return (int(reply[0]) if name == "read_renew" else reply), None
 
 
 def _rw_force(args: List[Any], publish: str) -> Op:

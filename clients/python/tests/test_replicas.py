@@ -180,3 +180,54 @@ def test_role_replies_are_counted() -> None:
     assert role_replicas(None) == 0
 
 
+
+
+def test_a_refused_wait_raises_and_leaves_no_lock(pair: Tuple[RedisServer, RedisServer],
+                                                  pr: redis.Redis) -> None:
+    pr.execute_command("ACL", "SETUSER", "nowait", "on", ">pw", "~*", "&*", "+@all", "-wait")
+    client = redis.Redis(port=pair[0].port, socket_timeout=5, username="nowait",
+                         password="pw")
+    try:
+        lock = rlock.Lock(client, "rs:nowait")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            lock.acquire(blocking=False)
+        assert not pr.exists("rs:nowait") and lock.local.token is None
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+        pr.execute_command("ACL", "DELUSER", "nowait")
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+def test_scripts_mode_waits_after_redissons_script(pair: Tuple[RedisServer, RedisServer],
+                                                   pr: redis.Redis,
+                                                   replica_client: redis.Redis,
+                                                   restricted: bool) -> None:
+    """Scripts mode renews with Redisson's script then WAITs, as Redisson; a managed
+    service's user (``-@dangerous``: no ROLE) finds no replicas and sends no WAIT."""
+    kwargs = {}
+    if restricted:
+        pr.execute_command("ACL", "SETUSER", "managed", "on", ">pw", "~*", "&*", "+@all",
+                           "-@dangerous")
+        kwargs = {"username": "managed", "password": "pw"}
+    client = redis.Redis(port=pair[0].port, socket_timeout=5, **kwargs)
+    rlock.set_mode(client, "scripts")
+    try:
+        lock = rlock.Lock(client, "rs:scripts")
+        assert lock.acquire(blocking=False)
+        rw = rlock.RwLock(client, "rs:scripts-rw")
+        assert rw.read.acquire(blocking=False)
+        assert calls(pr, "rlock.acquire") == 0 and calls(pr, "evalsha") >= 2
+        if restricted:
+            assert calls(pr, "wait") == 0
+        else:
+            assert calls(pr, "wait") == 2
+            assert replica_client.hexists("rs:scripts", lock.local.token)
+            assert replica_client.exists("rs:scripts-rw")
+        lock.release()
+        rw.read.release()
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+        if restricted:
+            pr.execute_command("ACL", "DELUSER", "managed")
