@@ -513,6 +513,8 @@ class Run:
         if self.cell.primitive == "lock-py":
             cmd = [sys.executable, str(ROOT / "faults" / "pyworker.py"), "--url", self.url,
                    "--resource", res] + common
+            if self.cell.fault == "failover-wait":
+                cmd += ["--replica-sync", "1"]
         elif self.cell.primitive == "lock-go":
             cmd = [str(ROOT / "target" / "faults" / "rlock-goworker"), "--url", self.url,
                    "--resource", res] + common

@@ -7,6 +7,7 @@ Under the lock it does the plain read-modify-write of the shared resource.
 
 usage: pyworker.py --url URL --name KEY --hist FILE --proc N [--resource URL]
                    [--ops N] [--seconds S] [--watchdog-ms MS] [--hold-ms MS] [--wait-ms MS]
+                   [--replica-sync N]
 """
 
 import argparse
@@ -49,6 +50,8 @@ def main() -> int:
     ap.add_argument("--watchdog-ms", type=int, default=1000)
     ap.add_argument("--hold-ms", type=int, default=2)
     ap.add_argument("--wait-ms", type=int, default=1000)
+    ap.add_argument("--replica-sync", type=int, default=0,
+                    help="replicas to WAIT for after each acquire (0: none)")
     a = ap.parse_args()
 
     h = History(a.hist, a.proc)
@@ -60,7 +63,11 @@ def main() -> int:
     h.line("start", "event", owner=owner)
     lock = rlock.Lock(r, a.name, blocking_timeout=a.wait_ms / 1000, thread_local=False,
                       watchdog_timeout=a.watchdog_ms / 1000,
-                      on_lost=lambda name, token: h.line("lost", "event", why="NotHeld"))
+                      on_lost=lambda name, token: h.line("lost", "event", why="NotHeld"),
+                      # The harness's cells say whether replica sync is on, so the client's
+                      # default (every connected replica) is not what a "without" cell measures.
+                      replica_sync=(rlock.ReplicaSync(a.replica_sync, timeout=0.5)
+                                    if a.replica_sync > 0 else None))
     deadline = time.monotonic() + a.seconds
     ops = 0
     plain = f"res:plain:{a.name}"
@@ -75,6 +82,8 @@ def main() -> int:
                     holds += 1
                 else:
                     h.line("acquire", "fail", error="timeout")
+            except rlock.ReplicaSyncError:
+                h.line("acquire", "fail", error="replica-sync")  # released again
             except RedisError as e:
                 h.line("acquire", "info", error=str(e))
         if not holds:

@@ -149,6 +149,7 @@ class LockOps:
             self.local.token = token_bytes
             if not self.timeout:
                 yield from self._start_watchdog(token_bytes, lease)
+
             def give_back() -> Op:
                 self.local.token = None
                 return self._release_op(token_bytes)
