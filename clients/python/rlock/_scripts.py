@@ -29,6 +29,7 @@ from typing import Any, Dict, Generator, List, Tuple
 from redis.exceptions import NoScriptError, ResponseError
 
 from ._proto import Call, Listen, Shape, Subscribe, to_bytes
+from .errors import TEXTS
 
 Op = Generator[Any, Any, Any]
 
@@ -275,9 +276,7 @@ def _rw_acquire(args: List[Any], publish: str) -> Op:
         # read field, so looking after the script is not a race.
         mode, reads = yield Call(("HMGET", name, "mode", owner))
         if mode is not None and to_bytes(mode) == b"read" and reads is not None:
-            raise ResponseError("this owner holds the read lock: release the read lock "
-                                "first (a writer waiting on its own read would wait "
-                                "forever)")
+            raise ResponseError(TEXTS["ERR_RW_READ_HELD"])
     return reply, reply
 
 
@@ -316,8 +315,22 @@ def _rw_force(args: List[Any], publish: str) -> Op:
                                  publish])), None
 
 
+def _permits(value: Any) -> Any:
+    """A permit count as the module takes it (0 to 2^31 - 1), else the module's error:
+    Redisson's client refuses a negative count before its script runs, rlock's module
+    before it writes; scripts mode refuses it the module's way."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = -1
+    if not 0 <= n <= 2**31 - 1:
+        raise ResponseError(TEXTS["ERR_PERMITS"])
+    return value
+
+
 def _sem_try_set(args: List[Any], publish: str) -> Op:
     (name, permits), opts = _split(args, 2)
+    _permits(permits)
     keys = [name, semaphore_channel(name)]
     if b"PX" in opts:
         reply = yield from evaluate("semaphore_try_set_ttl", keys,
@@ -369,6 +382,7 @@ def _pes_keys(name: bytes) -> List[bytes]:
 
 def _pes_try_set(args: List[Any], publish: str) -> Op:
     (name, permits), _ = _split(args, 2)
+    _permits(permits)
     return (yield from evaluate("semaphore_try_set", [name, semaphore_channel(name)],
                                 [permits, publish])), None
 
@@ -379,6 +393,7 @@ def _pes_available_of(name: bytes, publish: str) -> Op:
 
 def _pes_set(args: List[Any], publish: str) -> Op:
     (name, permits), _ = _split(args, 2)
+    _permits(permits)
     yield from evaluate("pes_set_permits", [name, semaphore_channel(name), timeout_zset(name)],
                         [permits, publish])
     return (yield from _pes_available_of(name, publish)), None
@@ -412,7 +427,8 @@ def _raw_id(permit_id: bytes) -> bytes:
     except ValueError:
         raw = b""
     if len(raw) != 16:
-        raise ResponseError("rlock: a permit id is 32 hex digits")
+        raise ResponseError("BADPERMITID scripts mode takes Redisson's permit ids: "
+                            "32 hex digits")
     return raw
 
 

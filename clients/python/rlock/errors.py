@@ -68,6 +68,17 @@ _EXACT: Dict[str, Type[RlockError]] = {
 }
 
 
+#: The module's texts for the refusals scripts mode (no module, `rlock._scripts`) makes
+#: itself, so that a caller sees the same error on any server. Keyed by their names in
+#: the module (src/vocab/errors.rs); the client's vectors test holds each to
+#: spec/vectors/errors.json.
+TEXTS: Dict[str, str] = {
+    "ERR_RW_READ_HELD": "READHELD this owner holds the read lock: release the read lock "
+                        "first (a writer waiting on its own read would wait forever)",
+    "ERR_PERMITS": "BADPERMITS permits must be an integer from 0 to 2147483647",
+}
+
+
 def error_class(code: str) -> Optional[Type[RlockError]]:
     """The class of a module code word; None for codes that are not the module's."""
     if code in _EXACT:

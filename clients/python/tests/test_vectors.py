@@ -13,6 +13,7 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
+import rlock.errors
 from rlock import _plan
 from rlock._plan import Wait
 from rlock._proto import new_request_id, note_action, parse_note, ticket_channel, waiting
@@ -62,6 +63,13 @@ def test_a_key_that_is_not_a_lock_is_told_by_the_vectors_kind(row):
     text = row["text"].removeprefix("ERR ")
     want = row["kind"] == "wrong-type" and row.get("of") in ("lock", "any")
     assert _plan.not_a_lock(ResponseError(text)) is want
+
+
+@pytest.mark.parametrize("name", sorted(rlock.errors.TEXTS))
+def test_the_refusals_scripts_mode_makes_are_the_modules_texts(name):
+    rows = {r["name"]: r for r in ERRORS}
+    assert rlock.errors.TEXTS[name] == rows[name]["text"]
+    assert rlock.errors.error_class(rows[name]["code"]) is not None
 
 
 def words(args) -> list:
