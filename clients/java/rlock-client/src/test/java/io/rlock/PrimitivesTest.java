@@ -152,14 +152,27 @@ class PrimitivesTest {
         assertEquals(1, sem.availablePermits());
     }
 
+    /** How many times the server ran RPSEMAPHORE.UPDATELEASETIME (INFO commandstats). */
+    static long updateLeaseCalls() {
+        String stat = server.info("commandstats", "cmdstat_rpsemaphore.updateleasetime");
+        return stat == null ? 0 : Long.parseLong(stat.split(",")[0].substring("calls=".length()));
+    }
+
     @Test
     void the_watchdog_keeps_a_permit_taken_without_a_lease() throws Exception {
+        // A lease long enough that a loaded machine's scheduling pauses do not end it between
+        // two renewals; the test waits for the server to see renewals past the first lease's
+        // end rather than sleeping a fixed time.
+        Duration lease = Duration.ofMillis(1500);
         try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults()
-                .withWatchdogTimeout(Duration.ofMillis(300)))) {
+                .withWatchdogTimeout(lease))) {
             RlockPermitExpirableSemaphore sem = c.getPermitExpirableSemaphore(name("psemwd"));
             sem.trySetPermits(1);
+            long renewals = updateLeaseCalls();
+            long firstLeaseEnd = System.nanoTime() + lease.toNanos();
             String id = sem.acquire();
-            Thread.sleep(1000); // three leases
+            TestServer.waitUntil(Duration.ofSeconds(30), "renewals past the first lease's end",
+                    () -> System.nanoTime() > firstLeaseEnd && updateLeaseCalls() >= renewals + 4);
             assertEquals(1, sem.acquiredPermits(), "renewed");
             sem.release(id);
             assertEquals(1, sem.availablePermits());
