@@ -1,11 +1,13 @@
-// The client's errors: sentinels to test with errors.Is, and the typed error that carries
-// the lock's name.
+// The client's errors: sentinels to test with errors.Is, the typed error that carries
+// the lock's name, and the typed error of a server's refusal (its code word and kind).
 
 package rlock
 
 import (
 	"errors"
 	"fmt"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/rlock/rlock/clients/go/internal/proto"
 )
@@ -31,6 +33,86 @@ var (
 	ErrClosed = errors.New("rlock: client closed")
 )
 
+// The kinds of a server's error reply (a *ServerError): errors.Is(err, ErrArgument) and
+// so on. The code words and their kinds are spec/vectors/errors.json's.
+var (
+	// ErrArgument: the request was malformed (BADLEASE, BADPERMITS, ERR syntax error,
+	// ...); nothing changed.
+	ErrArgument = errors.New("rlock: bad argument")
+	// ErrWrongType: the key holds another type (WRONGTYPE) or another primitive
+	// (NOTALOCK, NOTASEMAPHORE, ...).
+	ErrWrongType = errors.New("rlock: key holds another type")
+	// ErrRefused: the state forbids it now (OVERFLOW, TOOMANYWAITERS, TOOMANYHOLDS,
+	// READHELD).
+	ErrRefused = errors.New("rlock: refused by the server")
+	// ErrRetry: the server could not serve it then (LOADING, TRYAGAIN, CLUSTERDOWN,
+	// MASTERDOWN, READONLY, BUSY); it is what remained after the client's own retries.
+	ErrRetry = errors.New("rlock: server not ready")
+	// ErrInternal: an internal command, or a bug the module caught (INTERNALCMD,
+	// RLOCKBUG; details in the server's log).
+	ErrInternal = errors.New("rlock: internal error in the module")
+)
+
+// ErrorKind is the kind of a server's error reply: "argument", "wrong-type", "refused",
+// "retry", "internal", or "" for code words outside those (NOPERM, ...).
+type ErrorKind = proto.Kind
+
+// The error kinds, as errors.json spells them.
+const (
+	KindArgument  = proto.KindArgument
+	KindWrongType = proto.KindWrongType
+	KindRefused   = proto.KindRefused
+	KindRetry     = proto.KindRetry
+	KindInternal  = proto.KindInternal
+	KindOther     = proto.KindOther
+)
+
+var kindSentinel = map[ErrorKind]error{
+	KindArgument: ErrArgument, KindWrongType: ErrWrongType, KindRefused: ErrRefused,
+	KindRetry: ErrRetry, KindInternal: ErrInternal,
+}
+
+// ServerError is an error reply of the server: its code word (the text's first word),
+// the code's kind, and the whole text. errors.Is matches the kind's sentinel.
+type ServerError struct {
+	Code    string
+	Kind    ErrorKind
+	Message string
+}
+
+func (e *ServerError) Error() string { return e.Message }
+
+// Is reports whether target is the sentinel of e's kind.
+func (e *ServerError) Is(target error) bool {
+	s, ok := kindSentinel[e.Kind]
+	return ok && s == target
+}
+
+// RedisError marks it as a server's reply, as go-redis's own error replies are.
+func (e *ServerError) RedisError() {}
+
+// serverError turns a server's error reply (go-redis's, or a ticket's error note) into a
+// *ServerError; other errors pass unchanged.
+func serverError(err error) error {
+	var se *ServerError
+	if err == nil || errors.Is(err, redis.Nil) || errors.As(err, &se) {
+		return err
+	}
+	var text string
+	var re redis.Error
+	var note proto.ServerError
+	switch {
+	case errors.As(err, &note):
+		text = string(note)
+	case errors.As(err, &re):
+		text = re.Error()
+	default:
+		return err
+	}
+	code := proto.ErrorCode(text)
+	return &ServerError{Code: code, Kind: proto.ErrorKind(code), Message: text}
+}
+
 // Error is an error about one named lock or synchronizer; errors.Is sees its sentinel.
 type Error struct {
 	// Op is what was being done: "lock", "unlock", "extend", "acquire", ...
@@ -54,5 +136,5 @@ func opErr(op, key string, err error) error {
 	if errors.As(err, &e) {
 		return err
 	}
-	return &Error{Op: op, Key: key, Err: err}
+	return &Error{Op: op, Key: key, Err: serverError(err)}
 }

@@ -5,7 +5,6 @@ package proto
 
 import (
 	"math/rand"
-	"strings"
 	"sync"
 	"time"
 )
@@ -49,11 +48,4 @@ func (b Backoff) Delay(n int) time.Duration {
 // TransientReply tells whether a server error text is worth a retry: the server is
 // loading, failing over or a cluster is reshaping. Everything else (bad input, a wrong
 // type, the module's refusals) would answer the same again.
-func TransientReply(text string) bool {
-	for _, p := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "BUSY "} {
-		if strings.HasPrefix(text, p) {
-			return true
-		}
-	}
-	return false
-}
+func TransientReply(text string) bool { return ErrorKind(ErrorCode(text)) == KindRetry }

@@ -3,8 +3,8 @@
 // first difference and naming the case. channels.json: the ticket channel and the lock's
 // channel; tickets.json: how each ticket message reads and what the waiter then does;
 // commands.json: every waiting command blocked, queued and collected, and the hold's
-// builders; replies.json: what each lock reply means; errors.json: which errors are
-// retried. RLOCK_VECTORS points at another copy of the folder.
+// builders; replies.json: what each lock reply means; errors.json: each error's code
+// word and kind, and which are retried. RLOCK_VECTORS points at another copy of the folder.
 
 package proto
 
@@ -281,12 +281,21 @@ func TestVectorsReplies(t *testing.T) {
 
 func TestVectorsErrorsRetriedAreTheRetryKind(t *testing.T) {
 	var f struct {
-		Errors []struct{ Name, Kind, Text string } `json:"errors"`
+		Errors []struct{ Name, Code, Kind, Text string } `json:"errors"`
 	}
 	vectors(t, "errors.json", &f)
+	if len(f.Errors) == 0 {
+		t.Fatal("errors.json lists no errors")
+	}
 	for _, e := range f.Errors {
 		if TransientReply(e.Text) != (e.Kind == "retry") {
 			t.Fatalf("%s (%s): retried %v", e.Name, e.Kind, TransientReply(e.Text))
+		}
+		if got := ErrorCode(e.Text); got != e.Code {
+			t.Fatalf("%s: code word read as %q, want %q", e.Name, got, e.Code)
+		}
+		if got := ErrorKind(e.Code); got != Kind(e.Kind) {
+			t.Fatalf("%s: code %s read as kind %q, want %q", e.Name, e.Code, got, e.Kind)
 		}
 	}
 }
