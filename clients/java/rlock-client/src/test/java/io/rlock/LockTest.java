@@ -192,15 +192,23 @@ class LockTest {
 
     @Test
     void the_watchdog_keeps_a_lock_past_its_lease_and_reports_a_lost_one() throws Exception {
+        // A lease long enough that a loaded machine's scheduling pauses do not end it between
+        // two renewals; the test waits for the server to see renewals past the first lease's
+        // end rather than sleeping a fixed time.
+        Duration lease = Duration.ofMillis(1500);
         try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults()
-                .withWatchdogTimeout(Duration.ofMillis(300)))) {
+                .withWatchdogTimeout(lease))) {
             RlockLock lock = c.getLock(key("watchdog"));
             List<String> lost = Collections.synchronizedList(new ArrayList<>());
             lock.addLostListener((name, owner, why) -> lost.add(owner));
+            long renewals = renewCalls(server);
+            long firstLeaseEnd = System.nanoTime() + lease.toNanos();
             lock.lock();
             long pttl = lock.remainTimeToLive();
-            assertTrue(pttl > 0 && pttl <= 300, "lease is the watchdog timeout: " + pttl);
-            Thread.sleep(1000); // the work outlasts the lease three times over
+            assertTrue(pttl > 0 && pttl <= lease.toMillis(), "lease is the watchdog timeout: " + pttl);
+            // The work outlasts the first lease, renewed meanwhile.
+            TestServer.waitUntil(Duration.ofSeconds(30), "renewals past the first lease's end",
+                    () -> System.nanoTime() > firstLeaseEnd && renewCalls(server) >= renewals + 4);
             assertTrue(lock.isHeldByCurrentThread(), "renewed");
             assertFalse(lock.isLost());
             // Someone frees it behind our back: the next renewal notices and tells us.
@@ -338,6 +346,12 @@ class LockTest {
     }
 
     /** How many WAIT commands `s` has run. */
+    /** How many times the server ran RLOCK.RENEW (INFO commandstats). */
+    static long renewCalls(TestServer s) {
+        String stat = s.info("commandstats", "cmdstat_rlock.renew");
+        return stat == null ? 0 : Long.parseLong(stat.split(",")[0].substring("calls=".length()));
+    }
+
     static long waitCalls(TestServer s) {
         String line = s.redis().info("commandstats").lines().filter(l -> l.startsWith("cmdstat_wait:"))
                 .findFirst().orElse("cmdstat_wait:calls=0,");
