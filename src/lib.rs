@@ -246,6 +246,8 @@ redis_module! {
              config::MIN_MAX_WAITERS_PER_KEY, config::MAX_MAX_WAITERS_PER_KEY, ConfigurationFlags::DEFAULT, None],
             ["request-id-window-ms", &config::REQUEST_ID_WINDOW_MS, config::DEFAULT_REQUEST_ID_WINDOW_MS,
              config::MIN_REQUEST_ID_WINDOW_MS, config::MAX_REQUEST_ID_WINDOW_MS, ConfigurationFlags::DEFAULT, None],
+            ["ticket-confirm-ms", &config::TICKET_CONFIRM_MS, config::DEFAULT_TICKET_CONFIRM_MS,
+             config::MIN_TICKET_CONFIRM_MS, config::MAX_TICKET_CONFIRM_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

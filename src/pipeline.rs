@@ -19,6 +19,7 @@ use crate::engine;
 use crate::server::ffi;
 use crate::server::store;
 use crate::vocab::args;
+use crate::vocab::errors;
 use crate::vocab::reply::Reply;
 
 /// A named error constant (`errors.rs`) as a command's error reply.
@@ -57,11 +58,19 @@ pub fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString>
 /// The first reply of a call retried with the same request id, if it is remembered. A
 /// queued ticket's grant is collected this way (docs/tickets.md): from then on it is its
 /// client's, not taken back when the ticket's connection closes.
-fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisValue> {
+///
+/// A ticket's grant taken back (its connection closed, no confirmation in time) answers
+/// [`errors::ERR_TAKEN_BACK`]: its client may have proceeded on the `granted` message and
+/// must learn that it lost the hold, not be served afresh (design.md 5).
+fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisResult> {
     let request = request?;
-    let first = store::remembered(ctx, request)?;
-    engine::collected(request.as_slice());
-    Some(ffi::value(first))
+    match store::record(ctx, request)? {
+        store::Record::Reply(first) => {
+            engine::collected(request.as_slice());
+            Some(Ok(ffi::value(first)))
+        }
+        store::Record::TakenBack => Some(Err(err(errors::ERR_TAKEN_BACK))),
+    }
 }
 
 /// How a call that cannot be served now waits: blocked in the server (`WAIT`), or as a
@@ -152,7 +161,7 @@ pub fn write_command<'a, P>(
     let name = &args[1];
     let request = request_key(name, id);
     if let Some(first) = replay(ctx, request.as_ref()) {
-        return Ok(first);
+        return first;
     }
     let db = ffi::selected_db(ctx);
     serve_first(ctx, db, name);

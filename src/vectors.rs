@@ -82,7 +82,8 @@ fn kind_of(name: &str) -> &'static str {
         | "ERR_RW_TOO_MANY_HOLDS"
         | "ERR_TOKEN_OVERFLOW"
         | "ERR_PERMITS_OVERFLOW"
-        | "ERR_LATCH_OVERFLOW" => "refused",
+        | "ERR_LATCH_OVERFLOW"
+        | "ERR_TAKEN_BACK" => "refused",
         n if n == "ERR_INTERNAL" || n.ends_with("_INTERNAL") => "internal",
         _ => "argument",
     }

@@ -18,6 +18,39 @@ thread_local! {
     /// The sweep is running (the idle check waits for its end).
     static SWEEPING: Cell<bool> = const { Cell::new(false) };
     static REVOKES: RefCell<Vec<Untold>> = const { RefCell::new(Vec::new()) };
+    /// Ticket grants whose grace ran out, with their request-id keys, to take back.
+    static TICKET_REVOKES: RefCell<Vec<(Box<[u8]>, Untold)>> = const { RefCell::new(Vec::new()) };
+    /// The take-back timer's deadline, while one is armed.
+    static TAKE_BACK_ARMED: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// The tag of the timer that takes back ticket grants whose connection closed unconfirmed.
+const TAKE_BACK_TAG: u64 = 1 << 60;
+
+/// Makes sure the take-back timer fires within `delay_ms` (a connection with ticket grants
+/// not yet confirmed closed; they are taken back when their grace ends).
+pub(super) fn arm_take_back(ctx: &Context, delay_ms: i64) {
+    let at = ffi::now_ms() + delay_ms;
+    if matches!(TAKE_BACK_ARMED.with(Cell::get), Some(armed) if armed <= at) {
+        return; // it fires first, and arms again for what is left
+    }
+    TAKE_BACK_ARMED.with(|a| a.set(Some(at)));
+    ffi::create_timer(ctx, delay_ms.max(0), TAKE_BACK_TAG);
+}
+
+/// The take-back timer: the grants whose grace ended go to the sweep; armed again for the
+/// next. An earlier timer superseded by none fires harmlessly (nothing due yet).
+fn on_take_back_timer(ctx: &Context) {
+    TAKE_BACK_ARMED.with(|a| a.set(None));
+    let now = ffi::now_ms();
+    let (due, next) = with(|q| q.due_take_backs(now));
+    if !due.is_empty() {
+        TICKET_REVOKES.with(|r| r.borrow_mut().extend(due));
+        arm_sweep(ctx, 0);
+    }
+    if let Some(at) = next {
+        arm_take_back(ctx, at - now);
+    }
 }
 
 /// Puts a key on the pending list, served by a post-notification job where the server
@@ -84,6 +117,8 @@ pub fn sweep_due() -> bool {
         || SWEEPING.with(Cell::get)
         || PENDING.with(|p| !p.borrow().is_empty())
         || REVOKES.with(|r| !r.borrow().is_empty())
+        || TICKET_REVOKES.with(|r| !r.borrow().is_empty())
+        || TAKE_BACK_ARMED.with(|a| a.get().is_some())
 }
 
 /// Takes back, on the next sweep, a grant handed to a client that vanished untold.
@@ -97,6 +132,8 @@ pub(super) fn revoke_later(ctx: &Context, granted: Untold) {
 pub fn on_timer(ctx: &Context, tag: u64) {
     if tag == SWEEP_TAG {
         sweep(ctx);
+    } else if tag == TAKE_BACK_TAG {
+        on_take_back_timer(ctx);
     } else if tag == events::IDLE_TAG {
         events::on_idle(ctx);
     } else if tag & DEADLINE_BIT != 0 {
@@ -335,11 +372,17 @@ fn sweep_lists(ctx: &Context) {
         // A replica's keys are its master's to change.
         PENDING.with(|p| p.borrow_mut().clear());
         REVOKES.with(|r| r.borrow_mut().clear());
+        TICKET_REVOKES.with(|r| r.borrow_mut().clear());
         return;
     }
     for granted in REVOKES.with(|r| std::mem::take(&mut *r.borrow_mut())) {
         if ffi::select_db(ctx, granted.db) {
             revoke(ctx, &granted);
+        }
+    }
+    for (record, granted) in TICKET_REVOKES.with(|r| std::mem::take(&mut *r.borrow_mut())) {
+        if ffi::select_db(ctx, granted.db) {
+            revoke_ticket(ctx, record, granted);
         }
     }
     let mut pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
@@ -363,6 +406,25 @@ fn revoke(ctx: &Context, untold: &Untold) {
     }
     let name = RedisString::create_from_slice(std::ptr::null_mut(), &untold.key);
     untold.request.take_back(ctx, untold.db, &name);
+}
+
+/// Takes back a ticket's grant whose connection closed unconfirmed; if the primitive
+/// forgot its request id's reply (the grant was still as written, or gone already), marks
+/// the id taken back, so that the client's late confirmation hears it lost the hold
+/// (design.md 5). A grant its owner built on meanwhile (re-entered) stays, and so does
+/// its reply.
+fn revoke_ticket(ctx: &Context, record: Box<[u8]>, untold: Untold) {
+    if ffi::writes_paused() {
+        TICKET_REVOKES.with(|r| r.borrow_mut().push((record, untold)));
+        arm_sweep(ctx, PAUSED_RETRY_MS);
+        return;
+    }
+    let name = RedisString::create_from_slice(std::ptr::null_mut(), &untold.key);
+    untold.request.take_back(ctx, untold.db, &name);
+    let id = RedisString::create_from_slice(std::ptr::null_mut(), &record);
+    if store::record(ctx, &id).is_none() {
+        store::remember_taken_back(ctx, &record, ffi::now_ms());
+    }
 }
 
 // ---- Tracked keys: a message owed when a key the module wrote goes away ----

@@ -11,6 +11,9 @@ struct Uncollected {
     client: u64,
     granted_at: i64,
     untold: Untold,
+    /// Set when that connection closed: taken back at this time (ms since the epoch)
+    /// unless a confirmation comes first (design.md 5).
+    take_back_at: Option<i64>,
 }
 
 /// The expiry timer armed for a key with waiters.
@@ -408,6 +411,7 @@ impl Queues {
                 client,
                 granted_at: now,
                 untold,
+                take_back_at: None,
             },
         );
     }
@@ -436,21 +440,38 @@ impl Queues {
         }
     }
 
-    /// The grants a closed connection's tickets were given and never collected.
-    pub fn uncollected_of(&mut self, client: u64) -> Vec<Untold> {
-        if self.uncollected.is_empty() {
-            return Vec::new();
+    /// A connection closed: the grants its tickets were given and never collected are
+    /// taken back at `at` unless collected first. True if it had any.
+    pub fn orphan_grants_of(&mut self, client: u64, at: i64) -> bool {
+        let mut any = false;
+        for u in self.uncollected.values_mut() {
+            if u.client == client && u.take_back_at.is_none() {
+                u.take_back_at = Some(at);
+                any = true;
+            }
         }
-        let keys: Vec<Box<[u8]>> = self
+        any
+    }
+
+    /// The grants whose closed connection's grace ended by `now` (removed, with their
+    /// request-id keys), and when the next one ends.
+    pub fn due_take_backs(&mut self, now: i64) -> (Vec<(Box<[u8]>, Untold)>, Option<i64>) {
+        let due: Vec<Box<[u8]>> = self
             .uncollected
             .iter()
-            .filter(|(_, u)| u.client == client)
+            .filter(|(_, u)| matches!(u.take_back_at, Some(at) if at <= now))
             .map(|(k, _)| k.clone())
             .collect();
-        keys.iter()
-            .filter_map(|k| self.uncollected.remove(k))
-            .map(|u| u.untold)
-            .collect()
+        let taken = due
+            .into_iter()
+            .filter_map(|k| self.uncollected.remove(&k).map(|u| (k, u.untold)))
+            .collect();
+        let next = self
+            .uncollected
+            .values()
+            .filter_map(|u| u.take_back_at)
+            .min();
+        (taken, next)
     }
 
     /// Drops the queue of a key that has no waiters left; returns its timers to stop.

@@ -187,7 +187,8 @@ fn head_is_spent_ticket(ctx: &Context, db: i32, name: &RedisString) -> bool {
         return false;
     };
     let record = RedisString::create_from_slice(std::ptr::null_mut(), &args::request_key(key, id));
-    if store::remembered(ctx, &record).is_none() {
+    // A grant taken back counts as spent too: its id is never granted again.
+    if store::record(ctx, &record).is_none() {
         return false;
     }
     with(|q| q.take(db, key));
@@ -220,12 +221,14 @@ pub fn collected(request_key: &[u8]) {
 }
 
 /// A connection closed: its queued tickets leave their queues, and the grants its tickets
-/// were given and never collected are taken back and passed on (like a grant whose
-/// blocked client vanished before its reply). Runs while the server frees the client:
-/// writes wait for the sweep.
+/// were given and never collected are taken back and passed on unless a confirmation
+/// comes on another connection within `rlock.ticket-confirm-ms` (design.md 5: the client
+/// may already hold on the `granted` message, and confirms again after a broken
+/// connection). Runs while the server frees the client: writes wait for a timer.
 pub fn on_client_gone(ctx: &Context, client: u64) {
     let (dropped, heads) = with(|q| q.drop_tickets_of(client));
-    let untold = with(|q| q.uncollected_of(client));
+    let grace = crate::server::config::ticket_confirm_ms();
+    let orphaned = with(|q| q.orphan_grants_of(client, ffi::now_ms() + grace));
     for (db, key, waiter) in &dropped {
         stats::bump(|s| &s.tickets_dropped);
         stop_deadline(ctx, waiter);
@@ -234,8 +237,8 @@ pub fn on_client_gone(ctx: &Context, client: u64) {
     for (db, key) in heads {
         schedule_after_loop(ctx, db, &key); // the next head may be grantable now
     }
-    for granted in untold {
-        revoke_later(ctx, granted);
+    if orphaned {
+        arm_take_back(ctx, grace);
     }
     if !anyone_waits() {
         events::idle_soon(ctx); // maybe the last grant that kept this event hooked

@@ -350,7 +350,7 @@ fn holes_left_by_removals_are_dropped_and_order_is_kept() {
 }
 
 #[test]
-fn grants_are_uncollected_until_collected_or_their_connection_closes() {
+fn grants_are_uncollected_until_collected_or_their_connections_grace_ends() {
     let mut q = Queues::default();
     let untold = |n| Untold {
         db: 0,
@@ -359,14 +359,25 @@ fn grants_are_uncollected_until_collected_or_their_connection_closes() {
     };
     q.granted_ticket(7, b"r1", untold(1), 1000, 60_000);
     q.granted_ticket(7, b"r2", untold(2), 1000, 60_000);
+    q.granted_ticket(7, b"r4", untold(4), 1000, 60_000);
     q.granted_ticket(8, b"r3", untold(3), 1000, 60_000);
     q.collected(b"r1");
-    let back: Vec<String> = q
-        .uncollected_of(7)
+    assert!(q.orphan_grants_of(7, 2000));
+    assert!(
+        !q.orphan_grants_of(7, 3000),
+        "the first close's time stands"
+    );
+    assert!(!q.orphan_grants_of(9, 2000), "a connection without grants");
+    // Not due before the grace ends; a confirmation within it keeps the grant.
+    assert_eq!(q.due_take_backs(1999).0.len(), 0);
+    assert_eq!(q.due_take_backs(1999).1, Some(2000));
+    q.collected(b"r4");
+    let (due, next) = q.due_take_backs(2000);
+    let back: Vec<String> = due
         .iter()
-        .map(|u| format!("{:?}", u.request))
+        .map(|(k, u)| format!("{}={:?}", String::from_utf8_lossy(k), u.request))
         .collect();
-    assert_eq!(back, ["Probe(2)"]);
-    assert!(q.uncollected_of(7).is_empty());
+    assert_eq!(back, ["r2=Probe(2)"]);
+    assert_eq!(next, None, "connection 8's grant is not orphaned");
     assert_eq!(q.uncollected.len(), 1);
 }

@@ -41,6 +41,21 @@ pub fn declare_server_options() -> bool {
     DECLARE_SERVER_OPTIONS.load(Ordering::Relaxed)
 }
 
+/// `rlock.ticket-confirm-ms`: how long a ticket's grant outlives the connection that
+/// queued it when nobody confirmed it yet (design.md 5). A client proceeds as holder on the
+/// `granted` message and confirms off its path; if its connection breaks meanwhile
+/// (`CLIENT KILL`, a reset) it confirms again on a new one within this time and keeps the
+/// grant. A client that vanished for good never does: its grant is taken back then and
+/// passed on, and its request id answers `TAKENBACK` from then on. 0: taken back at once.
+pub static TICKET_CONFIRM_MS: AtomicI64 = AtomicI64::new(DEFAULT_TICKET_CONFIRM_MS);
+pub const DEFAULT_TICKET_CONFIRM_MS: i64 = 1_000;
+pub const MIN_TICKET_CONFIRM_MS: i64 = 0;
+pub const MAX_TICKET_CONFIRM_MS: i64 = 60_000;
+
+pub fn ticket_confirm_ms() -> i64 {
+    TICKET_CONFIRM_MS.load(Ordering::Relaxed)
+}
+
 enum_configuration! {
     /// `rlock.replication` (SPEC 1.4): how a module command reaches replicas and the AOF.
     /// `commands`: as one command (the plain command when it writes one thing, else one

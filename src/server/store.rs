@@ -85,11 +85,44 @@ pub fn publish_here(ctx: &Context, channel: &[u8], message: &[u8]) {
 
 /// The reply remembered for a request id (see [`remember`]), if the window is still open.
 pub fn remembered(ctx: &Context, request: &RedisString) -> Option<Reply> {
+    match record(ctx, request)? {
+        Record::Reply(reply) => Some(reply),
+        Record::TakenBack => None,
+    }
+}
+
+/// What a request id's record holds.
+pub enum Record {
+    /// The call's first reply, replayed to a retry.
+    Reply(Reply),
+    /// The mark of a ticket's grant taken back (see [`remember_taken_back`]).
+    TakenBack,
+}
+
+/// The mark [`remember_taken_back`] stores: no reply encodes to it (`reply::decode` reads
+/// it as nothing), so an old module reading it replays nothing.
+const TAKEN_BACK: &[u8] = b"!taken-back";
+
+/// A request id's record, if the window is still open.
+pub fn record(ctx: &Context, request: &RedisString) -> Option<Record> {
     let key = LockKey::open(ctx, request, false);
     if !key.is_string() {
         return None;
     }
-    reply::decode(&key.string_get())
+    let stored = key.string_get();
+    if stored.as_slice() == TAKEN_BACK {
+        return Some(Record::TakenBack);
+    }
+    reply::decode(&stored).map(Record::Reply)
+}
+
+/// Marks a request id whose ticket's grant was taken back (design.md 5): its client may
+/// have proceeded on the `granted` message, so a retry (its late confirmation) must hear
+/// that the hold is gone rather than be served afresh as a new call. Kept for the
+/// request-id window like a reply; replicated like one.
+pub fn remember_taken_back(ctx: &Context, request: &[u8], now: i64) {
+    let name = made(request);
+    remember_bytes(ctx, &name, TAKEN_BACK, now);
 }
 
 /// Remembers the reply of a call that changed the lock, under its request id, for
@@ -97,12 +130,16 @@ pub fn remembered(ctx: &Context, request: &RedisString) -> Option<Reply> {
 /// lock's slot (Redisson's unlock latch does the same): it replicates and persists like
 /// the lock, so a client retrying after a failover still gets the first reply.
 pub fn remember(ctx: &Context, request: &RedisString, reply: &Reply, now: i64) {
+    remember_bytes(ctx, request, &reply::encode(reply), now);
+}
+
+fn remember_bytes(ctx: &Context, request: &RedisString, bytes: &[u8], now: i64) {
     let key = LockKey::open(ctx, request, true);
     if !matches!(key.kind(), KeyKind::Empty) && !key.is_string() {
         return; // somebody else's data: never overwrite it
     }
     let _own = OwnWrite::begin();
-    let value = made(&reply::encode(reply));
+    let value = made(bytes);
     let at = now + crate::server::config::request_id_window_ms();
     set_px_at(ctx, &key, request, &value, at);
     ffi::signal_modified(ctx, request);

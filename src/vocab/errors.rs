@@ -30,6 +30,12 @@ pub const ERR_TOO_MANY_WAITERS: &str =
 /// `ASYNC` queues a ticket (docs/tickets.md): it waits (`WAIT`) and is collected by its
 /// request id (`ID`).
 pub const ERR_ASYNC: &str = "BADASYNC ASYNC needs WAIT and ID";
+/// What a request id answers once its ticket's grant was taken back (design.md 5): the
+/// connection that queued the ticket closed and no confirmation came within
+/// `rlock.ticket-confirm-ms`. A client that already proceeded on the `granted` message
+/// learns from it that its hold is lost; the retry changes nothing.
+pub const ERR_TAKEN_BACK: &str =
+    "TAKENBACK the grant of this request id was taken back: its ticket's connection closed and no confirmation came in time";
 pub const ERR_INTERNAL: &str = "RLOCKBUG rlock internal error (details in the server log)";
 /// Sent to waiters still queued when the server stops being a master (Redis 7.0 normally
 /// unblocks them itself first): a replica cannot grant locks.

@@ -225,20 +225,47 @@ def test_a_closed_connection_drops_its_tickets_and_the_next_waiter_is_served(ser
     assert owners(r, "k") == {"w2": 1}
 
 
-def test_an_uncollected_grant_is_taken_back_when_its_connection_closes(server, r):
+def test_an_unconfirmed_grant_is_taken_back_when_its_connection_closes(server, r):
+    """The grant outlives its connection by `rlock.ticket-confirm-ms` (a client that
+    proceeded on the message confirms again on a new connection); unconfirmed by then it
+    is taken back, passed on, and its request id answers TAKENBACK (design.md 5)."""
+    r.config_set("rlock.ticket-confirm-ms", 300)
     listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
     assert listen.next()[1:3] == ("granted", "r1")
     assert owners(r, "k") == {"w1": 1}
-    r.client_kill_filter(_id=t1.client_id())  # gone before collecting
+    r.client_kill_filter(_id=t1.client_id())  # gone before confirming
     assert listen.next()[1:3] == ("granted", "r2")
     assert owners(r, "k") == {"w2": 1}
     assert stats(r)["revoked_handoffs"] == 1
-    # A retry of the first request learns nothing was granted to it: its record is gone.
-    assert 0 < acquire(r, "k", "w1", "ID", "r1") <= LEASE
+    # A late confirmation (or retry) of the first request learns that it lost the hold,
+    # and changes nothing: no second grant, no ticket.
+    with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.TAKEN_BACK) + "$"):
+        ticket(r, "k", "w1", "r1")
+    with pytest.raises(redis.ResponseError, match="TAKENBACK"):
+        acquire(r, "k", "w1", "ID", "r1")
+    assert owners(r, "k") == {"w2": 1}
+    assert waiters(r, "k") == 0
+
+
+def test_a_grant_confirmed_within_the_grace_after_its_connection_closed_stays(server, r):
+    """A client whose ticket connection broke after the `granted` message confirms on a
+    new connection: the grant is its own, never taken back."""
+    r.config_set("rlock.ticket-confirm-ms", 60_000)
+    listen, t1, t2 = two_tickets_behind_a_holder(server, r)
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "r1")
+    r.client_kill_filter(_id=t1.client_id())
+    assert ticket(server.client(), "k", "w1", "r1") is None  # confirmed on a new connection
+    assert ticket(server.client(), "k", "w1", "r1") is None  # and again: idempotent
+    assert owners(r, "k") == {"w1": 1}
+    assert r.execute_command("RLOCK.RELEASE", "k", "w1") == 1
+    assert listen.next()[1:3] == ("granted", "r2")
+    assert stats(r)["revoked_handoffs"] == 0
 
 
 def test_a_collected_grant_stays_when_its_connection_closes(server, r):
+    r.config_set("rlock.ticket-confirm-ms", 0)  # a take-back would come at once
     listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
     assert listen.next()[1:3] == ("granted", "r1")
@@ -254,6 +281,7 @@ def test_a_collected_grant_stays_when_its_connection_closes(server, r):
 
 
 def test_a_grant_racing_its_connections_close_is_taken_back_and_passed_on(server, r):
+    r.config_set("rlock.ticket-confirm-ms", 0)
     listen, t1, t2 = two_tickets_behind_a_holder(server, r)
     # The release grants w1 and w1's connection is killed in the same transaction.
     p = r.pipeline(transaction=True)
@@ -263,6 +291,14 @@ def test_a_grant_racing_its_connections_close_is_taken_back_and_passed_on(server
     got = [listen.next()[1:3], listen.next()[1:3]]
     assert got == [("granted", "r1"), ("granted", "r2")]
     assert owners(r, "k") == {"w2": 1}
+
+
+def test_ticket_confirm_ms_is_a_bounded_config(server, r):
+    assert r.config_get("rlock.ticket-confirm-ms") == {"rlock.ticket-confirm-ms": "1000"}
+    for bad in (-1, 60_001):
+        with pytest.raises(redis.ResponseError):
+            r.config_set("rlock.ticket-confirm-ms", bad)
+    assert r.config_get("rlock.ticket-confirm-ms") == {"rlock.ticket-confirm-ms": "1000"}
 
 
 def test_a_retried_ticket_is_never_granted_twice(server, r):

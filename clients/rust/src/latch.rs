@@ -260,7 +260,10 @@ pub(crate) mod aio {
                     let c = await_cmd(name, wait);
                     let reply = match wait {
                         None => inner.run(&c).await?,
-                        Some(_) => inner.wait_query(limit, &c).await.map_err(Error::from)?,
+                        Some(_) => inner
+                            .wait_query(limit, &c, None)
+                            .await
+                            .map_err(Error::from)?,
                     };
                     flag("RLATCH.AWAIT", reply)
                 })

@@ -481,6 +481,61 @@ fn it_does_not_believe_a_grant_the_server_took_back() {
     assert!(!exists(&mut r, "k"));
 }
 
+/// A ticket holds on its `granted` message and confirms off the path (design.md 5). A
+/// holder whose confirmation cannot reach the server within its grace (here: writes
+/// paused, its ticket connection killed, `rlock.ticket-confirm-ms 0`) must be told that
+/// the lock may be taken back: its lost signal fires.
+#[test]
+fn a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    let _: () = redis::cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("holder")
+        .arg(30_000)
+        .query(&mut r)
+        .unwrap();
+    let lock = c.lock("k");
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire_timeout(Duration::from_secs(30)).unwrap();
+        (lock, g)
+    });
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("rlock.ticket-confirm-ms")
+        .arg(0)
+        .query(&mut r)
+        .unwrap();
+    // Granted, then writes paused in the same turn: the holder's confirmation waits.
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("RLOCK.RELEASE")
+        .arg("k")
+        .arg("holder")
+        .cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query(&mut r)
+        .unwrap();
+    let (_lock, g) = waiter.join().unwrap();
+    let g = g.expect("held on the grant's message, before any confirmation");
+    assert_eq!(g.lost_reason(), None);
+    let id = ticket_conn(&mut r).unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut r)
+        .unwrap();
+    let told = wait_until(LONG, || g.lost_reason().is_some());
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut r).unwrap();
+    assert!(told, "the holder was never told");
+    assert_eq!(g.lost_reason(), Some(rlock_client::LostReason::NotHeld));
+}
+
 /// A user whose ACL denies the ticket channels (Redis 7's default for new users,
 /// `resetchannels`): the refused SUBSCRIBE must not be taken for a waiter's reply; the
 /// client waits the old way from then on, or, with tickets forced, reports the refusal.

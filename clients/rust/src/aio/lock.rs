@@ -96,13 +96,19 @@ impl Lock {
         let c = &self.client;
         let shared = &self.shared;
         let mut run = Acquiring::new(shared, opts, &c.opts, &c.jitter)?.with_command(command);
+        // A ticket's grant is held on its message and confirmed off the path (design.md
+        // 5); if it turns out taken back, the hold is reported lost.
+        let mut confirm = None;
         loop {
             let sent = Instant::now();
             let (command, route) = run.attempt(shared, sent);
             let reply = match route {
                 Route::Shared => c.run(&command).await,
                 Route::Waiting { limit } => {
-                    c.wait_query(limit, &command).await.map_err(Error::from)
+                    let this = confirm.insert(Arc::new(Confirm::default()));
+                    c.wait_query(limit, &command, Some(this))
+                        .await
+                        .map_err(Error::from)
                 }
             };
             let mut next = run.after_attempt(&**c, shared, sent, reply.and_then(&mut parse));
@@ -124,6 +130,12 @@ impl Lock {
             }
         }
         let took = run.finish(&**c, shared);
+        if let Some(confirm) = confirm {
+            let (lost, epoch) = (shared.clone(), took.epoch);
+            confirm.on_taken_back(move || {
+                lost.mark_lost(epoch, LostReason::NotHeld);
+            });
+        }
         let guard = LockGuard {
             client: c.clone(),
             shared: shared.clone(),

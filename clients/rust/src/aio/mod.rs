@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 pub use crate::aio::rwlock::RwLock;
 use crate::error::{poisons_connection, Error, Result};
 use crate::net::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
+use crate::net::tickets::Confirm;
 use crate::options::{AcquireOptions, ClientOptions, Wait};
 use crate::proto::backoff::Jitter;
 use crate::proto::cmd::{self, LockInfo};
@@ -387,13 +388,17 @@ impl ClientInner {
     /// ticket connection where the module supports it (SPEC 5), else blocked on a
     /// connection of its own. `limit` bounds the wait for the answer. Cancel safe: a
     /// ticket granted after its future was dropped is collected and given back.
+    ///
+    /// With `confirm`, a lock's or RW lock's ticket returns on its `granted` message, its
+    /// confirmation sent off the path; `confirm` then says whether it was taken back.
     pub(crate) async fn wait_query(
         &self,
         limit: Option<Duration>,
         cmd: &redis::Cmd,
+        confirm: Option<&Arc<Confirm>>,
     ) -> RedisResult<Value> {
         if let Some(t) = self.tickets.as_ref().filter(|t| t.enabled()) {
-            if let Some(r) = t.wait_async(cmd, limit).await {
+            if let Some(r) = t.wait_async(cmd, limit, confirm).await {
                 return r;
             }
         }
@@ -404,7 +409,7 @@ impl ClientInner {
                     .query_async::<Value>(&mut conn)
                     .await
             };
-            match t.wait_async(cmd, limit, slots).await {
+            match t.wait_async(cmd, limit, slots, confirm).await {
                 Ok(r) => return r,
                 // Blocked for what is left of the wait.
                 Err((Some(rest), left)) => {

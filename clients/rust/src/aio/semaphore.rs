@@ -103,7 +103,7 @@ async fn acquire_call(
             match wait {
                 None => c.run(&cmd).await,
                 Some(_) => c
-                    .wait_query(left.map(|l| l + margin), &cmd)
+                    .wait_query(left.map(|l| l + margin), &cmd, None)
                     .await
                     .map_err(Error::from),
             }

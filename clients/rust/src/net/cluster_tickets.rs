@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult, Value};
 
-use crate::net::tickets::{Shape, Tickets};
+use crate::net::tickets::{Confirm, Shape, Tickets};
 use crate::options::WaitMode;
 use crate::proto::logic::lock_ignoring_poison;
 
@@ -214,6 +214,7 @@ impl ClusterTickets {
         cmd: &redis::Cmd,
         limit: Option<Duration>,
         slots: F,
+        confirm: Option<&Arc<Confirm>>,
     ) -> Result<RedisResult<Value>, Blocked>
     where
         F: Fn() -> Fut,
@@ -232,7 +233,7 @@ impl ClusterTickets {
                 }
             }
             let Some(t) = self.node(slot) else { break };
-            match self.judge(t.wait_async_since(cmd, limit, started).await) {
+            match self.judge(t.wait_async_since(cmd, limit, started, confirm).await) {
                 Ok(r) => return Ok(r),
                 Err(true) => continue,
                 Err(false) => break,

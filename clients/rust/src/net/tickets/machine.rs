@@ -34,7 +34,7 @@ pub(crate) enum Note {
 /// A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`: the note and the
 /// request id. `None` if it is not one. The kind word alone decides: a detail after
 /// `granted` or `timeout` is ignored, as a later module may add one.
-pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, String)> {
+pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, &str)> {
     let mut parts = payload.splitn(4, |&b| b == b':');
     let kind = parts.next()?;
     // 1 to 10 ASCII digits, as the module writes them (no sign, space or other digit).
@@ -51,7 +51,8 @@ pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, String)> {
     if rest.len() < id_len.checked_add(owner_len)? {
         return None;
     }
-    let id = String::from_utf8(rest[..id_len].to_vec()).ok()?;
+    // Borrowed: the reader looks the waiter up by it, no copy on the grant's path.
+    let id = std::str::from_utf8(&rest[..id_len]).ok()?;
     let detail = &rest[id_len + owner_len..];
     let note = match kind {
         b"granted" => Note::Granted,
@@ -92,6 +93,9 @@ pub(crate) struct Shape {
     added_id: bool,
     /// `RLATCH.AWAIT`: a `granted` note is the whole answer.
     pub(super) latch: bool,
+    /// The lock's and RW lock's acquire: a grant's reply is nil, known without
+    /// collecting it, so the waiter may hold on the `granted` message (design.md 5).
+    held: bool,
 }
 
 impl Shape {
@@ -121,6 +125,8 @@ impl Shape {
             None => (crate::proto::cmd::request_id(), true),
         };
         let latch = args[0].eq_ignore_ascii_case(b"RLATCH.AWAIT");
+        let held = args[0].eq_ignore_ascii_case(b"RLOCK.ACQUIRE")
+            || args[0].eq_ignore_ascii_case(b"RRWLOCK.ACQUIRE");
         Some(Shape {
             args,
             wait_at,
@@ -129,7 +135,15 @@ impl Shape {
             id_at,
             added_id,
             latch,
+            held,
         })
+    }
+
+    /// The reply of a grant, where it is known without collecting it (the lock's and RW
+    /// lock's: nil); `None` where the grant's reply carries something (a fencing token,
+    /// permit ids, a semaphore's 1).
+    pub(crate) fn held_reply(&self) -> Option<Value> {
+        self.held.then_some(Value::Nil)
     }
 
     /// Gives the call a new request id: its old one names a grant that was given back
@@ -229,6 +243,8 @@ pub(crate) struct Machine {
     gen: u64,
     /// Whether the module is already known to take `ASYNC`.
     pub(super) known: bool,
+    /// Hold on the `granted` message (the reader confirms off the path).
+    pub(super) hold_on_grant: bool,
     /// The last error, kept as a `RedisError` for the caller ([`Machine::take_error`]).
     error: Option<RedisError>,
 }
@@ -241,6 +257,7 @@ impl Machine {
             outstanding: false,
             gen: 0,
             known,
+            hold_on_grant: false,
             error: None,
         }
     }
@@ -295,6 +312,11 @@ impl Machine {
             Event::Note(Note::Granted) if self.shape.latch => {
                 self.outstanding = false;
                 Step::Done(Ok(Value::Int(1)))
+            }
+            // Held: the reader thread sends the confirmation.
+            Event::Note(Note::Granted) if self.hold_on_grant && self.shape.held => {
+                self.outstanding = false;
+                Step::Done(Ok(Value::Nil))
             }
             // Collect: the same command and id again; the server replays the grant.
             Event::Note(Note::Granted) => Step::Send(self.shape.look()),

@@ -11,10 +11,19 @@
 //! for the first waiter, unsubscribed after the last). One reader thread per client
 //! routes replies (in order) and messages (by request id) to the waiters' event sinks.
 //!
-//! Tickets live as long as that connection: when it breaks, the server drops them and
-//! takes back the grants not yet collected. Every waiter is then told `Lost` and re-sends
-//! its command with the same request id on a new connection (resubscribed first): a
-//! grant collected meanwhile is replayed, anything else is queued again.
+//! Tickets live as long as that connection: when it breaks, the server drops them. Every
+//! waiter is then told `Lost` and re-sends its command with the same request id on a new
+//! connection (resubscribed first): a grant made meanwhile is replayed, anything else is
+//! queued again.
+//!
+//! A lock or RW lock waiter holds on its `granted` message (design.md 5): the reader
+//! thread wakes it first, then writes the confirmation (the same command and id, without
+//! `WAIT`) on the same connection, off the holder's path. Its reply settles the call's
+//! [`Confirm`]: confirmed, or `TAKENBACK` (the connection had closed and the server's
+//! grace ran out), which the lock reports as lost. A connection that breaks before the
+//! reply came has the confirmation sent again on a connection of its own, within the
+//! server's grace (`rlock.ticket-confirm-ms`); the grants whose reply the waiter needs
+//! (the fenced lock's token, an expirable semaphore's permit ids) are collected first.
 //!
 //! A waiter that leaves while its ticket may still be queued (a dropped future, a
 //! client-side limit) stays registered as an *orphan*: if its grant comes after all, a
@@ -64,11 +73,80 @@ use stream::*;
 
 /// Where an event for a waiter goes (a channel's sender).
 pub(crate) type Sink = Arc<dyn Fn(Event) + Send + Sync>;
+/// A grant held on its `granted` message and confirmed off the holder's path: its
+/// outcome, and what to do if it was taken back (the lock's lost signal), registered by
+/// the holder once it exists, before or after the outcome is known.
+#[derive(Default)]
+pub(crate) struct Confirm {
+    state: Mutex<Confirmation>,
+}
+
+#[derive(Default)]
+enum Confirmation {
+    /// Not known yet; run this if it turns out taken back.
+    #[default]
+    Pending,
+    Hooked(Box<dyn FnOnce() + Send>),
+    Confirmed,
+    TakenBack,
+}
+
+impl Confirm {
+    /// Runs `f` (once) if the grant turns out taken back, at once if it was already.
+    pub(crate) fn on_taken_back(&self, f: impl FnOnce() + Send + 'static) {
+        let mut st = lock_ignoring_poison(&self.state);
+        match *st {
+            Confirmation::Pending | Confirmation::Hooked(_) => {
+                *st = Confirmation::Hooked(Box::new(f))
+            }
+            Confirmation::Confirmed => {}
+            Confirmation::TakenBack => {
+                drop(st);
+                f();
+            }
+        }
+    }
+
+    fn settle(&self, confirmed: bool) {
+        let was = std::mem::replace(
+            &mut *lock_ignoring_poison(&self.state),
+            if confirmed {
+                Confirmation::Confirmed
+            } else {
+                Confirmation::TakenBack
+            },
+        );
+        if let (Confirmation::Hooked(f), false) = (was, confirmed) {
+            f();
+        }
+    }
+
+    /// Whether the confirmation's reply says confirmed: the grant's replayed reply, not
+    /// `TAKENBACK` nor any other error (which leaves the hold in doubt: reported lost).
+    fn confirmed_by(r: &RedisResult<Value>) -> bool {
+        r.is_ok()
+    }
+
+    /// Whether it is known confirmed (tests).
+    #[cfg(test)]
+    pub(crate) fn is_confirmed(&self) -> bool {
+        matches!(*lock_ignoring_poison(&self.state), Confirmation::Confirmed)
+    }
+}
+
 /// A waiter's registration.
 enum Slot {
     Live {
         sink: Sink,
         channel: Vec<u8>,
+        /// Holds on its `granted` message: the confirmation to send then, and its outcome.
+        hold: Option<(Vec<Vec<u8>>, Arc<Confirm>)>,
+    },
+    /// Held on its `granted` message; the confirmation's reply is awaited.
+    Confirming {
+        channel: Vec<u8>,
+        look: Vec<Vec<u8>>,
+        confirm: Arc<Confirm>,
     },
     /// Its waiter left with a ticket possibly queued: a grant is collected and undone.
     Orphan {
@@ -81,7 +159,9 @@ enum Slot {
 impl Slot {
     fn channel(&self) -> &[u8] {
         match self {
-            Slot::Live { channel, .. } | Slot::Orphan { channel, .. } => channel,
+            Slot::Live { channel, .. }
+            | Slot::Orphan { channel, .. }
+            | Slot::Confirming { channel, .. } => channel,
         }
     }
 }
@@ -235,7 +315,7 @@ impl Tickets {
     /// returned, and the retry waits for it instead of queueing a second one. A retry
     /// whose orphan's grant was already given back gets a new id first (in the same
     /// critical section as the check, so no grant slips in between): it then waits anew.
-    fn join(&self, shape: &mut Shape, sink: Sink) -> Option<u64> {
+    fn join(&self, shape: &mut Shape, sink: Sink, confirm: Option<&Arc<Confirm>>) -> Option<u64> {
         let channel = channel(shape.key());
         let mut st = lock_ignoring_poison(&self.shared.state);
         if let Some(at) = st.given_back.iter().position(|g| g == shape.id()) {
@@ -246,7 +326,7 @@ impl Tickets {
         let resumed = match st.waiters.remove(id) {
             // The channel is still counted for the old registration.
             Some(Slot::Orphan { .. }) => Some(st.gen),
-            Some(Slot::Live { .. }) => None,
+            Some(Slot::Live { .. } | Slot::Confirming { .. }) => None,
             None => {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
@@ -258,8 +338,17 @@ impl Tickets {
                 None
             }
         };
-        st.waiters
-            .insert(id.to_owned(), Slot::Live { sink, channel });
+        let hold = confirm
+            .filter(|_| shape.held_reply().is_some())
+            .map(|c| (shape.look(), c.clone()));
+        st.waiters.insert(
+            id.to_owned(),
+            Slot::Live {
+                sink,
+                channel,
+                hold,
+            },
+        );
         resumed
     }
 
@@ -270,6 +359,10 @@ impl Tickets {
         let Some(slot) = st.waiters.remove(id) else {
             return;
         };
+        if let Slot::Confirming { .. } = slot {
+            st.waiters.insert(id.to_owned(), slot); // its confirmation's reply routes it
+            return;
+        }
         match orphan {
             Some((look, latch)) if st.writer.is_some() => {
                 let channel = slot.channel().to_vec();
@@ -307,12 +400,17 @@ impl Tickets {
     /// `ASYNC` (or `cmd` is not a waiting command): wait the old way. `limit` bounds the
     /// wait for the final reply, like a blocked wait's read timeout. Cancel safe (a
     /// dropped future leaves an orphan whose late grant is given back).
+    ///
+    /// With `confirm`, a lock or RW lock wait returns on its `granted` message and the
+    /// grant is confirmed off the path; `confirm` tells if it was taken back.
     pub(crate) async fn wait_async(
         &self,
         cmd: &redis::Cmd,
         limit: Option<Duration>,
+        confirm: Option<&Arc<Confirm>>,
     ) -> Option<RedisResult<Value>> {
-        self.wait_async_since(cmd, limit, Instant::now()).await
+        self.wait_async_since(cmd, limit, Instant::now(), confirm)
+            .await
     }
 
     /// [`Self::wait_async`] for a call that began at `started`.
@@ -321,6 +419,7 @@ impl Tickets {
         cmd: &redis::Cmd,
         limit: Option<Duration>,
         started: Instant,
+        confirm: Option<&Arc<Confirm>>,
     ) -> Option<RedisResult<Value>> {
         let shape = Shape::of(cmd)?;
         let until = limit.map(|l| tokio::time::Instant::from_std(started + l));
@@ -328,7 +427,7 @@ impl Tickets {
         let sink: Sink = Arc::new(move |ev| {
             let _ = tx.send(ev);
         });
-        let (mut member, mut step) = Member::join(self, shape, started, sink);
+        let (mut member, mut step) = Member::join(self, shape, started, sink, confirm);
         loop {
             match step {
                 Step::Send(args) => {
@@ -437,9 +536,16 @@ struct Member<'a> {
 impl<'a> Member<'a> {
     /// Registers a waiter; its first step (a send, or waiting for the ticket an orphan
     /// of the same id left queued).
-    fn join(t: &'a Tickets, mut shape: Shape, started: Instant, sink: Sink) -> (Self, Step) {
-        let resumed = t.join(&mut shape, sink);
+    fn join(
+        t: &'a Tickets,
+        mut shape: Shape,
+        started: Instant,
+        sink: Sink,
+        confirm: Option<&Arc<Confirm>>,
+    ) -> (Self, Step) {
+        let resumed = t.join(&mut shape, sink, confirm);
         let mut m = Machine::new(shape, started, t.known());
+        m.hold_on_grant = confirm.is_some();
         let step = match resumed {
             Some(gen) => {
                 m.sent(gen);
@@ -606,7 +712,7 @@ fn reader_loop(
                     continue;
                 };
                 if let Some((note, id)) = parse_message(payload) {
-                    route_note(&shared, &mut st, &id, note);
+                    route_note(&shared, &mut st, id, note);
                 }
             }
             Value::Push {
@@ -658,6 +764,24 @@ fn reader_loop(
     for slot in st.waiters.values() {
         if let Slot::Live { sink, .. } = slot {
             sink(Event::Lost(gen));
+        }
+    }
+    // Holders whose confirmation went with the connection confirm on one of their own.
+    let confirming: Vec<String> = st
+        .waiters
+        .iter()
+        .filter(|(_, s)| matches!(s, Slot::Confirming { .. }))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in confirming {
+        if let Some(Slot::Confirming {
+            channel,
+            look,
+            confirm,
+        }) = st.waiters.remove(&id)
+        {
+            drop_channel_ref(&mut st, &channel);
+            confirm_later(&shared, look, confirm);
         }
     }
     // Orphans' tickets and uncollected grants went with the connection.
@@ -739,6 +863,15 @@ fn drop_channel_ref(st: &mut State, channel: &[u8]) {
 fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Value>) {
     match st.waiters.get(id) {
         Some(Slot::Live { sink, .. }) => sink(Event::Reply(r)),
+        Some(Slot::Confirming { .. }) => {
+            if let Some(Slot::Confirming {
+                channel, confirm, ..
+            }) = st.waiters.remove(id)
+            {
+                release_channel(st, &channel);
+                confirm.settle(Confirm::confirmed_by(&r));
+            }
+        }
         Some(Slot::Orphan { .. }) => match r {
             Ok(Value::SimpleString(s)) if s == "QUEUED" => {}
             Ok(v) => {
@@ -760,8 +893,28 @@ fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Va
 }
 
 fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
-    match st.waiters.get(id) {
+    match st.waiters.get_mut(id) {
+        Some(Slot::Live { sink, hold, .. }) if note == Note::Granted && hold.is_some() => {
+            // Held now: wake the holder first, then confirm on the same connection (the
+            // one that queued the ticket, so the grant cannot be taken back before it).
+            sink(Event::Note(note));
+            let (look, confirm) = hold.take().expect("just seen");
+            let Some(Slot::Live { channel, .. }) = st.waiters.remove(id) else {
+                return;
+            };
+            st.waiters.insert(
+                id.to_owned(),
+                Slot::Confirming {
+                    channel,
+                    look: look.clone(),
+                    confirm,
+                },
+            );
+            st.pending.push_back(Pending::Reply(id.to_owned()));
+            write_locked(st, &pack(&look));
+        }
         Some(Slot::Live { sink, .. }) => sink(Event::Note(note)),
+        Some(Slot::Confirming { .. }) => {}
         Some(Slot::Orphan { .. }) => {
             let slot = st.waiters.remove(id).expect("just seen");
             release_channel(st, slot.channel());
@@ -780,6 +933,51 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
             }
         }
         None => {}
+    }
+}
+
+/// How long a confirmation whose connection broke is tried again on connections of its
+/// own: within the server's default grace (`rlock.ticket-confirm-ms`, 1 s), after which
+/// an unconfirmed grant is taken back; not confirmed by then, the hold is reported lost.
+const CONFIRM_RETRY_FOR: Duration = Duration::from_millis(800);
+
+/// On a thread of its own (rare: the ticket connection broke between a grant and its
+/// confirmation's reply): confirms with `look` on a new connection, retrying within
+/// [`CONFIRM_RETRY_FOR`]; `TAKENBACK`, another error or no answer in time settle it lost.
+fn confirm_later(shared: &Arc<Shared>, look: Vec<Vec<u8>>, confirm: Arc<Confirm>) {
+    let client = shared.client.clone();
+    let spawned = std::thread::Builder::new()
+        .name("rlock-tickets-confirm".into())
+        .spawn({
+            let confirm = confirm.clone();
+            move || {
+                let until = Instant::now() + CONFIRM_RETRY_FOR;
+                let mut c = redis::Cmd::new();
+                for a in &look {
+                    c.arg(a.as_slice());
+                }
+                loop {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return confirm.settle(false);
+                    }
+                    let r = client
+                        .get_connection_with_timeout(left)
+                        .and_then(|mut conn| {
+                            conn.set_read_timeout(Some(left))?;
+                            c.query::<Value>(&mut conn)
+                        });
+                    match r {
+                        Ok(_) => return confirm.settle(true),
+                        // The server answered: taken back, or a refusal.
+                        Err(e) if e.code().is_some() => return confirm.settle(false),
+                        Err(_) => std::thread::sleep(Duration::from_millis(20).min(left)),
+                    }
+                }
+            }
+        });
+    if spawned.is_err() {
+        confirm.settle(false);
     }
 }
 

@@ -308,7 +308,7 @@ fn a_retry_whose_late_grant_was_given_back_waits_under_a_new_id() {
     let sink: Sink = Arc::new(|_| {});
     lock_ignoring_poison(&t.shared.state).gave_back("f");
     let mut retry = shape("k", "f");
-    assert_eq!(t.join(&mut retry, sink.clone()), None);
+    assert_eq!(t.join(&mut retry, sink.clone(), None), None);
     assert_ne!(retry.id(), "f");
     let sent = args(&retry.ticketed(100));
     assert!(!sent.contains(&"f".to_string()), "{sent:?}");
@@ -316,7 +316,7 @@ fn a_retry_whose_late_grant_was_given_back_waits_under_a_new_id() {
     t.leave(retry.id(), None);
     // Only once: a later call that happens to reuse the id is not renewed again.
     let mut again = shape("k", "f");
-    t.join(&mut again, sink);
+    t.join(&mut again, sink, None);
     assert_eq!(again.id(), "f");
 }
 
@@ -325,9 +325,9 @@ fn it_refcounts_channels_and_keeps_orphans_until_their_fate_is_known() {
     let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
     let t = Tickets::new(&client, WaitMode::Auto).unwrap();
     let sink: Sink = Arc::new(|_| {});
-    t.join(&mut shape("k", "a"), sink.clone());
-    t.join(&mut shape("k", "b"), sink.clone());
-    t.join(&mut shape("j", "c"), sink.clone());
+    t.join(&mut shape("k", "a"), sink.clone(), None);
+    t.join(&mut shape("k", "b"), sink.clone(), None);
+    t.join(&mut shape("j", "c"), sink.clone(), None);
     assert_eq!(t.counts(), (3, 2));
     t.leave("a", None);
     assert_eq!(t.counts(), (2, 2), "k still has b");
@@ -337,12 +337,12 @@ fn it_refcounts_channels_and_keeps_orphans_until_their_fate_is_known() {
     t.leave("c", Some((vec![], false)));
     assert_eq!(t.counts(), (0, 0));
     // A retry of the same id takes over its registration without a second reference.
-    assert_eq!(t.join(&mut shape("k", "d"), sink.clone()), None);
-    assert_eq!(t.join(&mut shape("k", "d"), sink.clone()), None);
+    assert_eq!(t.join(&mut shape("k", "d"), sink.clone(), None), None);
+    assert_eq!(t.join(&mut shape("k", "d"), sink.clone(), None), None);
     t.leave("d", None);
     assert_eq!(t.counts(), (0, 0));
     // ... and an orphan's queued ticket, on the current connection.
-    t.join(&mut shape("k", "e"), sink.clone());
+    t.join(&mut shape("k", "e"), sink.clone(), None);
     {
         let mut st = lock_ignoring_poison(&t.shared.state);
         st.gen = 7;
@@ -357,8 +357,69 @@ fn it_refcounts_channels_and_keeps_orphans_until_their_fate_is_known() {
             },
         );
     }
-    assert_eq!(t.join(&mut shape("k", "e"), sink), Some(7));
+    assert_eq!(t.join(&mut shape("k", "e"), sink, None), Some(7));
     assert_eq!(t.counts(), (1, 1));
     t.leave("e", None);
     assert_eq!(t.counts(), (0, 0));
+}
+
+#[test]
+fn a_confirm_runs_its_hook_once_taken_back_whenever_the_hook_comes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = Arc::new(AtomicUsize::new(0));
+    let hook = |n: &Arc<AtomicUsize>| {
+        let n = n.clone();
+        move || {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    // Hooked before the outcome, then taken back.
+    let c = Confirm::default();
+    c.on_taken_back(hook(&n));
+    assert_eq!(n.load(Ordering::SeqCst), 0);
+    c.settle(false);
+    assert_eq!(n.load(Ordering::SeqCst), 1);
+    // Taken back before the holder hooked on: runs at once.
+    let c = Confirm::default();
+    c.settle(false);
+    c.on_taken_back(hook(&n));
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+    // Confirmed, before or after: never runs.
+    let c = Confirm::default();
+    c.on_taken_back(hook(&n));
+    c.settle(true);
+    assert!(c.is_confirmed());
+    let c = Confirm::default();
+    c.settle(true);
+    c.on_taken_back(hook(&n));
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_lock_waiter_holds_on_its_grant_and_a_fenced_one_collects() {
+    let now = Instant::now();
+    let mut m = Machine::new(Shape::of(&lock_cmd(5000)).unwrap(), now, true);
+    m.hold_on_grant = true;
+    m.sent(1);
+    assert_eq!(
+        m.on(Event::Note(Note::Granted), now),
+        Step::Done(Ok(Value::Nil))
+    );
+    assert!(!m.outstanding);
+    let mut fenced = redis::cmd("RFENCED.ACQUIRE");
+    fenced
+        .arg("k")
+        .arg("o")
+        .arg(30_000)
+        .arg("WAIT")
+        .arg(5000)
+        .arg("ID")
+        .arg("r1");
+    let mut m = Machine::new(Shape::of(&fenced).unwrap(), now, true);
+    m.hold_on_grant = true;
+    m.sent(1);
+    assert!(matches!(
+        m.on(Event::Note(Note::Granted), now),
+        Step::Send(_)
+    ));
 }
