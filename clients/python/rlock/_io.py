@@ -6,11 +6,9 @@ generator to its end, doing each effect with redis-py's blocking or asyncio clie
 sending the result back (or throwing the error in). This is the sans-IO shape of h11 and
 quinn-proto: a fix to the logic lands once; the drivers only know how to talk.
 
-Waiting (`Wait`): the first wait of a client blocks in ``WAIT`` on a pool connection of
-its own (fastest for a lone waiter; `set_blocking_waits`), every concurrent wait beyond
-that goes through the client's ticket connection (`rlock._tickets`; one per server or
-cluster node, shared by all of them), with ``WAIT`` blocked on a connection of its own as
-the fallback when the module refuses ``ASYNC`` or, on a cluster, while the key's slot
+Waiting (`Wait`): every wait goes through the client's ticket connection
+(`rlock._tickets`; one per server or cluster node, shared by all of them), with ``WAIT``
+blocked on a connection of its own as the fallback when the module refuses ``ASYNC`` or, on a cluster, while the key's slot
 migrates (the cluster client then follows the redirection).
 The watchdog (`_ops.watchdog`) runs on a daemon thread or an asyncio task.
 """
@@ -44,8 +42,9 @@ def _is_cluster(redis: Any) -> bool:
 
 
 #: How many waits of one client may block a pool connection of their own (``WAIT``)
-#: before the others queue tickets (see `set_blocking_waits`).
-DEFAULT_BLOCKING_WAITS = 1
+#: before the others queue tickets (see `set_blocking_waits`): none, every wait is a
+#: ticket (a ticket holds on its grant's message, as fast as a blocked wait's reply).
+DEFAULT_BLOCKING_WAITS = 0
 
 
 class _Hub:
@@ -107,14 +106,13 @@ _BLOCKING_WAITS: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictiona
 
 def set_blocking_waits(redis: Any, n: int) -> None:
     """How many waits of this client may block a connection of their own in ``WAIT``
-    before the others queue tickets on the shared ticket connection (default 1).
+    before the others queue tickets on the shared ticket connection (default 0: every
+    wait is a ticket, and no waiter holds a connection in the server).
 
-    A lone wait is fastest blocked: its reply comes straight back on its connection, where
-    a ticket's grant comes through the ticket connection's reader and is then collected
-    (one more round trip and thread wake-up: about 3x fewer handoffs/s for processes that
-    wait one at a time). From the second concurrent wait on, tickets keep the number of
-    connections constant. 0: every wait a ticket. Takes effect for hubs made afterwards
-    (set it before the client's first wait)."""
+    A lock's ticket holds on its grant's message (design.md 5), as soon as a blocked
+    wait's reply would come; a blocked wait still saves the ticket connection's reader
+    thread hop. Takes effect for hubs made afterwards (set it before the client's first
+    wait)."""
     if n < 0:
         raise ValueError("blocking waits must be >= 0")
     _BLOCKING_WAITS[redis] = n
@@ -228,6 +226,32 @@ class _Handle:
         if self.task is not None:
             self.task.cancel()
 
+    def taken_back(self, effect: Watch) -> None:
+        """The hold's ticket grant was taken back before its confirmation landed
+        (design.md 5): lost, reported once, renewals stopped."""
+        if self.lost or self.stopped.is_set() or self.releasing:
+            return
+        self.lost = True
+        self.stop()
+        result = _report_lost(effect)
+        if asyncio.iscoroutine(result):
+            asyncio.get_running_loop().create_task(result)
+
+
+def _held_by(effect: Any, held: Any) -> Any:
+    """The `Confirm` of the last wait that held on its grant (``held``), if ``effect``
+    is a `Wait` (its shape's) or else as it was; a `Watch` hands it to its handle."""
+    if isinstance(effect, Wait):
+        return effect.shape.confirm
+    return held
+
+
+def _hook(held: Any, effect: Any, handle: Any) -> None:
+    """A watchdog started after a wait that held on its grant reports the grant taken
+    back as a lost hold."""
+    if held is not None and isinstance(effect, Watch) and isinstance(handle, _Handle):
+        held.on_taken_back(lambda: handle.taken_back(effect))
+
 
 class SyncIO:
     """Runs the shared logic with a blocking redis-py client (``Redis``/``RedisCluster``)."""
@@ -239,6 +263,7 @@ class SyncIO:
     def run(self, op: Op, stop: Optional[threading.Event] = None) -> Any:
         value: Any = None
         error: Optional[BaseException] = None
+        held = None
         while True:
             try:
                 effect = op.throw(error) if error is not None else op.send(value)
@@ -247,6 +272,8 @@ class SyncIO:
             value, error = None, None
             try:
                 value = self.do(effect, stop)
+                held = _held_by(effect, held)
+                _hook(held, effect, value)
             except BaseException as e:  # noqa: BLE001 - thrown into the logic
                 error = module_error(e)
 
@@ -359,6 +386,7 @@ class AsyncIO:
     async def run(self, op: Op) -> Any:
         value: Any = None
         error: Optional[BaseException] = None
+        held = None
         while True:
             try:
                 effect = op.throw(error) if error is not None else op.send(value)
@@ -367,6 +395,8 @@ class AsyncIO:
             value, error = None, None
             try:
                 value = await self.do(effect)
+                held = _held_by(effect, held)
+                _hook(held, effect, value)
             except BaseException as e:  # noqa: BLE001 - thrown into the logic
                 error = module_error(e)
 

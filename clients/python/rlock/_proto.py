@@ -114,10 +114,20 @@ class Shape:
     wait_ms: int
     id: str
     latch: bool = False
+    #: Set by the ticket connection for a wait that holds on its ``granted`` message: the
+    #: confirmation's outcome (`rlock._tickets.Confirm`), which the driver hands to the
+    #: hold's watchdog (a grant taken back is a lost hold).
+    confirm: Any = None
 
     @property
     def key(self) -> bytes:
         return to_bytes(self.args[1])
+
+    @property
+    def held(self) -> bool:
+        """The lock's and RW lock's acquire: a grant's reply is nil, known without
+        collecting it, so the waiter holds on the ``granted`` message (design.md 5)."""
+        return to_bytes(self.args[0]).upper() in (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE")
 
     def wait_left(self, elapsed: float) -> Optional[int]:
         """The wait left after ``elapsed`` seconds: 0 = no limit, None = over."""

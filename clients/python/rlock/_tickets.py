@@ -17,6 +17,13 @@ What is written once here, for both front ends:
 * `ticket_wait`: one ticketed wait as a generator over `TSub`/`TSend`/`TNote` effects
   (subscribe, send, collect the grant, resend after a broken connection).
 
+A lock or RW lock wait holds on its ``granted`` message (design.md 5): the reader sends
+the confirmation (the same command and id without ``WAIT``) and wakes the waiter at once,
+without waiting for its reply, which settles the wait's `Confirm` later. A confirmation
+answered ``TAKENBACK`` (the connection had closed and the server's grace ran out) or lost
+with a broken connection reports the hold lost through its watchdog; the waits whose
+grant carries something (a fenced token, permit ids) still collect before waking.
+
 `SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
 task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
 cancelled task, KeyboardInterrupt, a client-side limit) stays registered as an orphan:
@@ -75,11 +82,43 @@ class TSub:
 class TSend:
     """Send ``args``; the reply comes back. ``note_id``: register for its messages first;
     ``collect``: the command that collects a grant (or looks after a timeout), which the
-    reader sends the moment the message arrives, before waking the waiter."""
+    reader sends the moment the message arrives, before waking the waiter; ``hold``: the
+    wait holds on its grant (a `Confirm`): the reader wakes it at once and the collect's
+    reply settles ``hold``."""
 
     args: Tuple[Any, ...]
     note_id: Optional[str] = None
     collect: Optional[Tuple[Any, ...]] = None
+    hold: Any = None
+
+
+class Confirm:
+    """A grant held on its ``granted`` message and confirmed off the holder's path: its
+    outcome, and what to run if it was taken back (the watchdog's lost report), whichever
+    comes first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.outcome: Optional[bool] = None  # True: confirmed; False: taken back
+        self._hook: Optional[Callable[[], Any]] = None
+
+    def on_taken_back(self, hook: Callable[[], Any]) -> None:
+        """Runs ``hook`` once if the grant turns out taken back (at once if it was)."""
+        with self._lock:
+            if self.outcome is None:
+                self._hook = hook
+                return
+        if self.outcome is False:
+            hook()
+
+    def settle(self, confirmed: bool) -> None:
+        with self._lock:
+            if self.outcome is not None:
+                return
+            self.outcome = confirmed
+            hook, self._hook = self._hook, None
+        if not confirmed and hook is not None:
+            hook()
 
 
 @dataclass(frozen=True)
@@ -120,7 +159,8 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             if left is None:  # the wait is over: one look (a grant may be remembered)
                 return (yield TSend(tuple(shape.with_wait(None, False))))
             look = None if shape.latch else tuple(shape.with_wait(None, False))
-            reply = yield TSend(tuple(shape.with_wait(left, True)), shape.id, look)
+            reply = yield TSend(tuple(shape.with_wait(left, True)), shape.id, look,
+                                shape.confirm)
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
             if attempts >= TICKET_ATTEMPTS:
@@ -145,6 +185,8 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
         action = note_action(note)
         if action == "granted" and shape.latch:
             return 1
+        if action == "granted" and shape.confirm is not None:
+            return None  # held: the lock's grant replies nil; the reader confirms it
         if action in ("granted", "collect"):
             # Collect: the same command and id without WAIT replays the grant (or, after
             # a timeout, answers the ordinary reply of a wait that ran out).
@@ -203,7 +245,8 @@ class Book:
                 box = self.notes.get(note.id)
                 if box is not None:
                     if note_action(note) != "fail" and box.look is not None:
-                        return box, note  # the shell sends box.look, then delivers
+                        # The shell sends box.look, then delivers (a holder: at once).
+                        return box, note
                     box.put(note)
                     return None
                 orphan = self.orphans.pop(note.id, None)
@@ -247,8 +290,9 @@ class Book:
                 box.put(Note("error", note_id, b"", note))
 
     def lost(self) -> None:
-        """The connection broke: replies fail, waiters are told, the server has dropped
-        our tickets and taken back uncollected grants, so orphans are done."""
+        """The connection broke: replies fail (a holder's confirmation too: reported
+        lost), waiters are told, the server has dropped our tickets and takes back
+        unconfirmed grants after its grace, so orphans are done."""
         error = ConnectionError("the ticket connection broke")
         while self.pending:
             self.pending.popleft().put(error)
@@ -342,6 +386,20 @@ def _undo_calls(look: List[Any], reply: Any) -> List[List[Any]]:
     return undo_args(look, reply)
 
 
+def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any]) -> None:
+    """A holder's grant (threads; the reader, under the lock): the confirmation is
+    written first (a socket write, no round trip), then the holder woken; its reply
+    settles ``box.hold`` later. Not sent (a broken connection): reported lost."""
+    hold = box.hold
+    try:
+        slot = send(box.look)
+    except Exception:  # noqa: BLE001 - unconfirmed: the server may take it back
+        hold.settle(False)
+    else:
+        slot.then = lambda: hold.settle(not isinstance(slot.value, Exception))
+    box.put(note)
+
+
 # ---- threads ------------------------------------------------------------------------
 
 
@@ -366,10 +424,11 @@ class _SyncSlot:
 
 
 class _SyncMailbox:
-    def __init__(self, look: Optional[Tuple[Any, ...]] = None) -> None:
+    def __init__(self, look: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> None:
         self.queue: Deque[Note] = deque()
         self.cond = threading.Condition()
         self.look = look
+        self.hold: Optional[Confirm] = hold
         self.collect: Optional[_SyncSlot] = None
 
     def put(self, note: Note) -> None:
@@ -463,6 +522,9 @@ class SyncTicketConn:
                 if orphan is not None and isinstance(orphan[0], _SyncMailbox):
                     box, note = orphan
                     orphan = None
+                    if note.kind == "granted" and box.hold is not None:
+                        _confirm(box, note, self._send_locked)
+                        continue
                     try:
                         # The waiter is woken once, when the collect's reply is in.
                         box.collect = self._send_locked(box.look)
@@ -489,11 +551,12 @@ class SyncTicketConn:
             self.unsubscribe(channel, gen)
 
     def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
-             collect: Optional[Tuple[Any, ...]] = None) -> Any:
+             collect: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> Any:
         """Sends ``args`` and returns the reply (raising a server error)."""
         with self.lock:
             if note_id is not None:
-                self.book.register(note_id, _SyncMailbox(collect), args[1] if len(args) > 1 else None)
+                self.book.register(note_id, _SyncMailbox(collect, hold),
+                                   args[1] if len(args) > 1 else None)
             slot = self._send_locked(args)
         return slot.get()
 
@@ -550,6 +613,8 @@ class SyncTicketConn:
 
     def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection (see `run_ticket_wait`)."""
+        if shape.held and shape.confirm is None:
+            shape.confirm = Confirm()
         gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
         queued = False
@@ -567,7 +632,8 @@ class SyncTicketConn:
                     if isinstance(effect, TSub):
                         subs.append((effect.channel, self.subscribe(effect.channel)))
                     elif isinstance(effect, TSend):
-                        value = self.call(effect.args, effect.note_id, effect.collect)
+                        value = self.call(effect.args, effect.note_id, effect.collect,
+                                          effect.hold)
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TNote):
                         value = self.note(effect.id, effect.timeout)
@@ -606,10 +672,11 @@ class _AsyncSlot:
 
 
 class _AsyncMailbox:
-    def __init__(self, look: Optional[Tuple[Any, ...]] = None) -> None:
+    def __init__(self, look: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> None:
         self.queue: Deque[Note] = deque()
         self.event = asyncio.Event()
         self.look = look
+        self.hold: Optional[Confirm] = hold
         self.collect: Optional[_AsyncSlot] = None
 
     def put(self, note: Note) -> None:
@@ -708,6 +775,18 @@ class AsyncTicketConn:
             orphan = self.book.frame(frame)
             if orphan is not None and isinstance(orphan[0], _AsyncMailbox):
                 box, note = orphan
+                if note.kind == "granted" and box.hold is not None:
+                    # The send writes to the socket buffer; no round trip before the wake.
+                    try:
+                        async with self.lock:
+                            slot = await self._send_locked(box.look)
+                    except Exception:  # noqa: BLE001 - unconfirmed: reported lost
+                        box.hold.settle(False)
+                    else:
+                        slot.then = lambda slot=slot, hold=box.hold: hold.settle(
+                            not isinstance(slot.future.result(), Exception))
+                    box.put(note)
+                    continue
                 try:
                     async with self.lock:
                         box.collect = await self._send_locked(box.look)
@@ -736,10 +815,11 @@ class AsyncTicketConn:
             await self.unsubscribe(channel, gen)
 
     async def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
-                   collect: Optional[Tuple[Any, ...]] = None) -> Any:
+                   collect: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> Any:
         async with self.lock:
             if note_id is not None:
-                self.book.register(note_id, _AsyncMailbox(collect), args[1] if len(args) > 1 else None)
+                self.book.register(note_id, _AsyncMailbox(collect, hold),
+                                   args[1] if len(args) > 1 else None)
             slot = await self._send_locked(args)
         return await slot.get()
 
@@ -788,6 +868,8 @@ class AsyncTicketConn:
 
     async def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection; cancellation-safe (an orphan)."""
+        if shape.held and shape.confirm is None:
+            shape.confirm = Confirm()
         gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
         queued = False
@@ -805,7 +887,8 @@ class AsyncTicketConn:
                     if isinstance(effect, TSub):
                         subs.append((effect.channel, await self.subscribe(effect.channel)))
                     elif isinstance(effect, TSend):
-                        value = await self.call(effect.args, effect.note_id, effect.collect)
+                        value = await self.call(effect.args, effect.note_id, effect.collect,
+                                                effect.hold)
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TCollect):
                         value = await self.collected(effect.id, effect.args)

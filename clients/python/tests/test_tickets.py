@@ -84,9 +84,8 @@ def test_a_thousand_waiting_threads_are_served_fifo_over_a_constant_number_of_co
         wait_until(lambda: stat(r, "waiters") == i + 1, timeout=10, what=f"waiter {i}")
     queued_in = time.monotonic() - started
     connections = len(r.client_list())
-    # With the default (one wait of a client may block a connection of its own), the first
-    # waiter blocks and the 999 others are tickets on one connection.
-    assert blocked_clients(r) == 1
+    # Every wait is a ticket on one connection: nobody blocks a connection in the server.
+    assert blocked_clients(r) == 0
     assert connections - before <= 3, r.client_list()
     assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 1
     handoffs = stat(r, "handoffs")
@@ -105,8 +104,47 @@ def test_a_thousand_waiting_threads_are_served_fifo_over_a_constant_number_of_co
     client.close()
 
 
-def test_a_lone_wait_blocks_and_the_next_ones_queue_tickets(server, r):
-    client = redis.Redis(port=server.port)  # the default: one blocked wait per client
+def test_two_hundred_waiting_threads_of_one_client_hold_a_few_connections_none_blocked(
+        server, r):
+    """Every wait is a ticket by default (design.md 5): 200 threads of one client waiting
+    on one lock hold the ticket connection and at most a couple of pool connections, and
+    `CLIENT LIST` shows no connection blocked in a command; all are served."""
+    client = redis.Redis(port=server.port, socket_timeout=5)  # the defaults
+    holder = client.lock("k", timeout=60, lock_class=rlock.Lock)
+    assert holder.acquire(blocking=False)
+    served: list = []
+
+    def waiter() -> None:
+        lock = client.lock("k", timeout=60, blocking_timeout=60, lock_class=rlock.Lock)
+        assert lock.acquire()
+        served.append(1)
+        lock.release()
+
+    before = {c["id"] for c in r.client_list()}
+    threads = [threading.Thread(target=waiter, daemon=True) for _ in range(200)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: stat(r, "waiters") == 200, timeout=60, what="200 tickets queued")
+    mine = [c for c in r.client_list() if c["id"] not in before]
+    assert len(mine) <= 4, mine
+    assert blocked_clients(r) == 0
+    # No connection of the client is blocked in a command (a blocked WAIT carries the `b`
+    # flag for as long as it waits; `cmd` is only the last command each one ran).
+    for c in mine:
+        assert "b" not in c["flags"], c
+    assert clients_named(r, rlock.TICKET_CONNECTION_NAME) == 1
+    holder.release()
+    deadline = time.monotonic() + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert len(served) == 200
+    rlock.close_tickets(client)
+    client.close()
+
+
+def test_a_budget_of_blocked_waits_is_still_there_on_request(server, r):
+    client = redis.Redis(port=server.port)
+    rlock.set_blocking_waits(client, 1)  # one wait may block a connection of its own
     sem = rlock.Semaphore(client, "s")
     sem.try_set_permits(0)
     results: list = []
@@ -125,6 +163,39 @@ def test_a_lone_wait_blocks_and_the_next_ones_queue_tickets(server, r):
     assert results == [True] * 3
     rlock.close_tickets(client)
     client.close()
+
+
+def test_a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost(server, r):
+    """A lock's ticket holds on its `granted` message and confirms off the path; a
+    holder whose confirmation is lost with its connection (writes paused, the ticket
+    connection killed) is told: its `on_lost` fires (design.md 5)."""
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    admin.config_set("rlock.ticket-confirm-ms", 0)
+    holder = rlock.Lock(r, "k", timeout=60)
+    assert holder.acquire(blocking=False)
+    lost: list = []
+    waiting = rlock.Lock(r, "k", blocking_timeout=30, thread_local=False,
+                         on_lost=lambda *a: lost.append(a))
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(waiting.acquire()), daemon=True)
+    t.start()
+    wait_until(lambda: stat(r, "waiters") == 1, what="the ticket queued")
+    p = admin.pipeline(transaction=True)
+    p.execute_command("RLOCK.RELEASE", "k", holder.local.token)
+    p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    p.execute()
+    try:
+        t.join(30)
+        assert got == [True], "held on the grant's message, before any confirmation"
+        assert not lost
+        ticket_conn = [c for c in admin.client_list()
+                       if c["name"] == rlock.TICKET_CONNECTION_NAME]
+        admin.client_kill_filter(_id=ticket_conn[0]["id"])
+        wait_until(lambda: lost, timeout=30, what="the lost hold reported")
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    assert waiting.lost
+    admin.close()
 
 
 def test_waiters_queue_again_when_the_ticket_connection_is_killed(r):
