@@ -19,9 +19,12 @@ pub const MODULE_NAME: &str = "rlock";
 pub const PROTOCOL_VERSION: i64 = 1;
 
 /// The feature words every build of this module has: tickets (`WAIT t ASYNC ID id`),
+/// `ticket-holds` (a `granted` message means held: an unconfirmed grant outlives its
+/// connection by `rlock.ticket-confirm-ms`, then its id answers `TAKENBACK`; design.md 5),
 /// request ids (`ID id` replays), and one word per primitive.
-const ALWAYS: [&str; 8] = [
+const ALWAYS: [&str; 9] = [
     "tickets",
+    "ticket-holds",
     "request-ids",
     "lock",
     "fenced",

@@ -386,6 +386,14 @@ def _undo_calls(look: List[Any], reply: Any) -> List[List[Any]]:
     return undo_args(look, reply)
 
 
+def _holds(caps: Optional[Capabilities]) -> bool:
+    """Whether the ticket connection's server names ``ticket-holds`` (a ``granted``
+    message means held, an unconfirmed grant outlives its connection for a grace and then
+    answers ``TAKENBACK``): only then may a waiter hold on the message. Unknown before
+    the first connection: that wait collects."""
+    return caps is not None and caps.has("ticket-holds")
+
+
 def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any]) -> None:
     """A holder's grant (threads; the reader, under the lock): the confirmation is
     written first (a socket write, no round trip), then the holder woken; its reply
@@ -613,7 +621,7 @@ class SyncTicketConn:
 
     def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection (see `run_ticket_wait`)."""
-        if shape.held and shape.confirm is None:
+        if shape.held and shape.confirm is None and _holds(self.caps):
             shape.confirm = Confirm()
         gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
@@ -868,7 +876,7 @@ class AsyncTicketConn:
 
     async def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection; cancellation-safe (an orphan)."""
-        if shape.held and shape.confirm is None:
+        if shape.held and shape.confirm is None and _holds(self.caps):
             shape.confirm = Confirm()
         gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []

@@ -171,6 +171,11 @@ def test_a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost(server, r):
     connection killed) is told: its `on_lost` fires (design.md 5)."""
     admin = redis.Redis(port=server.port, socket_timeout=5)
     admin.config_set("rlock.ticket-confirm-ms", 0)
+    # A first wait makes the ticket connection, whose RLOCK.HELLO names `ticket-holds`.
+    admin.execute_command("RLOCK.ACQUIRE", "warm", "someone-else", 100)
+    warm = rlock.Lock(r, "warm", blocking_timeout=10)
+    assert warm.acquire()
+    warm.release()
     holder = rlock.Lock(r, "k", timeout=60)
     assert holder.acquire(blocking=False)
     lost: list = []

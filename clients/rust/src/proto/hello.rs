@@ -30,7 +30,7 @@ pub struct ModuleInfo {
     pub version: String,
     /// The wire protocol's version, compared with [`PROTOCOL_VERSION`].
     pub protocol: i64,
-    /// Feature words: `tickets`, `request-ids`, one per primitive (`lock`, `fenced`,
+    /// Feature words: `tickets`, `ticket-holds`, `request-ids`, one per primitive (`lock`, `fenced`,
     /// `rwlock`, `semaphore`, `permit-expirable-semaphore`, `latch`),
     /// `sharded-channels` in cluster mode.
     pub features: Vec<String>,

@@ -219,6 +219,9 @@ pub(crate) struct Shared {
     mode: AtomicU8,
     /// `WaitMode::Tickets`: never fall back.
     forced: bool,
+    /// The last connection's server names `ticket-holds` (design.md 5): a lock's waiter
+    /// may hold on its `granted` message. Until a connection says so, waiters collect.
+    holds: std::sync::atomic::AtomicBool,
     /// Why the server refused a ticket channel (`SUBSCRIBE` answered an error).
     refused: Mutex<Option<RedisError>>,
 }
@@ -277,6 +280,7 @@ impl Tickets {
                 }),
                 mode: AtomicU8::new(start),
                 forced: mode == WaitMode::Tickets,
+                holds: std::sync::atomic::AtomicBool::new(false),
                 refused: Mutex::new(None),
             }),
         })
@@ -543,6 +547,9 @@ impl<'a> Member<'a> {
         sink: Sink,
         confirm: Option<&Arc<Confirm>>,
     ) -> (Self, Step) {
+        // Read once, for the registration and the machine alike: holds only if the
+        // server said so.
+        let confirm = confirm.filter(|_| t.shared.holds.load(Ordering::Relaxed));
         let resumed = t.join(&mut shape, sink, confirm);
         let mut m = Machine::new(shape, started, t.known());
         m.hold_on_grant = confirm.is_some();
@@ -649,6 +656,9 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     if !caps.tickets() {
         return Err(no_tickets());
     }
+    shared
+        .holds
+        .store(caps.has("ticket-holds"), Ordering::Relaxed);
     stream.set_read_timeout(None)?;
     // A new connection: a channel refused on the old one may be allowed now.
     *lock_ignoring_poison(&shared.refused) = None;
