@@ -148,13 +148,14 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
     channel = ticket_channel(shape.key)
     attempts = 0
     while True:
-        left = shape.wait_left(time.monotonic() - started)
         try:
             yield TSub(channel)
         except ResponseError as e:
             if redirected(str(e)):
                 raise Fallback(refused=False) from e
             raise
+        # After the subscription: a first wait's connecting counts against its wait.
+        left = shape.wait_left(time.monotonic() - started)
         try:
             if left is None:  # the wait is over: one look (a grant may be remembered)
                 return (yield TSend(tuple(shape.with_wait(None, False))))
@@ -386,12 +387,14 @@ def _undo_calls(look: List[Any], reply: Any) -> List[List[Any]]:
     return undo_args(look, reply)
 
 
-def _holds(caps: Optional[Capabilities]) -> bool:
-    """Whether the ticket connection's server names ``ticket-holds`` (a ``granted``
-    message means held, an unconfirmed grant outlives its connection for a grace and then
-    answers ``TAKENBACK``): only then may a waiter hold on the message. Unknown before
-    the first connection: that wait collects."""
-    return caps is not None and caps.has("ticket-holds")
+def _may_hold(shape: Shape, caps: Optional[Capabilities]) -> None:
+    """Once subscribed (connected, so ``caps`` is the connection's ``RLOCK.HELLO``): a
+    lock's wait holds on its ``granted`` message if the server names ``ticket-holds`` (a
+    ``granted`` message means held, an unconfirmed grant outlives its connection for a
+    grace and then answers ``TAKENBACK``); it collects first otherwise."""
+    if shape.held and shape.confirm is None and caps is not None \
+            and caps.has("ticket-holds"):
+        shape.confirm = Confirm()
 
 
 def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any]) -> None:
@@ -621,8 +624,6 @@ class SyncTicketConn:
 
     def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection (see `run_ticket_wait`)."""
-        if shape.held and shape.confirm is None and _holds(self.caps):
-            shape.confirm = Confirm()
         gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
         queued = False
@@ -639,6 +640,7 @@ class SyncTicketConn:
                 try:
                     if isinstance(effect, TSub):
                         subs.append((effect.channel, self.subscribe(effect.channel)))
+                        _may_hold(shape, self.caps)
                     elif isinstance(effect, TSend):
                         value = self.call(effect.args, effect.note_id, effect.collect,
                                           effect.hold)
@@ -876,8 +878,6 @@ class AsyncTicketConn:
 
     async def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection; cancellation-safe (an orphan)."""
-        if shape.held and shape.confirm is None and _holds(self.caps):
-            shape.confirm = Confirm()
         gen = ticket_wait(shape, started)
         subs: List[Tuple[bytes, int]] = []
         queued = False
@@ -894,6 +894,7 @@ class AsyncTicketConn:
                 try:
                     if isinstance(effect, TSub):
                         subs.append((effect.channel, await self.subscribe(effect.channel)))
+                        _may_hold(shape, self.caps)
                     elif isinstance(effect, TSend):
                         value = await self.call(effect.args, effect.note_id, effect.collect,
                                                 effect.hold)
