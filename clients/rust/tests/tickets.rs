@@ -493,7 +493,11 @@ fn a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost() {
     // A first wait makes the ticket connection, whose RLOCK.HELLO names `ticket-holds`.
     write_lock(&mut r, "warm", "someone-else", 100);
     let warm = c.lock("warm");
-    warm.acquire_timeout(LONG).unwrap().unwrap().release().unwrap();
+    warm.acquire_timeout(LONG)
+        .unwrap()
+        .unwrap()
+        .release()
+        .unwrap();
     let _: () = redis::cmd("RLOCK.ACQUIRE")
         .arg("k")
         .arg("holder")
