@@ -833,7 +833,10 @@ fn redirected(v: &Value) -> bool {
 fn slot_left(st: &mut State, channel: &[u8], gen: u64) {
     st.channels.remove(channel);
     for slot in st.waiters.values() {
-        if let Slot::Live { sink, channel: c } = slot {
+        if let Slot::Live {
+            sink, channel: c, ..
+        } = slot
+        {
             if c.as_slice() == channel {
                 sink(Event::Lost(gen));
             }
