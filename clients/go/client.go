@@ -244,6 +244,22 @@ func (c *Client) hubFor(ctx context.Context, key string) (*hub, error) {
 	return h, nil
 }
 
+// Capabilities is what a server can do, as its RLOCK.HELLO answered
+// (docs/commands/module.md): NoModule for a server without the module.
+type Capabilities = proto.Capabilities
+
+// NoModule is the Capabilities of a server without the module.
+var NoModule = proto.NoModule
+
+// Capabilities asks the server (in a cluster, any node) what it can do: the module's
+// version, protocol and features, NoModule without the module, or Refused: true when the
+// server's ACL refuses the probe. Waits use the same probe, asked by each node's ticket
+// hub when it connects and again after each reconnect: a node that does not name the
+// tickets feature gets blocked waits.
+func (c *Client) Capabilities(ctx context.Context) (Capabilities, error) {
+	return proto.ParseHello(c.rdb.Do(ctx, proto.HelloArgs()...).Result())
+}
+
 // replicasToSync is how many replicas an acquire on node waits for: the option, or the
 // replicas the node has connected (INFO replication, read at most once a second).
 func (c *Client) replicasToSync(ctx context.Context, node *redis.Client) int {
@@ -305,6 +321,9 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 			return nil, err
 		}
 		reply, err = h.wait(ctx, build(waitMs))
+		if errors.Is(err, errNoTickets) {
+			reply, err = h.blockedWait(ctx, build(waitMs))
+		}
 		if err == nil && ctxBound && !satisfied(reply) {
 			// The server ended the wait at the context's deadline (to the millisecond,
 			// maybe a moment before the context itself): the context's error, as a

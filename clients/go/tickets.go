@@ -41,6 +41,10 @@ const commandTimeout = 5 * time.Second
 // errLost: the session carrying a command broke; the waiter re-sends on a new one.
 var errLost = errors.New("rlock: ticket connection lost")
 
+// errNoTickets: the node's probe did not name the tickets feature (no module, an older
+// one, or an ACL refusing the probe); the waiter waits blocked instead (blockedWait).
+var errNoTickets = errors.New("rlock: the server does not queue tickets")
+
 type hub struct {
 	c     *Client
 	node  *redis.Client
@@ -52,6 +56,10 @@ type hub struct {
 	chans   map[string]*chanState
 	waiters map[string]*waiter
 	closed  bool
+	// caps is what the last session's probe answered.
+	caps proto.Capabilities
+	// blocker holds the connections of blocked waits (no read timeout), made on the first.
+	blocker *redis.Client
 }
 
 // session is one generation of the hub's two connections.
@@ -97,6 +105,9 @@ func (h *hub) close() {
 	h.closed = true
 	s := h.sess
 	h.sess = nil
+	if h.blocker != nil {
+		_ = h.blocker.Close()
+	}
 	for _, w := range h.waiters {
 		deliver(w, event{ev: proto.Event{Lost: true}, gen: ^uint64(0)})
 	}
@@ -281,8 +292,20 @@ func (h *hub) session(ctx context.Context, channel string) (*session, error) {
 		h.gen++
 		s = &session{gen: h.gen, done: make(chan struct{}), conn: h.node.Conn()}
 		ctx2, cancel := context.WithTimeout(context.Background(), commandTimeout)
-		err := s.conn.ClientSetName(ctx2, ConnectionName).Err()
+		// The probe, first on every new session: a reconnect may have reached another
+		// server (a failover) that can do less. Without tickets the connection goes back
+		// to the pool unnamed.
+		caps, err := proto.ParseHello(s.conn.Do(ctx2, proto.HelloArgs()...).Result())
+		if err == nil && !caps.Tickets() {
+			err = errNoTickets
+		}
+		if err == nil {
+			err = s.conn.ClientSetName(ctx2, ConnectionName).Err()
+		}
 		cancel()
+		if err == nil || errors.Is(err, errNoTickets) {
+			h.caps = caps
+		}
 		if err != nil {
 			_ = s.conn.Close()
 			h.mu.Unlock()
@@ -465,7 +488,7 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 		return nil, err
 	}
 	started := time.Now()
-	m := proto.NewMachine(shape, started, true)
+	m := proto.NewMachine(shape, started)
 	step := m.Start(started)
 	var gen uint64
 	losses := 0
@@ -483,11 +506,12 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 		case step.Done:
 			h.leave(w)
 			return step.Reply, step.Err
-		case step.Fallback:
-			h.leave(w)
-			return nil, errors.New("rlock: the module does not take WAIT ... ASYNC (tickets); upgrade it")
 		case step.Send != nil:
 			g, reply, err := h.send(ctx, w, step.Send)
+			if errors.Is(err, errNoTickets) {
+				h.leave(w) // nothing was sent: the probe came first
+				return nil, err
+			}
 			if errors.Is(err, errLost) || (err != nil && transient(err)) {
 				if h.shard {
 					// A cluster node's session broke: the node may have failed over or
@@ -541,6 +565,61 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 			}
 		}
 	}
+}
+
+// blockedWait runs a waiting command (with `WAIT w`, no ASYNC) as a blocked wait on a
+// connection of its own: how a wait goes on a server whose probe did not name tickets.
+// The caller's context ending kills that connection (CLIENT KILL ID), which drops the
+// wait in the server; a grant that raced the kill is given back.
+func (h *hub) blockedWait(ctx context.Context, args []any) (any, error) {
+	shape, ok := proto.ShapeOf(args)
+	if !ok {
+		return nil, errors.New("rlock: not a waiting command")
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if h.blocker == nil {
+		o := *h.node.Options()
+		o.ReadTimeout = -1 // the server ends the wait (WAIT w), or the kill below does
+		o.ContextTimeoutEnabled = false
+		h.blocker = redis.NewClient(&o)
+	}
+	conn := h.blocker.Conn()
+	h.mu.Unlock()
+	defer conn.Close()
+	id, err := conn.ClientID(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			kctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+			defer cancel()
+			_ = h.node.ClientKillByFilter(kctx, "ID", proto.Strings([]any{id})[0]).Err()
+		case <-stop:
+		}
+	}()
+	reply, err := conn.Do(context.Background(), args...).Result()
+	close(stop)
+	if errors.Is(err, redis.Nil) {
+		reply, err = nil, nil
+	}
+	if ctx.Err() != nil {
+		if err == nil {
+			uctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+			defer cancel()
+			for _, undo := range proto.Undo(&shape, reply) {
+				_, _ = h.c.doRetry(uctx, undo)
+			}
+		}
+		return nil, ctx.Err()
+	}
+	return reply, err
 }
 
 func (h *hub) abandonOrLeave(w *waiter, m *proto.Machine) {

@@ -203,7 +203,7 @@ func TestItShapesAWaitingCommandIntoTicketAndCollectForms(t *testing.T) {
 func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 	now := time.Now()
 	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
-	m := NewMachine(s, now, false)
+	m := NewMachine(s, now)
 	step := m.Start(now)
 	if join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 WAIT 0 ID r1 ASYNC" || !m.Outstanding {
 		t.Fatalf("start: %+v", step)
@@ -224,20 +224,20 @@ func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 		t.Fatalf("collected: %+v", step)
 	}
 	// Served at once: the ordinary reply is the outcome.
-	m2 := NewMachine(s, now, false)
+	m2 := NewMachine(s, now)
 	m2.Start(now)
 	if step = m2.On(Event{Reply: nil}, now); !step.Done {
 		t.Fatalf("at once: %+v", step)
 	}
 	// A timeout: look once for the ordinary reply.
-	m3 := NewMachine(s, now, true)
+	m3 := NewMachine(s, now)
 	m3.Start(now)
 	m3.On(Event{Reply: "QUEUED"}, now)
 	if step = m3.On(Event{Note: &Note{Kind: Timeout}}, now); step.Send == nil || m3.Outstanding {
 		t.Fatalf("timeout: %+v", step)
 	}
 	// A kind this client does not know ends the ticket too: collect, do not assume.
-	m6 := NewMachine(s, now, true)
+	m6 := NewMachine(s, now)
 	m6.Start(now)
 	m6.On(Event{Reply: "QUEUED"}, now)
 	if step = m6.On(Event{Note: &Note{Kind: Other, Word: "moved"}}, now); join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 ID r1" || m6.Outstanding {
@@ -247,21 +247,21 @@ func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 		t.Fatalf("after timeout: %+v", step)
 	}
 	// An error note ends the wait with the server's error.
-	m4 := NewMachine(s, now, true)
+	m4 := NewMachine(s, now)
 	m4.Start(now)
 	m4.On(Event{Reply: "QUEUED"}, now)
 	if step = m4.On(Event{Note: &Note{Kind: Failed, Detail: "MOVED 1 h:1"}}, now); !step.Done || step.Err.Error() != "MOVED 1 h:1" {
 		t.Fatalf("error note: %+v", step)
 	}
-	// A module without tickets refuses ASYNC with a syntax error.
-	m5 := NewMachine(s, now, false)
+	// An error reply to the ticketed command ends the wait with it.
+	m5 := NewMachine(s, now)
 	m5.Start(now)
-	if step = m5.On(Event{Err: errors.New("ERR syntax error")}, now); !step.Fallback {
-		t.Fatalf("refusal: %+v", step)
+	if step = m5.On(Event{Err: errors.New("BADLEASE lease must be positive")}, now); !step.Done || step.Err == nil || m5.Outstanding {
+		t.Fatalf("error reply: %+v", step)
 	}
 	// A latch's grant is its whole answer.
 	l, _ := ShapeOf(LatchAwait("l", 0))
-	ml := NewMachine(l, now, true)
+	ml := NewMachine(l, now)
 	ml.Start(now)
 	ml.On(Event{Reply: "QUEUED"}, now)
 	if step = ml.On(Event{Note: &Note{Kind: Granted}}, now); !step.Done || step.Reply != int64(1) {
@@ -311,5 +311,33 @@ func TestInfoFieldReadsInfoText(t *testing.T) {
 	text := "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n"
 	if n, ok := InfoField(text, "connected_slaves"); !ok || n != 2 {
 		t.Errorf("InfoField = %v %v", n, ok)
+	}
+}
+
+func TestHelloReadsBothShapesAndTheRefusals(t *testing.T) {
+	features := []any{"tickets", "lock"}
+	for _, reply := range []any{
+		map[any]any{"module": "rlock", "version": "0.1.0", "protocol": int64(1), "features": features, "replication": "commands", "later": "x"},
+		[]any{"features", features, "module", "rlock", "protocol", int64(1), "replication", "commands", "version", "0.1.0"},
+	} {
+		c, err := ParseHello(reply, nil)
+		if err != nil || !c.Module || !c.Tickets() || !c.Has("lock") || c.Has("latch") || c.Version != "0.1.0" || c.Replication != "commands" {
+			t.Fatalf("%v: %+v, %v", reply, c, err)
+		}
+	}
+	if c, err := ParseHello(map[any]any{"protocol": int64(0), "features": features}, nil); err == nil {
+		t.Fatalf("no protocol read as %+v", c)
+	}
+	if c, _ := ParseHello(map[any]any{"protocol": int64(ProtocolVersion + 1), "features": []any{"lock"}}, nil); c.Tickets() {
+		t.Fatal("a server without the tickets feature read as taking tickets")
+	}
+	if c, err := ParseHello(nil, errors.New("ERR unknown command 'RLOCK.HELLO', with args beginning with: ")); err != nil || c.Module || c.Refused || c.Tickets() {
+		t.Fatalf("unknown command: %+v, %v", c, err)
+	}
+	if c, err := ParseHello(nil, errors.New("NOPERM User u has no permissions to run the 'rlock.hello' command")); err != nil || !c.Refused || c.Tickets() {
+		t.Fatalf("NOPERM: %+v, %v", c, err)
+	}
+	if _, err := ParseHello(nil, errors.New("LOADING Redis is loading the dataset in memory")); err == nil {
+		t.Fatal("LOADING read as an answer")
 	}
 }

@@ -231,8 +231,6 @@ type Step struct {
 	Done  bool
 	Reply any
 	Err   error
-	// Fallback: the module does not know ASYNC; wait with a blocked WAIT instead.
-	Fallback bool
 }
 
 // Machine is one ticketed wait, as a state machine over Events; no I/O. The caller
@@ -242,13 +240,12 @@ type Machine struct {
 	started time.Time
 	// Outstanding: a ticket of ours may be queued, or granted and not yet collected.
 	Outstanding bool
-	// Known: the module is known to take ASYNC (a QUEUED or ordinary reply came back).
-	Known bool
 }
 
-// NewMachine starts a ticketed wait at started.
-func NewMachine(s Shape, started time.Time, known bool) *Machine {
-	return &Machine{Shape: s, started: started, Known: known}
+// NewMachine starts a ticketed wait at started, on a server whose probe (Hello) named
+// the tickets feature.
+func NewMachine(s Shape, started time.Time) *Machine {
+	return &Machine{Shape: s, started: started}
 }
 
 // Start is the first step.
@@ -292,14 +289,9 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 			return Step{Send: m.Shape.Look()}
 		}
 	case ev.Err != nil:
-		if !m.Known && RefusesAsync(ev.Err.Error()) {
-			m.Outstanding = false
-			return Step{Fallback: true}
-		}
 		m.Outstanding = false
 		return Step{Done: true, Err: ev.Err}
 	default:
-		m.Known = true
 		if s, ok := ev.Reply.(string); ok && s == "QUEUED" {
 			return Step{Wait: true}
 		}
@@ -316,15 +308,6 @@ func (e ServerError) Error() string { return string(e) }
 
 // NoteError is the error an `error` note stands for.
 func NoteError(detail string) error { return ServerError(detail) }
-
-// RefusesAsync tells whether an error text is how a module without tickets answers
-// ASYNC (an older module: a syntax error).
-func RefusesAsync(text string) bool {
-	t := strings.ToLower(text)
-	return strings.HasPrefix(t, "err") &&
-		(strings.Contains(t, "syntax") || strings.Contains(t, "wrong number of arguments") ||
-			strings.Contains(t, "unknown"))
-}
 
 // Undo is the commands that give back what reply (to the waiting command s) granted,
 // for a grant nobody will use: its waiter left (a cancelled context) while its ticket

@@ -77,7 +77,7 @@ func TestVectorsTicketMessages(t *testing.T) {
 		}
 		// What the waiter does: granted and collect both send the command again without
 		// WAIT (the collect assumes nothing); fail ends the wait with the detail.
-		m := NewMachine(s, time.Now(), true)
+		m := NewMachine(s, time.Now())
 		m.Start(time.Now())
 		m.On(Event{Reply: "QUEUED"}, time.Now())
 		step := m.On(Event{Note: &n}, time.Now())
@@ -241,7 +241,7 @@ func TestVectorsReplies(t *testing.T) {
 		case reply == "QUEUED":
 			// What the ticket machine makes of it: wait for the ticket's message.
 			s, _ := ShapeOf(append(words(c.Send[:len(c.Send)-3]), "ID", "x"))
-			m := NewMachine(s, time.Now(), false)
+			m := NewMachine(s, time.Now())
 			m.Start(time.Now())
 			if m.On(Event{Reply: reply}, time.Now()).Wait {
 				got = "queued"
