@@ -43,7 +43,7 @@ var (
 	// (NOTALOCK, NOTASEMAPHORE, ...).
 	ErrWrongType = errors.New("rlock: key holds another type")
 	// ErrRefused: the state forbids it now (OVERFLOW, TOOMANYWAITERS, TOOMANYHOLDS,
-	// READHELD).
+	// READHELD, TAKENBACK).
 	ErrRefused = errors.New("rlock: refused by the server")
 	// ErrRetry: the server could not serve it then (LOADING, TRYAGAIN, CLUSTERDOWN,
 	// MASTERDOWN, READONLY, BUSY); it is what remained after the client's own retries.

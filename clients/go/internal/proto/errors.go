@@ -41,7 +41,7 @@ func ErrorKind(code string) Kind {
 	switch code {
 	case "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "BUSY":
 		return KindRetry
-	case "OVERFLOW", "TOOMANYWAITERS", "TOOMANYHOLDS", "READHELD":
+	case "OVERFLOW", "TOOMANYWAITERS", "TOOMANYHOLDS", "READHELD", "TAKENBACK":
 		return KindRefused
 	case "INTERNALCMD", "BADPAYLOAD", "RLOCKBUG":
 		return KindInternal
