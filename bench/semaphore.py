@@ -24,7 +24,6 @@ Standard library + redis-py (the tests' virtualenv):
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,28 +37,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from redisson_sync import (NON_EXPIRABLE, PES_TRY_ACQUIRE, SEM_RELEASE,  # noqa: E402
                            SEM_TRY_ACQUIRE, new_permit_id)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlock_server import RedisServer  # noqa: E402
 
 
 def start_server(binary, module, workdir):
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", workdir, "--loadmodule", module,
-                             "--maxclients", "10000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = redis.Redis(port=port)
-    for _ in range(500):
-        try:
-            if r.ping():
-                return proc, port
-        except redis.ConnectionError:
-            time.sleep(0.01)
-    raise RuntimeError("server did not start")
+    """The tests' one launcher (tests/support/rlock_server.py), room for 10 000 clients."""
+    return RedisServer(workdir, module=module, args=["--maxclients", "10000"],
+                       binary=binary).start()
 
 
 def pct(values, p):
@@ -202,7 +186,8 @@ def main():
     ap.add_argument("--lease-ms", type=int, default=50)
     a = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="rlock-sem-bench-")
-    proc, port = start_server(a.server, os.path.abspath(a.module), workdir)
+    server = start_server(a.server, os.path.abspath(a.module), workdir)
+    port = server.port
     try:
         version = subprocess.run([a.server, "--version"], capture_output=True, text=True).stdout.strip()
         print(f"# {version}\n# {a.clients} clients, {a.permits} permits, hold {a.hold_ms} ms, "
@@ -229,8 +214,7 @@ def main():
               f"{reclaim_unattended(port, a.lease_ms):.2f} ms after the lease end (module); "
               "Redisson: not until some client runs one of its scripts")
     finally:
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

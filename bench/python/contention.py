@@ -29,7 +29,8 @@ import redis_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python" / "tests"))
-from server import RedisServer  # noqa: E402  (the client tests' server helper)
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from rlock_server import RedisServer  # noqa: E402  (the tests' one server launcher)
 
 import rlock  # noqa: E402
 from rlock import _io as rlock_io  # noqa: E402

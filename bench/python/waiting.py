@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "clients" / "python" / "tests"))
 sys.path.append(str(ROOT / "tests"))
 sys.path.append(str(ROOT / "tests" / "support"))
 from redisson_sync import SEM_RELEASE, SEM_TRY_ACQUIRE, semaphore_channel  # noqa: E402
-from server import RedisServer  # noqa: E402  (the client tests' server helper)
+from rlock_server import RedisServer  # noqa: E402  (the tests' one server launcher)
 
 import rlock  # noqa: E402
 
@@ -241,7 +241,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.threads, args.duration = 20, 0.5
-    server = RedisServer(args.module).start()
+    server = RedisServer(module=args.module).start()
     try:
         version = redis.Redis(port=server.port).info("server")["redis_version"]
         locks = [run_round(server.port, args.threads, args.duration, "lock", v, 0)

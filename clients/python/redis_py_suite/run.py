@@ -74,7 +74,7 @@ def build_suite(sdist: Path, suite: Path) -> None:
     (suite / "tests" / "test_asyncio" / "__init__.py").write_text("")
     shutil.copy(HERE / "conftest_root.py", suite / "tests" / "conftest.py")
     shutil.copy(HERE / "conftest_asyncio.py", suite / "tests" / "test_asyncio" / "conftest.py")
-    shutil.copy(HERE.parent / "tests" / "server.py", suite / "tests" / "rlock_server.py")
+    shutil.copy(REPO / "tests" / "support" / "rlock_server.py", suite / "tests" / "rlock_server.py")
     (suite / "pytest.ini").write_text(PYTEST_INI)
 
 

@@ -21,8 +21,6 @@ import pytest
 import redis
 import redis.asyncio
 
-from server import RESTRICTED_USER, RedisServer
-
 import rlock
 import rlock._io
 import rlock._mode
@@ -34,6 +32,9 @@ import rlock.asyncio
 MODULE_TESTS = Path(__file__).resolve().parents[3] / "tests" / "support"
 if str(MODULE_TESTS) not in sys.path:
     sys.path.append(str(MODULE_TESTS))
+
+# The one server launcher of every Python suite (tests/support/rlock_server.py).
+from rlock_server import RESTRICTED_USER, RedisServer  # noqa: E402
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:

@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 from conftest import wait_until
-from server import RedisServer
+from rlock_server import RedisServer
 
 import rlock
 import rlock.asyncio

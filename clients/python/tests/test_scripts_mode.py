@@ -24,7 +24,7 @@ from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, ResponseError
 from redisson import Redisson
 from redisson_rw import RedissonReadWriteLock
-from server import RESTRICTED_USER, RedisServer
+from rlock_server import RESTRICTED_USER, RedisServer
 
 import rlock
 import rlock._mode

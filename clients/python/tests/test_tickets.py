@@ -14,7 +14,7 @@ import time
 
 import redis
 from conftest import blocked_clients, clients_named, stat, wait_until
-from server import RedisServer
+from rlock_server import RedisServer
 
 import rlock
 
