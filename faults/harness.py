@@ -1,4 +1,4 @@
-"""The fault harness (faults/README.md; SPEC section 7): runs client processes against
+"""The fault harness (faults/README.md; design.md section 7): runs client processes against
 real module-loaded servers, injects one fault (a nemesis) while they work, checks the
 recorded histories with faults/checker, and writes the report table.
 
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRIMITIVES = ["lock", "lock-py", "lock-go", "fenced", "rwlock", "semaphore", "expirable", "latch"]
 FAULTS = ["none", "pause", "kill", "clientkill", "partition", "restart-always",
           "restart-everysec", "failover", "failover-wait", "failover-commands", "migrate"]
-# Where the guarantee cannot hold, and why (the README's "Guarantees under faults" says
+# Where the guarantee cannot hold, and why (docs/guarantees.md's "Guarantees under faults" says
 # the same in words). Everything not listed here must show zero anomalies.
 CANNOT_HOLD = {
     "pause": "a holder paused past its lease acts after losing it",
@@ -795,7 +795,7 @@ def main() -> int:
         MODULE_ARGS[:] = ["replication", mode] if has_mode_config else []
         if f == "failover-commands" or (f.startswith("failover") and a.replication == "commands"):
             if not has_mode_config:
-                c.note = "not yet implemented: rlock.replication commands (SPEC 1.4, issue 24)"
+                c.note = "not yet implemented: rlock.replication commands (design.md 1.4, issue 24)"
                 done.append(c)
                 print(row(c), flush=True)
                 continue

@@ -15,7 +15,7 @@
 //!   grant rule): [`lock`] (RLOCK.*, with `store`, its hash read and written on the key
 //!   API), [`fenced`] (RFENCED.*, on the lock's rule and store), [`rwlock`] (RRWLOCK.*),
 //!   [`semaphore`] (RSEMAPHORE.*, and the plan vocabulary the two below share),
-//!   [`expirable`] (RPSEMAPHORE.*), [`latch`] (RLATCH.*). `docs/adding-a-primitive.md`
+//!   [`expirable`] (RPSEMAPHORE.*), [`latch`] (RLATCH.*). `docs/internals/adding-a-primitive.md`
 //!   walks through adding one.
 //! - [`pipeline`]: the one journey of every changing command: arity, parsing, request-id
 //!   replay, the key's queue served first, the primitive's plan, then waiting or queueing
@@ -108,7 +108,7 @@ macro_rules! register_commands {
 // (COMMAND DOCS, server/docs.rs).
 register_commands! {
         // Key at position 1 and nowhere else, so Redis Cluster routes every command.
-        // On 7.0 module commands get no ACL category (see the README's ACL note).
+        // On 7.0 module commands get no ACL category (docs/configuration.md, ACL).
         ["rlock.acquire", lock::commands::acquire, "write deny-oom", 1, 1, 1],
         ["rlock.release", lock::commands::release, "write", 1, 1, 1],
         ["rlock.renew", lock::commands::renew, "write", 1, 1, 1],
@@ -117,7 +117,7 @@ register_commands! {
         // What the module is and can do (server/hello.rs): no key, so any node answers
         // it, a replica too (stale or loading: it reads no data); allowed in scripts.
         ["rlock.hello", server::hello::hello, "readonly fast allow-stale allow-loading", 0, 0, 0],
-        // Countdown latch (SPEC 4.5). AWAIT changes nothing: readonly (a replica answers
+        // Countdown latch (design.md 4.5). AWAIT changes nothing: readonly (a replica answers
         // it at once, never queues it).
         ["rlatch.trysetcount", latch::commands::try_set_count, "write deny-oom", 1, 1, 1],
         ["rlatch.countdown", latch::commands::count_down, "write", 1, 1, 1],
@@ -125,10 +125,10 @@ register_commands! {
         ["rlatch.await", latch::commands::await_open, "readonly", 1, 1, 1],
         ["rlatch.delete", latch::commands::delete, "write", 1, 1, 1],
         ["rlatch.info", latch::commands::info, "readonly", 1, 1, 1],
-        // Fenced lock (SPEC 4.2); release, renew, force release and info are RLOCK.*.
+        // Fenced lock (design.md 4.2); release, renew, force release and info are RLOCK.*.
         ["rfenced.acquire", fenced::commands::acquire, "write deny-oom", 1, 1, 1],
         ["rfenced.gettoken", fenced::commands::get_token, "readonly", 1, 1, 1],
-        // Semaphore (SPEC 4.3, docs/sync-commands.md).
+        // Semaphore (design.md 4.3, docs/internals/sync-commands.md).
         ["rsemaphore.trysetpermits", semaphore::commands::try_set_permits, "write deny-oom", 1, 1, 1],
         ["rsemaphore.addpermits", semaphore::commands::add_permits, "write deny-oom", 1, 1, 1],
         ["rsemaphore.acquire", semaphore::commands::acquire, "write deny-oom", 1, 1, 1],
@@ -136,7 +136,7 @@ register_commands! {
         ["rsemaphore.drainpermits", semaphore::commands::drain_permits, "write", 1, 1, 1],
         ["rsemaphore.availablepermits", semaphore::commands::available_permits, "readonly", 1, 1, 1],
         ["rsemaphore.info", semaphore::commands::info, "readonly", 1, 1, 1],
-        // Permit-expirable semaphore (SPEC 4.4, docs/sync-commands.md).
+        // Permit-expirable semaphore (design.md 4.4, docs/internals/sync-commands.md).
         ["rpsemaphore.trysetpermits", expirable::commands::try_set_permits, "write deny-oom", 1, 1, 1],
         ["rpsemaphore.setpermits", expirable::commands::set_permits, "write deny-oom", 1, 1, 1],
         ["rpsemaphore.addpermits", expirable::commands::add_permits, "write deny-oom", 1, 1, 1],
@@ -147,13 +147,13 @@ register_commands! {
         ["rpsemaphore.availablepermits", expirable::commands::available_permits, "readonly", 1, 1, 1],
         ["rpsemaphore.acquiredpermits", expirable::commands::acquired_permits, "readonly", 1, 1, 1],
         ["rpsemaphore.info", expirable::commands::info, "readonly", 1, 1, 1],
-        // Read-write lock (SPEC 4.1)
+        // Read-write lock (design.md 4.1)
         ["rrwlock.acquire", rwlock::commands::acquire, "write deny-oom", 1, 1, 1],
         ["rrwlock.release", rwlock::commands::release, "write", 1, 1, 1],
         ["rrwlock.renew", rwlock::commands::renew, "write", 1, 1, 1],
         ["rrwlock.forcerelease", rwlock::commands::force_release, "write", 1, 1, 1],
         ["rrwlock.info", rwlock::commands::info, "readonly", 1, 1, 1],
-        // Internal (SPEC 1.4): what a module command replicates under
+        // Internal (design.md 1.4): what a module command replicates under
         // `rlock.replication commands`; refused from ordinary clients. Read only from a
         // primary's stream, a slot migration's or an AOF. In cluster mode it comes as
         // `<key> <payload>`: the key at position 1 gives the server the slot a migration
@@ -193,7 +193,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     ffi::set_timer_handler(engine::on_timer);
     // The permit-expirable semaphore's lease timer (engine key timers name no primitive).
     expirable::commands::init();
-    // Handlers only: the module subscribes to events while somebody waits (SPEC 1: it
+    // Handlers only: the module subscribes to events while somebody waits (design.md 1: it
     // holds nothing while nobody waits), see engine/events.rs.
     events::init();
     // The replication gate's fork handler (ffi/replication.rs): flags only, no listener.

@@ -56,7 +56,7 @@ pub fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString>
 }
 
 /// The first reply of a call retried with the same request id, if it is remembered. A
-/// queued ticket's grant is collected this way (docs/tickets.md): from then on it is its
+/// queued ticket's grant is collected this way (docs/commands/tickets.md): from then on it is its
 /// client's, not taken back when the ticket's connection closes.
 ///
 /// A ticket's grant taken back (its connection closed, no confirmation in time) answers

@@ -27,7 +27,7 @@ from rlock_server import (MODULE, REDIS_SERVER, RedisServer, crash_report,  # no
 
 
 # Module arguments for a server whose writes must reach replicas and the AOF as plain
-# effects (`rlock.replication effects`, SPEC 1.4): for tests with a replica that has no
+# effects (`rlock.replication effects`, design.md 1.4): for tests with a replica that has no
 # module, or that read the AOF's plain commands. The default, `commands`, is tested with
 # module-loaded replicas (test_replication.py).
 EFFECTS = ["replication", "effects"]
@@ -58,8 +58,8 @@ def server_has_post_notification_jobs():
 
 def someone_waits(server, key="bystander", db=0):
     """Makes the module watch: it listens to the server's events, and tracks the locks it
-    writes for their unlock message, only while somebody waits in it (SPEC 1, README
-    "Nothing held while nobody waits"). A lock is held at `key` and a ticket queued for it
+    writes for their unlock message, only while somebody waits in it (design.md 1: nothing
+    held while nobody waits). A lock is held at `key` and a ticket queued for it
     without deadline, on a connection of its own, which is returned: closing it ends the
     wait. Locks written from now on are tracked."""
     c = server.client(db=db)

@@ -20,9 +20,9 @@
  *    `events`.
  *
  * 2. The command floors (bench/floors_instr.py): FLOOR.* commands that do only what the
- *    SPEC makes an rlock command do for one case, with no logic, no parsing beyond the
+ *    design.md makes an rlock command do for one case, with no logic, no parsing beyond the
  *    lease and no read beyond the key's type: write with the key API, replicate each
- *    effect as its plain command with absolute expiries (SPEC 1.4), fire the keyspace
+ *    effect as its plain command with absolute expiries (design.md 1.4), fire the keyspace
  *    notifications the plain command fires, signal WATCH (src/server/store.rs does the same, in
  *    the same order; the module also turns off the implicit signal as librlock does).
  *    What such a command costs is the least any module command that keeps those promises
@@ -43,7 +43,7 @@
  *                                     deadline, copied into one buffer: the least any
  *                                     encoding of them can be; FLOOR.APPLY applies nothing)
  *    FLOOR.RENEW key owner lease-ms   RLOCK.RENEW: the field exists? PEXPIREAT; "expire"; 1
- *    FLOOR.RENEW.READ ...             FLOOR.RENEW reading the owner's count, as SPEC 1.6
+ *    FLOOR.RENEW.READ ...             FLOOR.RENEW reading the owner's count, as design.md 1.6
  *                                     makes RLOCK.RENEW (a hash whose value is not a
  *                                     positive integer is not a lock, and is not renewed)
  *    FLOOR.RWREAD key owner lease-ms  RRWLOCK.ACQUIRE READ, new lock, Redisson's layout:

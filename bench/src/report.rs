@@ -127,7 +127,7 @@ pub fn goals_table(res: &Results) -> String {
         .iter()
         .find(|(k, _)| *k == WaiterKind::Rlock)
         .map(|(_, b)| b.total);
-    // The ≤ 256 B goal is met by queued tickets (`WAIT … ASYNC`, SPEC 5), measured by
+    // The ≤ 256 B goal is met by queued tickets (`WAIT … ASYNC`, design.md 5), measured by
     // `make bench-tickets`; a waiter blocked in WAIT keeps Redis's per-client cost.
     row(
         "Server memory per waiter blocked in WAIT (queued tickets: `make bench-tickets`)",

@@ -9,7 +9,7 @@
 //! the handoff and the unlock message live there). It knows which keys are locks the
 //! module wrote from `tracking`.
 //!
-//! Only while somebody waits (SPEC 1: the module holds nothing while nobody waits). The
+//! Only while somebody waits (design.md 1: the module holds nothing while nobody waits). The
 //! module subscribes when the first waiter is queued ([`watch`], before it is queued, so
 //! no removal can be missed) and drops every subscription in the first turn of the event
 //! loop after the last waiter left ([`idle_soon`], [`on_idle`]). While nobody waits the
@@ -44,7 +44,7 @@
 //! - on 7.0, by a zero-delay timer, whose writes also propagate after the cause. Until it
 //!   fires the key has waiters and no lock: every RLOCK command that finds it so serves
 //!   the queue first (see pipeline.rs), so no RLOCK client can barge in; a Lua script can
-//!   (README, "Freeing and handoff").
+//!   (docs/commands/lock.md, "Freeing and handoff").
 
 use std::cell::Cell;
 use std::sync::atomic::AtomicBool;
@@ -184,7 +184,7 @@ pub fn idle_now(ctx: &Context) {
 /// The idle check: with nobody waiting and nothing left for the sweep, every subscription
 /// is dropped and tracking stops. Two exceptions:
 /// - a ticket's grant that its connection has not collected yet (within the request-id
-///   window) is taken back if the connection closes first (docs/tickets.md): the
+///   window) is taken back if the connection closes first (docs/commands/tickets.md): the
 ///   client-change event stays until a closing connection finds no such grant left. It
 ///   fires on connects and disconnects only, never on commands, and holds no timer.
 /// - Redis 7.0 cannot drop a keyspace subscription (no `UnsubscribeFromKeyspaceEvents`):

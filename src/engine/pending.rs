@@ -151,7 +151,7 @@ pub fn on_timer(ctx: &Context, tag: u64) {
 // permit-expirable semaphore's permit returns to the pool at its lease end, with Redisson's
 // message), and while the key has waiters it is written then, for the waiters and for
 // clients that only read the keys or listen on pub/sub. A primitive registers one callback
-// at init (lib.rs) and arms a key timer with it, only while its key has waiters (SPEC 1: no
+// at init (lib.rs) and arms a key timer with it, only while its key has waiters (design.md 1: no
 // timer while nobody waits): the next command on the key brings the state up to date
 // lazily otherwise, and the last waiter's leaving stops the key's timers. The engine keeps
 // at most one timer per (callback, db, key), the earliest, and calls the callback with `db`

@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// A ticket's grant not yet collected by its client (docs/tickets.md): taken back if the
+/// A ticket's grant not yet collected by its client (docs/commands/tickets.md): taken back if the
 /// connection that queued the ticket closes first.
 #[derive(Debug)]
 struct Uncollected {

@@ -26,7 +26,7 @@ pub trait Ask: std::fmt::Debug {
     fn units(&self) -> i64 {
         1
     }
-    /// The owner and request id a ticket's message names (docs/tickets.md); a queued
+    /// The owner and request id a ticket's message names (docs/commands/tickets.md); a queued
     /// ticket always has an id. The latch has no owner.
     fn names(&self) -> (&[u8], Option<&[u8]>) {
         (b"", None)
@@ -42,7 +42,7 @@ pub trait Ask: std::fmt::Debug {
 
     /// The request was just queued on `name` (`db` selected), blocked or as a ticket: a
     /// primitive whose state changes by itself arms its key timer now that the key has
-    /// waiters (with nobody waiting it holds none, SPEC 1); the latch counts its queued
+    /// waiters (with nobody waiting it holds none, design.md 1); the latch counts its queued
     /// awaits.
     fn queued(&self, _ctx: &Context, _db: i32, _name: &RedisString) {}
 }
@@ -82,7 +82,7 @@ pub struct Grant {
     pub memo: i64,
 }
 
-/// Who waits: a client blocked in its call, or a ticket (SPEC 5, docs/tickets.md).
+/// Who waits: a client blocked in its call, or a ticket (design.md 5, docs/commands/tickets.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Who {
     Blocked(Blocked),

@@ -114,7 +114,7 @@ pub fn wait(
     Ok(())
 }
 
-/// Queues a ticket for the current connection (`… WAIT timeout-ms ASYNC`, SPEC 5): it
+/// Queues a ticket for the current connection (`… WAIT timeout-ms ASYNC`, design.md 5): it
 /// waits in the key's queue like a blocked client, but the connection goes on; its end is
 /// published on the key's ticket channel. `pttl` as for [`wait`].
 pub fn queue_ticket(

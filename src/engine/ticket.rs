@@ -1,4 +1,4 @@
-//! Queued tickets (SPEC 5, docs/tickets.md): the notification's channel and message, and
+//! Queued tickets (design.md 5, docs/commands/tickets.md): the notification's channel and message, and
 //! the owner and request id a queued request names.
 //!
 //! Layer: pure (no Redis), beside the cores; the engine publishes what this builds when a

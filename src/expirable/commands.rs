@@ -1,4 +1,4 @@
-//! The permit-expirable semaphore's commands (RPSEMAPHORE.*, SPEC 4.4): parse -> read
+//! The permit-expirable semaphore's commands (RPSEMAPHORE.*, design.md 4.4): parse -> read
 //! both keys -> core -> write/replicate/notify -> serve the queue -> publish -> reply;
 //! [`ExpAsk`], what a queued RPSEMAPHORE.ACQUIRE asks of the engine; and the lease timer
 //! that returns a permit to the pool at its lease end.
@@ -6,13 +6,13 @@
 //! Layer: the top, beside `semaphore::commands` (whose `finish` shape it repeats for two keys).
 //! Calls down into `engine`, `store` and the pure `expirable` core; nothing calls up.
 //!
-//! Layout: Redisson's RPermitExpirableSemaphore (docs/redisson-sync-layouts.md): the
+//! Layout: Redisson's RPermitExpirableSemaphore (docs/internals/redisson-sync-layouts.md): the
 //! count at the key, the permits in the zset `{key}:timeout` (16 raw id bytes -> expiry
 //! ms), the channel `redisson_sc:{key}`. Redisson reclaims an expired permit only when a
 //! caller next runs one of its scripts. Here, while the key has waiters, a key timer
 //! (engine::arm_key_timer) fires at the earliest lease end, writes the reclaim as
 //! Redisson's scripts would (ZREM, INCRBY, the count published) and serves the queue in
-//! the same turn. With nobody waiting there is no timer (SPEC 1): every read counts an
+//! the same turn. With nobody waiting there is no timer (design.md 1): every read counts an
 //! expired permit as available, and the next write on the semaphore reclaims it.
 
 use std::cell::Cell;
@@ -173,7 +173,7 @@ fn count(outcome: Outcome) {
 
 /// Arms the lease timer at the earliest lease end of `state` while the key has waiters, or
 /// stops it when no permit has a lease left or nobody waits. With nobody waiting no timer
-/// is held (SPEC 1): an expired permit counts as available to every read at once, and is
+/// is held (design.md 1): an expired permit counts as available to every read at once, and is
 /// written back (ZREM, INCRBY, Redisson's message) by the next write on the semaphore,
 /// this module's or a Redisson script's, as Redisson itself does.
 fn arm(ctx: &Context, db: i32, name: &[u8], state: &ExpState) {
@@ -476,7 +476,7 @@ fn on_lease_end(ctx: &Context, db: i32, name: &RedisString) {
 }
 
 /// A queued `RPSEMAPHORE.ACQUIRE ... WAIT`, its permit ids drawn when it arrived. Kept
-/// small (a queued ticket holds thousands, docs/tickets.md): the core's request is built
+/// small (a queued ticket holds thousands, docs/commands/tickets.md): the core's request is built
 /// from it when the head is asked.
 #[derive(Debug, Clone)]
 pub struct ExpAsk {

@@ -1,4 +1,4 @@
-//! The permit-expirable semaphore (RPSEMAPHORE.*, SPEC 4.4): permits with ids and leases,
+//! The permit-expirable semaphore (RPSEMAPHORE.*, design.md 4.4): permits with ids and leases,
 //! returned to the pool at their expiry by a module key timer; Redisson's layout.
 //!
 //! - `rule`: the pure algorithm, re-exported here (tests in `tests.rs`).

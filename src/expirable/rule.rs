@@ -1,4 +1,4 @@
-//! The permit-expirable semaphore algorithm (SPEC 4.4), pure: no Redis, no clock, no I/O,
+//! The permit-expirable semaphore algorithm (design.md 4.4), pure: no Redis, no clock, no I/O,
 //! no randomness (the glue passes the random bytes of new permit ids in).
 //!
 //! Beside `semaphore` (whose [`Plan`], [`Reply`] and option parser it shares): the glue
@@ -7,7 +7,7 @@
 //! its queue head until `None`, and it arms a timer at [`ExpState::next_expiry`] and calls
 //! [`expire`] there, so a permit returns to the pool at its lease end.
 //!
-//! The layout is Redisson's RPermitExpirableSemaphore (docs/redisson-sync-layouts.md): a
+//! The layout is Redisson's RPermitExpirableSemaphore (docs/internals/redisson-sync-layouts.md): a
 //! string at the name with the available count; a sorted set `{name}:timeout` with one
 //! member per acquired permit, the member being the id's 16 raw bytes (the client sees
 //! them as 32 lowercase hex digits), the score its absolute expiry in ms, or

@@ -1,4 +1,4 @@
-//! The fenced lock's commands (RFENCED.*, SPEC 4.2): `RFENCED.ACQUIRE` and
+//! The fenced lock's commands (RFENCED.*, design.md 4.2): `RFENCED.ACQUIRE` and
 //! `RFENCED.GETTOKEN`; and [`FencedAsk`], what a queued `RFENCED.ACQUIRE` asks of the
 //! engine.
 //!
@@ -85,7 +85,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     .map_err(err)?;
                 let issued = match plan.lock.expire_at {
                     // A new lock or a re-entry, nothing written after it: it replicates as
-                    // RFENCED.ACQUIREAT, itself with this server's clock (SPEC 1.4), which
+                    // RFENCED.ACQUIREAT, itself with this server's clock (design.md 1.4), which
                     // decides the lease's end and the token.
                     Some(_) if request.is_none() => {
                         let words = [

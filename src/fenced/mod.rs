@@ -1,4 +1,4 @@
-//! The fenced lock (RFENCED.*, SPEC 4.2): the lock plus a fencing token that only ever
+//! The fenced lock (RFENCED.*, design.md 4.2): the lock plus a fencing token that only ever
 //! increases, across restarts and failovers (a hybrid logical clock in Redisson's token key).
 //!
 //! - `rule`: the pure algorithm, re-exported here; it builds on the lock's rule.

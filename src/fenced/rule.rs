@@ -1,6 +1,6 @@
-//! The fenced lock (SPEC 4.2), pure: the lock of `lock::rule` plus a fencing token.
+//! The fenced lock (design.md 4.2), pure: the lock of `lock::rule` plus a fencing token.
 //!
-//! Layout (Redisson's RFencedLock, docs/redisson-layouts.md): the lock is the plain lock's
+//! Layout (Redisson's RFencedLock, docs/internals/redisson-layouts.md): the lock is the plain lock's
 //! hash at the name, released on `redisson_lock__channel:{name}` with message `0`; the
 //! token is a string key `redisson_lock_token:{name}` without TTL, which Redisson INCRs on
 //! every acquire and re-entry (also plain `lock()`), and `getToken()` GETs.

@@ -1,4 +1,4 @@
-//! The countdown latch's commands (RLATCH.*, SPEC 4.5) on the shared pipeline: each
+//! The countdown latch's commands (RLATCH.*, design.md 4.5) on the shared pipeline: each
 //! declares its parsing and its plan (the `latch` rule); the pipeline replays request ids,
 //! serves a pending queue first and waits or queues an AWAIT; here the effects are
 //! written, awaiters granted and Redisson's message published. And [`LatchAsk`], what a
@@ -248,7 +248,7 @@ pub fn info(ctx: &Context, args: &[RedisString]) -> RedisResult {
 /// A queued `RLATCH.AWAIT ... WAIT`: it asks only that the latch be open.
 #[derive(Debug, Clone)]
 pub struct LatchAsk {
-    /// A queued ticket's id, which its message names (docs/tickets.md).
+    /// A queued ticket's id, which its message names (docs/commands/tickets.md).
     ticket_id: Option<Box<[u8]>>,
 }
 

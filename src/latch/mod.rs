@@ -1,4 +1,4 @@
-//! The countdown latch (RLATCH.*, SPEC 4.5): every awaiter released in the turn the count
+//! The countdown latch (RLATCH.*, design.md 4.5): every awaiter released in the turn the count
 //! reaches zero; Redisson's zero message published for Java waiters.
 //!
 //! - `rule`: the pure algorithm, re-exported here.

@@ -1,11 +1,11 @@
-//! The countdown latch algorithm (SPEC 4.5), pure: no Redis, no clock, no I/O.
+//! The countdown latch algorithm (design.md 4.5), pure: no Redis, no clock, no I/O.
 //!
 //! Beside `semaphore` (whose [`Plan`], [`Reply`] and option parser it shares): the glue
 //! reads the key into a [`LatchState`], calls one function per command, applies the plan
 //! and replies; when the plan says `wake`, the engine calls [`grant`] on its queue head
 //! until `None`, which here grants every awaiter at once when the latch is open.
 //!
-//! The layout is Redisson's RCountDownLatch (docs/redisson-sync-layouts.md): a string at
+//! The layout is Redisson's RCountDownLatch (docs/internals/redisson-sync-layouts.md): a string at
 //! the name holding the count; a missing key is count 0, an open latch. Its channel is
 //! `redisson_countdownlatch__channel__{name}`, always with braces (Redisson does not use
 //! its prefixName rule here). Messages: `0` when the count reaches zero, `1` when a count
@@ -145,7 +145,7 @@ pub fn parse_try_set<'a>(args: &[&'a [u8]]) -> Result<(i64, Options<'a>), &'stat
 }
 
 /// `[WAIT timeout-ms [ASYNC ID ticket-id]]` of `AWAIT`: it changes nothing, so it takes
-/// a request id only to name its queued ticket (docs/tickets.md).
+/// a request id only to name its queued ticket (docs/commands/tickets.md).
 pub fn parse_await<'a>(args: &[&'a [u8]]) -> Result<Options<'a>, &'static str> {
     let allowed = Allowed {
         wait: true,

@@ -67,7 +67,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let recorded = request.is_some() && lock::remembers(plan.outcome);
                 match plan.expire_at {
                     // A new lock or a re-entry, nothing written after it: it replicates
-                    // as RLOCK.ACQUIREAT, itself with the lease's absolute end (SPEC 1.4).
+                    // as RLOCK.ACQUIREAT, itself with the lease's absolute end (design.md 1.4).
                     Some(at) if !recorded => ffi::as_rewritten_alone(
                         ctx,
                         c"RLOCK.ACQUIREAT",

@@ -1,4 +1,4 @@
-//! The re-entrant lock (RLOCK.*, SPEC 1): Redisson's hash of owner -> hold count, the
+//! The re-entrant lock (RLOCK.*, design.md 1): Redisson's hash of owner -> hold count, the
 //! key's TTL as the lease.
 //!
 //! - `rule`: the pure algorithm (state in, plan out; no Redis), re-exported here as the

@@ -86,7 +86,7 @@ pub fn count(outcome: Outcome) {
 /// the fast path). The pipeline has served the key's queue already; but a lock of ours
 /// replaced by something that is no lock, by a command whose events the module does not
 /// watch on this server (SORT ... STORE on 7.0), gets its unlock message now, lazily
-/// (README, "Freeing and handoff"), and the key is read again.
+/// (docs/commands/lock.md, "Freeing and handoff"), and the key is read again.
 pub fn open_for_write<'a>(
     ctx: &Context,
     db: i32,

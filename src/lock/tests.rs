@@ -382,7 +382,7 @@ fn unlock_channel_follows_redissons_prefix_rule() {
 }
 
 /// Property tests: arbitrary input to the parsers, and arbitrary operation sequences run
-/// through the core against a simulated key, checked against the SPEC's rules.
+/// through the core against a simulated key, checked against the design's rules.
 mod props {
     use super::super::*;
     use crate::vocab::args::*;
@@ -521,7 +521,7 @@ mod props {
         #![proptest_config(ProptestConfig::with_cases(1000))]
 
         /// Whatever happens: one owner at most, counts stay positive, replies follow the
-        /// SPEC, and the freed flag is set exactly when the key disappears.
+        /// design.md, and the freed flag is set exactly when the key disappears.
         #[test]
         fn the_core_keeps_the_lock_invariants(ops in proptest::collection::vec(op(), 1..60)) {
             let mut key = Key::default();

@@ -1,4 +1,4 @@
-//! The read-write lock's commands (RRWLOCK.*, SPEC 4.1) on the shared pipeline: each
+//! The read-write lock's commands (RRWLOCK.*, design.md 4.1) on the shared pipeline: each
 //! declares its parsing and its plan (`rwlock`'s rule on the hash and its timeout keys);
 //! the pipeline serves a pending queue first, replays request ids and waits or queues;
 //! here the effects are written, waiters served and Redisson's message published. And
@@ -162,7 +162,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                         .map_err(err)?;
                 let reply = if request.is_none() && rwlock::writes_alone(&plan) {
                     // A hold taken or re-entered, nothing written after it: it replicates
-                    // as RRWLOCK.ACQUIREAT, itself with this server's clock (SPEC 1.4).
+                    // as RRWLOCK.ACQUIREAT, itself with this server's clock (design.md 1.4).
                     let words = [
                         Word::Bytes(name.as_slice()),
                         Word::Bytes(side.as_bytes()),

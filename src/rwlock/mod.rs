@@ -1,4 +1,4 @@
-//! The read-write lock (RRWLOCK.*, SPEC 4.1): many readers or one writer, both re-entrant,
+//! The read-write lock (RRWLOCK.*, design.md 4.1): many readers or one writer, both re-entrant,
 //! each read hold with its own lease, no writer starvation; Redisson's layout.
 //!
 //! - `rule`: the pure algorithm, re-exported here (tests in `tests.rs` and `props.rs`);

@@ -1,6 +1,6 @@
 //! Property tests: random operation sequences against a simulated keyspace (a hash and
 //! string keys with expiries, as Redis keeps them) and a simulated waiting engine (a FIFO
-//! queue served with [`grant`]), checked against SPEC 4.1 and an independent lease model.
+//! queue served with [`grant`]), checked against design.md 4.1 and an independent lease model.
 //!
 //! A child of `rule.rs`, beside `tests.rs`.
 
@@ -258,7 +258,7 @@ impl World {
         let plan = expire(&state, K, self.now);
         self.apply(&plan)?;
         // A hash that Redis expired (or anything else deleted) frees the lock too: the
-        // engine hears of it from the keyspace event and serves the queue (SPEC 1.3).
+        // engine hears of it from the keyspace event and serves the queue (design.md 1.3).
         if plan.wake || plan.state.is_free() {
             self.serve()?;
         }

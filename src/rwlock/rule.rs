@@ -1,11 +1,11 @@
-//! The read-write lock algorithm (SPEC 4.1), pure: no Redis, no clock, no I/O.
+//! The read-write lock algorithm (design.md 4.1), pure: no Redis, no clock, no I/O.
 //!
 //! It sits beside `lock::rule` (the plain lock) and works the same way: the glue reads the keys
 //! into an [`RwState`], calls one function per command with `now`, applies the returned
 //! [`Plan`]'s effects in order, and replies. The waiting engine calls [`grant`] on the head
 //! of a key's queue, again and again, until it answers `None`.
 //!
-//! The layout is Redisson's RReadWriteLock (docs/redisson-layouts.md): a hash at the name
+//! The layout is Redisson's RReadWriteLock (docs/internals/redisson-layouts.md): a hash at the name
 //! with `mode` = `read` | `write`, one field per read owner (`<owner>` -> hold count) and,
 //! in write mode, the writer's field (`<owner>:write` -> hold count); each read hold `n` of
 //! an owner has a string key `{name}:<owner>:rwlock_timeout:<n>` whose TTL is that hold's
@@ -259,7 +259,7 @@ impl Build<'_> {
 
 /// Starts every plan: drops what has run out at `now`. A hash past its expiry is gone
 /// (Redis deletes it on the next access anyway); a read owner whose every timeout key has
-/// run out loses its holds, even while other readers renew (SPEC 4.1). If that leaves a
+/// run out loses its holds, even while other readers renew (design.md 4.1). If that leaves a
 /// read-mode lock without readers, the lock is freed as by the last reader's unlock.
 fn normalize<'a>(state: &RwState, key: &'a [u8], now: i64) -> Build<'a> {
     let mut b = Build {

@@ -1,11 +1,11 @@
-//! The semaphore's commands (RSEMAPHORE.*, SPEC 4.3): parse -> read -> core -> write/
+//! The semaphore's commands (RSEMAPHORE.*, design.md 4.3): parse -> read -> core -> write/
 //! replicate/notify -> serve the queue -> publish Redisson's message -> reply; and
 //! [`SemAsk`], what a queued RSEMAPHORE.ACQUIRE asks of the engine.
 //!
 //! Layer: the top, beside `lock::commands` (the model) and `pipeline` (what command files share).
 //! Calls down into `engine`, `store` and the pure `semaphore` core; nothing calls up.
 //!
-//! Layout: Redisson's RSemaphore (docs/redisson-sync-layouts.md), a string counter at the
+//! Layout: Redisson's RSemaphore (docs/internals/redisson-sync-layouts.md), a string counter at the
 //! key and the channel `redisson_sc:{key}`. Waiters queue FIFO in the engine: a request for
 //! 5 at the head holds back a later request for 1, and a release serves every head it can
 //! in the same turn. Only a change of the count lets a head in (a module command, or a

@@ -1,4 +1,4 @@
-//! The semaphore (RSEMAPHORE.*, SPEC 4.3): a permit count in Redisson's layout, FIFO over
+//! The semaphore (RSEMAPHORE.*, design.md 4.3): a permit count in Redisson's layout, FIFO over
 //! waiters (a big request at the head is served before small ones behind it).
 //!
 //! - `rule`: the pure algorithm, re-exported here, with the plan vocabulary (`Plan`,

@@ -1,4 +1,4 @@
-//! The semaphore algorithm (SPEC 4.3), pure: no Redis, no clock, no I/O; and the
+//! The semaphore algorithm (design.md 4.3), pure: no Redis, no clock, no I/O; and the
 //! vocabulary it shares with `expirable` (the permit-expirable semaphore) and `latch`
 //! (the countdown latch): [`Plan`], [`Reply`], [`Outcome`] and the option parser.
 //!
@@ -7,11 +7,11 @@
 //! in order (they are what it replicates), replies, and when the plan says `wake` the
 //! waiting engine calls [`grant`] on the head of the key's queue until it answers `None`.
 //!
-//! The layout is Redisson's RSemaphore (docs/redisson-sync-layouts.md): a string at the
+//! The layout is Redisson's RSemaphore (docs/internals/redisson-sync-layouts.md): a string at the
 //! name holding the number of available permits (a missing key is 0), its channel
 //! `redisson_sc:{name}`, every message the count Redisson would publish. Nobody records
 //! who holds permits, so a holder that dies keeps its permits forever: the README is to say
-//! so and point to the permit-expirable semaphore (SPEC 4.3).
+//! so and point to the permit-expirable semaphore (design.md 4.3).
 //!
 //! Fairness beyond Redisson: waiters are served first come, first served, and a request
 //! for 5 at the head holds back a later request for 1 (so big requests are not starved).
@@ -319,7 +319,7 @@ pub struct Options<'a> {
     pub px: Option<i64>,
     /// `PERMITS n` (`RPSEMAPHORE.ACQUIRE`): several permits, ids replied as an array.
     pub permits: Option<i64>,
-    /// `ASYNC` (with `WAIT` and `ID`): wait as a queued ticket (docs/tickets.md).
+    /// `ASYNC` (with `WAIT` and `ID`): wait as a queued ticket (docs/commands/tickets.md).
     pub queued: bool,
 }
 

@@ -57,7 +57,7 @@ pub fn ticket_confirm_ms() -> i64 {
 }
 
 enum_configuration! {
-    /// `rlock.replication` (SPEC 1.4): how a module command reaches replicas and the AOF.
+    /// `rlock.replication` (design.md 1.4): how a module command reaches replicas and the AOF.
     /// `commands`: as one command (the plain command when it writes one thing, else one
     /// `RLOCK.APPLY`); replicas and AOF reloads need the module. `effects`: as the plain
     /// commands it amounts to, which need no module.

@@ -1,4 +1,4 @@
-//! `RLOCK.APPLY`, the receiving end of `rlock.replication commands` (SPEC 1.4): a replica
+//! `RLOCK.APPLY`, the receiving end of `rlock.replication commands` (design.md 1.4): a replica
 //! or an AOF reload applies the plain commands a primary's module command carried
 //! (`vocab::apply` for the layout, `ffi::replication` for the sending end).
 //!
@@ -48,7 +48,7 @@ fn routed_payload(args: &[RedisString]) -> Result<(Option<&[u8]>, &[u8]), RedisE
     }
 }
 
-/// Refuses an internal command (SPEC 1.4: `RLOCK.APPLY` and the `*.ACQUIREAT` commands)
+/// Refuses an internal command (design.md 1.4: `RLOCK.APPLY` and the `*.ACQUIREAT` commands)
 /// unless it comes from a primary's replication stream or an AOF being loaded: from
 /// anyone else (a client, `MULTI`, a script) it could write any state.
 pub fn internal_only(ctx: &Context, refusal: &'static str) -> Result<(), RedisError> {

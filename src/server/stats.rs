@@ -29,7 +29,7 @@ pub struct Stats {
     pub latch_awaits_queued: Cell<u64>,
     pub latch_awaits_released: Cell<u64>,
     pub latch_await_timeouts: Cell<u64>,
-    // Fenced lock (SPEC 4.2): tokens issued by RFENCED.ACQUIRE and its handoffs.
+    // Fenced lock (design.md 4.2): tokens issued by RFENCED.ACQUIRE and its handoffs.
     pub fenced_tokens_issued: Cell<u64>,
     // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*): acquires answered at once, refused
     // (queued or not), granted after waiting, releases; for RPSEMAPHORE also lease updates
@@ -52,7 +52,7 @@ pub struct Stats {
     pub rw_forced_releases: Cell<u64>,
     pub rw_renewals: Cell<u64>,
     pub rw_read_leases_ended: Cell<u64>,
-    // Queued tickets (SPEC 5, docs/tickets.md): queued, granted, timed out, dropped with
+    // Queued tickets (design.md 5, docs/commands/tickets.md): queued, granted, timed out, dropped with
     // their connection.
     pub tickets_queued: Cell<u64>,
     pub tickets_granted: Cell<u64>,
@@ -161,12 +161,12 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         for (name, value) in latch {
             ctx.add_info_field_long_long(name, value as i64);
         }
-        // Fenced lock (SPEC 4.2).
+        // Fenced lock (design.md 4.2).
         ctx.add_info_field_long_long("fenced_tokens_issued", s.fenced_tokens_issued.get() as i64);
         for (name, value) in semaphore_fields(s) {
             ctx.add_info_field_long_long(name, value as i64);
         }
-        // Queued tickets (SPEC 5): the gauge, then the counters.
+        // Queued tickets (design.md 5): the gauge, then the counters.
         let tickets: [(&str, u64); 5] = [
             ("tickets", tickets as u64),
             ("tickets_queued", s.tickets_queued.get()),

@@ -74,7 +74,7 @@ pub fn publish(ctx: &Context, channel: &[u8], message: &[u8]) {
 }
 
 /// Publishes a message to this node's subscribers only, not replicated (a queued ticket's
-/// end, docs/tickets.md: its client listens where it queued the ticket): SPUBLISH in
+/// end, docs/commands/tickets.md: its client listens where it queued the ticket): SPUBLISH in
 /// cluster mode, else PUBLISH.
 pub fn publish_here(ctx: &Context, channel: &[u8], message: &[u8]) {
     let channel = made(channel);
@@ -278,7 +278,7 @@ pub fn apply_own_effects_in(
 /// Applies a core's effects in order on the key `name` (the command's key, for
 /// [`KeyRef::Main`]) and the auxiliary keys it names (always in `name`'s slot). Each is
 /// done as its plain command would: written with the key API, replicated as that command
-/// (absolute expiries, SPEC 1.4), its keyspace notification fired, WATCH signalled.
+/// (absolute expiries, design.md 1.4), its keyspace notification fired, WATCH signalled.
 pub fn apply_effects(ctx: &Context, name: &RedisString, effects: &[Effect]) {
     apply_effects_with(ctx, name, None, effects);
 }

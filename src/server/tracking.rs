@@ -8,10 +8,10 @@
 //!
 //! Only while the module watches (engine/events.rs: while some client waits in it, and a
 //! moment after). Noticing a removal takes an event subscription, which costs every other
-//! command of the server; with nobody waiting the module holds none (SPEC 1), so it
+//! command of the server; with nobody waiting the module holds none (design.md 1), so it
 //! tracks nothing either: a set it could not keep up to date would only grow. A lock freed
 //! by expiry, DEL or overwrite then gets no unlock message, as with Redisson, whose
-//! pub/sub waiters wake at the lease end they were told anyway (README, "Freeing and
+//! pub/sub waiters wake at the lease end they were told anyway (docs/commands/lock.md, "Freeing and
 //! handoff").
 
 use std::cell::RefCell;

@@ -1,5 +1,5 @@
 //! The payload of `RLOCK.APPLY`, the internal command that carries one module command's
-//! writes to replicas and the AOF (SPEC 1.4, `rlock.replication commands`). Pure: the glue
+//! writes to replicas and the AOF (design.md 1.4, `rlock.replication commands`). Pure: the glue
 //! that sends it is `server::ffi::replication`, the command that applies it is
 //! `server::replication`.
 //!

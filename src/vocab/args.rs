@@ -63,7 +63,7 @@ pub struct AcquireArgs<'a> {
     pub wait: Option<i64>,
     /// `ID request-id`: a retry with the same id gets the first call's reply.
     pub id: Option<&'a [u8]>,
-    /// `ASYNC`: wait as a queued ticket, not blocked (docs/tickets.md).
+    /// `ASYNC`: wait as a queued ticket, not blocked (docs/commands/tickets.md).
     pub queued: bool,
 }
 

@@ -1,6 +1,6 @@
 //! The write vocabulary of the pure cores beyond the plain lock (`rwlock`, `fenced`, and
 //! later the semaphores and the latch): each [`Effect`] is one plain Redis command on one
-//! key, so the glue can apply it, replicate it verbatim (with absolute expiries, SPEC 1.4)
+//! key, so the glue can apply it, replicate it verbatim (with absolute expiries, design.md 1.4)
 //! and fire the keyspace notification the command would. Pure data: no Redis types.
 //!
 //! Also the names Redisson derives from a lock name (its `prefixName`/`suffixName` rules),

@@ -27,7 +27,7 @@ pub const ERR_WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the w
 pub const ERR_COUNT_OVERFLOW: &str = "OVERFLOW hold count would overflow";
 pub const ERR_TOO_MANY_WAITERS: &str =
     "TOOMANYWAITERS too many clients waiting for this lock (see rlock.max-waiters-per-key)";
-/// `ASYNC` queues a ticket (docs/tickets.md): it waits (`WAIT`) and is collected by its
+/// `ASYNC` queues a ticket (docs/commands/tickets.md): it waits (`WAIT`) and is collected by its
 /// request id (`ID`).
 pub const ERR_ASYNC: &str = "BADASYNC ASYNC needs WAIT and ID";
 /// What a request id answers once its ticket's grant was taken back (design.md 5): the
@@ -42,7 +42,7 @@ pub const ERR_INTERNAL: &str = "RLOCKBUG rlock internal error (details in the se
 pub const ERR_ROLE_CHANGED: &str =
     "READONLY this server became a replica while the client waited for the lock";
 
-// Read-write lock and fenced lock (SPEC 4.1, 4.2).
+// Read-write lock and fenced lock (design.md 4.1, 4.2).
 pub const ERR_RW_SIDE: &str = "BADSIDE lock side must be READ or WRITE";
 pub const ERR_RW_OWNER_SUFFIX: &str =
     "BADOWNER owner must not end with ':write' (the suffix of the write lock's field)";

@@ -7,7 +7,7 @@
 //! - `effects`: a plan's writes as plain commands (replication as effects) and Redisson's
 //!   key-naming rules (`prefixName`, `suffixName`).
 //! - `apply`: the layout of `RLOCK.APPLY`, the one replicated command that carries a
-//!   module command's effects (`rlock.replication commands`, SPEC 1.4).
+//!   module command's effects (`rlock.replication commands`, design.md 1.4).
 //! - `slot`: a key's hash slot (Redis Cluster's CRC16).
 
 pub mod apply;

@@ -1,4 +1,4 @@
-"""Issue 12 / SPEC 4.2: the fenced lock (RFENCED.ACQUIRE, RFENCED.GETTOKEN) on real servers.
+"""Issue 12 / design.md 4.2: the fenced lock (RFENCED.ACQUIRE, RFENCED.GETTOKEN) on real servers.
 
 The fenced lock is the plain lock's hash plus Redisson's token key
 `redisson_lock_token:{name}`; tokens are `max(last + 1, now_ms << 10)`, written with SET.

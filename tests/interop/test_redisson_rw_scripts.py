@@ -1,5 +1,5 @@
 """Checks tests/support/redisson_rw.py against a plain redis-server (no module): Redisson's own
-read-write and fenced lock scripts must behave as docs/redisson-layouts.md says, so that
+read-write and fenced lock scripts must behave as docs/internals/redisson-layouts.md says, so that
 the interop tests built on them later test the module against the real protocol."""
 
 import pytest
@@ -151,7 +151,7 @@ def test_a_dead_readers_field_survives_while_another_renews(r):
     wait_until(lambda: r.exists(timeout_key("rw", "ud:1", 1)) == 0, what="dead hold's key expiry")
     assert live.read_renew() == [1]
     # The dead reader's field is still in the hash and the writer stays out: the
-    # Redisson behaviour the module's per-hold leases fix (SPEC 4.1).
+    # Redisson behaviour the module's per-hold leases fix (design.md 4.1).
     assert r.hget("rw", "ud:1") == "1"
     assert isinstance(w.write_lock(), int)
 

@@ -1,6 +1,6 @@
 """Checks tests/support/redisson_sync.py against a plain redis-server (no module): Redisson's own
 semaphore, permit-expirable semaphore and countdown latch scripts must behave as
-docs/redisson-sync-layouts.md says, so that the interop tests built on them later test the
+docs/internals/redisson-sync-layouts.md says, so that the interop tests built on them later test the
 module against the real protocol. Time moves through the scripts' `now` argument, not
 through sleeps."""
 

@@ -1,4 +1,4 @@
-"""The countdown latch (RLATCH.*, SPEC 4.5, issue 13) on real servers: every command and
+"""The countdown latch (RLATCH.*, design.md 4.5, issue 13) on real servers: every command and
 reply, hundreds of awaiters released in the turn the count reaches zero, timeouts, a latch
 deleted or expired releasing its awaiters, request ids after a lost reply, replication
 and the AOF as plain effects, keyspace notifications, named errors for bad input, and

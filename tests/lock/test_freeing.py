@@ -1,4 +1,4 @@
-"""A lock freed by being overwritten or moved away (SPEC 1.3): RESTORE, RENAME and COPY
+"""A lock freed by being overwritten or moved away (design.md 1.3): RESTORE, RENAME and COPY
 onto the lock's key, SET-like *STORE commands, MOVE of the lock to another db.
 
 Each is a different way for a server to report the change to modules: a keyspace event
@@ -72,7 +72,7 @@ def test_an_overwritten_or_moved_lock_goes_to_the_waiter(server, r, spawn, how):
 def test_an_overwritten_or_moved_lock_with_nobody_waiting_publishes_its_unlock_message(
         server, r, how):
     # Nobody waits for this key, but somebody waits in the module (for another key): it
-    # watches, and tracks the lock written now (README, "Nothing held while nobody waits").
+    # watches, and tracks the lock written now (docs/design.md 1, "nothing held while nobody waits").
     someone_waits(server)
     assert acquire(r, "k", "holder") is None
     sub = server.client().pubsub()

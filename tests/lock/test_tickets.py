@@ -1,4 +1,4 @@
-"""Queued tickets (SPEC 5, docs/tickets.md): `WAIT timeout-ms ASYNC ID id` queues a ticket
+"""Queued tickets (design.md 5, docs/commands/tickets.md): `WAIT timeout-ms ASYNC ID id` queues a ticket
 in the key's FIFO queue instead of blocking the connection; its end is published on the
 key's ticket channel; the grant is collected (and thereby confirmed) by sending the same
 command again with the same ID; a ticket lives as long as the connection that queued it.

@@ -1,4 +1,4 @@
-"""The read-write lock (SPEC 4.1): RRWLOCK.ACQUIRE/RELEASE/RENEW/FORCERELEASE/INFO on real
+"""The read-write lock (design.md 4.1): RRWLOCK.ACQUIRE/RELEASE/RENEW/FORCERELEASE/INFO on real
 servers, waiting in the server (FIFO, readers together, no writer starvation), each read
 hold's own lease, replication and AOF as plain effects, keyspace notifications, bad
 input, request ids, and the engine's disconnect and DEL paths.

@@ -1,4 +1,4 @@
-"""RPSEMAPHORE.* (SPEC 4.4, docs/sync-commands.md) against a real module-loaded server:
+"""RPSEMAPHORE.* (design.md 4.4, docs/internals/sync-commands.md) against a real module-loaded server:
 Redisson's layout (count string, `{name}:timeout` zset of raw ids -> expiry), every
 command and reply, permits back in the pool at their lease end by the module's timer
 while the key has waiters, by the next write otherwise, request ids, replication, AOF, keyspace events, bad input, disconnects.
@@ -85,7 +85,7 @@ def big_waiter(server, r, key="p", db_client=None):
 
 
 def test_an_expired_permit_returns_to_the_pool_at_its_lease_end_without_any_command(server):
-    """While the key has waiters (README, "Expiry at the lease end")."""
+    """While the key has waiters (docs/commands/expirable-semaphore.md, "Expiry at the lease end")."""
     r = server.client()
     p = r.pubsub()
     p.subscribe("redisson_sc:{p}")
@@ -110,7 +110,7 @@ def test_an_expired_permit_returns_to_the_pool_at_its_lease_end_without_any_comm
 
 
 def test_with_nobody_waiting_an_expired_permit_is_back_for_reads_and_the_next_write(server):
-    """No timer while nobody waits (SPEC 1): the bound is the next command on the key.
+    """No timer while nobody waits (design.md 1): the bound is the next command on the key.
     Reads count the permit as available at once; the next write writes it back, with
     Redisson's message."""
     r = server.client()

@@ -1,4 +1,4 @@
-"""RSEMAPHORE.* (SPEC 4.3, docs/sync-commands.md) against a real module-loaded server:
+"""RSEMAPHORE.* (design.md 4.3, docs/internals/sync-commands.md) against a real module-loaded server:
 every command and reply, FIFO waiting (a big request at the head is served before later
 small ones), grants in the releasing command's own turn, request ids after lost replies,
 replication as plain effects, AOF restart, keyspace notifications, bad input, disconnects.

@@ -128,7 +128,7 @@ def test_a_java_waiter_hears_the_module_timers_reclaim_while_a_module_client_wai
     assert next_message(p) == b"1"
     r.execute_command("RPSEMAPHORE.ACQUIRE", "p", 200)
     # A module client waits for 2 permits (more than there are): the key has waiters, so
-    # the module keeps its lease timer (README, "Expiry at the lease end").
+    # the module keeps its lease timer (docs/commands/expirable-semaphore.md, "Expiry at the lease end").
     call = queue(server, r, "p", "RPSEMAPHORE.ACQUIRE", "p", 60_000, "PERMITS", 2,
                  "WAIT", 60_000, info="RPSEMAPHORE.INFO")
     try:

@@ -1,4 +1,4 @@
-"""Issue 6, server side: RLOCK commands in a real local Redis Cluster (SPEC 1.5).
+"""Issue 6, server side: RLOCK commands in a real local Redis Cluster (design.md 1.5).
 
 One module-scoped cluster: three masters with the module, splitting slots 0-16383, and one
 replica of the first master. Tests look topology up as they go (a migration moves a slot,
@@ -371,7 +371,7 @@ def test_a_lock_migrated_away_is_not_handed_to_a_waiter_left_on_the_old_node(clu
 
 
 def test_a_ticket_on_a_key_whose_slot_migrates_is_told_where_the_key_went(cluster):
-    """Queued tickets (docs/tickets.md) are redirected like blocked waiters: the ticket's
+    """Queued tickets (docs/commands/tickets.md) are redirected like blocked waiters: the ticket's
     `error` message, published with SPUBLISH on the old node, carries the ASK."""
     src, dst = two_masters(cluster)
     lo, hi = cluster.slot_ranges(src)[-1]

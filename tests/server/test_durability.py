@@ -1,4 +1,4 @@
-"""Issue 6, server side: replication, AOF and persistence of locks (SPEC 1.4).
+"""Issue 6, server side: replication, AOF and persistence of locks (design.md 1.4).
 
 Replicas here run WITHOUT the module unless said otherwise: everything the module writes
 must reach them as plain effects (HSET, HINCRBY, HDEL, DEL, PEXPIREAT absolute, PUBLISH),

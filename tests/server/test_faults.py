@@ -188,14 +188,14 @@ def test_a_killed_server_drops_its_waiters_and_keeps_its_locks_with_their_lease(
     assert ctl.call("RLOCK.INFO", "held")[4:] == [b"waiters", 0]
     # Still held by its owner: a newcomer is told the lease, the owner counts down.
     assert 0 < ctl.call("RLOCK.ACQUIRE", "held", "w:0", 1000) <= pttl_after
-    # What the AOF replayed (SPEC 1.4): one RLOCK.APPLY per lock command, or plain effects.
+    # What the AOF replayed (design.md 1.4): one RLOCK.APPLY per lock command, or plain effects.
     if mode == "commands":
         assert b"rlock.apply" in aof_bytes(server).lower()
     else:
         assert b"rlock." not in aof_bytes(server).lower(), "RLOCK commands reached the AOF"
 
     if mode == "commands":
-        return  # the module is needed to load this AOF, as SPEC 1.4 says
+        return  # the module is needed to load this AOF, as design.md 1.4 says
     # The AOF is plain effects: a server without the module loads the same locks.
     server.stop()
     server.module = False

@@ -1,4 +1,4 @@
-"""Issue 24, part 1 (SPEC 1.4): both modes of `rlock.replication`, with a real replica
+"""Issue 24, part 1 (design.md 1.4): both modes of `rlock.replication`, with a real replica
 that has the module and a real AOF restart, for every primitive.
 
 - `commands` (the default): each module command reaches replicas and the AOF as one
@@ -99,7 +99,7 @@ def test_every_kind_of_change_leaves_the_replica_identical(trio):
         assert p.execute_command("RLOCK.RELEASE", "lk", "b") == 1
         wait_until(lambda: p.hgetall("lk") == {b"c": b"1"}, 5, what="the ticket's grant")
         agree(p, r)
-        # collected (docs/tickets.md): from now on the grant outlives the connection
+        # collected (docs/commands/tickets.md): from now on the grant outlives the connection
         assert ticket.execute_command("RLOCK.ACQUIRE", "lk", "c", LEASE, "ID", "t1") is None
         # the lease-end timer hands the lock to the next waiter
         w = blocked(pool, primary, "RLOCK.ACQUIRE", "lk", "d", LEASE, "WAIT", 10000)
@@ -249,7 +249,7 @@ def test_commands_mode_writes_one_aof_entry_per_module_command(make_server):
     assert names[5] == b"RLOCK.APPLY", names
     assert names[6] == b"RRWLOCK.ACQUIREAT" and names[11] == b"RFENCED.ACQUIREAT", names
     # A command whose writes follow from its arguments and the key's state alone (no
-    # clock, no grant, no message) replicates as itself (SPEC 1.4's first form).
+    # clock, no grant, no message) replicates as itself (design.md 1.4's first form).
     at = {call: entry for call, entry in zip(CALLS, entries)}
     for call in [("RSEMAPHORE.ACQUIRE", "s", 2), ("RLATCH.COUNTDOWN", "l2")]:
         assert at[call] == [str(w).encode() for w in call], at[call]
@@ -331,7 +331,7 @@ def words_of(*words):
 
 
 def test_a_new_lock_and_a_re_entry_replicate_as_themselves_with_the_lease_end(trio):
-    """SPEC 1.4's first form for the lock's hot path: RLOCK.ACQUIRE of a free lock, or by
+    """design.md 1.4's first form for the lock's hot path: RLOCK.ACQUIRE of a free lock, or by
     its holder, reaches the replica and the AOF as RLOCK.ACQUIREAT with the absolute end
     the primary computed. Called plainly, in MULTI/EXEC and from a script, the replica
     and a restart hold the same hash and the same PEXPIRETIME; with a request id or a
@@ -371,7 +371,7 @@ def test_a_new_lock_and_a_re_entry_replicate_as_themselves_with_the_lease_end(tr
 
 
 def test_rw_and_fenced_acquires_replicate_as_themselves_made_deterministic(trio):
-    """SPEC 1.4's first form for the read-write and the fenced lock: an acquire that takes
+    """design.md 1.4's first form for the read-write and the fenced lock: an acquire that takes
     or re-enters a hold reaches the replica and the AOF as RRWLOCK.ACQUIREAT, with the
     primary's clock (it decides the lease ends and which read holds had ended), or as
     RFENCED.ACQUIREAT, with the lease's absolute end (the token follows from the last).
@@ -453,7 +453,7 @@ def test_rw_and_fenced_acquires_replicate_as_themselves_made_deterministic(trio)
 
 
 def test_internal_commands_read_from_an_aof_never_crash_and_refuse_bad_input(make_server):
-    """An AOF is a file anyone may edit: each internal command (SPEC 1.4) read from one
+    """An AOF is a file anyone may edit: each internal command (design.md 1.4) read from one
     with bad input is refused and changes nothing, and the server loads the rest."""
     s = make_server(args=PRIMARY_ARGS)
     c = s.client()
@@ -763,7 +763,7 @@ def test_the_gate_policy_changes_at_run_time(make_server):
 
 
 def test_unlock_messages_reach_subscribers_on_a_replica_in_both_modes(trio):
-    """SPEC 1.4: the PUBLISH a release carries (inside RLOCK.APPLY, or as a plain effect)
+    """design.md 1.4: the PUBLISH a release carries (inside RLOCK.APPLY, or as a plain effect)
     is published again by the replica to its own subscribers."""
     mode, primary, replica, p, r = trio
     sub = replica.client().pubsub()

@@ -27,7 +27,7 @@ def test_a_waiter_is_served_when_swapdb_brings_a_free_key(server):
 
 def test_a_lock_moved_away_by_swapdb_publishes_its_unlock_message(server):
     r = server.client()
-    someone_waits(server, db=1)  # the module watches (README, "Nothing held while nobody waits")
+    someone_waits(server, db=1)  # the module watches (docs/design.md 1, "nothing held while nobody waits")
     p = server.client().pubsub()
     p.subscribe(channel("k"))
     wait_until(lambda: p.get_message(timeout=0.1), what="subscribed")

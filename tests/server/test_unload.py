@@ -1,4 +1,4 @@
-"""Nothing held while nobody waits (SPEC 1): after clients of every primitive waited and
+"""Nothing held while nobody waits (design.md 1): after clients of every primitive waited and
 left every way there is (granted, timed out, disconnected, as blocked clients and as
 queued tickets), with state still held (locks, permits, leased permits), the module holds
 no timer and no event subscription it can drop, and `MODULE UNLOAD rlock` succeeds.
@@ -261,7 +261,7 @@ def ticket_granted(server):
 
 def test_an_uncollected_ticket_grant_keeps_only_the_client_event_and_no_timer(server):
     """A ticket's grant not yet collected is taken back if its connection closes
-    (docs/tickets.md): the client-change event stays while one may be, and no timer; the
+    (docs/commands/tickets.md): the client-change event stays while one may be, and no timer; the
     first closing connection that finds none left drops it."""
     r, t = ticket_granted(server)
     wait_until(lambda: stat(r, "watching") == 0, what="watching stopped")

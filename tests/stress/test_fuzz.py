@@ -6,7 +6,7 @@ negative, signed, padded, fractional or out of i64, 1 MB strings, repeated and u
 options, wrong arities, keys of other types, and WAIT with tiny timeouts (a valid WAIT
 timeout is always rewritten to 1-5 ms so that nothing blocks for long).
 
-Every reply is checked against a small oracle of the argument rules in SPEC 1.2 / 1.6:
+Every reply is checked against a small oracle of the argument rules in design.md 1.2 / 1.6:
 a malformed call gets exactly the error for its first problem; a well-formed one gets a
 reply of the command's shape, or WRONGTYPE / not-a-lock for the keys prepared that way.
 Afterwards the server is up, nobody waits, and `used_memory` is back at its baseline.
@@ -49,7 +49,7 @@ INT = re.compile(rb"-?(0|[1-9][0-9]*)\Z")
 
 
 def parse_ms(b, low):
-    """The module's integer rule (SPEC 1.6): strict decimal, in [low, MAX_MS]."""
+    """The module's integer rule (design.md 1.6): strict decimal, in [low, MAX_MS]."""
     if len(b) > 30 or not INT.match(b) or b == b"-0":
         return None
     n = int(b)
@@ -113,7 +113,7 @@ class Gen:
             if self.rng.random() < 0.05:
                 args.append(self.option())
             if self.rng.random() < 0.15:
-                # A queued ticket (docs/tickets.md): needs WAIT and ID.
+                # A queued ticket (docs/commands/tickets.md): needs WAIT and ID.
                 args.insert(self.rng.randrange(3, len(args) + 1), b"ASYNC")
         elif name == "RLOCK.RELEASE":
             args = [self.key(), self.owner()] + [self.number()] * self.rng.choice([0, 1, 1, 2])

@@ -1,4 +1,4 @@
-"""Protocol fuzz of the fenced lock (issue 12, SPEC 4.2): random argument lists sent to
+"""Protocol fuzz of the fenced lock (issue 12, design.md 4.2): random argument lists sent to
 RFENCED.ACQUIRE and RFENCED.GETTOKEN (with RLOCK.RELEASE / RLOCK.FORCERELEASE on the same
 keys so that tokens keep being issued), from test_fuzz.py's seeded generator and oracle.
 

@@ -1,6 +1,6 @@
 """Protocol fuzz of the countdown latch (RLATCH.*), as tests/stress/test_fuzz.py does for RLOCK.*:
 seeded random argument lists (its generator and number pool), every reply checked against
-a small oracle of the argument rules (docs/sync-commands.md), then the server is up,
+a small oracle of the argument rules (docs/internals/sync-commands.md), then the server is up,
 nobody waits, and `used_memory` is back at its baseline.
 
 Same knobs as test_fuzz.py: $RLOCK_FUZZ_SEED, $RLOCK_FUZZ_CALLS (default here 2000: the
@@ -66,7 +66,7 @@ class LatchGen(Gen):
             if self.rng.random() < 0.05:
                 args.append(self.option())
             if name == "RLATCH.AWAIT" and self.rng.random() < 0.2:
-                # A queued ticket (docs/tickets.md): needs WAIT and ID.
+                # A queued ticket (docs/commands/tickets.md): needs WAIT and ID.
                 args.insert(self.rng.randrange(1, len(args) + 1), b"ASYNC")
         if name == "RLATCH.AWAIT":
             # A valid WAIT may block: cap it at a few ms (WAIT 0 would wait forever).

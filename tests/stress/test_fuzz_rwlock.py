@@ -90,7 +90,7 @@ def rw_expected_error(call):
 
 def shape_ok(name, reply):
     if name == "RRWLOCK.ACQUIRE":
-        # QUEUED: a queued ticket (ASYNC, docs/tickets.md; the lock generator adds it).
+        # QUEUED: a queued ticket (ASYNC, docs/commands/tickets.md; the lock generator adds it).
         return reply is None or reply == b"QUEUED" or (type(reply) is int and (reply in (-2, -1) or 0 <= reply <= MAX_MS))
     if name == "RRWLOCK.RELEASE":
         return reply in (None, 0, 1) and type(reply) in (type(None), int)

@@ -57,7 +57,7 @@ class SemGen(Gen):
         out = []
         for _ in range(self.rng.choice([0, 0, 1, 1, 2, 3])):
             opt = self.rng.choice(allowed + [b"NOPE", b"id"])
-            if opt == b"ASYNC":  # a queued ticket's flag (docs/tickets.md)
+            if opt == b"ASYNC":  # a queued ticket's flag (docs/commands/tickets.md)
                 out.append(opt)
             elif opt.upper() == b"WAIT":
                 out += [opt, str(self.rng.randint(1, 5)).encode() if self.rng.random() < 0.8 else self.number()]
@@ -114,7 +114,7 @@ def check(call, reply):
     if not (lo <= len(args) <= hi):
         return "wrong arity accepted"
     if reply == b"QUEUED" and b"ASYNC" in args:
-        return None  # a queued ticket (docs/tickets.md)
+        return None  # a queued ticket (docs/commands/tickets.md)
     if kind == "int":
         return None if isinstance(reply, int) else "not an integer"
     if kind == "map":

@@ -1,4 +1,4 @@
-"""Memory does not grow with fenced-lock use (issue 12, SPEC 4.2): the leak cycles of
+"""Memory does not grow with fenced-lock use (issue 12, design.md 4.2): the leak cycles of
 test_leak.py (acquire, re-enter, renew, wait, hand off, time out, disconnect) done with
 RFENCED.ACQUIRE, request ids and RLOCK.RELEASE, leave `used_memory` where it started and
 the module unloads afterwards. Same knob: $RLOCK_LEAK_CYCLES (20 000 by default).

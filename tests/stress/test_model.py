@@ -1,6 +1,6 @@
 """A stateful property test (issue 7): random sequences of RLOCK commands, raw writes,
 waiters and expiries by three owners on two keys, run against ONE real server and checked
-step by step against a small reference model of SPEC 1.2-1.3.
+step by step against a small reference model of design.md 1.2-1.3.
 
 After every step the model and the server must agree on every reply, on each key's type,
 hash contents and TTL presence (with the PTTL inside the last lease set), on the number of

@@ -1,4 +1,4 @@
-"""The pure protocol of queued tickets (docs/tickets.md) and the effects vocabulary.
+"""The pure protocol of queued tickets (docs/commands/tickets.md) and the effects vocabulary.
 
 Sits below every other module of the package and does no I/O: the ticket channel of a
 key, the parsing of a ticket message, the shape of a waiting command (with ``ASYNC``, or

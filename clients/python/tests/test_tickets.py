@@ -1,4 +1,4 @@
-"""Waiting without a connection per waiter (SPEC 5, docs/tickets.md): every waiting call
+"""Waiting without a connection per waiter (design.md 5, docs/commands/tickets.md): every waiting call
 of one client is a queued ticket on its one ticket connection. 1 000 threads waiting on
 one lock through `rlock.Lock` are served first come, first served over a constant number
 of connections (counted in CLIENT LIST); a killed ticket connection is replaced and its

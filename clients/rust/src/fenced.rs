@@ -1,4 +1,4 @@
-//! The fenced lock (SPEC 4.2): [`FencedLock`] and [`FencedGuard`], async (the
+//! The fenced lock (design.md 4.2): [`FencedLock`] and [`FencedGuard`], async (the
 //! implementation, re-exported from [`crate::aio`]) and their blocking faces.
 //!
 //! A fenced lock is the plain lock (same key, same `RLOCK.RENEW` watchdog, same lost

@@ -1,4 +1,4 @@
-//! The countdown latch (SPEC 4.5, `RLATCH.*`): [`aio::CountDownLatch`], the
+//! The countdown latch (design.md 4.5, `RLATCH.*`): [`aio::CountDownLatch`], the
 //! implementation, on the command builders and reply parsers below, and
 //! [`CountDownLatch`], its blocking face.
 //!

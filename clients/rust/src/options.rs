@@ -195,7 +195,7 @@ pub struct ClientOptions {
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) replica_sync: Option<ReplicaSync>,
     pub(crate) idle_wait_connections: usize,
-    // Queued tickets (SPEC 5): how waiting calls wait.
+    // Queued tickets (design.md 5): how waiting calls wait.
     pub(crate) wait_mode: WaitMode,
 }
 
@@ -289,7 +289,7 @@ impl Default for ClientOptions {
 
 /// How the waiting calls of a client (acquires that wait, latch awaits) wait in the server.
 ///
-/// With queued tickets (`WAIT t ASYNC`, docs/tickets.md) all waiting calls of a client
+/// With queued tickets (`WAIT t ASYNC`, docs/commands/tickets.md) all waiting calls of a client
 /// share one connection, however many there are; with blocking `WAIT` each waiting
 /// call holds a connection of its own while it waits.
 ///

@@ -1,4 +1,4 @@
-//! Queued tickets on a Redis Cluster (SPEC 5): a cluster client's waiting calls share one
+//! Queued tickets on a Redis Cluster (design.md 5): a cluster client's waiting calls share one
 //! ticket connection per node (shard channels), whatever the number of waiters; a key
 //! whose slot migrates while its ticket waits is followed to its new node.
 #![cfg(feature = "tokio")]

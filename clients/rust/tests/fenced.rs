@@ -1,4 +1,4 @@
-//! The fenced lock (`Client::fenced_lock`, SPEC 4.2), blocking and async, against a real
+//! The fenced lock (`Client::fenced_lock`, design.md 4.2), blocking and async, against a real
 //! module-loaded redis-server: tokens grow over acquires, re-entries and handoffs; the
 //! guard is the plain guard (watchdog, lost signal, release); a retry after a lost reply
 //! gets the first token back.

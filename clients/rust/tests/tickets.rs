@@ -1,4 +1,4 @@
-//! Waiting with queued tickets (SPEC 5, docs/tickets.md) against a real module-loaded
+//! Waiting with queued tickets (design.md 5, docs/commands/tickets.md) against a real module-loaded
 //! server: every waiting call of one client shares one ticket connection, whatever the
 //! number of waiters and whatever the primitive; the lost-connection, timeout,
 //! cancellation and forced-blocking paths.

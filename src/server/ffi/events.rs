@@ -60,7 +60,7 @@ static KEY_HANDLERS: OnceLock<KeyHandlers> = OnceLock::new();
 
 /// Installs the removal handlers (once, from init). Subscribing is separate
 /// ([`hook`] with [`Hook::Key`], or [`subscribe_keyspace`]): the module listens only while
-/// it has a reason to (SPEC 1: it holds nothing while nobody waits).
+/// it has a reason to (design.md 1: it holds nothing while nobody waits).
 pub fn set_key_handlers(watching: fn() -> bool, anyone_waits: fn() -> bool, f: KeyHandler) {
     let _ = KEY_HANDLERS.set(KeyHandlers {
         watching,

@@ -1,4 +1,4 @@
-//! How the module's writes reach replicas and the AOF (SPEC 1.4). A child of `ffi`.
+//! How the module's writes reach replicas and the AOF (design.md 1.4). A child of `ffi`.
 //!
 //! Every write of the module is replicated through [`replicate`] or [`replicate_argv`],
 //! named as the plain command with the same result (HSET, PEXPIREAT with the absolute
@@ -228,7 +228,7 @@ fn with_fresh_flag<R>(flag: fn(&mut Batch) -> &mut bool, write: impl FnOnce() ->
 /// and the key's state alone (no clock, no other client's request): if they turn out to
 /// be all the command replicates, it goes out as it was called
 /// (`RedisModule_ReplicateVerbatim`: no command lookup, no argument built), the first
-/// form of SPEC 1.4; a replica or an AOF reload runs the same command on the same state.
+/// form of design.md 1.4; a replica or an AOF reload runs the same command on the same state.
 /// Writes before them (the queue served first) or after them (a grant, a message, a
 /// request-id record) make the batch go out as usual.
 pub fn as_called<R>(write: impl FnOnce() -> R) -> R {
@@ -257,7 +257,7 @@ pub fn as_called_alone<R>(write: impl FnOnce() -> R) -> R {
 /// would not repeat them (a new lock's or a re-entry's lease end, computed from this
 /// server's clock): they are counted, not recorded, and `cmd` goes out for them with
 /// `words` as its one argument, a RESP array (`vocab::apply::push_words`): the command
-/// made deterministic, SPEC 1.4's first form (`RLOCK.ACQUIREAT` with the key, the owner
+/// made deterministic, design.md 1.4's first form (`RLOCK.ACQUIREAT` with the key, the owner
 /// and the lease's absolute end). One argument, not one per word: the server frames,
 /// copies and writes out each argument of a propagated command (with the AOF on, three
 /// cost more than this payload). Recording the writes would send an `RLOCK.APPLY` of two

@@ -41,7 +41,7 @@ pub use multi::{MultiGuard, MultiLock, RedLock, RedLockGuard};
 
 // Countdown latch (clients/rust/src/latch.rs): `client.latch(name)`.
 pub use crate::latch::aio::CountDownLatch;
-// Fenced lock (SPEC 4.2): its async handle and guard.
+// Fenced lock (design.md 4.2): its async handle and guard.
 pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
 pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
@@ -94,7 +94,7 @@ pub(crate) struct ClientInner {
     wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,
     worker: tokio::task::AbortHandle,
-    // Queued tickets (SPEC 5): the shared ticket connection (None: a cluster, or blocking mode).
+    // Queued tickets (design.md 5): the shared ticket connection (None: a cluster, or blocking mode).
     tickets: Option<crate::net::tickets::Tickets>,
     // Queued tickets on a cluster: one ticket connection per node with waiters.
     cluster_tickets: Option<crate::net::cluster_tickets::ClusterTickets>,
@@ -385,7 +385,7 @@ impl ClientInner {
     }
 
     /// Runs a waiting command (one with `WAIT`): with a queued ticket on the shared
-    /// ticket connection where the module supports it (SPEC 5), else blocked on a
+    /// ticket connection where the module supports it (design.md 5), else blocked on a
     /// connection of its own. `limit` bounds the wait for the answer. Cancel safe: a
     /// ticket granted after its future was dropped is collected and given back.
     ///
@@ -560,7 +560,7 @@ async fn renew_batch(
     out
 }
 
-// Fenced lock (SPEC 4.2): one quick command with the client's retries, for fenced.rs.
+// Fenced lock (design.md 4.2): one quick command with the client's retries, for fenced.rs.
 impl Client {
     pub(crate) async fn query_retried(&self, command: &redis::Cmd) -> Result<Value> {
         let c = &self.inner;

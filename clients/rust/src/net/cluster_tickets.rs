@@ -1,4 +1,4 @@
-//! Queued tickets on a Redis Cluster (SPEC 5): one ticket connection per node that has
+//! Queued tickets on a Redis Cluster (design.md 5): one ticket connection per node that has
 //! waiters ([`Tickets::for_node`], shard channels), made when a wait first goes there.
 //!
 //! A waiting call goes to the node serving its key's slot, found in a slot map read

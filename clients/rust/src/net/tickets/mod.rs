@@ -1,4 +1,4 @@
-//! Waiting with queued tickets (SPEC 5, docs/tickets.md), used by the client (the
+//! Waiting with queued tickets (design.md 5, docs/commands/tickets.md), used by the client (the
 //! blocking API through the async one): instead of blocking a connection of its own in the server (`WAIT`),
 //! a waiting call sends its command with `WAIT t ASYNC ID id` on the client's one
 //! **ticket connection**, gets `QUEUED` (or the ordinary reply), and waits for the

@@ -1,4 +1,4 @@
-// The entry point of the rlock Java client (clients/java; SPEC 6): one shared command
+// The entry point of the rlock Java client (clients/java; design.md 6): one shared command
 // connection, one notification connection for every waiting call, one scheduler thread for
 // the watchdog and retries. Hands out the primitives by name, as Redisson's RedissonClient
 // does. It opens its own Lettuce RedisClient, rides on the application's, or runs on any

@@ -1,4 +1,4 @@
-// The countdown latch of the rlock Java client (clients/java; SPEC 4.5):
+// The countdown latch of the rlock Java client (clients/java; design.md 4.5):
 // java.util.concurrent.CountDownLatch's shape over RLATCH.*, Redisson's RCountDownLatch
 // layout, plus Redisson's trySetCount and delete. Every awaiter is released in the turn
 // the count reaches zero.

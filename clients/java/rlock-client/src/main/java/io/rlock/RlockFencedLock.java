@@ -1,4 +1,4 @@
-// The fenced lock of the rlock Java client (clients/java; SPEC 4.2): the re-entrant lock
+// The fenced lock of the rlock Java client (clients/java; design.md 4.2): the re-entrant lock
 // acquired with RFENCED.ACQUIRE, which returns a fencing token with every acquire and
 // handoff (Redisson's RFencedLock: lockAndGetToken, tryLockAndGetToken, getToken). Release,
 // renewal and the rest are the plain lock's commands on the same key.

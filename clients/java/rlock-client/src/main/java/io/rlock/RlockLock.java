@@ -1,4 +1,4 @@
-// The re-entrant lock of the rlock Java client (clients/java; SPEC 1, 6): a
+// The re-entrant lock of the rlock Java client (clients/java; design.md 1, 6): a
 // java.util.concurrent.locks.Lock over RLOCK.*, owned per thread like Redisson's RLock
 // (`<client id>:<thread id>`), with Redisson's extras and a CompletionStage twin of every
 // blocking method. The fenced lock and both halves of the read-write lock are this class

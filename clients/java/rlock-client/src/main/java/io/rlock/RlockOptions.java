@@ -21,7 +21,7 @@ public final class RlockOptions {
 
     /** How a waiting call waits in the server. */
     public enum WaitMode {
-        /** Queued tickets when the module takes them (SPEC 5), else a blocked connection per waiter. */
+        /** Queued tickets when the module takes them (design.md 5), else a blocked connection per waiter. */
         AUTO,
         /** Queued tickets only: a module without them is an error. */
         TICKETS,

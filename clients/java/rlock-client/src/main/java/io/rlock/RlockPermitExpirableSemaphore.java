@@ -1,4 +1,4 @@
-// The permit-expirable semaphore of the rlock Java client (clients/java; SPEC 4.4):
+// The permit-expirable semaphore of the rlock Java client (clients/java; design.md 4.4):
 // Redisson's RPermitExpirableSemaphore over RPSEMAPHORE.*: every permit has an id and a
 // lease, and returns to the pool at its lease end (a module timer), handed to waiters at
 // once. A permit taken without a lease is kept by the client's watchdog (renewed with

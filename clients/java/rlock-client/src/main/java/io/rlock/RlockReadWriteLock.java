@@ -1,4 +1,4 @@
-// The read-write lock of the rlock Java client (clients/java; SPEC 4.1): a
+// The read-write lock of the rlock Java client (clients/java; design.md 4.1): a
 // java.util.concurrent.locks.ReadWriteLock over RRWLOCK.*, Redisson's RReadWriteLock
 // layout. Each half is the re-entrant lock with the RW commands, so waiting, watchdog,
 // lost signal and JDK conventions are the lock's.

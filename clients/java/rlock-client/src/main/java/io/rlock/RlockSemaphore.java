@@ -1,4 +1,4 @@
-// The semaphore of the rlock Java client (clients/java; SPEC 4.3): java.util.concurrent
+// The semaphore of the rlock Java client (clients/java; design.md 4.3): java.util.concurrent
 // .Semaphore's shape over RSEMAPHORE.*, Redisson's RSemaphore layout, plus Redisson's
 // trySetPermits/addPermits. FIFO in the server: a request for 5 at the head is served
 // before a later request for 1. Nobody records who holds permits (Redisson's layout): a

@@ -19,7 +19,7 @@ import java.util.function.BiConsumer;
  * message is the error text, a broken connection {@code RedisConnectionException}, a timeout
  * {@code RedisCommandTimeoutException}.
  *
- * <p>An implementation must keep a ticket's promise (docs/tickets.md): a ticket lives as
+ * <p>An implementation must keep a ticket's promise (docs/commands/tickets.md): a ticket lives as
  * long as the connection that queued it, and a grant published while the notification
  * connection was away is lost. When either happened it calls the reconnect hook, and the
  * client sends every waiting command again under its request id.

@@ -1,4 +1,4 @@
-// Waiting in the server (clients/java, internal; SPEC 5, docs/tickets.md): every waiting
+// Waiting in the server (clients/java, internal; design.md 5, docs/commands/tickets.md): every waiting
 // call of one client queues a ticket (`WAIT t ASYNC ID id`) on the client's command
 // connection and hears its fate on the client's one notification (pub/sub) connection, so
 // the client holds two connections however many threads wait. The Rust client's

@@ -1,5 +1,5 @@
 // Redisson in cluster mode against the project's 3-master test cluster (clients/java
-// tests; SPEC 1.5, 6): Redisson's RLock (its Lua scripts routed by its cluster client,
+// tests; design.md 1.5, 6): Redisson's RLock (its Lua scripts routed by its cluster client,
 // woken through sharded pub/sub) and the module's lock on one name exclude each other, a
 // module waiter is served when Redisson unlocks, and a Redisson waiter wakes when the
 // module releases (the module SPUBLISHes in cluster mode). The rlock Java client talks to

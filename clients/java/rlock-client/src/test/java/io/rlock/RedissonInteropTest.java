@@ -1,4 +1,4 @@
-// The interop proof (clients/java tests; SPEC 6): the real Redisson (test scope, its latest
+// The interop proof (clients/java tests; design.md 6): the real Redisson (test scope, its latest
 // release) and the rlock Java client on the same names against one module-loaded server,
 // both directions for every primitive: they exclude each other, a module waiter is served
 // when Redisson releases, and a Redisson waiter wakes when the module releases, through
