@@ -1,5 +1,7 @@
 // The client on a 3-master Redis Cluster: commands routed by key, tickets queued and
-// heard (SSUBSCRIBE) on the node that owns the key's slot, one hub per node with waiters.
+// heard (SSUBSCRIBE) on the node that owns the key's slot, one hub per node with waiters;
+// a ticket follows its node's connections being killed and (Valkey 9.0+) an atomic slot
+// migration.
 
 package rlock_test
 
@@ -7,9 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	rlock "github.com/rlock/rlock/clients/go"
 	"github.com/rlock/rlock/clients/go/internal/testserver"
@@ -101,5 +106,70 @@ func TestClusterWaiterQueuesAgainWhenItsNodeConnectionsAreKilled(t *testing.T) {
 	must(t, <-got)
 	if waiter.Held() != 1 {
 		t.Fatal("the waiter does not hold the lock")
+	}
+}
+
+// Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS): the old node drops the slot's
+// shard subscriptions before it answers the slot's tickets MOVED on them; the waiter
+// queues again on the new owner with the same request id and is served there.
+func TestClusterTicketFollowsAnAtomicSlotMigration(t *testing.T) {
+	cl := testserver.StartCluster(t)
+	rdb := cl.Client(t)
+	c := rlock.New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	info := cl.Nodes[0].Client(t).Info(ctx, "server").Val()
+	if !strings.Contains(info, "server_name:valkey") || strings.Contains(info, "valkey_version:8.") || strings.Contains(info, "valkey_version:7.") {
+		t.Skip("atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+")
+	}
+	const key = "asm-go"
+	slot := rdb.ClusterKeySlot(ctx, key).Val()
+	src, err := rdb.MasterForKey(ctx, key)
+	must(t, err)
+	var dst *redis.Client
+	for _, n := range cl.Nodes {
+		if n.Addr != src.Options().Addr {
+			dst = n.Client(t)
+			break
+		}
+	}
+	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
+	must(t, err)
+	waitersOn := func(node *redis.Client) int64 {
+		v, err := node.Do(ctx, "RLOCK.INFO", key).Result()
+		if err != nil {
+			return -1
+		}
+		switch m := v.(type) {
+		case map[any]any:
+			n, _ := m["waiters"].(int64)
+			return n
+		case []any:
+			for i := 0; i+1 < len(m); i += 2 {
+				if m[i] == "waiters" {
+					n, _ := m[i+1].(int64)
+					return n
+				}
+			}
+		}
+		return -1
+	}
+	holder := c.NewMutex(key)
+	must(t, holder.Lock())
+	waiter := c.NewMutex(key)
+	got := within(waiter.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the ticket queued on the source", func() bool { return waitersOn(src) == 1 })
+	must(t, src.Do(ctx, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", dstID).Err())
+	testserver.WaitUntil(t, 30*time.Second, "the waiter queued again on the new owner", func() bool { return waitersOn(dst) == 1 })
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter returned while the lock is held: %v", err)
+	default:
+	}
+	_, err = holder.Unlock()
+	must(t, err)
+	must(t, <-got)
+	if waiter.Held() != 1 || dst.HGet(ctx, key, waiter.Owner()).Val() != "1" {
+		t.Fatal("the waiter does not hold the lock on the new owner")
 	}
 }

@@ -404,6 +404,10 @@ func (h *hub) read(s *session) {
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
+			if m.Kind == "sunsubscribe" {
+				h.slotLeft(s, m.Channel)
+				continue
+			}
 			h.confirmed(s, m)
 		case *redis.Message:
 			note, ok := proto.ParseNote(m.Payload)
@@ -420,6 +424,36 @@ func (h *hub) read(s *session) {
 			}
 			h.mu.Unlock()
 		}
+	}
+}
+
+// slotLeft handles a sunsubscribe: ours for an idle channel (sweep), or the server's
+// own when the channel's slot left the node (Valkey 9's atomic slot migration). The old
+// node answers the slot's tickets MOVED on that channel, which we no longer hear, and
+// never grants them; so its waiters are told their ticket is gone, and waitCall learns
+// the layout again and queues on the new owner with the same request id.
+func (h *hub) slotLeft(s *session, channel string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sess != s {
+		return
+	}
+	st := h.chans[channel]
+	if st == nil || !st.confirmed {
+		// Ours: sweep forgot the channel before unsubscribing it, and a channel joined
+		// again since is confirmed only by a reply that comes after this one.
+		return
+	}
+	delete(h.chans, channel) // the waiters below leave; nothing is subscribed here now
+	for id, w := range h.waiters {
+		if w.channel != channel {
+			continue
+		}
+		if w.orphan {
+			delete(h.waiters, id) // its ticket went with the slot: no grant to give back
+			continue
+		}
+		deliver(w, event{ev: proto.Event{Lost: true}, gen: s.gen})
 	}
 }
 
