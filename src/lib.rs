@@ -211,25 +211,25 @@ fn info(ctx: &InfoContext, _for_crash_report: bool) {
         tracked_locks: tracking::tracked_count(),
     };
     let _ = stats::info(ctx, gauges);
-    // Semaphores: lease timers armed (engine key timers), after the counters.
-    #[allow(deprecated)]
-    ctx.add_info_field_long_long("key_timers", engine::key_timers_armed() as i64);
-    // Whether the module listens to the server's events now (only while somebody waits,
-    // and on Redis 7.0 the keyspace subscription it cannot drop).
-    #[allow(deprecated)]
-    ctx.add_info_field_long_long("watching", i64::from(events::is_watching()));
-    #[allow(deprecated)]
-    ctx.add_info_field_long_long("event_subscriptions", events::subscriptions() as i64);
-    // The replication gate (ffi/replication.rs): whether every write is replicated, and
-    // whether the module listens for that becoming so (a fork, a master link), which it
-    // does only on a server with neither an AOF nor a replica, from its first skipped
-    // write on.
-    #[allow(deprecated)]
-    ctx.add_info_field_long_long("propagation_open", i64::from(ffi::propagation_open()));
-    #[allow(deprecated)]
-    ctx.add_info_field_long_long(
-        "propagation_listeners",
-        i64::from(ffi::watching_propagation()),
+    // What the module holds of the server: lease timers armed (engine key timers); whether
+    // it listens to the server's events now (only while somebody waits, and on Redis 7.0
+    // the keyspace subscription it cannot drop); the replication gate (ffi/replication.rs):
+    // whether every write is replicated, and whether the module listens for that becoming
+    // so (a fork, a master link), which it does only on a server with neither an AOF nor
+    // a replica, from its first skipped write on.
+    stats::section(
+        ctx,
+        stats::SECTIONS[6],
+        &[
+            ("key_timers", engine::key_timers_armed() as u64),
+            ("watching", u64::from(events::is_watching())),
+            ("event_subscriptions", events::subscriptions() as u64),
+            ("propagation_open", u64::from(ffi::propagation_open())),
+            (
+                "propagation_listeners",
+                u64::from(ffi::watching_propagation()),
+            ),
+        ],
     );
 }
 

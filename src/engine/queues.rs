@@ -176,6 +176,10 @@ pub struct Drained {
     pub tickets: Vec<(i32, KeyName, Request)>,
 }
 
+/// A grant taken back after its connection's grace: the key it was granted on and what its
+/// waiter was never told.
+pub type TakeBack = (Box<[u8]>, Untold);
+
 impl Queues {
     pub fn total(&self) -> usize {
         self.total
@@ -455,7 +459,7 @@ impl Queues {
 
     /// The grants whose closed connection's grace ended by `now` (removed, with their
     /// request-id keys), and when the next one ends.
-    pub fn due_take_backs(&mut self, now: i64) -> (Vec<(Box<[u8]>, Untold)>, Option<i64>) {
+    pub fn due_take_backs(&mut self, now: i64) -> (Vec<TakeBack>, Option<i64>) {
         let due: Vec<Box<[u8]>> = self
             .uncollected
             .iter()

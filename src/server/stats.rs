@@ -106,9 +106,25 @@ fn semaphore_fields(s: &Stats) -> [(&'static str, u64); 10] {
     ]
 }
 
-/// The `rlock` section of INFO. The older field API is the one that names the section
-/// after the module alone (`INFO rlock`); the builder would make it `rlock_<name>`.
-#[allow(deprecated)]
+/// INFO's sections, `rlock_<section>` (`INFO rlock` gives them all, `INFO rlock_lock` one).
+///
+/// Naming rule: a section per primitive (`lock`, `rwlock`, `fenced`, `semaphore`, `latch`)
+/// plus `waits` (waiters and tickets of every primitive) and `server` (what the module holds
+/// of the server: timers, event subscriptions, the replication gate), written by lib.rs.
+/// Every field is `rlock_` (the server's prefix for a module's fields) then the primitive's
+/// word (`rw_`, `fenced_`, `sem_` / `psem_`, `latch_`; none for the plain lock, whose
+/// fields came first) then the counter, so a field keeps its name whichever section holds it.
+pub const SECTIONS: [&str; 7] = [
+    "lock",
+    "rwlock",
+    "fenced",
+    "semaphore",
+    "latch",
+    "waits",
+    "server",
+];
+
+/// Writes every section but `server`, which lib.rs writes from what it alone reads.
 pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
     let Gauges {
         waiters,
@@ -117,7 +133,7 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         tracked_locks,
     } = gauges;
     STATS.with(|s| {
-        let fields: [(&str, u64); 13] = [
+        let lock: [(&str, u64); 11] = [
             ("acquisitions", s.acquisitions.get()),
             ("reentries", s.reentries.get()),
             ("contended", s.contended.get()),
@@ -128,11 +144,8 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
             ("renewals", s.renewals.get()),
             ("expired_with_waiters", s.expired_with_waiters.get()),
             ("revoked_handoffs", s.revoked_handoffs.get()),
-            ("waiters", waiters as u64),
-            ("keys_with_waiters", keys as u64),
             ("tracked_locks", tracked_locks as u64),
         ];
-        // Read-write lock (RRWLOCK.*)
         let rw: [(&str, u64); 7] = [
             ("rw_read_acquisitions", s.rw_read_acquisitions.get()),
             ("rw_write_acquisitions", s.rw_write_acquisitions.get()),
@@ -142,10 +155,9 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
             ("rw_renewals", s.rw_renewals.get()),
             ("rw_read_leases_ended", s.rw_read_leases_ended.get()),
         ];
-        ctx.add_info_section(None);
-        for (name, value) in fields.into_iter().chain(rw) {
-            ctx.add_info_field_long_long(name, value as i64);
-        }
+        // Fenced lock (design.md 4.2).
+        let fenced: [(&str, u64); 1] = [("fenced_tokens_issued", s.fenced_tokens_issued.get())];
+        let semaphore = semaphore_fields(s);
         // Countdown latch (latch/commands.rs): counts set, count-downs, openings (by count-down
         // to zero or delete), awaits answered open at once, queued, released, timed out.
         let latch: [(&str, u64); 8] = [
@@ -158,25 +170,31 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
             ("latch_awaits_released", s.latch_awaits_released.get()),
             ("latch_await_timeouts", s.latch_await_timeouts.get()),
         ];
-        for (name, value) in latch {
-            ctx.add_info_field_long_long(name, value as i64);
-        }
-        // Fenced lock (design.md 4.2).
-        ctx.add_info_field_long_long("fenced_tokens_issued", s.fenced_tokens_issued.get() as i64);
-        for (name, value) in semaphore_fields(s) {
-            ctx.add_info_field_long_long(name, value as i64);
-        }
-        // Queued tickets (design.md 5): the gauge, then the counters.
-        let tickets: [(&str, u64); 5] = [
+        // Waiting, every primitive's (design.md 5): the gauges, then the tickets' counters.
+        let waits: [(&str, u64); 7] = [
+            ("waiters", waiters as u64),
+            ("keys_with_waiters", keys as u64),
             ("tickets", tickets as u64),
             ("tickets_queued", s.tickets_queued.get()),
             ("tickets_granted", s.tickets_granted.get()),
             ("tickets_timed_out", s.tickets_timed_out.get()),
             ("tickets_dropped", s.tickets_dropped.get()),
         ];
-        for (name, value) in tickets {
-            ctx.add_info_field_long_long(name, value as i64);
-        }
+        section(ctx, SECTIONS[0], &lock);
+        section(ctx, SECTIONS[1], &rw);
+        section(ctx, SECTIONS[2], &fenced);
+        section(ctx, SECTIONS[3], &semaphore);
+        section(ctx, SECTIONS[4], &latch);
+        section(ctx, SECTIONS[5], &waits);
     });
     Ok(())
+}
+
+/// One INFO section and its fields.
+#[allow(deprecated)]
+pub fn section(ctx: &InfoContext, name: &str, fields: &[(&str, u64)]) {
+    ctx.add_info_section(Some(name));
+    for &(field, value) in fields {
+        ctx.add_info_field_long_long(field, value as i64);
+    }
 }

@@ -114,3 +114,54 @@ def test_every_key_argument_is_the_registrations_key(server):
             assert info["first_key_pos"] == 1, name
         else:
             assert info["first_key_pos"] == 0, name
+
+
+# INFO's sections (src/server/stats.rs states the naming rule): a section per primitive,
+# then the waits of every primitive and what the module holds of the server.
+SECTIONS = {
+    "rlock_lock": "rlock_",
+    "rlock_rwlock": "rlock_rw_",
+    "rlock_fenced": "rlock_fenced_",
+    "rlock_semaphore": ("rlock_sem_", "rlock_psem_"),
+    "rlock_latch": "rlock_latch_",
+    "rlock_waits": ("rlock_waiters", "rlock_keys_with_waiters", "rlock_tickets"),
+    "rlock_server": "rlock_",
+}
+
+
+def info_text(r, section):
+    """INFO's raw text (redis-py's INFO callback would merge the sections into one dict)."""
+    conn = r.connection_pool.get_connection("INFO")
+    try:
+        conn.send_command("INFO", section)
+        return conn.read_response().decode()
+    finally:
+        r.connection_pool.release(conn)
+
+
+def fields_by_section(text):
+    out, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("# "):
+            current = line[2:].strip()
+            out[current] = []
+        elif ":" in line:
+            out[current].append(line.split(":", 1)[0])
+    return out
+
+
+def test_info_rlock_gives_every_named_section_and_each_field_once(server):
+    r = server.client()
+    sections = fields_by_section(info_text(r, "rlock"))
+    assert list(sections) == list(SECTIONS)
+    every = [f for fields in sections.values() for f in fields]
+    assert len(every) == len(set(every)), "a field in two sections"
+    for name, prefix in SECTIONS.items():
+        assert sections[name], f"{name} is empty"
+        assert all(f.startswith(prefix) for f in sections[name]), (name, sections[name])
+        # Each section alone, as a dashboard asks for it.
+        assert fields_by_section(info_text(r, name)) == {name: sections[name]}
+    # redis-py reads them all as one section, as the clients and tests do.
+    values = r.info("rlock")
+    assert set(values) == set(every)
+    assert all(isinstance(v, int) and v >= 0 for v in values.values())
