@@ -273,12 +273,12 @@ func (c *Client) replicasToSync(ctx context.Context, node *redis.Client) int {
 	if ok && time.Since(rc.at) < time.Second {
 		return rc.n
 	}
-	text, err := node.Info(ctx, "replication").Result()
+	// ROLE, as the Rust, Python and Java clients read it: the replicas the primary has
+	// online (INFO's connected_slaves also counts one still loading, which cannot ack).
+	role, err := node.Do(ctx, "ROLE").Slice()
 	n := 0
 	if err == nil {
-		if v, ok := proto.InfoField(text, "connected_slaves"); ok {
-			n = int(v)
-		}
+		n = proto.RoleReplicas(role)
 	} else if ok {
 		n = rc.n
 	}

@@ -366,9 +366,13 @@ func TestReplicaSyncWaitsForConnectedReplicas(t *testing.T) {
 	ctx := context.Background()
 	replica := testserver.Start(t, "--replicaof", "127.0.0.1", fmt.Sprint(master.Port))
 	rc := replica.Client(t)
-	testserver.WaitUntil(t, 20*time.Second, "replica link up", func() bool {
+	// Up on the replica's side and listed by the primary's ROLE, which the client counts.
+	mc := master.Client(t)
+	testserver.WaitUntil(t, 20*time.Second, "replica link up and listed by ROLE", func() bool {
 		info := rc.Info(ctx, "replication").Val()
-		return strings.Contains(info, "master_link_status:up")
+		role, _ := mc.Do(ctx, "ROLE").Slice()
+		return strings.Contains(info, "master_link_status:up") && len(role) > 2 &&
+			len(role[2].([]interface{})) == 1
 	})
 	m := c.NewMutex("synced")
 	if err := m.Lock(); err != nil {

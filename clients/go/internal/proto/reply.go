@@ -238,6 +238,19 @@ func asInt(v any) (int64, bool) {
 	return 0, false
 }
 
+// RoleReplicas is how many replicas a `ROLE` reply lists: a primary's online replicas;
+// 0 for a replica's or anything else's reply.
+func RoleReplicas(role []interface{}) int {
+	if len(role) < 3 {
+		return 0
+	}
+	if kind, _ := role[0].(string); kind != "master" && kind != "primary" {
+		return 0
+	}
+	listed, _ := role[2].([]interface{})
+	return len(listed)
+}
+
 // InfoField is one integer field of `INFO <section>` text (connected_slaves, ...).
 func InfoField(text, field string) (int64, bool) {
 	for _, line := range strings.Split(text, "\n") {
