@@ -60,6 +60,8 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 		satisfied := func(v any) bool { a, err := h.parse(v); return err != nil || a.Held }
 		var reply any
 		var err error
+		// A wait that held on its granted note (design.md 5) leaves its confirm here.
+		var cf *confirm
 		if reentry {
 			// A re-entry never waits: the server answers at once.
 			reply, err = h.c.doRetry(ctx, build(-1))
@@ -68,7 +70,7 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 			if wait < 0 {
 				w = 0
 			}
-			reply, err = h.c.waitCall(ctx, h.words.Key, w, forever, build, satisfied)
+			reply, err = h.c.waitCall(withConfirmSlot(ctx, &cf), h.words.Key, w, forever, build, satisfied)
 		}
 		if err != nil {
 			return opErr(op, h.words.Key, err)
@@ -114,7 +116,12 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 		if a.Token != 0 {
 			h.token = a.Token
 		}
+		held := h.epoch
 		h.mu.Unlock()
+		if cf != nil {
+			// A grant taken back before its confirmation landed is a lost hold.
+			cf.onTakenBack(func() { h.lost(held) })
+		}
 		return nil
 	}
 }

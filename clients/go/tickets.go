@@ -8,8 +8,12 @@
 // A waiter subscribes its key's ticket channel (refcounted, kept for a few seconds after
 // the last waiter left so that busy keys are not resubscribed per wait; confirmed before its ticket
 // is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
-// ordinary reply), and waits for its note: granted (collect with the same id, which
-// confirms the grant), timeout or error. Tickets live as long as the command connection
+// ordinary reply), and waits for its note: granted, timeout or error. A lock's or RW
+// lock's waiter on a server naming `ticket-holds` holds on its granted note: the reader
+// sends the confirmation (the same command and id, without WAIT) off the holder's path
+// and wakes the waiter at once; the confirmation's reply settles the hold's confirm, and
+// one answered TAKENBACK (or lost with its connection past the server's grace) reports
+// the hold lost. Other waiters collect first (the fenced token, the permits). Tickets live as long as the command connection
 // that queued them; when either connection breaks, both are closed (the server drops the
 // tickets and takes back uncollected grants), and every waiter re-sends with the same
 // id on new ones. A waiter that leaves (its context ended) while its ticket is queued
@@ -65,6 +69,7 @@ type hub struct {
 // session is one generation of the hub's two connections.
 type session struct {
 	gen    uint64
+	caps   proto.Capabilities // what this session's probe answered
 	ps     *redis.PubSub
 	conn   *redis.Conn
 	sendMu sync.Mutex
@@ -93,7 +98,64 @@ type waiter struct {
 	channel string
 	events  chan event
 	orphan  bool
+	// confirm: a Holds waiter's confirmation, settled by the reader's confirmGrant when
+	// its grant is held on the granted note.
+	confirm *confirm
 }
+
+// confirm is the outcome of a grant held on its granted note and confirmed off the
+// holder's path: confirmed, or taken back (the hold is lost), whichever comes first, and
+// the hook that reports the loss.
+type confirm struct {
+	mu      sync.Mutex
+	settled bool
+	ok      bool
+	hook    func()
+}
+
+// onTakenBack runs f once if the grant turns out taken back (at once if it was).
+func (c *confirm) onTakenBack(f func()) {
+	c.mu.Lock()
+	if !c.settled {
+		c.hook = f
+		c.mu.Unlock()
+		return
+	}
+	ok := c.ok
+	c.mu.Unlock()
+	if !ok {
+		f()
+	}
+}
+
+// settle records the confirmation's outcome once, running the hook if it failed.
+func (c *confirm) settle(ok bool) {
+	c.mu.Lock()
+	if c.settled {
+		c.mu.Unlock()
+		return
+	}
+	c.settled, c.ok = true, ok
+	hook := c.hook
+	c.hook = nil
+	c.mu.Unlock()
+	if !ok && hook != nil {
+		hook()
+	}
+}
+
+// confirmSlot is the context key under which a hold asks waitCall for the confirm of a
+// wait that held on its grant (a **confirm; nil when the wait collected or did not wait).
+type confirmSlot struct{}
+
+func withConfirmSlot(ctx context.Context, slot **confirm) context.Context {
+	return context.WithValue(ctx, confirmSlot{}, slot)
+}
+
+// confirmRetryFor bounds the confirmation of a held grant whose ticket connection broke
+// before its reply: it is sent again on the application's connections within the server's
+// default grace (`rlock.ticket-confirm-ms`, 1 s), after which the grant is taken back.
+const confirmRetryFor = 800 * time.Millisecond
 
 func newHub(c *Client, node *redis.Client, shard bool) *hub {
 	return &hub{c: c, node: node, shard: shard, chans: map[string]*chanState{}, waiters: map[string]*waiter{}}
@@ -214,6 +276,18 @@ func (h *hub) unsubscribe(s *session, channel string) {
 	}
 }
 
+// rejoin moves a waiter to shape's fresh request id (its old id was answered TAKENBACK,
+// and has no ticket queued), keeping its channel count and its events.
+func (h *hub) rejoin(w *waiter, shape proto.Shape) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiters[w.shape.ID()] == w {
+		delete(h.waiters, w.shape.ID())
+	}
+	w.shape = shape
+	h.waiters[shape.ID()] = w
+}
+
 // leave unregisters a waiter whose wait is over (nothing of it is left in the server).
 func (h *hub) leave(w *waiter) {
 	h.mu.Lock()
@@ -305,6 +379,7 @@ func (h *hub) session(ctx context.Context, channel string) (*session, error) {
 		cancel()
 		if err == nil || errors.Is(err, errNoTickets) {
 			h.caps = caps
+			s.caps = caps
 		}
 		if err != nil {
 			_ = s.conn.Close()
@@ -416,9 +491,15 @@ func (h *hub) read(s *session) {
 			}
 			h.mu.Lock()
 			if w := h.waiters[note.ID]; w != nil && h.sess == s {
-				if w.orphan {
+				switch {
+				case w.orphan:
 					h.orphanEvent(w, proto.Event{Note: &note})
-				} else {
+				case note.Kind == proto.Granted && w.confirm != nil && s.caps.Has("ticket-holds"):
+					// Held now: the confirmation goes out beside the waiter's wake-up,
+					// not before it (design.md 5).
+					go h.confirmGrant(s, w.shape.Look(), w.confirm)
+					deliver(w, event{ev: proto.Event{Note: &note, Held: true}, gen: s.gen})
+				default:
 					deliver(w, event{ev: proto.Event{Note: &note}, gen: s.gen})
 				}
 			}
@@ -471,6 +552,66 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 	close(st.ready)
 }
 
+// confirmGrant confirms a grant held on its granted note: look (the same command and id,
+// without WAIT) on the session's command connection, which replays the grant's nil. A
+// reply that is not that nil (TAKENBACK, or the lock found held by another) settles it
+// taken back. With no reply (the connection broke) it is sent again on the application's
+// connections until confirmRetryFor has passed; the server keeps the grant that long
+// after the connection closed (rlock.ticket-confirm-ms) and takes it back after.
+func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	s.sendMu.Lock()
+	reply, err := s.conn.Do(ctx, look...).Result()
+	s.sendMu.Unlock()
+	cancel()
+	if errors.Is(err, redis.Nil) {
+		reply, err = nil, nil
+	}
+	var re redis.Error
+	if err == nil || errors.As(err, &re) {
+		cf.settle(err == nil && reply == nil)
+		return
+	}
+	h.broken(s.gen)
+	until := time.Now().Add(confirmRetryFor)
+	for {
+		left := time.Until(until)
+		if left <= 0 {
+			cf.settle(false)
+			return
+		}
+		// go-redis bounds a read by its ReadTimeout, not by the context: the wait for
+		// the reply is bounded here instead.
+		type result struct {
+			v   any
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			cctx, cancel := context.WithTimeout(context.Background(), left)
+			defer cancel()
+			v, err := h.node.Do(cctx, look...).Result()
+			got <- result{v, err}
+		}()
+		t := time.NewTimer(left)
+		select {
+		case r := <-got:
+			t.Stop()
+			if errors.Is(r.err, redis.Nil) {
+				r.v, r.err = nil, nil
+			}
+			if r.err == nil || errors.As(r.err, &re) {
+				cf.settle(r.err == nil && r.v == nil)
+				return
+			}
+			_ = sleep(context.Background(), 20*time.Millisecond)
+		case <-t.C:
+			cf.settle(false)
+			return
+		}
+	}
+}
+
 // ping checks the command connection while anyone waits.
 func (h *hub) ping(s *session) bool {
 	h.mu.Lock()
@@ -521,6 +662,9 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if shape.Holds() {
+		w.confirm = &confirm{}
+	}
 	started := time.Now()
 	m := proto.NewMachine(shape, started)
 	step := m.Start(started)
@@ -539,6 +683,11 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 		switch {
 		case step.Done:
 			h.leave(w)
+			if step.Held {
+				if slot, ok := ctx.Value(confirmSlot{}).(**confirm); ok {
+					*slot = w.confirm
+				}
+			}
 			return step.Reply, step.Err
 		case step.Send != nil:
 			g, reply, err := h.send(ctx, w, step.Send)
@@ -575,6 +724,9 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 			}
 			gen = g
 			step = m.On(proto.Event{Reply: reply, Err: err}, time.Now())
+			if m.Shape.ID() != w.shape.ID() {
+				h.rejoin(w, m.Shape) // TAKENBACK: queued again under a fresh id
+			}
 		default:
 			select {
 			case e := <-w.events:

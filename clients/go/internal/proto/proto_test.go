@@ -5,6 +5,7 @@ package proto
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -266,6 +267,46 @@ func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 	ml.On(Event{Reply: "QUEUED"}, now)
 	if step = ml.On(Event{Note: &Note{Kind: Granted}}, now); !step.Done || step.Reply != int64(1) {
 		t.Fatalf("latch: %+v", step)
+	}
+}
+
+// On a server naming `ticket-holds` a lock's or RW lock's waiter holds on its `granted`
+// message (no collect on its path); the fenced lock and the semaphores still collect. An
+// id answered TAKENBACK (its grant taken back before the waiter had it) queues again
+// under a fresh id.
+func TestTheTicketMachineHoldsOnTheGrantAndRequeuesATakenBackID(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		args  []any
+		holds bool
+	}{
+		{Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"), true},
+		{Hold{Key: "k", Owner: "o", Prefix: "RRWLOCK", Side: "WRITE"}.Acquire(100, 0, "r1"), true},
+		{Hold{Key: "k", Owner: "o", Prefix: "RFENCED"}.Acquire(100, 0, "r1"), false},
+		{SemAcquire("k", 1, 0, "r1"), false},
+	} {
+		s, _ := ShapeOf(tc.args)
+		if s.Holds() != tc.holds {
+			t.Errorf("%v: Holds = %v", tc.args, s.Holds())
+		}
+	}
+	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
+	m := NewMachine(s, now)
+	m.Start(now)
+	m.On(Event{Reply: "QUEUED"}, now)
+	if step := m.On(Event{Note: &Note{Kind: Granted, ID: "r1"}, Held: true}, now); !step.Done || !step.Held || step.Reply != nil || step.Send != nil || m.Outstanding {
+		t.Fatalf("held on the grant: %+v", step)
+	}
+	// A resend after a broken connection answered TAKENBACK: queue again, fresh id.
+	m2 := NewMachine(s, now)
+	m2.Start(now)
+	m2.On(Event{Reply: "QUEUED"}, now)
+	m2.On(Event{Lost: true}, now)
+	step := m2.On(Event{Err: errors.New("TAKENBACK the grant of this request id was taken back")}, now)
+	got := join(Strings(step.Send))
+	if step.Done || !strings.HasPrefix(got, "RLOCK.ACQUIRE k o 100 WAIT 0 ID ") || strings.Contains(got, " r1 ") ||
+		m2.Shape.ID() == "r1" || !strings.Contains(got, m2.Shape.ID()) || !m2.Outstanding {
+		t.Fatalf("taken back: %+v (%q)", step, got)
 	}
 }
 

@@ -150,6 +150,25 @@ func (s *Shape) Key() string { return s.args[1] }
 // ID is the request id the ticket is queued and collected under.
 func (s *Shape) ID() string { return s.id }
 
+// Holds tells whether a grant of this command is known without collecting it: the lock's
+// and RW lock's acquire, whose grant replies nil. On a server naming `ticket-holds` such a
+// waiter holds on its `granted` message and the grant is confirmed off its path; the
+// fenced lock (its token) and the semaphores (permit ids, a count) collect first.
+func (s *Shape) Holds() bool {
+	c := s.Command()
+	return c == "RLOCK.ACQUIRE" || c == "RRWLOCK.ACQUIRE"
+}
+
+// RenewID gives the command a fresh request id: its old one was answered TAKENBACK (a
+// grant made while its ticket's connection was down, taken back before anything of it
+// reached this waiter), so the wait queues anew under an id the server has not seen.
+func (s *Shape) RenewID() {
+	s.id = RequestID()
+	if s.idAt >= 0 {
+		s.args[s.idAt] = s.id
+	}
+}
+
 // Command is the command word.
 func (s *Shape) Command() string { return strings.ToUpper(s.args[0]) }
 
@@ -214,11 +233,13 @@ func (s *Shape) Blocking(elapsed time.Duration) []any {
 // Event is what happened to a waiter: the reply to its last command (Value or Err), its
 // ticket's note, or the loss of the connection its ticket was queued on.
 type Event struct {
-	Reply  any
-	Err    error
-	Note   *Note
-	Lost   bool
-	IsResp bool
+	Reply any
+	Err   error
+	Note  *Note
+	Lost  bool
+	// Held: a `granted` note that means held (a Holds command on a server naming
+	// `ticket-holds`), whose confirmation the hub has already sent off the path.
+	Held bool
 }
 
 // Step is what a waiter does next.
@@ -231,6 +252,9 @@ type Step struct {
 	Done  bool
 	Reply any
 	Err   error
+	// Held: Done on a `granted` message, before any collect (Event.Held): the grant's
+	// confirmation settles later, and a grant taken back is a lost hold.
+	Held bool
 }
 
 // Machine is one ticketed wait, as a state machine over Events; no I/O. The caller
@@ -277,6 +301,11 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 				m.Outstanding = false
 				return Step{Done: true, Reply: int64(1)}
 			}
+			if ev.Held {
+				// Held now; the grant's reply is nil (Holds), confirmed off the path.
+				m.Outstanding = false
+				return Step{Done: true, Reply: nil, Held: true}
+			}
 			// Collect: the same command and id again; the server replays the grant.
 			return Step{Send: m.Shape.Look()}
 		case Failed:
@@ -289,6 +318,13 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 			return Step{Send: m.Shape.Look()}
 		}
 	case ev.Err != nil:
+		if ErrorCode(ev.Err.Error()) == "TAKENBACK" && m.Outstanding {
+			// Our id's grant was taken back (its connection closed and no confirmation
+			// came within the server's grace) before this waiter was given it: nothing was
+			// held, so queue again under a fresh id (the old one answers TAKENBACK for good).
+			m.Shape.RenewID()
+			return m.resend(now)
+		}
 		m.Outstanding = false
 		return Step{Done: true, Err: ev.Err}
 	default:
