@@ -213,7 +213,7 @@ test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, 
 	@$(PER_SERVER) sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
 
 # Needs Go >= 1.22 (redsync v4.13.0); the bench is a module of its own (clients/go/bench).
-bench-go: release ## Go contention bench: 8 and 64 contender processes on one lock, rlock's Go client vs go-redsync/redsync and bsm/redislock (owner changes/s, p99 wait, Jain, connections; REDIS_SERVER); writes its table into BENCHMARK.md
+bench-go: release ## Go contention bench: 8 and 64 contender processes on one lock, rlock's Go client (tickets, and blocked waits) vs go-redsync/redsync and bsm/redislock (owner changes/s, p99 wait, Jain, connections, CPU per owner change; REDIS_SERVER); writes its table into BENCHMARK.md
 	@./scripts/deps.sh --go
 	cd $(GO_DIR)/bench && RLOCK_MODULE=$(MODULE_RELEASE) $(GO) run . -report $(CURDIR)/BENCHMARK.md
 

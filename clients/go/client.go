@@ -46,6 +46,7 @@ type options struct {
 	replicaTimeout time.Duration
 	clientID       string
 	mode           Mode
+	blockingWaits  bool
 }
 
 // Option configures a Client.
@@ -73,6 +74,15 @@ func WithReplicaSync(replicas int, timeout time.Duration) Option {
 
 // WithoutReplicaSync turns the replica sync after acquire off.
 func WithoutReplicaSync() Option { return func(o *options) { o.replicas = 0 } }
+
+// WithBlockingWaits makes every wait a blocked `WAIT` on a connection of its own (held
+// while it waits, so one per waiting goroutine) instead of a queued ticket on the client's
+// one ticket connection (the default). A grant then wakes only its waiter's connection,
+// where a ticket's grant message reaches every process waiting on the key (each is
+// subscribed to the key's one ticket channel): worth it for one waiting goroutine per
+// process and many processes on one key (BENCHMARK.md's Go table), not for many waiting
+// goroutines, which each hold a connection and cost the server tens of KB.
+func WithBlockingWaits() Option { return func(o *options) { o.blockingWaits = true } }
 
 // WithClientID sets the client part of owner ids (default: a fresh v4 uuid).
 func WithClientID(id string) Option { return func(o *options) { o.clientID = id } }
@@ -320,7 +330,11 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 		if err != nil {
 			return nil, err
 		}
-		reply, err = h.wait(ctx, build(waitMs))
+		if c.opts.blockingWaits {
+			err = errNoTickets
+		} else {
+			reply, err = h.wait(ctx, build(waitMs))
+		}
 		if errors.Is(err, errNoTickets) {
 			reply, err = h.blockedWait(ctx, build(waitMs))
 		}

@@ -5,7 +5,8 @@
 // waiter whose id is answered TAKENBACK before it had the grant queues again under a
 // fresh id: internal/proto's machine test; the module defers a take-back while writes are
 // paused, which lets the waiter's own resend confirm the grant first, so no server-side
-// sequence here forces it.)
+// sequence here forces it.) And the opt-in blocked waits (WithBlockingWaits), which queue
+// no ticket.
 
 package rlock_test
 
@@ -94,5 +95,42 @@ func TestAHolderWhoseGrantCannotBeConfirmedIsToldItIsLost(t *testing.T) {
 	}
 	if !errors.Is(m.Err(), rlock.ErrLost) {
 		t.Fatalf("Err = %v, want ErrLost", m.Err())
+	}
+}
+
+func TestWithBlockingWaitsAWaitBlocksAConnectionAndQueuesNoTicket(t *testing.T) {
+	_, rdb, c := setup(t, rlock.WithBlockingWaits())
+	ctx := context.Background()
+	holder, waiter := c.NewMutex("b"), c.NewMutex("b")
+	if err := holder.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- waiter.Lock() }()
+	blocked := func() bool {
+		for _, line := range strings.Split(rdb.ClientList(ctx).Val(), "\n") {
+			if strings.Contains(line, "flags=b ") && strings.Contains(line, "cmd=rlock.acquire") {
+				return true
+			}
+		}
+		return false
+	}
+	testserver.WaitUntil(t, 10*time.Second, "the waiter blocked in the server", blocked)
+	if id := ticketCommandConn(ctx, rdb); id != "" {
+		t.Fatalf("a ticket connection (id %s) with blocking waits", id)
+	}
+	if _, err := holder.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked waiter was not served")
+	}
+	if waiter.Held() != 1 {
+		t.Fatal("the waiter does not hold the lock")
 	}
 }

@@ -1,8 +1,11 @@
 // Command bench is `make bench-go`: contenders in separate processes on one lock,
 // rlock's Go client against go-redsync/redsync and bsm/redislock on the same server, one
-// run each: owner changes per second, the p99 wait of an acquire, Jain's fairness index
-// over the processes' acquisitions, and the server's connections during the run. It
-// writes one table, with ratios, into BENCHMARK.md (between its markers).
+// run each (rlock twice: its default tickets, and WithBlockingWaits): owner changes per
+// second, the p99 wait of an acquire, Jain's fairness index over the processes'
+// acquisitions, the server's connections during the run, and the CPU time the contenders
+// and the server spent per owner change (what tells the tickets' fan-out apart: each
+// grant message reaches every waiting process). It writes one table, with ratios, into
+// BENCHMARK.md (between its markers).
 //
 // A separate module (clients/go/bench/go.mod), so that redsync and redislock stay out
 // of the client's own go.mod. It starts its server with internal/testserver
@@ -19,6 +22,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -57,6 +61,7 @@ func main() {
 	startNs := flag.Int64("start", 0, "child: when to start (unix ns)")
 	seconds := flag.Float64("seconds", 10, "seconds per run")
 	contenders := flag.String("contenders", "8,64", "contender counts, one run each")
+	impls := flag.String("impls", "rlock,rlock-blocking,redsync,redislock", "the clients to run, in order")
 	report := flag.String("report", "", "write the table into this file (BENCHMARK.md)")
 	flag.Parse()
 	if *child {
@@ -66,7 +71,7 @@ func main() {
 		}
 		return
 	}
-	if err := runDriver(*seconds, *contenders, *report); err != nil {
+	if err := runDriver(*seconds, *contenders, *impls, *report); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -75,6 +80,19 @@ func main() {
 // ---- one contender ----------------------------------------------------------------------
 
 func runChild(addr, impl string, proc int, start time.Time, seconds float64) error {
+	// BENCH_CPUPROFILE=dir: each contender writes its CPU profile there (proc-<n>.pprof),
+	// to see where a contender's time goes.
+	if dir := os.Getenv("BENCH_CPUPROFILE"); dir != "" {
+		f, err := os.Create(fmt.Sprintf("%s/%s-%d.pprof", dir, impl, proc))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	end := start.Add(time.Duration(seconds * float64(time.Second)))
@@ -125,6 +143,12 @@ func lockFor(impl string, rdb *redis.Client) (acquire, release func(context.Cont
 		m := c.NewMutex(key)
 		return m.LockContext, func(ctx context.Context) error { _, err := m.UnlockContext(ctx); return err },
 			func() { c.Close() }
+	case "rlock-blocking":
+		// The opt-in blocked wait (WithBlockingWaits): a grant wakes only its waiter.
+		c := rlock.New(rdb, rlock.WithBlockingWaits())
+		m := c.NewMutex(key)
+		return m.LockContext, func(ctx context.Context) error { _, err := m.UnlockContext(ctx); return err },
+			func() { c.Close() }
 	case "redsync":
 		// Its defaults (8 s expiry, a random 50-250 ms pause between tries) with tries
 		// without limit, so that Lock waits until it gets the lock, as the others do.
@@ -158,9 +182,14 @@ type row struct {
 	jain        float64
 	conns       int
 	acquired    int
+	// clientCPU and serverCPU: CPU time (user + system) of every contender process and of
+	// the server during the run, what an owner change costs each side.
+	clientCPU time.Duration
+	serverCPU time.Duration
+	seconds   float64
 }
 
-func runDriver(seconds float64, contenders, report string) error {
+func runDriver(seconds float64, contenders, impls, report string) error {
 	s, err := testserver.StartMain()
 	if err != nil {
 		return err
@@ -180,7 +209,7 @@ func runDriver(seconds float64, contenders, report string) error {
 		if err != nil {
 			return err
 		}
-		for _, impl := range []string{"rlock", "redsync", "redislock"} {
+		for _, impl := range strings.Split(impls, ",") {
 			if err := admin.FlushAll(ctx).Err(); err != nil {
 				return err
 			}
@@ -188,8 +217,9 @@ func runDriver(seconds float64, contenders, report string) error {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%-9s %3d contenders: %8.0f owner changes/s (%d acquisitions), p99 wait %v (owner changes: %v), Jain %.3f, %d connections\n",
-				impl, n, r.changesPerS, r.acquired, r.p99.Round(time.Millisecond), r.p99Change.Round(time.Millisecond), r.jain, r.conns)
+			fmt.Printf("%-9s %3d contenders: %8.0f owner changes/s (%d acquisitions), p99 wait %v (owner changes: %v), Jain %.3f, %d connections, CPU per owner change: clients %v, server %v\n",
+				impl, n, r.changesPerS, r.acquired, r.p99.Round(time.Millisecond), r.p99Change.Round(time.Millisecond), r.jain, r.conns,
+				perChange(r.clientCPU, r), perChange(r.serverCPU, r))
 			rows = append(rows, r)
 		}
 	}
@@ -203,6 +233,7 @@ func runDriver(seconds float64, contenders, report string) error {
 
 func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n int, seconds float64) (row, error) {
 	base := connected(ctx, admin)
+	cpu0 := serverCPU(ctx, admin)
 	start := time.Now().Add(time.Second + time.Duration(n)*20*time.Millisecond) // every process started by then
 	var cmds []*exec.Cmd
 	outs := make([]*strings.Builder, n)
@@ -235,17 +266,19 @@ func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n
 		}
 	}()
 	var failed error
+	var clientCPU time.Duration
 	for i, c := range cmds {
 		if err := c.Wait(); err != nil && failed == nil {
 			failed = fmt.Errorf("%s contender %d: %v", impl, i, err)
 		}
+		clientCPU += c.ProcessState.UserTime() + c.ProcessState.SystemTime()
 	}
 	close(stop)
 	wg.Wait()
 	if failed != nil {
 		return row{}, failed
 	}
-	r := row{impl: impl, n: n, conns: peak}
+	r := row{impl: impl, n: n, conns: peak, clientCPU: clientCPU, serverCPU: serverCPU(ctx, admin) - cpu0}
 	var waits, changeWaits []int64
 	var counts []float64
 	changes := 0
@@ -265,6 +298,7 @@ func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n
 		r.acquired += res.Acquired
 	}
 	r.changesPerS = float64(changes) / seconds
+	r.seconds = seconds
 	r.p99 = time.Duration(percentile(waits, 0.99)) * time.Microsecond
 	r.p99Change = time.Duration(percentile(changeWaits, 0.99)) * time.Microsecond
 	r.jain = jain(counts)
@@ -278,6 +312,27 @@ func connected(ctx context.Context, admin *redis.Client) int {
 	}
 	n, _ := proto.InfoField(text, "connected_clients")
 	return int(n)
+}
+
+// serverCPU is the server's CPU time so far (INFO cpu: used_cpu_sys + used_cpu_user).
+func serverCPU(ctx context.Context, admin *redis.Client) time.Duration {
+	text, _ := admin.Info(ctx, "cpu").Result()
+	var total float64
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, _ := infoString(text, f)
+		x, _ := strconv.ParseFloat(v, 64)
+		total += x
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// perChange is d per owner change of r.
+func perChange(d time.Duration, r row) string {
+	changes := r.changesPerS * r.seconds
+	if changes < 1 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)/changes)
 }
 
 func percentile(xs []int64, q float64) int64 {
@@ -331,30 +386,44 @@ func render(rows []row, seconds float64, server string) string {
 		"end of the run counted as its length so far); p99 handoff wait: of the acquires that took the "+
 		"lock from another process (an unfair lock's owner re-acquiring at once does not count). Jain: "+
 		"fairness of the acquisitions over the processes (1 = equal). Connections: the server's peak "+
-		"`connected_clients` during the run. rlock: `Mutex.LockContext` (queued tickets); redsync "+
+		"`connected_clients` during the run. CPU per owner change: user + system time of every "+
+		"contender process (start-up included) and of the server (INFO cpu) over the run, per owner change. rlock: "+
+		"`Mutex.LockContext` with its default queued tickets; rlock-blocking: the same with "+
+		"`WithBlockingWaits()` (a blocked `WAIT` per waiting goroutine); redsync "+
 		"v4.13.0: defaults (random 50-250 ms between tries), tries without limit; bsm/redislock "+
 		"v0.9.4: `ExponentialBackoff(16ms, 512ms)`. Ratios: rlock's changes/s over the other's, the "+
-		"other's p99 handoff wait over rlock's (above 1: rlock ahead).\n\n", server, seconds)
-	b.WriteString("| contenders | client | owner changes/s | acquisitions | p99 wait | p99 handoff wait | Jain | connections | changes/s: rlock ahead | p99 handoff: rlock ahead |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
-	byN := map[int]row{}
+		"other's p99 handoff wait over rlock's (above 1: rlock ahead), for rlock's tickets and its blocked waits.\n\n", server, seconds)
+	b.WriteString("| contenders | client | owner changes/s | acquisitions | p99 wait | p99 handoff wait | Jain | connections | CPU per owner change: contenders / server | changes/s: rlock ahead (tickets / blocking) | p99 handoff: rlock ahead (tickets / blocking) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	byN := map[string]row{}
 	for _, r := range rows {
-		if r.impl == "rlock" {
-			byN[r.n] = r
+		if strings.HasPrefix(r.impl, "rlock") {
+			byN[fmt.Sprint(r.impl, r.n)] = r
 		}
 	}
 	for _, r := range rows {
-		ratio, p99 := "–", "–"
-		if base, ok := byN[r.n]; ok && r.impl != "rlock" {
+		var ratios, p99s []string
+		for _, impl := range []string{"rlock", "rlock-blocking"} {
+			base, ok := byN[fmt.Sprint(impl, r.n)]
+			if !ok || strings.HasPrefix(r.impl, "rlock") {
+				continue
+			}
 			if r.changesPerS > 0 {
-				ratio = fmt.Sprintf("%.1fx", base.changesPerS/r.changesPerS)
+				ratios = append(ratios, fmt.Sprintf("%.1fx", base.changesPerS/r.changesPerS))
 			}
 			if base.p99Change > 0 {
-				p99 = fmt.Sprintf("%.1fx", float64(r.p99Change)/float64(base.p99Change))
+				p99s = append(p99s, fmt.Sprintf("%.1fx", float64(r.p99Change)/float64(base.p99Change)))
 			}
 		}
-		fmt.Fprintf(&b, "| %d | %s | %.0f | %d | %s | %s | %.3f | %d | %s | %s |\n", r.n, r.impl, r.changesPerS,
-			r.acquired, ms(r.p99), ms(r.p99Change), r.jain, r.conns, ratio, p99)
+		ratio, p99 := "–", "–"
+		if len(ratios) > 0 {
+			ratio = strings.Join(ratios, " / ")
+		}
+		if len(p99s) > 0 {
+			p99 = strings.Join(p99s, " / ")
+		}
+		fmt.Fprintf(&b, "| %d | %s | %.0f | %d | %s | %s | %.3f | %d | %s / %s | %s | %s |\n", r.n, r.impl, r.changesPerS,
+			r.acquired, ms(r.p99), ms(r.p99Change), r.jain, r.conns, perChange(r.clientCPU, r), perChange(r.serverCPU, r), ratio, p99)
 	}
 	return b.String()
 }
