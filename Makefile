@@ -208,9 +208,9 @@ bench-java: release ## Java contention benches (REDIS_SERVER; append to BENCHMAR
 # proxy fetches the pinned dependencies (go.sum) into the module cache on the first run.
 GO_DIR := clients/go
 
-test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, every primitive (tickets, watchdog, lost signal, replica sync), a 3-master cluster, Redisson interop, runnable examples
+test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, every primitive (tickets, grant = hold, watchdog, lost signal, replica sync), a 3-master cluster, Redisson and Python-client interop, runnable examples
 	@./scripts/deps.sh --go
-	@$(PER_SERVER) sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
+	@$(PER_SERVER) RLOCK_PYTHON=$(abspath $(VENV))/bin/python sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
 
 # Needs Go >= 1.22 (redsync v4.13.0); the bench is a module of its own (clients/go/bench).
 bench-go: release ## Go contention bench: 8 and 64 contender processes on one lock, rlock's Go client (tickets, and blocked waits) vs go-redsync/redsync and bsm/redislock (owner changes/s, p99 wait, Jain, connections, CPU per owner change; REDIS_SERVER); writes its table into BENCHMARK.md
