@@ -30,14 +30,23 @@ const DefaultWatchdogTimeout = 30 * time.Second
 // DefaultReplicaSyncTimeout bounds the WAIT for replicas after an acquire.
 const DefaultReplicaSyncTimeout = 1 * time.Second
 
-// Mode says how the client talks to the server. Only ModeModule is built; scripts mode
-// (Redisson's Lua scripts where the module cannot be loaded) will choose here.
+// Mode says how the client talks to the server (docs/scripts-mode.md).
 type Mode int
 
 const (
-	// ModeModule: the rlock module's commands.
-	ModeModule Mode = iota
+	// ModeAuto (the default): the module's commands where RLOCK.HELLO answers, Redisson's
+	// scripts where the server does not know it (scripts.go).
+	ModeAuto Mode = iota
+	// ModeModule: the rlock module's commands; without the module they fail with the
+	// server's "unknown command".
+	ModeModule
+	// ModeScripts: Redisson's scripts, also on a module-loaded server. Only the lock
+	// (Mutex) is done in scripts mode so far; other calls answer ErrNeedsModule.
+	ModeScripts
 )
+
+// WithMode sets how the client talks to the server (default ModeAuto).
+func WithMode(m Mode) Option { return func(o *options) { o.mode = m } }
 
 type options struct {
 	watchdog       time.Duration
@@ -96,6 +105,10 @@ type Client struct {
 	opts    options
 	seq     atomic.Uint64
 
+	modeNow modeState
+	sub     *subHub       // scripts mode's subscriber, made on the first wait
+	subNode *redis.Client // its own connection
+
 	mu       sync.Mutex
 	hubs     map[string]*hub // by node address
 	replicas map[string]replicaCount
@@ -144,9 +157,15 @@ func (c *Client) Close() error {
 	c.closed = true
 	hubs := c.hubs
 	c.hubs = map[string]*hub{}
+	sub, subNode := c.sub, c.subNode
+	c.sub, c.subNode = nil, nil
 	c.mu.Unlock()
 	for _, h := range hubs {
 		h.close()
+	}
+	if sub != nil {
+		sub.close()
+		_ = subNode.Close()
 	}
 	return nil
 }
@@ -164,9 +183,21 @@ func itoa(n int64) string { return proto.Strings([]any{n})[0] }
 // do runs one command through the application's client (routed by key in a cluster):
 // a nil reply is (nil, nil).
 func (c *Client) do(ctx context.Context, args []any) (any, error) {
+	module := moduleCommand(args)
+	if module && c.scriptsOn(ctx) {
+		return c.doScript(ctx, args)
+	}
 	v, err := c.rdb.Do(ctx, args...).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
+	}
+	if module && c.opts.mode == ModeAuto && err != nil &&
+		strings.HasPrefix(strings.ToLower(err.Error()), "err unknown command") {
+		// A failover to a server without the module: ask again, and go as a script.
+		c.forgetMode()
+		if c.scriptsOn(ctx) {
+			return c.doScript(ctx, args)
+		}
 	}
 	return v, err
 }
@@ -309,6 +340,9 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 	reply, err = c.doRetry(ctx, build(-1))
 	if err != nil || satisfied(reply) || (!forever && wait <= 0) {
 		return reply, err
+	}
+	if c.scriptsOn(ctx) {
+		return c.scriptsWait(ctx, wait, forever, build, satisfied, reply)
 	}
 	waitMs := int64(0)
 	if !forever {

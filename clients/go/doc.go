@@ -16,6 +16,6 @@
 // Layout: package rlock holds the I/O (client.go, tickets.go for waiting, hold.go for the
 // acquire/release/renew engine every owned hold shares) and one file per primitive;
 // internal/proto holds the wire protocol with no I/O; internal/testserver starts real
-// module-loaded servers for the tests. Scripts mode (Redisson's Lua scripts on a server
-// without the module) is not built yet: the Mode type (ModeModule only) is its seam.
+// module-loaded servers for the tests. Scripts mode (scripts.go: Redisson's Lua scripts on
+// a server without the module, chosen by Mode) does the lock so far.
 package rlock

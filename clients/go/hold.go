@@ -150,8 +150,14 @@ func (h *hold) replicaSync(ctx context.Context, leaseMs int64) error {
 	if n <= 0 {
 		return nil
 	}
+	renew := h.words.Renew(leaseMs)
+	if h.c.scriptsOn(ctx) {
+		if renew, err = scriptEval(renew); err != nil {
+			return err
+		}
+	}
 	pipe := node.Pipeline()
-	pipe.Do(ctx, h.words.Renew(leaseMs)...)
+	pipe.Do(ctx, renew...)
 	w := pipe.Do(ctx, proto.WaitReplicas(n, proto.Millis(h.c.opts.replicaTimeout))...)
 	_, err = pipe.Exec(ctx)
 	acked, perr := w.Int64()

@@ -96,6 +96,17 @@ func Start(t testing.TB, args ...string) *Server {
 	return start(t, false, args...)
 }
 
+// StartBare starts one server without the module (scripts mode's tests).
+func StartBare(t testing.TB, args ...string) *Server {
+	t.Helper()
+	s, err := launchWith(false, func() int { return freePort(t, false) }, t.TempDir, args...)
+	if err != nil {
+		t.Fatalf("server did not start: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
 func start(t testing.TB, bus bool, args ...string) *Server {
 	t.Helper()
 	s, err := launch(func() int { return freePort(t, bus) }, t.TempDir, args...)
@@ -131,6 +142,10 @@ func StartMain(args ...string) (*Server, error) {
 }
 
 func launch(port func() int, tempDir func() string, args ...string) (*Server, error) {
+	return launchWith(true, port, tempDir, args...)
+}
+
+func launchWith(module bool, port func() int, tempDir func() string, args ...string) (*Server, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
 		s := &Server{Port: port(), Dir: tempDir()}
@@ -138,7 +153,10 @@ func launch(port func() int, tempDir func() string, args ...string) (*Server, er
 		cmdline := append([]string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", s.Dir,
 			"--logfile", filepath.Join(s.Dir, "server.log"),
-			"--enable-debug-command", "yes", "--loadmodule", Module()}, args...)
+			"--enable-debug-command", "yes"}, args...)
+		if module {
+			cmdline = append(cmdline, "--loadmodule", Module())
+		}
 		s.cmd = exec.Command(Binary(), cmdline...)
 		if err := s.cmd.Start(); err != nil {
 			return nil, fmt.Errorf("starting %s: %v", Binary(), err)
