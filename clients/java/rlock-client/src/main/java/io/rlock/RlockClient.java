@@ -47,6 +47,7 @@ public final class RlockClient implements AutoCloseable {
     private final Wire wire;
     private final Waits waits;
     private final Watchdog watchdog;
+    private final Backend backend;
 
     private RlockClient(Transport transport, RlockOptions options) {
         this.transport = Objects.requireNonNull(transport, "transport");
@@ -61,6 +62,7 @@ public final class RlockClient implements AutoCloseable {
         this.wire = new Wire(transport, scheduler, options);
         this.waits = new Waits(transport, wire, ForkJoinPool.commonPool(), options.waitMode(), stats);
         this.watchdog = new Watchdog(scheduler, wire, options.watchdogTimeout().toMillis(), stats);
+        this.backend = Backend.install(transport, wire, waits, scheduler, ForkJoinPool.commonPool(), options, stats);
     }
 
     /** Connects to `uri` (`redis://host:port`) with its own Lettuce client. */
@@ -155,6 +157,25 @@ public final class RlockClient implements AutoCloseable {
      */
     public Capabilities capabilities() {
         return Sync.join(waits.capabilities());
+    }
+
+    /**
+     * How this client runs the primitives: {@link RlockOptions.Mode#MODULE} or
+     * {@link RlockOptions.Mode#SCRIPTS} (Redisson's scripts, where the module is absent);
+     * in AUTO, asks the server when not known yet.
+     */
+    public RlockOptions.Mode mode() {
+        return Sync.join(backend.scripts()) ? RlockOptions.Mode.SCRIPTS : RlockOptions.Mode.MODULE;
+    }
+
+    /** How many scripts-mode waits sleep until a message or a lease end (tests). */
+    int scriptsAsleep() {
+        return backend.scriptsAsleep();
+    }
+
+    /** How many scripts-mode waits are under way (tests: nothing left behind). */
+    int scriptWaiting() {
+        return backend.scriptWaiting();
     }
 
     RlockStats counters() { return stats; }

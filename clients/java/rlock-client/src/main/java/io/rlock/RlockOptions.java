@@ -1,6 +1,7 @@
-// Options of an RlockClient (clients/java): the watchdog, retries, how waits are done and
-// replica sync. Immutable; every option is a `with*` method returning a copy, with its
-// default in a DEFAULT_* constant, as the Rust client's options are.
+// Options of an RlockClient (clients/java): the watchdog, retries, how waits are done,
+// replica sync and the mode (module or Redisson's scripts). Immutable; every option is a
+// `with*` method returning a copy, with its default in a DEFAULT_* constant, as the Rust
+// client's options are.
 package io.rlock;
 
 import java.time.Duration;
@@ -29,6 +30,20 @@ public final class RlockOptions {
         BLOCKING
     }
 
+    /** Which backend runs the primitives (docs/scripts-mode.md). */
+    public enum Mode {
+        /**
+         * The module where the server has it, else Redisson's scripts: asked once with
+         * {@code RLOCK.HELLO} (an unknown command means no module) and again after a
+         * reconnect or when a module command comes back unknown.
+         */
+        AUTO,
+        /** The module's commands; without the module they fail with the server's unknown command. */
+        MODULE,
+        /** Redisson's Lua scripts and pub/sub, also on a module-loaded server (both interoperate on the same names). */
+        SCRIPTS
+    }
+
     private final Duration watchdogTimeout;
     private final int retryAttempts;
     private final Duration retryBaseDelay;
@@ -36,9 +51,10 @@ public final class RlockOptions {
     private final WaitMode waitMode;
     private final int replicas;
     private final Duration replicaTimeout;
+    private final Mode mode;
 
     private RlockOptions(Duration watchdogTimeout, int retryAttempts, Duration retryBaseDelay,
-                         Duration retryMaxDelay, WaitMode waitMode, int replicas, Duration replicaTimeout) {
+                         Duration retryMaxDelay, WaitMode waitMode, int replicas, Duration replicaTimeout, Mode mode) {
         this.watchdogTimeout = watchdogTimeout;
         this.retryAttempts = retryAttempts;
         this.retryBaseDelay = retryBaseDelay;
@@ -46,11 +62,12 @@ public final class RlockOptions {
         this.waitMode = waitMode;
         this.replicas = replicas;
         this.replicaTimeout = replicaTimeout;
+        this.mode = mode;
     }
 
     public static RlockOptions defaults() {
         return new RlockOptions(DEFAULT_WATCHDOG_TIMEOUT, DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_BASE_DELAY,
-                DEFAULT_RETRY_MAX_DELAY, WaitMode.AUTO, REPLICAS_CONNECTED, DEFAULT_REPLICA_TIMEOUT);
+                DEFAULT_RETRY_MAX_DELAY, WaitMode.AUTO, REPLICAS_CONNECTED, DEFAULT_REPLICA_TIMEOUT, Mode.AUTO);
     }
 
     private static Duration positive(Duration d, String what) {
@@ -67,7 +84,7 @@ public final class RlockOptions {
         if (d.toMillis() < 3) {
             throw new IllegalArgumentException("watchdogTimeout must be at least 3 ms, got " + d);
         }
-        return new RlockOptions(d, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, replicas, replicaTimeout);
+        return new RlockOptions(d, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, replicas, replicaTimeout, mode);
     }
 
     /** Tries of a transiently failing command, the first included (1: no retry). */
@@ -75,19 +92,25 @@ public final class RlockOptions {
         if (n < 1) {
             throw new IllegalArgumentException("retryAttempts must be at least 1, got " + n);
         }
-        return new RlockOptions(watchdogTimeout, n, retryBaseDelay, retryMaxDelay, waitMode, replicas, replicaTimeout);
+        return new RlockOptions(watchdogTimeout, n, retryBaseDelay, retryMaxDelay, waitMode, replicas, replicaTimeout, mode);
     }
 
     /** First retry delay (doubled per retry up to the max, with jitter) and the cap. */
     public RlockOptions withRetryDelays(Duration base, Duration max) {
         positive(base, "retryBaseDelay");
         positive(max, "retryMaxDelay");
-        return new RlockOptions(watchdogTimeout, retryAttempts, base, max, waitMode, replicas, replicaTimeout);
+        return new RlockOptions(watchdogTimeout, retryAttempts, base, max, waitMode, replicas, replicaTimeout, mode);
     }
 
-    public RlockOptions withWaitMode(WaitMode mode) {
+    public RlockOptions withWaitMode(WaitMode waitMode) {
         return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay,
-                Objects.requireNonNull(mode, "waitMode"), replicas, replicaTimeout);
+                Objects.requireNonNull(waitMode, "waitMode"), replicas, replicaTimeout, mode);
+    }
+
+    /** Module or scripts (default {@link Mode#AUTO}: the module where the server has it). */
+    public RlockOptions withMode(Mode mode) {
+        return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, replicas,
+                replicaTimeout, Objects.requireNonNull(mode, "mode"));
     }
 
     /**
@@ -102,12 +125,12 @@ public final class RlockOptions {
             throw new IllegalArgumentException("replicas must be >= 0, or REPLICAS_CONNECTED, got " + replicas);
         }
         positive(timeout, "replicaTimeout");
-        return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, replicas, timeout);
+        return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, replicas, timeout, mode);
     }
 
     /** No replica sync: an acquire answers as soon as the primary granted it. */
     public RlockOptions withoutReplicaSync() {
-        return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, 0, replicaTimeout);
+        return new RlockOptions(watchdogTimeout, retryAttempts, retryBaseDelay, retryMaxDelay, waitMode, 0, replicaTimeout, mode);
     }
 
     public Duration watchdogTimeout() { return watchdogTimeout; }
@@ -117,4 +140,5 @@ public final class RlockOptions {
     public WaitMode waitMode() { return waitMode; }
     public int replicas() { return replicas; }
     public Duration replicaTimeout() { return replicaTimeout; }
+    public Mode mode() { return mode; }
 }

@@ -43,6 +43,7 @@ final class Waits {
     /** Waiters by request id, until their ticket's fate is known (cancelled ones too). */
     private final Map<String, Waiter> waiters = new ConcurrentHashMap<>();
     private final Object connecting = new Object();
+    private volatile Backend backend;
 
     private static final class Sub {
         int refs;
@@ -164,6 +165,22 @@ final class Waits {
      * given back with the commands `undo` makes from its reply.
      */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo) {
+        Backend b = backend;
+        return b != null ? b.await(args, undo) : awaitModule(args, undo);
+    }
+
+    /** Where waits go first (the client's Backend: the module's tickets, or Redisson's way). */
+    void route(Backend b) {
+        this.backend = b;
+    }
+
+    /** Ask the capability probe again at the next call (the module went, say). */
+    void forgetCapabilities() {
+        probe = null;
+    }
+
+    /** {@link #await} with the module: tickets, or a blocked connection. */
+    CompletableFuture<Object> awaitModule(List<String> args, Function<Object, List<List<String>>> undo) {
         Waiter w = new Waiter(args, undo);
         if (waitMode == RlockOptions.WaitMode.BLOCKING) {
             blockingWait(w);
@@ -262,6 +279,13 @@ final class Waits {
     }
 
     private void onMessage(String channel, String message) {
+        if (!channel.startsWith("rlock_ticket:")) {
+            Backend b = backend;
+            if (b != null) {
+                b.onMessage(channel, message); // Redisson's channels: scripts-mode waits
+            }
+            return;
+        }
         Note n = Note.parse(message);
         if (n == null) {
             return;

@@ -26,6 +26,7 @@ final class Wire {
     private final Transport transport;
     private final ScheduledExecutorService scheduler;
     private final RlockOptions options;
+    private volatile Backend backend;
     private static final ConcurrentHashMap<String, ProtocolKeyword> KEYWORDS = new ConcurrentHashMap<>();
     /** Request ids: this process's random prefix and a counter (unique per client and call). */
     private static final String ID_PREFIX = UUID.randomUUID().toString().substring(0, 8);
@@ -85,6 +86,20 @@ final class Wire {
      * idempotent ones, or ones carrying an `ID` (the server then replays the first reply).
      */
     CompletableFuture<Object> sendRetrying(List<String> args) {
+        Backend b = backend;
+        if (b != null && Backend.isModuleCommand(args)) {
+            return b.send(args); // the module's, or Redisson's scripts where it is absent
+        }
+        return retrying(args);
+    }
+
+    /** Where module commands go (the client's Backend, set once at construction). */
+    void route(Backend b) {
+        this.backend = b;
+    }
+
+    /** {@link #sendRetrying} without the routing of module commands: straight to the server. */
+    CompletableFuture<Object> retrying(List<String> args) {
         CompletableFuture<Object> out = new CompletableFuture<>();
         attempt(args, 1, out);
         return out;

@@ -8,6 +8,7 @@ package io.rlock;
 
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.TestInfo;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 import org.redisson.Redisson;
@@ -41,10 +42,20 @@ class RedissonInteropTest {
     /** A wake-up slower than this was not Redisson's pub/sub: every wait and lease here is 30 s. */
     static final long WAKE_LIMIT_MS = 2000;
 
+    /** The tag of a subclass that runs every test here on a server without the module (scripts mode). */
+    static final String SCRIPTS_MODE = "scripts-mode";
+
     @BeforeAll
-    static void start() {
-        server = new TestServer();
-        rlock = RlockClient.create(server.uri(), RlockOptions.defaults());
+    static void start(TestInfo run) {
+        if (run.getTags().contains(SCRIPTS_MODE)) {
+            server = TestServer.withoutModule();
+            server.addRestrictedUser();
+            rlock = RlockClient.create(server.restrictedUri(), RlockOptions.defaults());
+            assertEquals(RlockOptions.Mode.SCRIPTS, rlock.mode(), "AUTO finds no module");
+        } else {
+            server = new TestServer();
+            rlock = RlockClient.create(server.uri(), RlockOptions.defaults());
+        }
         Config config = new Config();
         config.useSingleServer().setAddress(server.address()).setConnectionMinimumIdleSize(2)
                 .setSubscriptionConnectionMinimumIdleSize(1);

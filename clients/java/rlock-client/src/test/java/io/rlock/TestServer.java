@@ -1,7 +1,8 @@
-// Test support (clients/java tests): a real module-loaded server on a free port of
-// 127.0.0.1, started by the tests themselves, as tests/conftest.py's RedisServer does. The
-// module comes from RLOCK_MODULE (default ../../target/debug/librlock.so, which `make
-// build` makes), the server from REDIS_SERVER (default redis-server on PATH).
+// Test support (clients/java tests): a real module-loaded server (or, for scripts mode, one
+// without the module) on a free port of 127.0.0.1, started by the tests themselves, as
+// tests/conftest.py's RedisServer does. The module comes from RLOCK_MODULE (default
+// ../../target/debug/librlock.so, which `make build` makes), the server from REDIS_SERVER
+// (default redis-server on PATH).
 package io.rlock;
 
 import io.lettuce.core.RedisClient;
@@ -66,14 +67,30 @@ public final class TestServer implements AutoCloseable {
         }
     }
 
+    /** The user a managed service gives an application (`+@all -@dangerous`), made by {@link #addRestrictedUser}. */
+    public static final String RESTRICTED_USER = "app";
+    public static final String RESTRICTED_PASSWORD = "app-secret";
+
     public TestServer(String... extra) {
+        this(true, extra);
+    }
+
+    /** A server without the module, as every managed Redis and Valkey runs (scripts mode). */
+    public static TestServer withoutModule(String... extra) {
+        return new TestServer(false, extra);
+    }
+
+    private TestServer(boolean module, String... extra) {
         this.port = freePort();
         try {
             this.dir = Files.createTempDirectory("rlock-java-" + port + "-");
             List<String> cmd = new ArrayList<>(List.of(serverBinary(), "--port", Integer.toString(port),
                     "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir.toString(),
                     "--logfile", dir.resolve("redis.log").toString(), "--enable-module-command", "yes",
-                    "--enable-debug-command", "yes", "--loadmodule", module().toString()));
+                    "--enable-debug-command", "yes"));
+            if (module) {
+                cmd.addAll(List.of("--loadmodule", module().toString()));
+            }
             cmd.addAll(List.of(extra));
             this.proc = new ProcessBuilder(cmd).redirectErrorStream(true)
                     .redirectOutput(dir.resolve("stdout.log").toFile()).start();
@@ -111,6 +128,20 @@ public final class TestServer implements AutoCloseable {
         } catch (IOException e) {
             return "(no log: " + e + ")";
         }
+    }
+
+    /**
+     * Creates {@link #RESTRICTED_USER}: every command but the dangerous ones (no MODULE,
+     * CONFIG, DEBUG, CLIENT KILL, ...), every key and channel, as a managed service's user.
+     */
+    public void addRestrictedUser() {
+        call("ACL", "SETUSER", RESTRICTED_USER, "on", ">" + RESTRICTED_PASSWORD, "~*", "&*", "+@all", "-@dangerous");
+    }
+
+    /** This server's address logged in as {@link #RESTRICTED_USER}. */
+    public RedisURI restrictedUri() {
+        return RedisURI.builder().withHost("127.0.0.1").withPort(port)
+                .withAuthentication(RESTRICTED_USER, RESTRICTED_PASSWORD).build();
     }
 
     public RedisURI uri() {
