@@ -40,8 +40,9 @@ const (
 	// ModeModule: the rlock module's commands; without the module they fail with the
 	// server's "unknown command".
 	ModeModule
-	// ModeScripts: Redisson's scripts, also on a module-loaded server. Only the lock
-	// (Mutex) is done in scripts mode so far; other calls answer ErrNeedsModule.
+	// ModeScripts: Redisson's scripts, also on a module-loaded server. The lock, the
+	// fenced lock and the semaphore are done in scripts mode so far; other calls answer
+	// ErrNeedsModule.
 	ModeScripts
 )
 

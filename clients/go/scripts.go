@@ -1,13 +1,13 @@
 // Scripts mode (issue 39, docs/scripts-mode.md): where the module cannot be loaded, the
-// lock runs on Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
+// lock, the fenced lock and the semaphore run on Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
 // clients/python/rlock/lua, embedded), with the same API; Redisson services, scripts-mode
 // clients and module-loaded servers share the names. The mode is chosen once per Client
 // (WithMode; auto asks RLOCK.HELLO: "unknown command" means scripts, asked again every
 // 30 s in scripts mode and when a module command comes back unknown). Waiting is
 // Redisson's: one subscriber connection per client, shared by every wait, each woken by
-// the unlock message or at the holder's lease end, whichever comes first; no polling.
-// internal/proto/scripts.go translates the module's commands; only the lock's are done so
-// far (the other primitives answer ErrNeedsModule in scripts mode).
+// the channel's message or at the holder's lease end, whichever comes first; no polling.
+// internal/proto/scripts.go translates the module's commands (the other primitives
+// answer ErrNeedsModule in scripts mode so far).
 
 package rlock
 
@@ -41,7 +41,8 @@ var scripts, scriptTexts = func() (map[string]*redis.Script, map[string]string) 
 	return out, texts
 }()
 
-// ErrNeedsModule: a call scripts mode does not do (so far only the lock's are done).
+// ErrNeedsModule: a call scripts mode does not do (so far the lock's, the fenced lock's
+// and the semaphore's are done).
 var ErrNeedsModule = proto.ErrNeedsModule
 
 // SubscriberName is the name of scripts mode's subscriber connection (CLIENT LIST).
@@ -118,11 +119,26 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := scripts[sc.Name].Run(ctx, c.rdb, sc.Keys, sc.Argv...).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
+	var v any
+	if sc.Name != "" && sc.Then != proto.One {
+		v, err = scripts[sc.Name].Run(ctx, c.rdb, sc.Keys, sc.Argv...).Result()
+		if errors.Is(err, redis.Nil) {
+			v, err = nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
-	return v, err
+	if sc.Then == proto.GetCount || sc.Then == proto.GetToken {
+		v, err = c.rdb.Get(ctx, sc.Keys[0]).Result()
+		if errors.Is(err, redis.Nil) {
+			v, err = nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return sc.Then.Reply(v)
 }
 
 // scriptEval is args as one EVAL (for a pipeline, after which nothing could resend it on
@@ -145,7 +161,7 @@ func scriptEval(args []any) ([]any, error) {
 // a message or the holder's lease end (the PTTL the try answered), whichever comes first.
 func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bool,
 	build func(waitMs int64) []any, satisfied func(any) bool, reply any) (any, error) {
-	channel, ok := proto.WaitChannel(build(-1))
+	channel, leased, ok := proto.WaitChannel(build(-1))
 	if !ok {
 		return nil, ErrNeedsModule
 	}
@@ -171,7 +187,7 @@ func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bo
 		}
 		var leaseEnd <-chan time.Time
 		var t *time.Timer
-		if ms := proto.LeaseLeftMs(reply); ms >= 0 {
+		if ms := proto.LeaseLeftMs(reply); leased && ms >= 0 {
 			t = time.NewTimer(time.Duration(ms) * time.Millisecond)
 			leaseEnd = t.C
 		}

@@ -1,8 +1,9 @@
 // Scripts mode (docs/scripts-mode.md) on a server without the module, under a user
 // restricted as a managed service's (`+@all -@dangerous`): the lock on Redisson's own
 // scripts (Redisson's hash, its unlock message), a waiter woken by that message, SCRIPT
-// FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, and calls not done in
-// scripts mode yet answering ErrNeedsModule. And the embedded scripts are the Python
+// FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, the fenced lock and
+// the semaphore on theirs, and calls not done in scripts mode yet answering
+// ErrNeedsModule. And the embedded scripts are the Python
 // client's, byte for byte.
 
 package rlock_test
@@ -11,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -103,8 +105,79 @@ func TestScriptsModeLockOnAServerWithoutTheModule(t *testing.T) {
 		t.Fatalf("ForceUnlock = %v, %v", ok, err)
 	}
 	// Not done in scripts mode yet: said plainly, not "unknown command".
-	if _, err := c.NewSemaphore("s").TrySetPermits(ctx, 1); !errors.Is(err, rlock.ErrNeedsModule) {
-		t.Fatalf("semaphore in scripts mode = %v, want ErrNeedsModule", err)
+	if _, err := c.NewCountDownLatch("l").TrySetCount(ctx, 1); !errors.Is(err, rlock.ErrNeedsModule) {
+		t.Fatalf("latch in scripts mode = %v, want ErrNeedsModule", err)
+	}
+}
+
+func TestScriptsModeFencedLockAndSemaphore(t *testing.T) {
+	admin, app := restricted(t)
+	ctx := context.Background()
+	c := rlock.New(app)
+	t.Cleanup(func() { c.Close() })
+	// The fenced lock: Redisson's token counter, a larger token per acquire.
+	f, g := c.NewFencedMutex("f"), c.NewFencedMutex("f")
+	t1, err := f.LockToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := admin.Get(ctx, "redisson_lock_token:{f}").Val(); got != fmt.Sprint(t1) {
+		t.Fatalf("token key = %q, token %d", got, t1)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- g.Lock() }()
+	testserver.WaitUntil(t, 10*time.Second, "the fenced waiter subscribed", func() bool {
+		return admin.PubSubNumSub(ctx, proto.LockChannel("f")).Val()[proto.LockChannel("f")] == 1
+	})
+	if _, err := f.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if g.Token() <= t1 {
+		t.Fatalf("the next holder's token %d is not above %d", g.Token(), t1)
+	}
+	if last, err := g.LastToken(ctx); err != nil || last != g.Token() {
+		t.Fatalf("LastToken = %d, %v; want %d", last, err, g.Token())
+	}
+	// The semaphore: Redisson's counter and channel, a waiter woken by the release.
+	sem := c.NewSemaphore("s")
+	if ok, err := sem.TrySetPermits(ctx, 1); err != nil || !ok {
+		t.Fatalf("TrySetPermits = %v, %v", ok, err)
+	}
+	if err := sem.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := sem.TryAcquire(ctx, 1, 0); !errors.Is(err, rlock.ErrTaken) {
+		t.Fatalf("TryAcquire of a taken permit = %v, want ErrTaken", err)
+	}
+	go func() { errc <- sem.Acquire(ctx, 1) }()
+	testserver.WaitUntil(t, 10*time.Second, "the semaphore waiter subscribed", func() bool {
+		return admin.PubSubNumSub(ctx, "redisson_sc:{s}").Val()["redisson_sc:{s}"] == 1
+	})
+	if err := sem.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the semaphore waiter was not woken by the release")
+	}
+	if n, err := sem.AddPermits(ctx, 3); err != nil || n != 3 {
+		t.Fatalf("AddPermits = %d, %v; want 3", n, err)
+	}
+	if n, err := sem.Available(ctx); err != nil || n != 3 {
+		t.Fatalf("Available = %d, %v; want 3", n, err)
+	}
+	if n, err := sem.Drain(ctx); err != nil || n != 3 {
+		t.Fatalf("Drain = %d, %v; want 3", n, err)
+	}
+	if err := sem.TryAcquire(ctx, 1, 100*time.Millisecond); !errors.Is(err, rlock.ErrTimeout) {
+		t.Fatalf("TryAcquire on a drained semaphore = %v, want ErrTimeout", err)
 	}
 }
 

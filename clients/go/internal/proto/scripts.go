@@ -1,8 +1,9 @@
 // Scripts mode's pure part (docs/scripts-mode.md): a module command done with Redisson's
 // own Lua script (clients/go/lua, byte-identical copies of clients/python/rlock/lua),
 // named, with its KEYS and ARGV, and the module's reply made from the script's. Redisson's
-// names (prefixName, the unlock latch) come from here too. Only the lock (RLOCK.*) is
-// translated so far; any other command answers ErrNeedsModule.
+// names (prefixName, the unlock latch) come from here too. The lock (RLOCK.*), the fenced
+// lock (RFENCED.*) and the semaphore (RSEMAPHORE.*) are translated so far; any other
+// command answers ErrNeedsModule.
 
 package proto
 
@@ -42,12 +43,81 @@ func UnlockLatch(name, id string) string {
 	return PrefixName("redisson_unlock_latch", name) + ":" + id
 }
 
-// ScriptCall is one script run: the file's name (without .lua), its KEYS and ARGV.
+// ScriptCall is one script run: the file's name (without .lua), its KEYS and ARGV, and
+// how the module's reply is made from the script's (Then).
 type ScriptCall struct {
-	Name string
+	Name string // "": no script, only Then
 	Keys []string
 	Argv []any
+	Then Then
 }
+
+// Then is what turns a script's reply into the module's.
+type Then int
+
+const (
+	// AsIs: the script answers what the module does.
+	AsIs Then = iota
+	// Fenced: `{-1, token}` is the module's `[nil, token]`, `{pttl, -1}` its `[pttl, nil]`.
+	Fenced
+	// GetCount: the module answers a count the script does not return: GET KEYS[0]
+	// after it (0 when absent), which may include other clients' changes in between.
+	GetCount
+	// GetToken: GET KEYS[0] (nil when absent), as an integer.
+	GetToken
+	// Count: the script's reply as an integer (nil: 0).
+	Count
+	// One: answered 1 without any call (Redisson's acquire of 0 permits).
+	One
+)
+
+// Reply is the module's reply made from a script's reply v (or, for GetCount and
+// GetToken, the GET's).
+func (t Then) Reply(v any) (any, error) {
+	switch t {
+	case Fenced:
+		a, ok := v.([]any)
+		if !ok || len(a) != 2 {
+			return nil, unexpected("fenced script", v)
+		}
+		if a[0] == int64(-1) {
+			return []any{nil, a[1]}, nil
+		}
+		return []any{a[0], nil}, nil
+	case GetCount, Count:
+		return toInt(v, 0)
+	case GetToken:
+		if v == nil {
+			return nil, nil
+		}
+		return toInt(v, 0)
+	case One:
+		return int64(1), nil
+	}
+	return v, nil
+}
+
+func toInt(v any, none int64) (any, error) {
+	switch x := v.(type) {
+	case nil:
+		return none, nil
+	case int64:
+		return x, nil
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return nil, unexpected("count", v)
+		}
+		return n, nil
+	}
+	return nil, unexpected("count", v)
+}
+
+// SemaphoreChannel is Redisson's semaphore channel (`redisson_sc:{name}`).
+func SemaphoreChannel(name string) string { return PrefixName("redisson_sc", name) }
+
+// TokenKey is Redisson's fenced lock's token counter (`redisson_lock_token:{name}`).
+func TokenKey(name string) string { return PrefixName("redisson_lock_token", name) }
 
 // split is a command's positional words (at least fixed after the command word) and
 // its options (ID, WAIT, ASYNC, ...).
@@ -103,7 +173,7 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		if err != nil {
 			return ScriptCall{}, err
 		}
-		return ScriptCall{"lock_acquire", []string{pos[0]}, []any{pos[2], pos[1]}}, nil
+		return ScriptCall{"lock_acquire", []string{pos[0]}, []any{pos[2], pos[1]}, AsIs}, nil
 	case "RLOCK.RELEASE":
 		pos, opts, err := need(2)
 		if err != nil {
@@ -119,35 +189,104 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		}
 		name := pos[0]
 		return ScriptCall{"lock_unlock", []string{name, LockChannel(name), UnlockLatch(name, id)},
-			[]any{UnlockMessage, lease, pos[1], publish, UnlockLatchMs}}, nil
+			[]any{UnlockMessage, lease, pos[1], publish, UnlockLatchMs}, AsIs}, nil
 	case "RLOCK.RENEW":
 		pos, _, err := need(3)
 		if err != nil {
 			return ScriptCall{}, err
 		}
-		return ScriptCall{"lock_renew", []string{pos[0]}, []any{pos[2], pos[1]}}, nil
+		return ScriptCall{"lock_renew", []string{pos[0]}, []any{pos[2], pos[1]}, AsIs}, nil
+	case "RFENCED.ACQUIRE":
+		pos, _, err := need(3)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"fenced_acquire_token", []string{pos[0], TokenKey(pos[0])}, []any{pos[2], pos[1]}, Fenced}, nil
+	case "RFENCED.GETTOKEN":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"", []string{TokenKey(pos[0])}, nil, GetToken}, nil
+	case "RSEMAPHORE.TRYSETPERMITS":
+		pos, opts, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		keys := []string{pos[0], SemaphoreChannel(pos[0])}
+		if px, ok := opts["PX"]; ok {
+			return ScriptCall{"semaphore_try_set_ttl", keys, []any{pos[1], publish, px}, AsIs}, nil
+		}
+		return ScriptCall{"semaphore_try_set", keys, []any{pos[1], publish}, AsIs}, nil
+	case "RSEMAPHORE.ADDPERMITS":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"semaphore_add", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, GetCount}, nil
+	case "RSEMAPHORE.ACQUIRE":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		if pos[1] == "0" {
+			return ScriptCall{"", []string{pos[0]}, nil, One}, nil
+		}
+		return ScriptCall{"semaphore_try_acquire", []string{pos[0]}, []any{pos[1]}, AsIs}, nil
+	case "RSEMAPHORE.RELEASE":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		if pos[1] == "0" {
+			return ScriptCall{"", []string{pos[0]}, nil, GetCount}, nil
+		}
+		return ScriptCall{"semaphore_release", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, GetCount}, nil
+	case "RSEMAPHORE.AVAILABLEPERMITS":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"", []string{pos[0]}, nil, GetCount}, nil
+	case "RSEMAPHORE.DRAINPERMITS":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"semaphore_drain", []string{pos[0]}, nil, Count}, nil
 	case "RLOCK.FORCERELEASE":
 		pos, _, err := need(1)
 		if err != nil {
 			return ScriptCall{}, err
 		}
-		return ScriptCall{"lock_force_unlock", []string{pos[0], LockChannel(pos[0])}, []any{UnlockMessage}}, nil
+		return ScriptCall{"lock_force_unlock", []string{pos[0], LockChannel(pos[0])}, []any{UnlockMessage}, AsIs}, nil
 	}
 	return ScriptCall{}, fmt.Errorf("%w (%s)", ErrNeedsModule, cmd)
 }
 
-// WaitChannel is the channel a scripts-mode waiter of command args listens on.
-func WaitChannel(args []any) (string, bool) {
+// WaitChannel is the channel a scripts-mode waiter of command args listens on, and
+// whether a try's reply is the holder's PTTL (a lock: the waiter also wakes at the
+// lease's end; a semaphore only on a message).
+func WaitChannel(args []any) (channel string, leased, ok bool) {
 	a := Strings(args)
-	if len(a) >= 2 && strings.EqualFold(a[0], "RLOCK.ACQUIRE") {
-		return LockChannel(a[1]), true
+	if len(a) < 2 {
+		return "", false, false
 	}
-	return "", false
+	switch strings.ToUpper(a[0]) {
+	case "RLOCK.ACQUIRE", "RFENCED.ACQUIRE":
+		return LockChannel(a[1]), true, true
+	case "RSEMAPHORE.ACQUIRE":
+		return SemaphoreChannel(a[1]), false, true
+	}
+	return "", false, false
 }
 
 // LeaseLeftMs is the ms until a try's holder's lease ends, from an acquire's PTTL reply
 // (-1: none known, wait for a message only).
 func LeaseLeftMs(reply any) int64 {
+	if a, ok := reply.([]any); ok && len(a) == 2 {
+		reply = a[0] // the fenced lock's [pttl, nil]
+	}
 	if n, ok := reply.(int64); ok && n >= 0 {
 		return n + LeaseEndMarginMs
 	}

@@ -16,26 +16,42 @@ func TestTheLockCommandsBecomeRedissonsScripts(t *testing.T) {
 		args []any
 		want ScriptCall
 	}{
-		{lock.Acquire(30000, -1, "r1"), ScriptCall{"lock_acquire", []string{"k"}, []any{"30000", "o:1"}}},
+		{lock.Acquire(30000, -1, "r1"), ScriptCall{"lock_acquire", []string{"k"}, []any{"30000", "o:1"}, AsIs}},
+		{Hold{Key: "k", Owner: "o:1", Prefix: "RLOCK", AcquireWord: "RFENCED.ACQUIRE"}.Acquire(30000, -1, "r1"),
+			ScriptCall{"fenced_acquire_token", []string{"k", "redisson_lock_token:{k}"}, []any{"30000", "o:1"}, Fenced}},
+		{SemAcquire("s", 2, -1, "r"), ScriptCall{"semaphore_try_acquire", []string{"s"}, []any{"2"}, AsIs}},
+		{SemRelease("s", 2, "r"), ScriptCall{"semaphore_release", []string{"s", "redisson_sc:{s}"}, []any{"2", "publish"}, GetCount}},
 		{lock.Release(0, "r2"), ScriptCall{"lock_unlock",
 			[]string{"k", "redisson_lock__channel:{k}", "redisson_unlock_latch:{k}:r2"},
-			[]any{UnlockMessage, "30000", "o:1", "publish", UnlockLatchMs}}},
+			[]any{UnlockMessage, "30000", "o:1", "publish", UnlockLatchMs}, AsIs}},
 		{Hold{Key: "{a}:k", Owner: "o:1", Prefix: "RLOCK"}.Release(5000, "r3"), ScriptCall{"lock_unlock",
 			[]string{"{a}:k", "redisson_lock__channel:{a}:k", "redisson_unlock_latch:{a}:k:r3"},
-			[]any{UnlockMessage, "5000", "o:1", "publish", UnlockLatchMs}}},
-		{lock.Renew(30000), ScriptCall{"lock_renew", []string{"k"}, []any{"30000", "o:1"}}},
-		{ForceRelease("RLOCK", "k"), ScriptCall{"lock_force_unlock", []string{"k", "redisson_lock__channel:{k}"}, []any{UnlockMessage}}},
+			[]any{UnlockMessage, "5000", "o:1", "publish", UnlockLatchMs}, AsIs}},
+		{lock.Renew(30000), ScriptCall{"lock_renew", []string{"k"}, []any{"30000", "o:1"}, AsIs}},
+		{ForceRelease("RLOCK", "k"), ScriptCall{"lock_force_unlock", []string{"k", "redisson_lock__channel:{k}"}, []any{UnlockMessage}, AsIs}},
 	} {
 		got, err := ScriptFor(tc.args, "publish")
 		if err != nil || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%v: %+v, %v; want %+v", tc.args, got, err, tc.want)
 		}
 	}
-	if _, err := ScriptFor(SemAcquire("s", 1, -1, "r"), "publish"); !errors.Is(err, ErrNeedsModule) {
-		t.Errorf("semaphore: %v, want ErrNeedsModule", err)
+	if _, err := ScriptFor(LatchAwait("l", -1), "publish"); !errors.Is(err, ErrNeedsModule) {
+		t.Errorf("latch: %v, want ErrNeedsModule", err)
 	}
-	if ch, ok := WaitChannel(lock.Acquire(100, 0, "r")); !ok || ch != "redisson_lock__channel:{k}" {
+	if ch, leased, ok := WaitChannel(lock.Acquire(100, 0, "r")); !ok || !leased || ch != "redisson_lock__channel:{k}" {
 		t.Errorf("WaitChannel = %q, %v", ch, ok)
+	}
+	if ch, leased, ok := WaitChannel(SemAcquire("s", 1, 0, "r")); !ok || leased || ch != "redisson_sc:{s}" {
+		t.Errorf("WaitChannel(semaphore) = %q, %v, %v", ch, leased, ok)
+	}
+	if v, _ := Fenced.Reply([]any{int64(-1), int64(7)}); !reflect.DeepEqual(v, []any{nil, int64(7)}) {
+		t.Errorf("fenced held: %v", v)
+	}
+	if v, _ := Fenced.Reply([]any{int64(300), int64(-1)}); !reflect.DeepEqual(v, []any{int64(300), nil}) {
+		t.Errorf("fenced taken: %v", v)
+	}
+	if v, _ := GetCount.Reply("5"); v != int64(5) {
+		t.Errorf("count: %v", v)
 	}
 	if LeaseLeftMs(int64(100)) != 100+LeaseEndMarginMs || LeaseLeftMs(nil) != -1 {
 		t.Error("LeaseLeftMs")
