@@ -41,8 +41,8 @@ const (
 	// server's "unknown command".
 	ModeModule
 	// ModeScripts: Redisson's scripts, also on a module-loaded server. The lock, the
-	// fenced lock and the semaphore are done in scripts mode so far; other calls answer
-	// ErrNeedsModule.
+	// fenced lock, the semaphore and the latch are done in scripts mode so far; other
+	// calls answer ErrNeedsModule.
 	ModeScripts
 )
 

@@ -1,5 +1,5 @@
 // Scripts mode (issue 39, docs/scripts-mode.md): where the module cannot be loaded, the
-// lock, the fenced lock and the semaphore run on Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
+// lock, the fenced lock, the semaphore and the latch run on Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
 // clients/python/rlock/lua, embedded), with the same API; Redisson services, scripts-mode
 // clients and module-loaded servers share the names. The mode is chosen once per Client
 // (WithMode; auto asks RLOCK.HELLO: "unknown command" means scripts, asked again every
@@ -41,8 +41,8 @@ var scripts, scriptTexts = func() (map[string]*redis.Script, map[string]string) 
 	return out, texts
 }()
 
-// ErrNeedsModule: a call scripts mode does not do (so far the lock's, the fenced lock's
-// and the semaphore's are done).
+// ErrNeedsModule: a call scripts mode does not do (so far the lock's, the fenced lock's,
+// the semaphore's and the latch's are done).
 var ErrNeedsModule = proto.ErrNeedsModule
 
 // SubscriberName is the name of scripts mode's subscriber connection (CLIENT LIST).
@@ -129,7 +129,7 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 			return nil, err
 		}
 	}
-	if sc.Then == proto.GetCount || sc.Then == proto.GetToken {
+	if sc.Then.Gets() {
 		v, err = c.rdb.Get(ctx, sc.Keys[0]).Result()
 		if errors.Is(err, redis.Nil) {
 			v, err = nil, nil

@@ -1,9 +1,9 @@
 // Scripts mode (docs/scripts-mode.md) on a server without the module, under a user
 // restricted as a managed service's (`+@all -@dangerous`): the lock on Redisson's own
 // scripts (Redisson's hash, its unlock message), a waiter woken by that message, SCRIPT
-// FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, the fenced lock and
-// the semaphore on theirs, and calls not done in scripts mode yet answering
-// ErrNeedsModule. And the embedded scripts are the Python
+// FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, the fenced lock, the
+// semaphore and the countdown latch on theirs, and calls not done in scripts mode yet
+// answering ErrNeedsModule. And the embedded scripts are the Python
 // client's, byte for byte.
 
 package rlock_test
@@ -105,8 +105,61 @@ func TestScriptsModeLockOnAServerWithoutTheModule(t *testing.T) {
 		t.Fatalf("ForceUnlock = %v, %v", ok, err)
 	}
 	// Not done in scripts mode yet: said plainly, not "unknown command".
-	if _, err := c.NewCountDownLatch("l").TrySetCount(ctx, 1); !errors.Is(err, rlock.ErrNeedsModule) {
-		t.Fatalf("latch in scripts mode = %v, want ErrNeedsModule", err)
+	if _, err := c.NewPermitSemaphore("p").Available(ctx); !errors.Is(err, rlock.ErrNeedsModule) {
+		t.Fatalf("expirable semaphore in scripts mode = %v, want ErrNeedsModule", err)
+	}
+}
+
+func TestScriptsModeCountDownLatch(t *testing.T) {
+	admin, app := restricted(t)
+	ctx := context.Background()
+	c := rlock.New(app)
+	t.Cleanup(func() { c.Close() })
+	l := c.NewCountDownLatch("l")
+	if err := l.AwaitTimeout(ctx, time.Second); err != nil {
+		t.Fatalf("Await on a latch never set = %v, want open", err)
+	}
+	if ok, err := l.TrySetCount(ctx, 2); err != nil || !ok {
+		t.Fatalf("TrySetCount = %v, %v", ok, err)
+	}
+	if ok, err := l.TrySetCount(ctx, 5); err != nil || ok {
+		t.Fatalf("TrySetCount on a set latch = %v, %v", ok, err)
+	}
+	if err := l.AwaitTimeout(ctx, 100*time.Millisecond); !errors.Is(err, rlock.ErrTimeout) {
+		t.Fatalf("Await on a closed latch = %v, want ErrTimeout", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- l.Await(ctx) }()
+	ch := proto.LatchChannel("l")
+	testserver.WaitUntil(t, 10*time.Second, "the latch waiter subscribed", func() bool {
+		return admin.PubSubNumSub(ctx, ch).Val()[ch] == 1
+	})
+	if n, err := l.CountDown(ctx); err != nil || n != 1 {
+		t.Fatalf("CountDown = %d, %v; want 1", n, err)
+	}
+	if n, err := l.Count(ctx); err != nil || n != 1 {
+		t.Fatalf("Count = %d, %v; want 1", n, err)
+	}
+	if n, err := l.CountDown(ctx); err != nil || n != 0 {
+		t.Fatalf("CountDown = %d, %v; want 0", n, err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the latch waiter was not woken by the zero message")
+	}
+	// Redisson's latch deletes its key at zero.
+	if admin.Exists(ctx, "l").Val() != 0 {
+		t.Fatal("the open latch's key is still there")
+	}
+	if ok, err := l.TrySetCount(ctx, 1); err != nil || !ok {
+		t.Fatalf("TrySetCount after opening = %v, %v", ok, err)
+	}
+	if ok, err := l.Delete(ctx); err != nil || !ok {
+		t.Fatalf("Delete = %v, %v", ok, err)
 	}
 }
 

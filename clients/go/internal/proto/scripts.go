@@ -2,8 +2,8 @@
 // own Lua script (clients/go/lua, byte-identical copies of clients/python/rlock/lua),
 // named, with its KEYS and ARGV, and the module's reply made from the script's. Redisson's
 // names (prefixName, the unlock latch) come from here too. The lock (RLOCK.*), the fenced
-// lock (RFENCED.*) and the semaphore (RSEMAPHORE.*) are translated so far; any other
-// command answers ErrNeedsModule.
+// lock (RFENCED.*), the semaphore (RSEMAPHORE.*) and the countdown latch (RLATCH.*) are
+// translated so far; any other command answers ErrNeedsModule.
 
 package proto
 
@@ -69,7 +69,16 @@ const (
 	Count
 	// One: answered 1 without any call (Redisson's acquire of 0 permits).
 	One
+	// GetLatchCount: GET KEYS[0] after the script, at least 0 (a latch's count).
+	GetLatchCount
+	// GetOpen: GET KEYS[0]; 1 when the latch is open (count 0 or no key), else 0.
+	GetOpen
 )
+
+// Gets tells whether the module's reply needs a GET of KEYS[0] after the script.
+func (t Then) Gets() bool {
+	return t == GetCount || t == GetToken || t == GetLatchCount || t == GetOpen
+}
 
 // Reply is the module's reply made from a script's reply v (or, for GetCount and
 // GetToken, the GET's).
@@ -93,9 +102,36 @@ func (t Then) Reply(v any) (any, error) {
 		return toInt(v, 0)
 	case One:
 		return int64(1), nil
+	case GetLatchCount, GetOpen:
+		n, err := toInt(v, 0)
+		if err != nil {
+			return nil, err
+		}
+		count := n.(int64)
+		if count < 0 {
+			count = 0
+		}
+		if t == GetOpen {
+			if count == 0 {
+				return int64(1), nil
+			}
+			return int64(0), nil
+		}
+		return count, nil
 	}
 	return v, nil
 }
+
+// LatchChannel is Redisson's latch channel: always braces around the whole name
+// (RedissonCountDownLatch.getChannelName has no prefixName rule).
+func LatchChannel(name string) string { return "redisson_countdownlatch__channel__{" + name + "}" }
+
+// Redisson's CountDownLatchPubSub messages: the count reached zero / a count was set or
+// the latch deleted.
+const (
+	ZeroCountMessage = 0
+	NewCountMessage  = 1
+)
 
 func toInt(v any, none int64) (any, error) {
 	switch x := v.(type) {
@@ -254,6 +290,36 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 			return ScriptCall{}, err
 		}
 		return ScriptCall{"semaphore_drain", []string{pos[0]}, nil, Count}, nil
+	case "RLATCH.TRYSETCOUNT":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"latch_try_set", []string{pos[0], LatchChannel(pos[0])}, []any{NewCountMessage, pos[1], publish}, AsIs}, nil
+	case "RLATCH.COUNTDOWN":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"latch_count_down", []string{pos[0], LatchChannel(pos[0])}, []any{ZeroCountMessage, publish}, GetLatchCount}, nil
+	case "RLATCH.GETCOUNT":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"", []string{pos[0]}, nil, GetLatchCount}, nil
+	case "RLATCH.AWAIT":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"", []string{pos[0]}, nil, GetOpen}, nil
+	case "RLATCH.DELETE":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"latch_delete", []string{pos[0], LatchChannel(pos[0])}, []any{NewCountMessage, publish}, AsIs}, nil
 	case "RLOCK.FORCERELEASE":
 		pos, _, err := need(1)
 		if err != nil {
@@ -277,6 +343,8 @@ func WaitChannel(args []any) (channel string, leased, ok bool) {
 		return LockChannel(a[1]), true, true
 	case "RSEMAPHORE.ACQUIRE":
 		return SemaphoreChannel(a[1]), false, true
+	case "RLATCH.AWAIT":
+		return LatchChannel(a[1]), false, true
 	}
 	return "", false, false
 }

@@ -35,8 +35,18 @@ func TestTheLockCommandsBecomeRedissonsScripts(t *testing.T) {
 			t.Errorf("%v: %+v, %v; want %+v", tc.args, got, err, tc.want)
 		}
 	}
-	if _, err := ScriptFor(LatchAwait("l", -1), "publish"); !errors.Is(err, ErrNeedsModule) {
-		t.Errorf("latch: %v, want ErrNeedsModule", err)
+	if _, err := ScriptFor(PSemAvailable("p"), "publish"); !errors.Is(err, ErrNeedsModule) {
+		t.Errorf("expirable semaphore: %v, want ErrNeedsModule", err)
+	}
+	if got, err := ScriptFor(LatchCountDown("l", "r"), "publish"); err != nil || got.Name != "latch_count_down" ||
+		!reflect.DeepEqual(got.Keys, []string{"l", "redisson_countdownlatch__channel__{l}"}) || got.Then != GetLatchCount {
+		t.Errorf("latch countdown: %+v, %v", got, err)
+	}
+	if v, _ := GetOpen.Reply(nil); v != int64(1) {
+		t.Errorf("an absent latch is open: %v", v)
+	}
+	if v, _ := GetLatchCount.Reply("-1"); v != int64(0) {
+		t.Errorf("a latch count below 0 reads 0: %v", v)
 	}
 	if ch, leased, ok := WaitChannel(lock.Acquire(100, 0, "r")); !ok || !leased || ch != "redisson_lock__channel:{k}" {
 		t.Errorf("WaitChannel = %q, %v", ch, ok)
