@@ -404,8 +404,20 @@ fn revoke(ctx: &Context, untold: &Untold) {
         arm_sweep(ctx, PAUSED_RETRY_MS);
         return;
     }
+    if moved_away(ctx, &untold.key) {
+        return;
+    }
     let name = RedisString::create_from_slice(std::ptr::null_mut(), &untold.key);
     untold.request.take_back(ctx, untold.db, &name);
+}
+
+/// Whether `key`'s slot is served elsewhere now (cluster mode only; a migration still in
+/// progress keeps it here).
+fn moved_away(ctx: &Context, key: &[u8]) -> bool {
+    matches!(
+        cluster::route_of(ctx, key),
+        cluster::Route::Redirect(e) if e.starts_with("MOVED")
+    )
 }
 
 /// Takes back a ticket's grant whose connection closed unconfirmed; if the primitive
@@ -417,6 +429,13 @@ fn revoke_ticket(ctx: &Context, record: Box<[u8]>, untold: Untold) {
     if ffi::writes_paused() {
         TICKET_REVOKES.with(|r| r.borrow_mut().push((record, untold)));
         arm_sweep(ctx, PAUSED_RETRY_MS);
+        return;
+    }
+    // The grant's slot left this node (an atomic slot migration): the lock and its
+    // request id's record went with it, and the client confirms on the new owner (or the
+    // lease ends it there). Writing here would leave keys in a slot this node no longer
+    // serves.
+    if moved_away(ctx, &untold.key) {
         return;
     }
     let name = RedisString::create_from_slice(std::ptr::null_mut(), &untold.key);

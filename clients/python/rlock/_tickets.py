@@ -369,6 +369,22 @@ def _conn_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _elsewhere(kwargs: Dict[str, Any], connection_class: Any) -> Callable[[str, int], Any]:
+    """Makes a plain (threads) connection to another node with this connection's
+    settings, for a confirmation a redirection sent there."""
+    import redis
+    allowed = ("username", "password", "db", "socket_timeout", "socket_connect_timeout",
+               "client_name")
+    base = {k: v for k, v in kwargs.items() if k in allowed and v is not None}
+    base.setdefault("socket_timeout", CONFIRM_RETRY_S)
+    ssl = "SSL" in getattr(connection_class, "__name__", "")
+
+    def make(host: str, port: int) -> Any:
+        cls = redis.SSLConnection if ssl else redis.Connection
+        return cls(host=host, port=port, **base)
+    return make
+
+
 def _probed(reply: Any) -> Capabilities:
     """What a new ticket connection's ``RLOCK.HELLO`` said (its reply, or the error it
     raised); raises `Fallback` (refused) when it names no tickets, or when the server
@@ -397,7 +413,8 @@ def _may_hold(shape: Shape, caps: Optional[Capabilities]) -> None:
         shape.confirm = Confirm()
 
 
-def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any]) -> None:
+def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any],
+             redirected_to: Callable[[str, int], Any]) -> None:
     """A holder's grant (threads; the reader, under the lock): the confirmation is
     written first (a socket write, no round trip), then the holder woken; its reply
     settles ``box.hold`` later. Not sent (a broken connection): reported lost."""
@@ -407,11 +424,77 @@ def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any]) -> No
     except Exception:  # noqa: BLE001 - unconfirmed: the server may take it back
         hold.settle(False)
     else:
-        slot.then = lambda: hold.settle(not isinstance(slot.value, Exception))
+        slot.then = lambda: _settle(hold, slot.value, box.look, redirected_to)
     box.put(note)
 
 
 # ---- threads ------------------------------------------------------------------------
+
+
+#: How long a confirmation the server redirected (the grant's slot moved on) is tried on
+#: the slot's new owner: within the server's default grace (``rlock.ticket-confirm-ms``,
+#: 1 s), after which an unconfirmed grant is taken back.
+CONFIRM_RETRY_S = 0.8
+
+
+def _redirect(reply: Any) -> Optional[Tuple[str, int, bool]]:
+    """Where a redirected reply sends the command: (host, port, asking) for ``MOVED`` and
+    ``ASK``; ("", 0, False) to send it again where it went (``TRYAGAIN``,
+    ``CLUSTERDOWN``); None when the reply is not a redirection."""
+    if not isinstance(reply, ResponseError):
+        return None
+    words = str(reply).split()
+    if words[:1] in (["MOVED"], ["ASK"]) and len(words) >= 3:
+        host, _, port = words[2].rpartition(":")
+        return host, int(port), words[0] == "ASK"
+    if words[:1] in (["TRYAGAIN"], ["CLUSTERDOWN"]):
+        return "", 0, False
+    return None
+
+
+def _settle(hold: Any, reply: Any, look: Tuple[Any, ...],
+            redirected_to: Callable[[str, int], Any]) -> None:
+    """Settles a holder's confirmation from its reply; a redirection (the grant's slot
+    moved to another node, carrying the lock and its request id's record) is followed
+    on a thread of its own instead of reporting a hold that still stands lost."""
+    if _redirect(reply) is None:
+        hold.settle(not isinstance(reply, Exception))
+        return
+    threading.Thread(target=_confirm_elsewhere, args=(hold, reply, look, redirected_to),
+                     daemon=True, name="rlock-tickets-confirm").start()
+
+
+def _confirm_elsewhere(hold: Any, reply: Any, look: Tuple[Any, ...],
+                       redirected_to: Callable[[str, int], Any]) -> None:
+    deadline = time.monotonic() + CONFIRM_RETRY_S
+    target: Optional[Tuple[str, int, bool]] = None
+    while time.monotonic() < deadline:
+        where = _redirect(reply)
+        if where is None:
+            hold.settle(not isinstance(reply, Exception))
+            return
+        if where[0]:
+            target = where
+        else:
+            time.sleep(0.02)
+        if target is None:
+            break
+        conn = redirected_to(target[0], target[1])
+        try:
+            conn.connect()
+            if target[2]:
+                conn.send_command("ASKING")
+                conn.read_response()
+            conn.send_command(*look)
+            try:
+                reply = conn.read_response()
+            except ResponseError as e:
+                reply = e
+        except Exception:  # noqa: BLE001 - try again within the grace
+            time.sleep(0.02)
+        finally:
+            conn.disconnect()
+    hold.settle(False)
 
 
 class _SyncSlot:
@@ -464,6 +547,7 @@ class SyncTicketConn:
         from redis._parsers import _RESP3Parser
         self.make = lambda: connection_class(parser_class=_RESP3Parser,
                                              **_conn_kwargs(kwargs))
+        self.elsewhere = _elsewhere(kwargs, connection_class)
         self.shard = shard
         self.lock = threading.Lock()
         self.book = Book(_SyncSlot, _SyncMailbox)
@@ -534,7 +618,7 @@ class SyncTicketConn:
                     box, note = orphan
                     orphan = None
                     if note.kind == "granted" and box.hold is not None:
-                        _confirm(box, note, self._send_locked)
+                        _confirm(box, note, self._send_locked, self.elsewhere)
                         continue
                     try:
                         # The waiter is woken once, when the collect's reply is in.
@@ -719,6 +803,7 @@ class AsyncTicketConn:
         from redis._parsers import _AsyncRESP3Parser
         self.make = lambda: connection_class(parser_class=_AsyncRESP3Parser,
                                              **_conn_kwargs(kwargs))
+        self.elsewhere = _elsewhere(kwargs, connection_class)
         self.shard = shard
         self.lock = asyncio.Lock()
         self.book = Book(_AsyncSlot, _AsyncMailbox)
@@ -793,8 +878,8 @@ class AsyncTicketConn:
                     except Exception:  # noqa: BLE001 - unconfirmed: reported lost
                         box.hold.settle(False)
                     else:
-                        slot.then = lambda slot=slot, hold=box.hold: hold.settle(
-                            not isinstance(slot.future.result(), Exception))
+                        slot.then = lambda slot=slot, box=box: _settle(
+                            box.hold, slot.future.result(), box.look, self.elsewhere)
                     box.put(note)
                     continue
                 try:

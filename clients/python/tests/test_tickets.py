@@ -311,3 +311,24 @@ def test_an_interrupted_wait_gives_its_grant_back(r):
     wait_until(lambda: stat(r, "handoffs") == handoffs + 1, what="granted")
     wait_until(lambda: r.exists("k") == 0, what="grant given back")
     assert stat(r, "waiters") == 0
+
+
+def test_a_confirmation_redirected_to_the_slots_new_owner_is_confirmed_there(server, r):
+    """A grant held on its `granted` message whose slot then moved (an atomic slot
+    migration carries the lock and its request id's record): the confirmation's MOVED is
+    followed to the node it names, where the remembered grant confirms it, rather than
+    reporting a hold that still stands lost. TAKENBACK there still reports it lost."""
+    from redis.exceptions import ResponseError
+
+    from rlock._tickets import Confirm, _elsewhere, _settle
+
+    look = ("RLOCK.ACQUIRE", "moved-confirm", "me:1", 30000, "ID", "rid-moved-1")
+    assert r.execute_command(*look) is None  # taken: the reply the confirmation replays
+    elsewhere = _elsewhere({}, redis.Connection)
+    hold = Confirm()
+    _settle(hold, ResponseError(f"MOVED 1 127.0.0.1:{server.port}"), look, elsewhere)
+    wait_until(lambda: hold.outcome is not None, 5, "the redirected confirmation settled")
+    assert hold.outcome is True
+    taken_back = Confirm()
+    _settle(taken_back, ResponseError("TAKENBACK the grant was taken back"), look, elsewhere)
+    assert taken_back.outcome is False

@@ -791,7 +791,7 @@ fn reader_loop(
         }) = st.waiters.remove(&id)
         {
             drop_channel_ref(&mut st, &channel);
-            confirm_later(&shared, look, confirm);
+            confirm_later(&shared, look, confirm, None);
         }
     }
     // Orphans' tickets and uncollected grants went with the connection.
@@ -819,9 +819,15 @@ fn subscribe_cmd(shard: bool) -> &'static [u8] {
 /// Whether `v` is a cluster redirection (or the cluster being down or reshaped).
 fn redirected(v: &Value) -> bool {
     match v.clone().extract_error() {
-        Err(e) => matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")),
+        Err(e) => redirection(&e),
         Ok(_) => false,
     }
+}
+
+/// Whether `e` sends the command elsewhere or asks to send it again: it says nothing of
+/// the command's own outcome.
+fn redirection(e: &RedisError) -> bool {
+    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"))
 }
 
 /// The server dropped our subscription to `channel` by itself: the key's slot left the
@@ -878,11 +884,19 @@ fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Va
         Some(Slot::Live { sink, .. }) => sink(Event::Reply(r)),
         Some(Slot::Confirming { .. }) => {
             if let Some(Slot::Confirming {
-                channel, confirm, ..
+                channel,
+                confirm,
+                look,
             }) = st.waiters.remove(id)
             {
                 release_channel(st, &channel);
-                confirm.settle(Confirm::confirmed_by(&r));
+                match r {
+                    // The slot moved between the grant and its confirmation (an atomic
+                    // slot migration carries the lock and its request id's record to the
+                    // new owner): confirm there, not report a hold that still stands lost.
+                    Err(e) if redirection(&e) => confirm_later(shared, look, confirm, Some(e)),
+                    r => confirm.settle(Confirm::confirmed_by(&r)),
+                }
             }
         }
         Some(Slot::Orphan { .. }) => match r {
@@ -955,10 +969,17 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
 const CONFIRM_RETRY_FOR: Duration = Duration::from_millis(800);
 
 /// On a thread of its own (rare: the ticket connection broke between a grant and its
-/// confirmation's reply): confirms with `look` on a new connection, retrying within
-/// [`CONFIRM_RETRY_FOR`]; `TAKENBACK`, another error or no answer in time settle it lost.
-fn confirm_later(shared: &Arc<Shared>, look: Vec<Vec<u8>>, confirm: Arc<Confirm>) {
-    let client = shared.client.clone();
+/// confirmation's reply, or the grant's slot moved to another node before the
+/// confirmation arrived, `redirect`): confirms with `look` on a new connection, to the
+/// node a `MOVED`/`ASK` names, retrying within [`CONFIRM_RETRY_FOR`]; `TAKENBACK`,
+/// another error or no answer in time settle it lost.
+fn confirm_later(
+    shared: &Arc<Shared>,
+    look: Vec<Vec<u8>>,
+    confirm: Arc<Confirm>,
+    redirect: Option<RedisError>,
+) {
+    let home = shared.client.clone();
     let spawned = std::thread::Builder::new()
         .name("rlock-tickets-confirm".into())
         .spawn({
@@ -969,19 +990,36 @@ fn confirm_later(shared: &Arc<Shared>, look: Vec<Vec<u8>>, confirm: Arc<Confirm>
                 for a in &look {
                     c.arg(a.as_slice());
                 }
+                let mut target = Target::Home;
+                if let Some(e) = redirect {
+                    target = target.after(&e, &home);
+                }
                 loop {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return confirm.settle(false);
                     }
+                    let client = match &target {
+                        Target::Home => home.clone(),
+                        Target::Moved(client) | Target::Asked(client) => client.clone(),
+                    };
                     let r = client
                         .get_connection_with_timeout(left)
                         .and_then(|mut conn| {
                             conn.set_read_timeout(Some(left))?;
+                            if matches!(target, Target::Asked(_)) {
+                                redis::cmd("ASKING").query::<()>(&mut conn)?;
+                            }
                             c.query::<Value>(&mut conn)
                         });
                     match r {
                         Ok(_) => return confirm.settle(true),
+                        Err(e) if redirection(&e) => {
+                            if matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN")) {
+                                std::thread::sleep(Duration::from_millis(20).min(left));
+                            }
+                            target = target.after(&e, &home);
+                        }
                         // The server answered: taken back, or a refusal.
                         Err(e) if e.code().is_some() => return confirm.settle(false),
                         Err(_) => std::thread::sleep(Duration::from_millis(20).min(left)),
@@ -991,6 +1029,39 @@ fn confirm_later(shared: &Arc<Shared>, look: Vec<Vec<u8>>, confirm: Arc<Confirm>
         });
     if spawned.is_err() {
         confirm.settle(false);
+    }
+}
+
+/// Where a late confirmation goes: the ticket connection's node, or the node a
+/// redirection named (`ASK`: once, after `ASKING`).
+enum Target {
+    Home,
+    Moved(redis::Client),
+    Asked(redis::Client),
+}
+
+impl Target {
+    /// Where to send next after the redirection `e`: the named node for `MOVED`/`ASK`,
+    /// the same one for `TRYAGAIN`/`CLUSTERDOWN` (or an address that cannot be used).
+    fn after(self, e: &RedisError, home: &redis::Client) -> Target {
+        let Some((addr, _slot)) = e.redirect_node() else {
+            return self;
+        };
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return self;
+        };
+        let Ok(port) = port.parse::<u16>() else {
+            return self;
+        };
+        let info = home
+            .get_connection_info()
+            .clone()
+            .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
+        match (redis::Client::open(info), e.code()) {
+            (Ok(c), Some("ASK")) => Target::Asked(c),
+            (Ok(c), _) => Target::Moved(c),
+            (Err(_), _) => self,
+        }
     }
 }
 

@@ -423,3 +423,24 @@ fn a_lock_waiter_holds_on_its_grant_and_a_fenced_one_collects() {
         Step::Send(_)
     ));
 }
+
+#[test]
+fn a_late_confirmation_follows_moved_and_ask_and_stays_for_tryagain() {
+    let home = redis::Client::open("redis://127.0.0.1:7000/").unwrap();
+    assert!(redirection(&note_error("MOVED 12 127.0.0.1:7001")));
+    assert!(redirection(&note_error("TRYAGAIN slot busy")));
+    assert!(!redirection(&note_error(
+        "TAKENBACK the grant was taken back"
+    )));
+    let addr = |t: &Target| match t {
+        Target::Home => "home".to_string(),
+        Target::Moved(c) => format!("moved {:?}", c.get_connection_info().addr()),
+        Target::Asked(c) => format!("asked {:?}", c.get_connection_info().addr()),
+    };
+    let moved = Target::Home.after(&note_error("MOVED 12 127.0.0.1:7001"), &home);
+    assert!(addr(&moved).starts_with("moved") && addr(&moved).contains("7001"));
+    let asked = moved.after(&note_error("ASK 12 127.0.0.1:7002"), &home);
+    assert!(addr(&asked).starts_with("asked") && addr(&asked).contains("7002"));
+    let stays = asked.after(&note_error("TRYAGAIN try later"), &home);
+    assert!(addr(&stays).starts_with("asked") && addr(&stays).contains("7002"));
+}
