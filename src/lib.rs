@@ -248,6 +248,10 @@ redis_module! {
              config::MIN_REQUEST_ID_WINDOW_MS, config::MAX_REQUEST_ID_WINDOW_MS, ConfigurationFlags::DEFAULT, None],
             ["ticket-confirm-ms", &config::TICKET_CONFIRM_MS, config::DEFAULT_TICKET_CONFIRM_MS,
              config::MIN_TICKET_CONFIRM_MS, config::MAX_TICKET_CONFIRM_MS, ConfigurationFlags::DEFAULT, None],
+            ["script-waiter-grace-ms", &config::SCRIPT_WAITER_GRACE_MS, config::DEFAULT_SCRIPT_WAITER_GRACE_MS,
+             config::MIN_SCRIPT_WAITER_GRACE_MS, config::MAX_SCRIPT_WAITER_GRACE_MS, ConfigurationFlags::DEFAULT, None],
+            ["script-waiter-window-ms", &config::SCRIPT_WAITER_WINDOW_MS, config::DEFAULT_SCRIPT_WAITER_WINDOW_MS,
+             config::MIN_SCRIPT_WAITER_WINDOW_MS, config::MAX_SCRIPT_WAITER_WINDOW_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

@@ -28,11 +28,13 @@ mod pending;
 mod queues;
 mod request;
 mod serve;
+mod turns;
 
 pub use pending::*;
 pub use queues::*;
 pub use request::*;
 pub use serve::*;
+pub use turns::{open_script_turn, turn_left, Turns};
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;

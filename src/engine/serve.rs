@@ -304,6 +304,16 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
         retry_later(ctx, db, key_bytes);
         return Served::StillHeld;
     }
+    // A turn left to script-side waiters (turns.rs): the module's own commands wait for
+    // its end, when the queue's timer comes back; anything else that brings the key here
+    // means a script changed it (took the lock), which ends the turn.
+    if let Some(left) = turns::turn_left(db, key_bytes, ffi::now_ms()) {
+        if path == Path::Command {
+            note_expiry(ctx, db, key_bytes, left);
+            return Served::StillHeld;
+        }
+        turns::end_turn(db, key_bytes);
+    }
     // An RLOCK command on this key was routed here by Redis Cluster: the key is ours.
     let mut routed = path == Path::Command;
     let mut handed = false;

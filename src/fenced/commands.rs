@@ -81,8 +81,11 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let now = ffi::now_ms();
                 let (key, state) = lock_store::open_for_write(ctx, db, name, Some(owner));
                 let last = || last_token(ctx, name.as_slice()).map(|t| t.unwrap_or(0));
-                let plan = fenced::acquire(&state.map_err(err)?, last, a.owner, a.lease, now)
-                    .map_err(err)?;
+                let state = state.map_err(err)?;
+                let plan = match engine::turn_left(db, name.as_slice(), now) {
+                    Some(left) if state == lock::LockState::Free => fenced::left_to_scripts(left),
+                    _ => fenced::acquire(&state, last, a.owner, a.lease, now).map_err(err)?,
+                };
                 let issued = match plan.lock.expire_at {
                     // A new lock or a re-entry, nothing written after it: it replicates as
                     // RFENCED.ACQUIREAT, itself with this server's clock (design.md 1.4), which

@@ -212,6 +212,15 @@ pub fn acquire(
     FencedPlan::new(lock, last, now)
 }
 
+/// `RFENCED.ACQUIRE` on a free lock left to script-side waiters (`lock::left_to_scripts`).
+pub fn left_to_scripts(left: i64) -> FencedPlan {
+    FencedPlan {
+        lock: lock::left_to_scripts(left),
+        token: None,
+        reply: FencedReply::Contended(left),
+    }
+}
+
 /// The handoff to a queued `RFENCED.ACQUIRE` waiter: the lock's grant plus its token.
 pub fn grant(replace: bool, last: i64, lease: i64, now: i64) -> Result<FencedPlan, &'static str> {
     FencedPlan::new(lock::grant(replace, lease, now), last, now)

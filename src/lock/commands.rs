@@ -61,9 +61,12 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let owner = &args[2];
                 let now = ffi::now_ms();
                 let (key, state) = open_for_write(ctx, db, name, Some(owner));
-                let plan =
-                    lock::acquire(&state.map_err(err)?, a.owner, a.lease, now).map_err(err)?;
                 let name_bytes = name.as_slice();
+                let state = state.map_err(err)?;
+                let plan = match engine::turn_left(db, name_bytes, now) {
+                    Some(left) if state == LockState::Free => lock::left_to_scripts(left),
+                    _ => lock::acquire(&state, a.owner, a.lease, now).map_err(err)?,
+                };
                 let recorded = request.is_some() && lock::remembers(plan.outcome);
                 match plan.expire_at {
                     // A new lock or a re-entry, nothing written after it: it replicates

@@ -163,6 +163,13 @@ pub fn acquire(
     }
 }
 
+/// `RLOCK.ACQUIRE` (and the fenced lock's) on a free lock left to script-side waiters for
+/// `left` more ms (design.md 1.8): contended, as if held that long, so that the caller
+/// waits behind the module's queue instead of passing it.
+pub fn left_to_scripts(left: i64) -> Plan {
+    Plan::reply_only(Reply::Int(left), Outcome::Contended)
+}
+
 /// The lock handed to (or created for) one owner: `{owner: 1}` expiring after its lease.
 /// `replace` deletes whatever the key held first (a handoff over an overwritten key).
 pub fn grant(replace: bool, lease: i64, now: i64) -> Plan {

@@ -200,7 +200,20 @@ pub fn publish_unlock(ctx: &Context, name: &RedisString) {
 
 /// After a lock was freed: hand it to the first waiter, or tell pub/sub waiters
 /// (Redisson's) that it is free. A handoff publishes nothing: the lock never was free.
+///
+/// A release by a module command may first leave the lock to script-side waiters for a
+/// moment (engine/turns.rs, design.md 1.8): then the unlock message goes out now and the
+/// queue's head gets the lock when that turn ends.
 pub fn freed(ctx: &Context, db: i32, name: &RedisString, path: Path) {
+    let key = name.as_slice();
+    if path == Path::Command
+        && engine::anyone_waits()
+        && engine::open_script_turn(ctx, db, key, || lock::unlock_channel(key))
+    {
+        tracking::untrack(db, key);
+        publish_unlock(ctx, name);
+        return;
+    }
     match engine::serve(ctx, db, name, path) {
         Served::Handed | Served::Redirected => {}
         // Writes paused: the sweep serves the key once they resume.

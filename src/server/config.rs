@@ -56,6 +56,33 @@ pub fn ticket_confirm_ms() -> i64 {
     TICKET_CONFIRM_MS.load(Ordering::Relaxed)
 }
 
+/// `rlock.script-waiter-grace-ms` (design.md 1.8): how long a lock released with module
+/// waiters queued is left free for waiters that run Redisson's scripts (Redisson, rlock
+/// clients in scripts mode), when some listen on its channel, before the module's queue
+/// head gets it. Long enough for a woken waiter's script to arrive; it is also what a turn
+/// nobody takes costs the module's waiters. 0: no turns (module waiters always first).
+pub static SCRIPT_WAITER_GRACE_MS: AtomicI64 = AtomicI64::new(DEFAULT_SCRIPT_WAITER_GRACE_MS);
+pub const DEFAULT_SCRIPT_WAITER_GRACE_MS: i64 = 10;
+pub const MIN_SCRIPT_WAITER_GRACE_MS: i64 = 0;
+pub const MAX_SCRIPT_WAITER_GRACE_MS: i64 = 10_000;
+
+pub fn script_waiter_grace_ms() -> i64 {
+    SCRIPT_WAITER_GRACE_MS.load(Ordering::Relaxed)
+}
+
+/// `rlock.script-waiter-window-ms` (design.md 1.8): at most one look for script-side
+/// waiters (a subscriber count), and so at most one turn, per lock per this many ms. A
+/// script-side waiter gets its turn within about this plus one hold; module waiters lose
+/// at most `script-waiter-grace-ms` of it to a turn nobody takes.
+pub static SCRIPT_WAITER_WINDOW_MS: AtomicI64 = AtomicI64::new(DEFAULT_SCRIPT_WAITER_WINDOW_MS);
+pub const DEFAULT_SCRIPT_WAITER_WINDOW_MS: i64 = 50;
+pub const MIN_SCRIPT_WAITER_WINDOW_MS: i64 = 1;
+pub const MAX_SCRIPT_WAITER_WINDOW_MS: i64 = 3_600_000;
+
+pub fn script_waiter_window_ms() -> i64 {
+    SCRIPT_WAITER_WINDOW_MS.load(Ordering::Relaxed)
+}
+
 enum_configuration! {
     /// `rlock.replication` (design.md 1.4): how a module command reaches replicas and the AOF.
     /// `commands`: as one command (the plain command when it writes one thing, else one

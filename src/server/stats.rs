@@ -20,6 +20,8 @@ pub struct Stats {
     pub renewals: Cell<u64>,
     pub expired_with_waiters: Cell<u64>,
     pub revoked_handoffs: Cell<u64>,
+    /// Locks left free for script-side waiters before a handoff (engine/turns.rs).
+    pub script_turns: Cell<u64>,
     // Countdown latch (latch/commands.rs).
     pub latch_sets: Cell<u64>,
     pub latch_count_downs: Cell<u64>,
@@ -133,7 +135,7 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         tracked_locks,
     } = gauges;
     STATS.with(|s| {
-        let lock: [(&str, u64); 11] = [
+        let lock: [(&str, u64); 12] = [
             ("acquisitions", s.acquisitions.get()),
             ("reentries", s.reentries.get()),
             ("contended", s.contended.get()),
@@ -144,6 +146,7 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
             ("renewals", s.renewals.get()),
             ("expired_with_waiters", s.expired_with_waiters.get()),
             ("revoked_handoffs", s.revoked_handoffs.get()),
+            ("script_turns", s.script_turns.get()),
             ("tracked_locks", tracked_locks as u64),
         ];
         let rw: [(&str, u64); 7] = [

@@ -88,6 +88,49 @@ pub fn publish(ctx: &Context, channel: &RedisString, message: &RedisString, shar
     }
 }
 
+/// How many clients of this node listen on `channel`: `PUBSUB SHARDNUMSUB` for a shard
+/// channel (cluster mode, where messages go out with SPUBLISH), else `PUBSUB NUMSUB`
+/// (pattern subscribers are not counted, as Redisson's waiters subscribe to the channel
+/// itself). 0 if the server cannot tell. A nested call: asked only where a handoff could
+/// starve a script-side waiter (engine/turns.rs), at most once per window and key.
+pub fn subscribers(ctx: &Context, channel: &[u8], shard: bool) -> i64 {
+    let sub = if shard { c"SHARDNUMSUB" } else { c"NUMSUB" };
+    unsafe {
+        let channel = raw::RedisModule_CreateString.unwrap()(
+            ptr::null_mut(),
+            channel.as_ptr().cast::<c_char>(),
+            channel.len(),
+        );
+        let reply = raw::RedisModule_Call.unwrap()(
+            ctx.ctx,
+            c"PUBSUB".as_ptr(),
+            c"cs".as_ptr(),
+            sub.as_ptr(),
+            channel,
+        );
+        raw::RedisModule_FreeString.unwrap()(ptr::null_mut(), channel);
+        if reply.is_null() {
+            return 0;
+        }
+        // [channel, count]
+        let count = if raw::RedisModule_CallReplyType.unwrap()(reply)
+            == raw::REDISMODULE_REPLY_ARRAY as c_int
+            && raw::RedisModule_CallReplyLength.unwrap()(reply) == 2
+        {
+            let n = raw::RedisModule_CallReplyArrayElement.unwrap()(reply, 1);
+            if n.is_null() {
+                0
+            } else {
+                raw::RedisModule_CallReplyInteger.unwrap()(n)
+            }
+        } else {
+            0
+        };
+        raw::RedisModule_FreeCallReply.unwrap()(reply);
+        count
+    }
+}
+
 /// A keyspace notification, as the plain command would fire it. The event name is a
 /// static C string: the crate's wrapper allocates one per call, on every lock write.
 pub fn notify(

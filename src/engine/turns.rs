@@ -1,0 +1,243 @@
+//! Script-side waiters' turns (design.md 1.8): a mixed fleet stays live. A child of
+//! `engine`.
+//!
+//! Waiters that run Redisson's scripts (Redisson itself, rlock clients in scripts mode)
+//! wait on the lock's pub/sub channel, not in the module's queue, and are woken only by an
+//! unlock message or at the lease they were told. When the module frees a lock with its
+//! own waiters queued it hands it over in the same turn and publishes nothing, so under
+//! steady module contention such a waiter would never see the lock free. So, at most once
+//! per `rlock.script-waiter-window-ms` for a key, a release that finds module waiters
+//! queued looks at the lock's channel; if somebody other than the module listens there,
+//! the module publishes the unlock message and leaves the lock free for
+//! `rlock.script-waiter-grace-ms` (a *turn*) before the head of its queue gets it. During
+//! a turn the module's own commands treat the lock as held (a new ACQUIRE is contended and
+//! queues behind the waiters: FIFO among module waiters is kept), while a script that runs
+//! then finds it free. The turn ends at its end (the queue's expiry timer, armed for it),
+//! or earlier once the key changes under a script (its removal, or on Redis 7.0 any write
+//! the server reports): a script took the lock, and the module serves its queue as after
+//! any Redisson release.
+//!
+//! [`Turns`] is the bookkeeping, pure and unit-tested; the glue below it counts
+//! subscribers, publishes and arms the timer.
+
+use super::*;
+
+/// When to look for script-side waiters and which locks are free for them now, per key.
+/// No clock of its own: every call takes `now` (ms).
+#[derive(Debug, Default)]
+pub struct Turns {
+    keys: HashMap<i32, HashMap<Box<[u8]>, Turn>>,
+    /// The latest end of any turn: while `now` is past it no turn is open anywhere, and
+    /// [`Turns::open_for`] answers without hashing the key (every ACQUIRE asks while
+    /// anybody waits).
+    latest_end: i64,
+    /// Entries held; pruned past [`PRUNE_AT`] (a key whose look is due and whose turn has
+    /// ended is as good as absent).
+    len: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    /// No look at the channel before this time.
+    next_look: i64,
+    /// The lock is left to scripts until this time (exclusive).
+    end: i64,
+}
+
+/// How many keys [`Turns`] remembers before it drops the ones that are as good as absent.
+const PRUNE_AT: usize = 256;
+
+impl Turns {
+    /// A release with module waiters queued: is it time to look at the channel? If so,
+    /// the next look is `window` ms from now, whatever the look finds (a look costs a
+    /// subscriber count; with no script-side waiter that is its whole cost, once a window).
+    pub fn look_due(&mut self, db: i32, key: &[u8], now: i64, window: i64) -> bool {
+        if let Some(turn) = self.keys.get_mut(&db).and_then(|k| k.get_mut(key)) {
+            if now < turn.next_look {
+                return false;
+            }
+            turn.next_look = now + window;
+            return true;
+        }
+        if self.len >= PRUNE_AT {
+            self.prune(now);
+        }
+        let turn = Turn {
+            next_look: now + window,
+            end: 0,
+        };
+        self.keys.entry(db).or_default().insert(key.into(), turn);
+        self.len += 1;
+        true
+    }
+
+    /// Opens a turn for scripts on `key` until `now + grace`; returns its end.
+    pub fn open(&mut self, db: i32, key: &[u8], now: i64, grace: i64) -> i64 {
+        let end = now + grace;
+        if let Some(turn) = self.keys.get_mut(&db).and_then(|k| k.get_mut(key)) {
+            turn.end = end;
+        }
+        self.latest_end = self.latest_end.max(end);
+        end
+    }
+
+    /// The ms left of a turn open on `key` now, if one is.
+    pub fn open_for(&self, db: i32, key: &[u8], now: i64) -> Option<i64> {
+        if now >= self.latest_end {
+            return None;
+        }
+        let turn = self.keys.get(&db)?.get(key)?;
+        (now < turn.end).then(|| turn.end - now)
+    }
+
+    /// Ends the turn on `key` now (a script took the lock).
+    pub fn close(&mut self, db: i32, key: &[u8]) {
+        if let Some(turn) = self.keys.get_mut(&db).and_then(|k| k.get_mut(key)) {
+            turn.end = 0;
+        }
+    }
+
+    /// Drops the keys whose look is due and whose turn has ended: absent, they answer the
+    /// same.
+    fn prune(&mut self, now: i64) {
+        for keys in self.keys.values_mut() {
+            keys.retain(|_, t| now < t.next_look || now < t.end);
+        }
+        self.keys.retain(|_, k| !k.is_empty());
+        self.len = self.keys.values().map(HashMap::len).sum();
+    }
+
+    /// Keys remembered (for the tests).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+thread_local! {
+    static TURNS: RefCell<Turns> = RefCell::new(Turns::default());
+}
+
+fn turns<R>(f: impl FnOnce(&mut Turns) -> R) -> R {
+    TURNS.with(|t| f(&mut t.borrow_mut()))
+}
+
+/// The ms left of a script turn on `key`, if one is open: the module's own commands treat
+/// the lock as held that long. One flag and a comparison while nobody waits anywhere.
+pub fn turn_left(db: i32, key: &[u8], now: i64) -> Option<i64> {
+    if !anyone_waits() {
+        return None;
+    }
+    turns(|t| t.open_for(db, key, now))
+}
+
+/// Ends a turn early: the key changed under a script (it took the lock).
+pub(super) fn end_turn(db: i32, key: &[u8]) {
+    turns(|t| t.close(db, key));
+}
+
+/// A lock with module waiters queued was just freed by a module command (RELEASE,
+/// FORCERELEASE), before any handoff: opens a turn for script-side waiters if one is due
+/// and somebody listens on `channel()` (the lock's unlock channel, made only then). True if it did: the
+/// caller then publishes the unlock message and hands nothing over now; the queue's
+/// timer serves the head when the turn ends.
+pub fn open_script_turn(
+    ctx: &Context,
+    db: i32,
+    key: &[u8],
+    channel: impl FnOnce() -> Vec<u8>,
+) -> bool {
+    let grace = crate::server::config::script_waiter_grace_ms();
+    if grace == 0 || !has_waiters(db, key) {
+        return false;
+    }
+    let now = ffi::now_ms();
+    let window = crate::server::config::script_waiter_window_ms();
+    if !turns(|t| t.look_due(db, key, now, window)) {
+        return false;
+    }
+    // The module itself never subscribes: every listener is a script-side waiter (or a
+    // monitoring client, which costs one turn per window).
+    let shard = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    if ffi::subscribers(ctx, &channel(), shard) == 0 {
+        return false;
+    }
+    turns(|t| t.open(db, key, now, grace));
+    stats::bump(|s| &s.script_turns);
+    // The queue's expiry timer serves the head once the turn is over.
+    note_expiry(ctx, db, key, grace);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_700_000_000_000;
+    const WINDOW: i64 = 50;
+    const GRACE: i64 = 10;
+
+    #[test]
+    fn it_looks_once_per_window_per_key() {
+        let mut t = Turns::default();
+        // (ms after NOW, key, due?) in order
+        let rows: &[(i64, &[u8], bool)] = &[
+            (0, b"k", true),           // first release with waiters: look
+            (1, b"k", false),          // within the window: no count
+            (WINDOW - 1, b"k", false), // still within
+            (WINDOW - 1, b"j", true),  // another key has its own window
+            (WINDOW, b"k", true),      // the window has passed
+            (WINDOW + 5, b"k", false),
+        ];
+        for &(at, key, due) in rows {
+            assert_eq!(t.look_due(0, key, NOW + at, WINDOW), due, "{at} {key:?}");
+        }
+        assert!(t.look_due(1, b"k", NOW + 1, WINDOW), "dbs are apart");
+    }
+
+    #[test]
+    fn it_leaves_the_lock_to_scripts_for_the_grace_only() {
+        let mut t = Turns::default();
+        assert_eq!(t.open_for(0, b"k", NOW), None, "no turn before one opens");
+        assert!(t.look_due(0, b"k", NOW, WINDOW));
+        assert_eq!(t.open(0, b"k", NOW, GRACE), NOW + GRACE);
+        let rows: &[(i64, &[u8], Option<i64>)] = &[
+            (0, b"k", Some(GRACE)),
+            (GRACE - 1, b"k", Some(1)),
+            (GRACE, b"k", None), // the end is exclusive: the timer finds it over
+            (1, b"j", None),     // only that key
+        ];
+        for &(at, key, left) in rows {
+            assert_eq!(t.open_for(0, key, NOW + at), left, "{at} {key:?}");
+        }
+        assert_eq!(t.open_for(1, b"k", NOW), None, "only that db");
+    }
+
+    #[test]
+    fn it_ends_a_turn_early_when_a_script_took_the_lock() {
+        let mut t = Turns::default();
+        t.look_due(0, b"k", NOW, WINDOW);
+        t.open(0, b"k", NOW, GRACE);
+        t.close(0, b"k");
+        assert_eq!(t.open_for(0, b"k", NOW + 1), None);
+        assert!(!t.look_due(0, b"k", NOW + 2, WINDOW), "the window still holds");
+    }
+
+    #[test]
+    fn it_forgets_keys_that_answer_as_absent() {
+        let mut t = Turns::default();
+        for i in 0..PRUNE_AT {
+            t.look_due(0, format!("k{i}").as_bytes(), NOW, WINDOW);
+        }
+        assert_eq!(t.len(), PRUNE_AT);
+        // One key still within its window, the rest past it: they go at the next insert.
+        t.look_due(0, b"k0", NOW + WINDOW, WINDOW);
+        t.look_due(0, b"new", NOW + WINDOW, WINDOW);
+        assert_eq!(t.len(), 2);
+        assert!(!t.look_due(0, b"k0", NOW + WINDOW + 1, WINDOW), "kept with its window");
+        assert!(t.look_due(0, b"k1", NOW + WINDOW + 1, WINDOW), "dropped: due, as before");
+    }
+}
