@@ -29,7 +29,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 
 .PHONY: help deps venv build release run test check test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
-.PHONY: bench-tickets bench-tax
+.PHONY: bench-tickets bench-tax bench-turns
 .PHONY: test-java bench-java
 .PHONY: test-go bench-go
 .PHONY: faults test-faults faults-tools
@@ -132,6 +132,11 @@ bench-semaphore: venv ## Semaphore: 64 client processes x 4 permits vs Redisson'
 	  $(PY) bench/semaphore_instr.py --module $(MODULE_RELEASE); } | tee bench/semaphore.md
 
 # Queued tickets (design.md 5, issue 14): memory per ticket, grant latency, handoffs/s.
+bench-turns: venv ## What script-side waiters' turns (design.md 1.8) cost a release that hands the lock over, with nobody listening: instructions per call under callgrind, turns off vs on (each server in SERVERS)
+	@./scripts/deps.sh --valgrind
+	cargo build --release -p rlock
+	@$(PER_SERVER) $(PY) bench/instr_turns.py --module $(MODULE_RELEASE) --server "$$bin"; done
+
 bench-tickets: venv ## Queued tickets (each server in SERVERS): memory per ticket (100 000 from 10 connections) vs a blocked waiter, grant latency vs WAIT, handoffs/s of 1 000 tasks over 10 connections vs Redisson's algorithm; writes bench/tickets.md
 	cargo build --release -p rlock
 	$(PY) bench/tickets.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report bench/tickets.md --block BENCHMARK.md

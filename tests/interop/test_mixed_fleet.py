@@ -242,3 +242,13 @@ def test_without_turns_the_redisson_waiter_starves(server):
     machine stalled a looper for a whole hold."""
     waits, _ = run_fleet(server, grace_ms=0, attempts=1, give_up_s=1.5, steady=True)
     assert waits == [None]
+
+
+def test_the_turn_configs_have_documented_defaults_and_ranges(r):
+    got = r.config_get("rlock.script-waiter-*")
+    assert got == {"rlock.script-waiter-grace-ms": "10", "rlock.script-waiter-window-ms": "50"}
+    for name, bad in (("grace", "-1"), ("grace", "10001"), ("window", "0"),
+                      ("window", "3600001")):
+        with pytest.raises(Exception):
+            r.config_set(f"rlock.script-waiter-{name}-ms", bad)
+    assert r.config_get("rlock.script-waiter-*") == got
