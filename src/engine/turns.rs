@@ -227,7 +227,10 @@ mod tests {
         t.open(0, b"k", NOW, GRACE);
         t.close(0, b"k");
         assert_eq!(t.open_for(0, b"k", NOW + 1), None);
-        assert!(!t.look_due(0, b"k", NOW + 2, WINDOW), "the window still holds");
+        assert!(
+            !t.look_due(0, b"k", NOW + 2, WINDOW),
+            "the window still holds"
+        );
     }
 
     #[test]
@@ -252,7 +255,13 @@ mod tests {
         t.look_due(0, b"k0", NOW + WINDOW, WINDOW);
         t.look_due(0, b"new", NOW + WINDOW, WINDOW);
         assert_eq!(t.len(), 2);
-        assert!(!t.look_due(0, b"k0", NOW + WINDOW + 1, WINDOW), "kept with its window");
-        assert!(t.look_due(0, b"k1", NOW + WINDOW + 1, WINDOW), "dropped: due, as before");
+        assert!(
+            !t.look_due(0, b"k0", NOW + WINDOW + 1, WINDOW),
+            "kept with its window"
+        );
+        assert!(
+            t.look_due(0, b"k1", NOW + WINDOW + 1, WINDOW),
+            "dropped: due, as before"
+        );
     }
 }
