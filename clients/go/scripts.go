@@ -1,5 +1,6 @@
 // Scripts mode (issue 39, docs/scripts-mode.md): where the module cannot be loaded, the
-// lock, the fenced lock, the semaphore and the latch run on Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
+// lock, the fenced lock, the read-write lock, the semaphore and the latch run on
+// Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
 // clients/python/rlock/lua, embedded), with the same API; Redisson services, scripts-mode
 // clients and module-loaded servers share the names. The mode is chosen once per Client
 // (WithMode; auto asks RLOCK.HELLO: "unknown command" means scripts, asked again every
@@ -41,8 +42,8 @@ var scripts, scriptTexts = func() (map[string]*redis.Script, map[string]string) 
 	return out, texts
 }()
 
-// ErrNeedsModule: a call scripts mode does not do (so far the lock's, the fenced lock's,
-// the semaphore's and the latch's are done).
+// ErrNeedsModule: a call scripts mode does not do (so far every primitive's but the
+// permit-expirable semaphore's are done).
 var ErrNeedsModule = proto.ErrNeedsModule
 
 // SubscriberName is the name of scripts mode's subscriber connection (CLIENT LIST).
@@ -119,6 +120,16 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sc.Then == proto.ForceRW {
+		mode, err := c.rdb.HGet(ctx, sc.Keys[0], "mode").Result()
+		if errors.Is(err, redis.Nil) {
+			return int64(0), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		sc = proto.ForceRWScript(sc.Keys[0], mode, "publish")
+	}
 	var v any
 	if sc.Name != "" && sc.Then != proto.One {
 		v, err = scripts[sc.Name].Run(ctx, c.rdb, sc.Keys, sc.Argv...).Result()
@@ -127,6 +138,17 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+	}
+	if sc.Then == proto.ReadHeld && v != nil {
+		// Only this owner changes its own read field: looking after the script is no race.
+		owner := strings.TrimSuffix(proto.Strings(sc.Argv[1:2])[0], ":write")
+		got, err := c.rdb.HMGet(ctx, sc.Keys[0], "mode", owner).Result()
+		if err != nil {
+			return nil, err
+		}
+		if len(got) == 2 && got[0] == "read" && got[1] != nil {
+			return nil, proto.ServerError(proto.ReadHeldText)
 		}
 	}
 	if sc.Then.Gets() {

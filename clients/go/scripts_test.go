@@ -2,8 +2,8 @@
 // restricted as a managed service's (`+@all -@dangerous`): the lock on Redisson's own
 // scripts (Redisson's hash, its unlock message), a waiter woken by that message, SCRIPT
 // FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, the fenced lock, the
-// semaphore and the countdown latch on theirs, and calls not done in scripts mode yet
-// answering ErrNeedsModule. And the embedded scripts are the Python
+// read-write lock, the semaphore and the countdown latch on theirs, and the permit-
+// expirable semaphore (not done in scripts mode yet) answering ErrNeedsModule. And the embedded scripts are the Python
 // client's, byte for byte.
 
 package rlock_test
@@ -107,6 +107,62 @@ func TestScriptsModeLockOnAServerWithoutTheModule(t *testing.T) {
 	// Not done in scripts mode yet: said plainly, not "unknown command".
 	if _, err := c.NewPermitSemaphore("p").Available(ctx); !errors.Is(err, rlock.ErrNeedsModule) {
 		t.Fatalf("expirable semaphore in scripts mode = %v, want ErrNeedsModule", err)
+	}
+}
+
+func TestScriptsModeReadWriteLock(t *testing.T) {
+	admin, app := restricted(t)
+	ctx := context.Background()
+	c := rlock.New(app)
+	t.Cleanup(func() { c.Close() })
+	a, b, w := c.NewRWMutex("rw"), c.NewRWMutex("rw"), c.NewRWMutex("rw")
+	if err := a.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := admin.HGet(ctx, "rw", "mode").Val(); got != "read" {
+		t.Fatalf("mode = %q, want read (Redisson's layout)", got)
+	}
+	// A reader asking for the write side is refused at once, as by the module.
+	if err := a.Lock(ctx); !errors.Is(err, rlock.ErrRefused) {
+		t.Fatalf("write by a reader = %v, want ErrRefused (READHELD)", err)
+	}
+	if ok, err := a.Reader().Extend(); err != nil || !ok {
+		t.Fatalf("read Extend = %v, %v", ok, err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- w.Lock(ctx) }()
+	ch := proto.RWChannel("rw")
+	testserver.WaitUntil(t, 10*time.Second, "the writer subscribed", func() bool {
+		return admin.PubSubNumSub(ctx, ch).Val()[ch] == 1
+	})
+	if _, err := a.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the writer was not woken by the last read unlock")
+	}
+	if err := b.Reader().TryLock(); !errors.Is(err, rlock.ErrTaken) {
+		t.Fatalf("read while written = %v, want ErrTaken", err)
+	}
+	if ok, err := w.Writer().Extend(); err != nil || !ok {
+		t.Fatalf("write Extend = %v, %v", ok, err)
+	}
+	if ok, err := w.Writer().ForceUnlock(ctx); err != nil || !ok {
+		t.Fatalf("ForceUnlock = %v, %v", ok, err)
+	}
+	if admin.Exists(ctx, "rw").Val() != 0 {
+		t.Fatal("the lock is still there after ForceUnlock")
 	}
 }
 

@@ -2,8 +2,9 @@
 // own Lua script (clients/go/lua, byte-identical copies of clients/python/rlock/lua),
 // named, with its KEYS and ARGV, and the module's reply made from the script's. Redisson's
 // names (prefixName, the unlock latch) come from here too. The lock (RLOCK.*), the fenced
-// lock (RFENCED.*), the semaphore (RSEMAPHORE.*) and the countdown latch (RLATCH.*) are
-// translated so far; any other command answers ErrNeedsModule.
+// lock (RFENCED.*), the read-write lock (RRWLOCK.*), the semaphore (RSEMAPHORE.*) and the
+// countdown latch (RLATCH.*) are translated so far; any other command (the permit-
+// expirable semaphore's) answers ErrNeedsModule.
 
 package proto
 
@@ -73,7 +74,55 @@ const (
 	GetLatchCount
 	// GetOpen: GET KEYS[0]; 1 when the latch is open (count 0 or no key), else 0.
 	GetOpen
+	// FirstInt: the first element of the script's array (the read lock's renewal).
+	FirstInt
+	// ReadHeld: a write acquire the script refused: if the owner (Argv[1], the writer
+	// field `<owner>:write`) holds the read lock, the module's READHELD error (Redisson's
+	// script would let it wait for its own read leases to end); the I/O layer looks
+	// (HMGET name mode owner).
+	ReadHeld
+	// ForceRW: no script yet: the I/O layer reads the lock's mode (HGET name mode) and
+	// runs ForceRWScript for it.
+	ForceRW
 )
+
+// ReadHeldText is the module's refusal of a write acquire by a read holder.
+const ReadHeldText = "READHELD this owner holds the read lock: release the read lock first (a writer waiting on its own read would wait forever)"
+
+// RWChannel is Redisson's read-write lock channel (`redisson_rwlock:{name}`).
+func RWChannel(name string) string { return PrefixName("redisson_rwlock", name) }
+
+// suffixName is Redisson's suffixName: `{name}:suffix`, or `name:suffix` when the name
+// has a `{` of its own.
+func suffixName(name, suffix string) string {
+	if strings.Contains(name, "{") {
+		return name + ":" + suffix
+	}
+	return "{" + name + "}:" + suffix
+}
+
+// rwTimeoutPrefix: `{name}:<owner>:rwlock_timeout`, read hold n's timeout key + `:n`.
+func rwTimeoutPrefix(name, owner string) string { return suffixName(name, owner) + ":rwlock_timeout" }
+
+// rwKeyPrefix is RedissonReadLock.getKeyPrefix: `{name}` (`name` when it has a `{`).
+func rwKeyPrefix(name string) string {
+	if strings.Contains(name, "{") {
+		return name
+	}
+	return "{" + name + "}"
+}
+
+// ForceRWScript is the force-release script of a read-write lock in mode ("read" or
+// "write"; the lock's HGET name mode), with its KEYS and ARGV.
+func ForceRWScript(name, mode, publish string) ScriptCall {
+	if mode == "read" {
+		return ScriptCall{"read_force_unlock", []string{name, RWChannel(name)}, []any{UnlockMessage, publish}, AsIs}
+	}
+	return ScriptCall{"write_force_unlock", []string{name, RWChannel(name)}, []any{ReadUnlockMessage, publish}, AsIs}
+}
+
+// ReadUnlockMessage is Redisson's LockPubSub read-unlock message (wake all).
+const ReadUnlockMessage = 1
 
 // Gets tells whether the module's reply needs a GET of KEYS[0] after the script.
 func (t Then) Gets() bool {
@@ -102,6 +151,11 @@ func (t Then) Reply(v any) (any, error) {
 		return toInt(v, 0)
 	case One:
 		return int64(1), nil
+	case FirstInt:
+		if a, ok := v.([]any); ok && len(a) > 0 {
+			return toInt(a[0], 0)
+		}
+		return toInt(v, 0)
 	case GetLatchCount, GetOpen:
 		n, err := toInt(v, 0)
 		if err != nil {
@@ -290,6 +344,54 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 			return ScriptCall{}, err
 		}
 		return ScriptCall{"semaphore_drain", []string{pos[0]}, nil, Count}, nil
+	case "RRWLOCK.ACQUIRE":
+		pos, _, err := need(4)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		name, owner, lease := pos[0], pos[2], pos[3]
+		writer := owner + ":write"
+		if strings.EqualFold(pos[1], "READ") {
+			return ScriptCall{"read_acquire", []string{name, rwTimeoutPrefix(name, owner)}, []any{lease, owner, writer}, AsIs}, nil
+		}
+		return ScriptCall{"write_acquire", []string{name}, []any{lease, writer}, ReadHeld}, nil
+	case "RRWLOCK.RELEASE":
+		pos, opts, err := need(3)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		name, owner := pos[0], pos[2]
+		lease := "30000"
+		if len(pos) > 3 {
+			lease = pos[3]
+		}
+		id := opts["ID"]
+		if id == "" {
+			id = RequestID()
+		}
+		latch := UnlockLatch(name, id)
+		if strings.EqualFold(pos[1], "READ") {
+			return ScriptCall{"read_unlock", []string{name, RWChannel(name), rwTimeoutPrefix(name, owner), rwKeyPrefix(name), latch},
+				[]any{UnlockMessage, owner, publish, UnlockLatchMs}, AsIs}, nil
+		}
+		return ScriptCall{"write_unlock", []string{name, RWChannel(name), latch},
+			[]any{ReadUnlockMessage, lease, owner + ":write", publish, UnlockLatchMs}, AsIs}, nil
+	case "RRWLOCK.RENEW":
+		pos, _, err := need(4)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		name, owner, lease := pos[0], pos[2], pos[3]
+		if strings.EqualFold(pos[1], "READ") {
+			return ScriptCall{"read_renew", []string{name, rwKeyPrefix(name)}, []any{lease, 1, owner}, FirstInt}, nil
+		}
+		return ScriptCall{"lock_renew", []string{name}, []any{lease, owner + ":write"}, AsIs}, nil
+	case "RRWLOCK.FORCERELEASE":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"", []string{pos[0]}, nil, ForceRW}, nil
 	case "RLATCH.TRYSETCOUNT":
 		pos, _, err := need(2)
 		if err != nil {
@@ -345,6 +447,8 @@ func WaitChannel(args []any) (channel string, leased, ok bool) {
 		return SemaphoreChannel(a[1]), false, true
 	case "RLATCH.AWAIT":
 		return LatchChannel(a[1]), false, true
+	case "RRWLOCK.ACQUIRE":
+		return RWChannel(a[1]), true, true
 	}
 	return "", false, false
 }

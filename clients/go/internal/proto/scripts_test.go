@@ -27,6 +27,11 @@ func TestTheLockCommandsBecomeRedissonsScripts(t *testing.T) {
 		{Hold{Key: "{a}:k", Owner: "o:1", Prefix: "RLOCK"}.Release(5000, "r3"), ScriptCall{"lock_unlock",
 			[]string{"{a}:k", "redisson_lock__channel:{a}:k", "redisson_unlock_latch:{a}:k:r3"},
 			[]any{UnlockMessage, "5000", "o:1", "publish", UnlockLatchMs}, AsIs}},
+		{Hold{Key: "rw", Owner: "o:1", Prefix: "RRWLOCK", Side: "WRITE"}.Acquire(100, -1, "r"),
+			ScriptCall{"write_acquire", []string{"rw"}, []any{"100", "o:1:write"}, ReadHeld}},
+		{Hold{Key: "rw", Owner: "o:1", Prefix: "RRWLOCK", Side: "READ"}.Release(0, "r9"), ScriptCall{"read_unlock",
+			[]string{"rw", "redisson_rwlock:{rw}", "{rw}:o:1:rwlock_timeout", "{rw}", "redisson_unlock_latch:{rw}:r9"},
+			[]any{UnlockMessage, "o:1", "publish", UnlockLatchMs}, AsIs}},
 		{lock.Renew(30000), ScriptCall{"lock_renew", []string{"k"}, []any{"30000", "o:1"}, AsIs}},
 		{ForceRelease("RLOCK", "k"), ScriptCall{"lock_force_unlock", []string{"k", "redisson_lock__channel:{k}"}, []any{UnlockMessage}, AsIs}},
 	} {
