@@ -839,8 +839,16 @@ def main() -> int:
             # Re-run cells replace their rows in the existing report; the rest stays.
             rows = {tuple(x.strip() for x in line.split("|")[1:3]): line for line in
                     (row(c) for c in done)}
-            lines = [rows.get(tuple(x.strip() for x in line.split("|")[1:3]), line)
-                     for line in old.split("\n")]
+            lines = old.split("\n")
+            seen = set()
+            for i, line in enumerate(lines):
+                cell = tuple(x.strip() for x in line.split("|")[1:3])
+                if cell in rows:
+                    lines[i] = rows[cell]
+                    seen.add(cell)
+            # Cells new to the report go at the end of its table.
+            last = max((i for i, line in enumerate(lines) if line.startswith("|")), default=-1)
+            lines[last + 1:last + 1] = [r for cell, r in rows.items() if cell not in seen]
             text = "\n".join(lines)
         Path(a.report).write_text(text)
     for fl in failures:
