@@ -24,6 +24,7 @@ package rlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -557,7 +558,10 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 // reply that is not that nil (TAKENBACK, or the lock found held by another) settles it
 // taken back. With no reply (the connection broke) it is sent again on the application's
 // connections until confirmRetryFor has passed; the server keeps the grant that long
-// after the connection closed (rlock.ticket-confirm-ms) and takes it back after.
+// after the connection closed (rlock.ticket-confirm-ms) and takes it back after. A
+// redirection (the grant's slot moved on before the confirmation came: the migration
+// carried the lock and its request id's record) or TRYAGAIN is followed the same way,
+// through the application's client, which routes by key in a cluster.
 func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	s.sendMu.Lock()
@@ -568,11 +572,13 @@ func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 		reply, err = nil, nil
 	}
 	var re redis.Error
-	if err == nil || errors.As(err, &re) {
+	if err == nil || (errors.As(err, &re) && !elsewhere(err)) {
 		cf.settle(err == nil && reply == nil)
 		return
 	}
-	h.broken(s.gen)
+	if !errors.As(err, &re) {
+		h.broken(s.gen)
+	}
 	until := time.Now().Add(confirmRetryFor)
 	for {
 		left := time.Until(until)
@@ -590,7 +596,7 @@ func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 		go func() {
 			cctx, cancel := context.WithTimeout(context.Background(), left)
 			defer cancel()
-			v, err := h.node.Do(cctx, look...).Result()
+			v, err := h.c.rdb.Do(cctx, look...).Result()
 			got <- result{v, err}
 		}()
 		t := time.NewTimer(left)
@@ -600,9 +606,12 @@ func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 			if errors.Is(r.err, redis.Nil) {
 				r.v, r.err = nil, nil
 			}
-			if r.err == nil || errors.As(r.err, &re) {
+			if r.err == nil || (errors.As(r.err, &re) && !elsewhere(r.err)) {
 				cf.settle(r.err == nil && r.v == nil)
 				return
+			}
+			if h.c.cluster != nil && redirected(r.err) {
+				h.c.cluster.ReloadState(context.Background())
 			}
 			_ = sleep(context.Background(), 20*time.Millisecond)
 		case <-t.C:
@@ -610,6 +619,12 @@ func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 			return
 		}
 	}
+}
+
+// elsewhere tells whether a confirmation's error reply sends it to another node (MOVED,
+// ASK) or asks for it again (TRYAGAIN) rather than settling it.
+func elsewhere(err error) bool {
+	return redirected(err) || strings.HasPrefix(err.Error(), "TRYAGAIN")
 }
 
 // ping checks the command connection while anyone waits.
