@@ -40,9 +40,8 @@ const (
 	// ModeModule: the rlock module's commands; without the module they fail with the
 	// server's "unknown command".
 	ModeModule
-	// ModeScripts: Redisson's scripts, also on a module-loaded server. Every primitive
-	// but the permit-expirable semaphore is done in scripts mode so far; its calls (and
-	// Info) answer ErrNeedsModule.
+	// ModeScripts: Redisson's scripts, also on a module-loaded server (Info, which no
+	// Redisson script does, answers ErrNeedsModule).
 	ModeScripts
 )
 

@@ -1,14 +1,13 @@
 // Scripts mode (issue 39, docs/scripts-mode.md): where the module cannot be loaded, the
-// lock, the fenced lock, the read-write lock, the semaphore and the latch run on
-// Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
+// primitives run on Redisson's own Lua scripts (lua/*.lua, byte-identical copies of
 // clients/python/rlock/lua, embedded), with the same API; Redisson services, scripts-mode
 // clients and module-loaded servers share the names. The mode is chosen once per Client
 // (WithMode; auto asks RLOCK.HELLO: "unknown command" means scripts, asked again every
 // 30 s in scripts mode and when a module command comes back unknown). Waiting is
 // Redisson's: one subscriber connection per client, shared by every wait, each woken by
 // the channel's message or at the holder's lease end, whichever comes first; no polling.
-// internal/proto/scripts.go translates the module's commands (the other primitives
-// answer ErrNeedsModule in scripts mode so far).
+// internal/proto/scripts.go translates the module's commands (Info, which no Redisson
+// script does, answers ErrNeedsModule).
 
 package rlock
 
@@ -42,8 +41,7 @@ var scripts, scriptTexts = func() (map[string]*redis.Script, map[string]string) 
 	return out, texts
 }()
 
-// ErrNeedsModule: a call scripts mode does not do (so far every primitive's but the
-// permit-expirable semaphore's are done).
+// ErrNeedsModule: a call scripts mode does not do (Info: no Redisson script reads it).
 var ErrNeedsModule = proto.ErrNeedsModule
 
 // SubscriberName is the name of scripts mode's subscriber connection (CLIENT LIST).
@@ -116,17 +114,24 @@ func moduleCommand(args []any) bool {
 
 // doScript does a module command with Redisson's script, answering what the module would.
 func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
+	v, _, err := c.doScriptHint(ctx, args)
+	return v, err
+}
+
+// doScriptHint is doScript, with how many ms a waiter whose try this was should sleep
+// at most before looking again without a message (proto.ScriptCall.Hint).
+func (c *Client) doScriptHint(ctx context.Context, args []any) (any, int64, error) {
 	sc, err := proto.ScriptFor(args, "publish")
 	if err != nil {
-		return nil, err
+		return nil, -1, err
 	}
 	if sc.Then == proto.ForceRW {
 		mode, err := c.rdb.HGet(ctx, sc.Keys[0], "mode").Result()
 		if errors.Is(err, redis.Nil) {
-			return int64(0), nil
+			return int64(0), -1, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, -1, err
 		}
 		sc = proto.ForceRWScript(sc.Keys[0], mode, "publish")
 	}
@@ -137,18 +142,25 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 			v, err = nil, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, -1, err
 		}
+	}
+	hint := sc.Hint(v)
+	switch sc.Then {
+	case proto.Permits:
+		return sc.PermitReply(v), hint, nil
+	case proto.ThenAvailable:
+		return c.doScriptHint(ctx, proto.PesAvailableArgs(sc.Keys[0]))
 	}
 	if sc.Then == proto.ReadHeld && v != nil {
 		// Only this owner changes its own read field: looking after the script is no race.
 		owner := strings.TrimSuffix(proto.Strings(sc.Argv[1:2])[0], ":write")
 		got, err := c.rdb.HMGet(ctx, sc.Keys[0], "mode", owner).Result()
 		if err != nil {
-			return nil, err
+			return nil, -1, err
 		}
 		if len(got) == 2 && got[0] == "read" && got[1] != nil {
-			return nil, proto.ServerError(proto.ReadHeldText)
+			return nil, -1, proto.ServerError(proto.ReadHeldText)
 		}
 	}
 	if sc.Then.Gets() {
@@ -157,10 +169,25 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 			v, err = nil, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, -1, err
 		}
 	}
-	return sc.Then.Reply(v)
+	r, err := sc.Then.Reply(v)
+	return r, hint, err
+}
+
+// scriptTry is one try of a scripts-mode wait, with doRetry's retries of transient
+// failures: the module's reply and the try's hint.
+func (c *Client) scriptTry(ctx context.Context, args []any) (any, int64, error) {
+	for n := 0; ; n++ {
+		v, hint, err := c.doScriptHint(ctx, args)
+		if err == nil || !transient(err) || n+1 >= c.opts.backoff.Attempts {
+			return v, hint, err
+		}
+		if err := sleep(ctx, c.opts.backoff.Delay(n)); err != nil {
+			return nil, -1, err
+		}
+	}
 }
 
 // scriptEval is args as one EVAL (for a pipeline, after which nothing could resend it on
@@ -203,14 +230,14 @@ func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bo
 		deadline = t.C
 	}
 	for {
-		reply, err = c.doRetry(ctx, build(-1))
+		reply, hint, err := c.scriptTry(ctx, build(-1))
 		if err != nil || satisfied(reply) {
 			return reply, err
 		}
 		var leaseEnd <-chan time.Time
 		var t *time.Timer
-		if ms := proto.LeaseLeftMs(reply); leased && ms >= 0 {
-			t = time.NewTimer(time.Duration(ms) * time.Millisecond)
+		if leased && hint >= 0 {
+			t = time.NewTimer(time.Duration(hint) * time.Millisecond)
 			leaseEnd = t.C
 		}
 		stop := func() {

@@ -2,8 +2,8 @@
 // restricted as a managed service's (`+@all -@dangerous`): the lock on Redisson's own
 // scripts (Redisson's hash, its unlock message), a waiter woken by that message, SCRIPT
 // FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, the fenced lock, the
-// read-write lock, the semaphore and the countdown latch on theirs, and the permit-
-// expirable semaphore (not done in scripts mode yet) answering ErrNeedsModule. And the embedded scripts are the Python
+// read-write lock, the semaphore, the permit-expirable semaphore and the countdown latch
+// on theirs, and Info (no Redisson script) answering ErrNeedsModule. And the embedded scripts are the Python
 // client's, byte for byte.
 
 package rlock_test
@@ -105,8 +105,82 @@ func TestScriptsModeLockOnAServerWithoutTheModule(t *testing.T) {
 		t.Fatalf("ForceUnlock = %v, %v", ok, err)
 	}
 	// Not done in scripts mode yet: said plainly, not "unknown command".
-	if _, err := c.NewPermitSemaphore("p").Available(ctx); !errors.Is(err, rlock.ErrNeedsModule) {
-		t.Fatalf("expirable semaphore in scripts mode = %v, want ErrNeedsModule", err)
+	if _, err := a.Info(ctx); !errors.Is(err, rlock.ErrNeedsModule) {
+		t.Fatalf("Info in scripts mode = %v, want ErrNeedsModule", err)
+	}
+}
+
+func TestScriptsModePermitSemaphore(t *testing.T) {
+	admin, app := restricted(t)
+	ctx := context.Background()
+	c := rlock.New(app)
+	t.Cleanup(func() { c.Close() })
+	s := c.NewPermitSemaphore("p")
+	if ok, err := s.TrySetPermits(ctx, 1); err != nil || !ok {
+		t.Fatalf("TrySetPermits = %v, %v", ok, err)
+	}
+	p1, err := s.Acquire(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p1.ID()) != 32 {
+		t.Fatalf("permit id %q, want Redisson's 32 hex digits", p1.ID())
+	}
+	if n := admin.ZCard(ctx, "{p}:timeout").Val(); n != 1 {
+		t.Fatalf("Redisson's timeout zset holds %d permits, want 1", n)
+	}
+	if _, err := s.TryAcquire(ctx, time.Second, 0); !errors.Is(err, rlock.ErrTaken) {
+		t.Fatalf("TryAcquire with none free = %v, want ErrTaken", err)
+	}
+	// A waiter woken by the release's message.
+	type got struct {
+		p   *rlock.Permit
+		err error
+	}
+	gotc := make(chan got, 1)
+	go func() { p, err := s.TryAcquire(ctx, time.Second, 10*time.Second); gotc <- got{p, err} }()
+	ch := "redisson_sc:{p}"
+	testserver.WaitUntil(t, 10*time.Second, "the permit waiter subscribed", func() bool {
+		return admin.PubSubNumSub(ctx, ch).Val()[ch] == 1
+	})
+	if err := p1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var p2 *rlock.Permit
+	select {
+	case g := <-gotc:
+		if g.err != nil {
+			t.Fatal(g.err)
+		}
+		p2 = g.p
+	case <-time.After(10 * time.Second):
+		t.Fatal("the permit waiter was not woken by the release")
+	}
+	// Behind a permit that expires (no message): woken at its expiry.
+	start := time.Now()
+	p3, err := s.TryAcquire(ctx, 5*time.Second, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("taken %v after, want at the 1 s lease's end", d)
+	}
+	select {
+	case <-p2.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the expired permit's holder was not told")
+	}
+	if n, err := s.Available(ctx); err != nil || n != 0 {
+		t.Fatalf("Available = %d, %v; want 0", n, err)
+	}
+	if err := p3.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Available(ctx); err != nil || n != 1 {
+		t.Fatalf("Available after release = %d, %v; want 1", n, err)
+	}
+	if n, err := s.AddPermits(ctx, 2); err != nil || n != 3 {
+		t.Fatalf("AddPermits = %d, %v; want 3", n, err)
 	}
 }
 

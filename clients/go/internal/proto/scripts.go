@@ -1,18 +1,19 @@
 // Scripts mode's pure part (docs/scripts-mode.md): a module command done with Redisson's
 // own Lua script (clients/go/lua, byte-identical copies of clients/python/rlock/lua),
 // named, with its KEYS and ARGV, and the module's reply made from the script's. Redisson's
-// names (prefixName, the unlock latch) come from here too. The lock (RLOCK.*), the fenced
-// lock (RFENCED.*), the read-write lock (RRWLOCK.*), the semaphore (RSEMAPHORE.*) and the
-// countdown latch (RLATCH.*) are translated so far; any other command (the permit-
-// expirable semaphore's) answers ErrNeedsModule.
+// names (prefixName, the unlock latch) come from here too. Every primitive's commands are
+// translated; the INFO commands (no Redisson script reads them) answer ErrNeedsModule.
 
 package proto
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ErrNeedsModule: a command scripts mode does not do (no Redisson script does it, or
@@ -84,7 +85,80 @@ const (
 	// ForceRW: no script yet: the I/O layer reads the lock's mode (HGET name mode) and
 	// runs ForceRWScript for it.
 	ForceRW
+	// ThenAvailable: the module answers the available permits, which the script does not
+	// return: the I/O layer runs PesAvailable after it.
+	ThenAvailable
+	// Permits: pes_try_acquire's 'OK' is the module's permit id(s) (Argv[5:], raw, as hex);
+	// anything else, nil (not taken).
+	Permits
 )
+
+// NonExpirable is RPermitExpirableSemaphore's score of a permit without a lease.
+const NonExpirable = 922337203685477
+
+// timeoutZset is the expirable semaphore's zset of permit expiries (`{name}:timeout`).
+func timeoutZset(name string) string { return suffixName(name, "timeout") }
+
+// pesKeys are the reclaiming scripts' KEYS: name, timeout zset, channel.
+func pesKeys(name string) []string {
+	return []string{name, timeoutZset(name), SemaphoreChannel(name)}
+}
+
+// PesAvailable is the script that counts an expirable semaphore's free permits (and
+// reclaims expired ones), by the client's clock as Redisson does.
+func PesAvailable(name, publish string) ScriptCall {
+	return ScriptCall{"pes_available", pesKeys(name), []any{NowMs(), publish}, Count}
+}
+
+// PesAvailableArgs is `RPSEMAPHORE.AVAILABLEPERMITS name` (what ThenAvailable runs).
+func PesAvailableArgs(name string) []any { return []any{"RPSEMAPHORE.AVAILABLEPERMITS", name} }
+
+// NowMs is the client's clock in ms: Redisson passes System.currentTimeMillis() to the
+// permit scripts (docs/scripts-mode.md: leases judged by each client's clock).
+func NowMs() int64 { return time.Now().UnixMilli() }
+
+// rawID is a permit id (32 hex digits) as the 16 bytes the zset holds.
+func rawID(id string) (string, error) {
+	b, err := hex.DecodeString(id)
+	if err != nil || len(b) != 16 {
+		return "", errors.New("BADPERMITID scripts mode takes Redisson's permit ids: 32 hex digits")
+	}
+	return string(b), nil
+}
+
+// Hint is how many ms until a waiter should look again without a message, from the
+// script's raw reply v (before Reply): the lock's PTTL, the expirable semaphore's first
+// permit expiry; -1 for none (a message only), 0 to look at once.
+func (c ScriptCall) Hint(v any) int64 {
+	switch c.Then {
+	case Permits:
+		if s, ok := v.(string); ok && strings.HasPrefix(s, ":") {
+			ts, err := strconv.ParseFloat(s[1:], 64)
+			if err != nil {
+				return -1
+			}
+			now, _ := c.Argv[2].(int64)
+			if left := int64(ts) - now; left > 1 {
+				return left + LeaseEndMarginMs
+			}
+			return 1 + LeaseEndMarginMs
+		}
+		return -1
+	case Fenced:
+		if a, ok := v.([]any); ok && len(a) == 2 {
+			v = a[0]
+		}
+	}
+	if n, ok := v.(int64); ok {
+		if n == -2 {
+			return 0 // the holder's key went between two looks: look again
+		}
+		if n >= 0 {
+			return n + LeaseEndMarginMs
+		}
+	}
+	return -1
+}
 
 // ReadHeldText is the module's refusal of a write acquire by a read holder.
 const ReadHeldText = "READHELD this owner holds the read lock: release the read lock first (a writer waiting on its own read would wait forever)"
@@ -151,6 +225,11 @@ func (t Then) Reply(v any) (any, error) {
 		return toInt(v, 0)
 	case One:
 		return int64(1), nil
+	case Permits:
+		if v != "OK" {
+			return nil, nil
+		}
+		return nil, nil // filled by PermitReply
 	case FirstInt:
 		if a, ok := v.([]any); ok && len(a) > 0 {
 			return toInt(a[0], 0)
@@ -174,6 +253,22 @@ func (t Then) Reply(v any) (any, error) {
 		return count, nil
 	}
 	return v, nil
+}
+
+// PermitReply is the module's reply to an expirable semaphore's acquire whose script
+// answered v: the permit id (one) or ids (more), in hex, or nil.
+func (c ScriptCall) PermitReply(v any) any {
+	if v != "OK" {
+		return nil
+	}
+	var ids []any
+	for _, a := range c.Argv[5:] {
+		ids = append(ids, hex.EncodeToString([]byte(a.(string))))
+	}
+	if len(ids) == 1 {
+		return ids[0]
+	}
+	return ids
 }
 
 // LatchChannel is Redisson's latch channel: always braces around the whole name
@@ -392,6 +487,102 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 			return ScriptCall{}, err
 		}
 		return ScriptCall{"", []string{pos[0]}, nil, ForceRW}, nil
+	case "RPSEMAPHORE.TRYSETPERMITS":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"semaphore_try_set", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, AsIs}, nil
+	case "RPSEMAPHORE.SETPERMITS":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"pes_set_permits", []string{pos[0], SemaphoreChannel(pos[0]), timeoutZset(pos[0])}, []any{pos[1], publish}, ThenAvailable}, nil
+	case "RPSEMAPHORE.ADDPERMITS":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"pes_add", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, ThenAvailable}, nil
+	case "RPSEMAPHORE.AVAILABLEPERMITS":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return PesAvailable(pos[0], publish), nil
+	case "RPSEMAPHORE.ACQUIREDPERMITS":
+		pos, _, err := need(1)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"pes_acquired", pesKeys(pos[0]), []any{NowMs(), publish}, Count}, nil
+	case "RPSEMAPHORE.ACQUIRE":
+		pos, opts, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		permits := int64(1)
+		if p, ok := opts["PERMITS"]; ok {
+			if permits, err = strconv.ParseInt(p, 10, 64); err != nil || permits < 1 {
+				return ScriptCall{}, errors.New("BADPERMITS permits must be a positive integer")
+			}
+		}
+		lease, err := strconv.ParseInt(pos[1], 10, 64)
+		if err != nil {
+			return ScriptCall{}, errors.New("BADLEASE lease must be an integer")
+		}
+		now := NowMs()
+		expiry := int64(NonExpirable)
+		if lease >= 0 {
+			expiry = now + lease
+		}
+		argv := []any{permits, expiry, now, int64(NonExpirable), publish}
+		for i := int64(0); i < permits; i++ {
+			b := make([]byte, 16)
+			_, _ = rand.Read(b)
+			argv = append(argv, string(b))
+		}
+		return ScriptCall{"pes_try_acquire", pesKeys(pos[0]), argv, Permits}, nil
+	case "RPSEMAPHORE.RELEASE":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		raw, err := rawID(pos[1])
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"pes_release", []string{pos[0], SemaphoreChannel(pos[0]), timeoutZset(pos[0])}, []any{raw, 1, NowMs(), publish}, AsIs}, nil
+	case "RPSEMAPHORE.UPDATELEASETIME":
+		pos, _, err := need(3)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		raw, err := rawID(pos[1])
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		lease, err := strconv.ParseInt(pos[2], 10, 64)
+		if err != nil {
+			return ScriptCall{}, errors.New("BADLEASE lease must be an integer")
+		}
+		now := NowMs()
+		expiry := int64(NonExpirable)
+		if lease >= 0 {
+			expiry = now + lease
+		}
+		return ScriptCall{"pes_update_lease", pesKeys(pos[0]), []any{raw, expiry, now, publish}, AsIs}, nil
+	case "RPSEMAPHORE.LEASETIME":
+		pos, _, err := need(2)
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		raw, err := rawID(pos[1])
+		if err != nil {
+			return ScriptCall{}, err
+		}
+		return ScriptCall{"pes_lease_time", pesKeys(pos[0]), []any{raw, int64(NonExpirable), NowMs(), publish}, AsIs}, nil
 	case "RLATCH.TRYSETCOUNT":
 		pos, _, err := need(2)
 		if err != nil {
@@ -445,6 +636,8 @@ func WaitChannel(args []any) (channel string, leased, ok bool) {
 		return LockChannel(a[1]), true, true
 	case "RSEMAPHORE.ACQUIRE":
 		return SemaphoreChannel(a[1]), false, true
+	case "RPSEMAPHORE.ACQUIRE":
+		return SemaphoreChannel(a[1]), true, true
 	case "RLATCH.AWAIT":
 		return LatchChannel(a[1]), false, true
 	case "RRWLOCK.ACQUIRE":

@@ -1,10 +1,11 @@
-// Scripts mode's translations (scripts.go): the lock's commands as Redisson's scripts.
+// Scripts mode's translations (scripts.go): the module's commands as Redisson's scripts.
 
 package proto
 
 import (
 	"errors"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -40,8 +41,19 @@ func TestTheLockCommandsBecomeRedissonsScripts(t *testing.T) {
 			t.Errorf("%v: %+v, %v; want %+v", tc.args, got, err, tc.want)
 		}
 	}
-	if _, err := ScriptFor(PSemAvailable("p"), "publish"); !errors.Is(err, ErrNeedsModule) {
-		t.Errorf("expirable semaphore: %v, want ErrNeedsModule", err)
+	if _, err := ScriptFor(Info("RLOCK", "k"), "publish"); !errors.Is(err, ErrNeedsModule) {
+		t.Errorf("info: %v, want ErrNeedsModule", err)
+	}
+	acq, err := ScriptFor(PSemAcquire("p", 1000, 2, -1, "r"), "publish")
+	if err != nil || acq.Name != "pes_try_acquire" || len(acq.Argv) != 7 || acq.Argv[0] != int64(2) {
+		t.Fatalf("expirable acquire: %+v, %v", acq, err)
+	}
+	if ids, ok := acq.PermitReply("OK").([]any); !ok || len(ids) != 2 || len(ids[0].(string)) != 32 {
+		t.Errorf("permit ids: %v", acq.PermitReply("OK"))
+	}
+	now := acq.Argv[2].(int64)
+	if h := acq.Hint(":" + strconv.FormatInt(now+500, 10)); h != 500+LeaseEndMarginMs {
+		t.Errorf("hint at the first permit's expiry: %d", h)
 	}
 	if got, err := ScriptFor(LatchCountDown("l", "r"), "publish"); err != nil || got.Name != "latch_count_down" ||
 		!reflect.DeepEqual(got.Keys, []string{"l", "redisson_countdownlatch__channel__{l}"}) || got.Then != GetLatchCount {
