@@ -3,7 +3,8 @@
 // scripts (Redisson's hash, its unlock message), a waiter woken by that message, SCRIPT
 // FLUSH mid-run (NOSCRIPT: loaded again), the mode the probe found, the fenced lock, the
 // read-write lock, the semaphore, the permit-expirable semaphore and the countdown latch
-// on theirs, and Info (no Redisson script) answering ErrNeedsModule. And the embedded scripts are the Python
+// on theirs, and Info (no Redisson script) answering ErrNeedsModule. On a module-loaded
+// server, a scripts-mode client and a module-mode client sharing a lock. And the embedded scripts are the Python
 // client's, byte for byte.
 
 package rlock_test
@@ -409,5 +410,55 @@ func TestTheEmbeddedScriptsAreThePythonClients(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("lua/%s differs from the Python client's", filepath.Base(p))
 		}
+	}
+}
+
+// On a module-loaded server a scripts-mode client and a module-mode client share a lock:
+// each hands it to the other's waiter (the module serves its queued waiter when the
+// script frees the key; the module's release publishes Redisson's unlock message).
+func TestScriptsModeAndModuleModeShareALock(t *testing.T) {
+	s, rdb, mod := setup(t)
+	ctx := context.Background()
+	scr := rlock.New(s.Client(t), rlock.WithMode(rlock.ModeScripts))
+	t.Cleanup(func() { scr.Close() })
+	hs, wm := scr.NewMutex("mix"), mod.NewMutex("mix")
+	if err := hs.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- wm.Lock() }()
+	testserver.WaitUntil(t, 10*time.Second, "the module waiter queued", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "mix") == 1
+	})
+	if _, err := hs.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the module waiter was not served when the script freed the lock")
+	}
+	ws := scr.NewMutex("mix")
+	go func() { errc <- ws.Lock() }()
+	ch := proto.LockChannel("mix")
+	testserver.WaitUntil(t, 10*time.Second, "the scripts waiter subscribed", func() bool {
+		return rdb.PubSubNumSub(ctx, ch).Val()[ch] == 1
+	})
+	if _, err := wm.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scripts waiter was not woken when the module released the lock")
+	}
+	if ws.Held() != 1 || rdb.HGet(ctx, "mix", ws.Owner()).Val() != "1" {
+		t.Fatal("the scripts waiter does not hold the lock")
 	}
 }
