@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::engine::ticket;
+use crate::vocab::reply::Reply;
 
 fn path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -228,7 +229,7 @@ fn tickets_json_is_what_the_module_writes_and_reads() {
         if case["module"].as_bool() == Some(true) {
             let detail = str_of(parsed, "detail");
             let end = match str_of(parsed, "kind") {
-                "granted" => ticket::End::Granted,
+                "granted" => ticket::End::Granted(detail.as_bytes()),
                 "timeout" => ticket::End::TimedOut,
                 "error" => ticket::End::Error(detail),
                 other => panic!("the module writes no {other} message"),
@@ -240,4 +241,33 @@ fn tickets_json_is_what_the_module_writes_and_reads() {
         }
     }
     assert!(written >= 3, "every kind the module writes has a case");
+}
+
+/// A JSON reply of `tickets.json`'s `holds` as the module's: null nil, a number an
+/// integer, a string a bulk string, an array an array.
+fn reply_of(v: &Value) -> Reply {
+    match v {
+        Value::Null => Reply::Nil,
+        Value::Number(n) => Reply::Int(n.as_i64().expect("an i64")),
+        Value::String(s) => Reply::Bulk(s.as_bytes().to_vec()),
+        Value::Array(items) => Reply::Array(items.iter().map(reply_of).collect()),
+        other => panic!("no reply reads as {other}"),
+    }
+}
+
+#[test]
+fn tickets_json_holds_are_the_details_the_module_writes() {
+    let file = load("tickets.json");
+    let mut written = 0;
+    for case in file["holds"].as_array().expect("holds") {
+        if case["module"].as_bool() == Some(true) {
+            let detail = ticket::reply_detail(&reply_of(&case["reply"]));
+            assert_eq!(detail, str_of(case, "detail").as_bytes(), "{case}");
+            written += 1;
+        }
+    }
+    assert!(
+        written >= 4,
+        "the fenced lock's and the expirable semaphore's details"
+    );
 }

@@ -36,6 +36,14 @@ pub trait Ask: std::fmt::Debug {
     fn grant_is_written(&self) -> bool {
         true
     }
+    /// Whether a ticket's `granted` message carries the grant's reply as its detail
+    /// ([`super::ticket::reply_detail`]): where the reply holds something the client needs
+    /// to proceed (the fenced lock's token, an expirable semaphore's permit ids), so that
+    /// it holds on the message like the lock's waiter rather than collect first
+    /// (design.md 5). The lock's, RW lock's and semaphore's replies are known.
+    fn detail_on_grant(&self) -> bool {
+        false
+    }
     /// Told the [`Grant::memo`] of its grant, once written (on the queued request itself,
     /// which a take-back later asks).
     fn granted(&self, _memo: i64) {}

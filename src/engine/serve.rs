@@ -195,11 +195,29 @@ fn head_is_spent_ticket(ctx: &Context, db: i32, name: &RedisString) -> bool {
     true
 }
 
-/// A ticket was granted (written already): publish it, and keep the grant as the ticket's
-/// connection's until its client collects it.
-fn granted_ticket(ctx: &Context, db: i32, name: &RedisString, client: u64, request: Request) {
+/// A ticket was granted (written already): publish it (with the `reply` as detail where
+/// its client needs it to hold), and keep the grant as the ticket's connection's until
+/// its client collects it.
+fn granted_ticket(
+    ctx: &Context,
+    db: i32,
+    name: &RedisString,
+    client: u64,
+    request: Request,
+    reply: &Reply,
+) {
     stats::bump(|s| &s.tickets_granted);
-    publish_end(ctx, name.as_slice(), &request, ticket::End::Granted);
+    let detail = if request.detail_on_grant() {
+        ticket::reply_detail(reply)
+    } else {
+        Vec::new() // no allocation: the lock's path
+    };
+    publish_end(
+        ctx,
+        name.as_slice(),
+        &request,
+        ticket::End::Granted(&detail),
+    );
     if !request.grant_is_written() {
         return;
     }
@@ -355,7 +373,9 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
         stop_deadline(ctx, &waiter);
         match waiter.who() {
             Who::Blocked(handle) => ffi::unblock(handle, Some(Wake::Reply(grant.reply))),
-            Who::Ticket(client) => granted_ticket(ctx, db, name, client, waiter.request),
+            Who::Ticket(client) => {
+                granted_ticket(ctx, db, name, client, waiter.request, &grant.reply)
+            }
         }
         stats::bump(|s| &s.handoffs);
         handed = true;

@@ -7,12 +7,16 @@
 //! key's ticket channel instead of answering a blocked call.
 
 use crate::vocab::effects::prefix_name;
+use crate::vocab::reply::Reply;
 
 /// How a ticket left its queue: the first word of its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End<'a> {
-    /// Granted: written in the server, its reply remembered under the request id.
-    Granted,
+    /// Granted: written in the server, its reply remembered under the request id. The
+    /// bytes are the message's detail: empty, or what the holder needs of the grant's
+    /// reply (the fenced lock's token, an expirable semaphore's permit ids; see
+    /// [`reply_detail`]), so that it holds on the message without collecting first.
+    Granted(&'a [u8]),
     /// Its deadline passed; nothing was granted.
     TimedOut,
     /// It can never be granted here (a redirection, a role change, the primitive's
@@ -30,18 +34,44 @@ pub fn channel(key: &[u8]) -> Vec<u8> {
 /// `<kind>:<id-length>:<owner-length>:<id><owner><detail>`: the lengths make it
 /// unambiguous whatever bytes the id and owner hold (Redisson's owners contain `:`).
 pub fn message(end: End, id: &[u8], owner: &[u8]) -> Vec<u8> {
-    let (kind, detail) = match end {
-        End::Granted => ("granted", ""),
-        End::TimedOut => ("timeout", ""),
-        End::Error(text) => ("error", text),
+    let (kind, detail): (&str, &[u8]) = match end {
+        End::Granted(detail) => ("granted", detail),
+        End::TimedOut => ("timeout", b""),
+        End::Error(text) => ("error", text.as_bytes()),
     };
     let head = format!("{kind}:{}:{}:", id.len(), owner.len());
     let mut out = Vec::with_capacity(head.len() + id.len() + owner.len() + detail.len());
     out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(id);
     out.extend_from_slice(owner);
-    out.extend_from_slice(detail.as_bytes());
+    out.extend_from_slice(detail);
     out
+}
+
+/// A grant's reply as a `granted` message's detail (design.md 5): an integer in decimal,
+/// a bulk string as it is, an array's items so written and joined by `,` with nils left
+/// out, nil as nothing. The fenced lock's `[nil, token]` reads `<token>`; an expirable
+/// semaphore's permit id `<id>`, and its ids (`PERMITS n`) `<id>,<id>,...` (ids are hex).
+pub fn reply_detail(reply: &Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    detail_into(reply, &mut out);
+    out
+}
+
+fn detail_into(reply: &Reply, out: &mut Vec<u8>) {
+    match reply {
+        Reply::Nil => {}
+        Reply::Int(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        Reply::Bulk(bytes) => out.extend_from_slice(bytes),
+        Reply::Array(items) => {
+            for item in items.iter().filter(|i| **i != Reply::Nil) {
+                if !out.is_empty() {
+                    out.push(b',');
+                }
+                detail_into(item, out);
+            }
+        }
+    }
 }
 
 /// A queued request's owner and request id in one allocation (a queued ticket holds
@@ -122,8 +152,12 @@ mod tests {
     #[test]
     fn messages_name_the_request_and_owner() {
         assert_eq!(
-            message(End::Granted, b"r1", b"client-1"),
+            message(End::Granted(b""), b"r1", b"client-1"),
             b"granted:2:8:r1client-1".to_vec()
+        );
+        assert_eq!(
+            message(End::Granted(b"1025"), b"r1", b"o"),
+            b"granted:2:1:r1o1025".to_vec()
         );
         assert_eq!(message(End::TimedOut, b"r", b""), b"timeout:1:0:r".to_vec());
         let m = message(End::Error("MOVED 12 127.0.0.1:7001"), b"id", b"uuid:7");
@@ -138,6 +172,23 @@ mod tests {
                 &b"MOVED 12 127.0.0.1:7001"[..]
             )
         );
+    }
+
+    #[test]
+    fn a_grants_detail_is_what_its_holder_needs_of_the_reply() {
+        let id = |s: &str| Reply::Bulk(s.as_bytes().to_vec());
+        for (reply, detail) in [
+            (Reply::Nil, ""),
+            (Reply::Int(1), "1"),
+            (
+                Reply::Array(vec![Reply::Nil, Reply::Int(4_194_305)]),
+                "4194305",
+            ),
+            (id("0a1b"), "0a1b"),
+            (Reply::Array(vec![id("0a1b"), id("ff00")]), "0a1b,ff00"),
+        ] {
+            assert_eq!(reply_detail(&reply), detail.as_bytes(), "{reply:?}");
+        }
     }
 
     #[test]
@@ -169,7 +220,8 @@ mod tests {
                               owner in proptest::collection::vec(any::<u8>(), 0..60),
                               err in "[ -~]{0,30}") {
             for (end, kind, detail) in [
-                (End::Granted, &b"granted"[..], &b""[..]),
+                (End::Granted(b""), &b"granted"[..], &b""[..]),
+                (End::Granted(err.as_bytes()), b"granted", err.as_bytes()),
                 (End::TimedOut, b"timeout", b""),
                 (End::Error(&err), b"error", err.as_bytes()),
             ] {

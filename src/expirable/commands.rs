@@ -569,6 +569,11 @@ impl Ask for ExpAsk {
         self.ids.len() as i64
     }
 
+    /// The permit ids, drawn here: a ticket's holder needs them before it proceeds.
+    fn detail_on_grant(&self) -> bool {
+        true
+    }
+
     /// The key has waiters now: the lease timer is armed for its earliest lease end.
     fn queued(&self, ctx: &Context, db: i32, name: &RedisString) {
         if let Ok(state) = read(ctx, name.as_slice(), ffi::now_ms()) {

@@ -207,6 +207,11 @@ impl Ask for FencedAsk {
     fn names(&self) -> (&[u8], Option<&[u8]>) {
         self.0.names()
     }
+
+    /// The token: a ticket's holder needs it before it proceeds.
+    fn detail_on_grant(&self) -> bool {
+        true
+    }
 }
 
 impl FencedAsk {

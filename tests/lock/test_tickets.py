@@ -346,16 +346,48 @@ def test_tickets_get_an_error_when_the_server_becomes_a_replica(make_server):
 
 # ---- every primitive that waits ----
 
-def test_fenced_ticket_collects_its_token(server, r):
+def test_fenced_ticket_is_granted_with_its_token_in_the_message(server, r):
+    """The `granted` message carries the token (design.md 5: the holder proceeds on it);
+    the confirmation replays the same token."""
     listen = Listener(server, "f")
     assert r.execute_command("RFENCED.ACQUIRE", "f", "h", LEASE)[0] is None
     t = server.client()
     cmd = ("RFENCED.ACQUIRE", "f", "w", LEASE, "WAIT", 0, "ASYNC", "ID", "r1")
     assert t.execute_command(*cmd) == b"QUEUED"
     assert r.execute_command("RLOCK.RELEASE", "f", "h") == 1
-    assert listen.next()[1:4] == ("granted", "r1", "w")
-    nil, token = t.execute_command(*cmd)
-    assert nil is None and token == r.execute_command("RFENCED.GETTOKEN", "f")
+    _, kind, rid, owner, detail = listen.next()
+    assert (kind, rid, owner) == ("granted", "r1", "w")
+    token = r.execute_command("RFENCED.GETTOKEN", "f")
+    assert detail == str(token)
+    nil, confirmed = t.execute_command(*cmd)
+    assert nil is None and confirmed == token
+
+
+def test_an_unconfirmed_fenced_grant_is_taken_back_and_its_token_stays_spent(server, r):
+    """A fenced ticket's holder may proceed on the message's token: unconfirmed when its
+    connection closed, the grant is taken back, passed on with a larger token, and its
+    request id answers TAKENBACK (the late confirmation's lost signal)."""
+    r.config_set("rlock.ticket-confirm-ms", 200)
+    listen = Listener(server, "f")
+    assert r.execute_command("RFENCED.ACQUIRE", "f", "h", LEASE)[0] is None
+    t1, t2 = server.client(), server.client()
+    c1 = ("RFENCED.ACQUIRE", "f", "w1", LEASE, "WAIT", 0, "ASYNC", "ID", "r1")
+    c2 = ("RFENCED.ACQUIRE", "f", "w2", LEASE, "WAIT", 0, "ASYNC", "ID", "r2")
+    assert t1.execute_command(*c1) == b"QUEUED"
+    assert t2.execute_command(*c2) == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "f", "h") == 1
+    first = listen.next()
+    assert first[1:3] == ("granted", "r1")
+    r.client_kill_filter(_id=t1.client_id())  # gone before confirming
+    second = listen.next()
+    assert second[1:3] == ("granted", "r2")
+    assert int(second[4]) > int(first[4])
+    assert owners(r, "f") == {"w2": 1}
+    assert stats(r)["revoked_handoffs"] == 1
+    with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.TAKEN_BACK) + "$"):
+        r.execute_command(*c1[:4], "ID", "r1")
+    nil, token = t2.execute_command(*c2)
+    assert nil is None and token == int(second[4])
 
 
 def test_rwlock_write_ticket_behind_readers(server, r):
@@ -383,7 +415,7 @@ def test_semaphore_tickets_are_granted_as_permits_come_back(server, r):
     assert t.execute_command(*cmd) == 1
 
 
-def test_expirable_semaphore_ticket_collects_its_permit_ids(server, r):
+def test_expirable_semaphore_ticket_is_granted_with_its_permit_id_in_the_message(server, r):
     listen = Listener(server, "e")
     assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "e", 1) == 1
     first = r.execute_command("RPSEMAPHORE.ACQUIRE", "e", 200)
@@ -391,10 +423,52 @@ def test_expirable_semaphore_ticket_collects_its_permit_ids(server, r):
     t = server.client()
     cmd = ("RPSEMAPHORE.ACQUIRE", "e", 10_000, "WAIT", 0, "ASYNC", "ID", "p1")
     assert t.execute_command(*cmd) == b"QUEUED"
-    assert listen.next()[1:3] == ("granted", "p1")  # the first permit's lease ran out
+    _, kind, rid, _, detail = listen.next()  # the first permit's lease ran out
+    assert (kind, rid) == ("granted", "p1")
     permit = t.execute_command(*cmd)
     assert permit not in (None, first, b"QUEUED")
+    assert detail == permit.decode()
     assert r.zscore("{e}:timeout", bytes.fromhex(permit.decode())) is not None
+
+
+def test_expirable_ticket_of_several_permits_names_every_id(server, r):
+    listen = Listener(server, "e")
+    assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "e", 2) == 1
+    held = r.execute_command("RPSEMAPHORE.ACQUIRE", "e", LEASE)
+    t = server.client()
+    cmd = ("RPSEMAPHORE.ACQUIRE", "e", LEASE, "PERMITS", 2, "WAIT", 0, "ASYNC", "ID", "p2")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    assert r.execute_command("RPSEMAPHORE.RELEASE", "e", held) == 1
+    _, kind, _, _, detail = listen.next()
+    assert kind == "granted"
+    assert detail.split(",") == [p.decode() for p in t.execute_command(*cmd)]
+
+
+def test_an_unconfirmed_expirable_grant_is_taken_back_and_passed_on(server, r):
+    """The permit id in the message is held at once; a holder gone before confirming
+    loses it: released, granted to the next ticket, and TAKENBACK to a late confirm."""
+    r.config_set("rlock.ticket-confirm-ms", 200)
+    listen = Listener(server, "e")
+    assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "e", 1) == 1
+    held = r.execute_command("RPSEMAPHORE.ACQUIRE", "e", LEASE)
+    t1, t2 = server.client(), server.client()
+    c1 = ("RPSEMAPHORE.ACQUIRE", "e", LEASE, "WAIT", 0, "ASYNC", "ID", "p1")
+    c2 = ("RPSEMAPHORE.ACQUIRE", "e", LEASE, "WAIT", 0, "ASYNC", "ID", "p2")
+    assert t1.execute_command(*c1) == b"QUEUED"
+    assert t2.execute_command(*c2) == b"QUEUED"
+    assert r.execute_command("RPSEMAPHORE.RELEASE", "e", held) == 1
+    _, kind, rid, _, lost = listen.next()
+    assert (kind, rid) == ("granted", "p1")
+    r.client_kill_filter(_id=t1.client_id())  # gone before confirming
+    _, kind, rid, _, second = listen.next()
+    assert (kind, rid) == ("granted", "p2")
+    assert r.zscore("{e}:timeout", bytes.fromhex(lost)) is None
+    assert r.zscore("{e}:timeout", bytes.fromhex(second)) is not None
+    assert stats(r)["revoked_handoffs"] == 1
+    with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.TAKEN_BACK) + "$"):
+        r.execute_command(*c1[:3], "ID", "p1")
+    assert r.execute_command("RPSEMAPHORE.RELEASE", "e", lost) == 0
+    assert t2.execute_command(*c2).decode() == second
 
 
 def test_latch_ticket_is_told_when_the_count_reaches_zero(server, r):

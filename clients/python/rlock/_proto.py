@@ -124,10 +124,26 @@ class Shape:
         return to_bytes(self.args[1])
 
     @property
-    def held(self) -> bool:
-        """The lock's and RW lock's acquire: a grant's reply is nil, known without
-        collecting it, so the waiter holds on the ``granted`` message (design.md 5)."""
-        return to_bytes(self.args[0]).upper() in (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE")
+    def holds(self) -> bool:
+        """Whether a grant may be held on its ``granted`` message, its reply read from
+        the message (design.md 5): the lock's and RW lock's acquire (nil), the fenced
+        lock's (the token in the detail), the expirable semaphore's (the permit ids)."""
+        return self.verb in _HOLDS
+
+    @property
+    def verb(self) -> bytes:
+        return to_bytes(self.args[0]).upper()
+
+    def held_reply(self, detail: str) -> Tuple[bool, Any]:
+        """``(True, reply)``: the grant's reply as read from a ``granted`` message's
+        ``detail`` (spec/vectors/tickets.json, ``holds``); ``(False, None)``: collect it
+        (an older module wrote no detail, or one this client cannot read)."""
+        return held_reply(self.verb, self.many, detail)
+
+    @property
+    def many(self) -> bool:
+        """``PERMITS n`` given: an expirable semaphore's acquire answers an array."""
+        return any(to_bytes(a).upper() == b"PERMITS" for a in self.args[2:self.wait_at - 1])
 
     def wait_left(self, elapsed: float) -> Optional[int]:
         """The wait left after ``elapsed`` seconds: 0 = no limit, None = over."""
@@ -153,6 +169,31 @@ class Shape:
             # RLATCH.AWAIT's synopsis order, WAIT t ASYNC ID id (spec/vectors/commands.json).
             return args[:-2] + ["ASYNC"] + args[-2:]
         return args + ["ASYNC"]
+
+
+#: The acquires whose grant is held on its ``granted`` message (see `held_reply`).
+_HOLDS = (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE", b"RFENCED.ACQUIRE", b"RPSEMAPHORE.ACQUIRE")
+
+_TOKEN = re.compile(r"[0-9]{1,19}")
+_PERMIT = re.compile(r"(?:[0-9a-fA-F]{2})+")
+
+
+def held_reply(verb: bytes, many: bool, detail: str) -> Tuple[bool, Any]:
+    """A grant's reply read from its ``granted`` message's ``detail`` for the acquire
+    ``verb`` (upper case): nil for the lock and RW lock, ``[None, token]`` for the fenced
+    lock, a permit id (bytes) or, with ``many``, a list of them for the expirable
+    semaphore. ``(False, None)`` when it cannot be read: collect instead."""
+    if verb in (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE"):
+        return True, None
+    if verb == b"RFENCED.ACQUIRE" and _TOKEN.fullmatch(detail):
+        token = int(detail)
+        return (True, [None, token]) if token < 2 ** 63 else (False, None)
+    if verb == b"RPSEMAPHORE.ACQUIRE" and detail:
+        ids = detail.split(",")
+        if all(_PERMIT.fullmatch(i) for i in ids) and (many or len(ids) == 1):
+            permits = [i.encode() for i in ids]
+            return True, (permits if many else permits[0])
+    return False, None
 
 
 def waiting(args: List[Any], wait_ms: int, request_id: str, latch: bool = False) -> Shape:

@@ -17,12 +17,14 @@ What is written once here, for both front ends:
 * `ticket_wait`: one ticketed wait as a generator over `TSub`/`TSend`/`TNote` effects
   (subscribe, send, collect the grant, resend after a broken connection).
 
-A lock or RW lock wait holds on its ``granted`` message (design.md 5): the reader sends
-the confirmation (the same command and id without ``WAIT``) and wakes the waiter at once,
-without waiting for its reply, which settles the wait's `Confirm` later. A confirmation
-answered ``TAKENBACK`` (the connection had closed and the server's grace ran out) or lost
-with a broken connection reports the hold lost through its watchdog; the waits whose
-grant carries something (a fenced token, permit ids) still collect before waking.
+A lock, RW lock, fenced lock or expirable semaphore wait holds on its ``granted``
+message (design.md 5), its reply read from the message (nil; the token or the permit ids
+in its detail): the reader sends the confirmation (the same command and id without
+``WAIT``) and wakes the waiter at once, without waiting for its reply, which settles the
+wait's `Confirm` later. A confirmation answered ``TAKENBACK`` (the connection had closed
+and the server's grace ran out) or lost with a broken connection reports the hold lost
+through its watchdog; a message whose detail cannot be read (an older module) is
+collected before waking, as are the semaphore's.
 
 `SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
 task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
@@ -97,10 +99,18 @@ class Confirm:
     outcome, and what to run if it was taken back (the watchdog's lost report), whichever
     comes first."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: Optional[Shape] = None) -> None:
         self._lock = threading.Lock()
         self.outcome: Optional[bool] = None  # True: confirmed; False: taken back
         self._hook: Optional[Callable[[], Any]] = None
+        #: The wait's shape, which reads the grant's reply from its message.
+        self.shape = shape
+
+    def holds_on(self, note: Note) -> bool:
+        """Whether ``note`` is a grant its waiter holds on (its reply readable from it);
+        the waiter collects otherwise."""
+        return note.kind == "granted" and (
+            self.shape is None or self.shape.held_reply(note.detail)[0])
 
     def on_taken_back(self, hook: Callable[[], Any]) -> None:
         """Runs ``hook`` once if the grant turns out taken back (at once if it was)."""
@@ -187,7 +197,9 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
         if action == "granted" and shape.latch:
             return 1
         if action == "granted" and shape.confirm is not None:
-            return None  # held: the lock's grant replies nil; the reader confirms it
+            held, reply = shape.held_reply(note.detail)
+            if held:  # the grant's reply, read from the message; the reader confirms it
+                return reply
         if action in ("granted", "collect"):
             # Collect: the same command and id without WAIT replays the grant (or, after
             # a timeout, answers the ordinary reply of a wait that ran out).
@@ -408,9 +420,9 @@ def _may_hold(shape: Shape, caps: Optional[Capabilities]) -> None:
     lock's wait holds on its ``granted`` message if the server names ``ticket-holds`` (a
     ``granted`` message means held, an unconfirmed grant outlives its connection for a
     grace and then answers ``TAKENBACK``); it collects first otherwise."""
-    if shape.held and shape.confirm is None and caps is not None \
+    if shape.holds and shape.confirm is None and caps is not None \
             and caps.has("ticket-holds"):
-        shape.confirm = Confirm()
+        shape.confirm = Confirm(shape)
 
 
 def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any],
@@ -617,7 +629,7 @@ class SyncTicketConn:
                 if orphan is not None and isinstance(orphan[0], _SyncMailbox):
                     box, note = orphan
                     orphan = None
-                    if note.kind == "granted" and box.hold is not None:
+                    if box.hold is not None and box.hold.holds_on(note):
                         _confirm(box, note, self._send_locked, self.elsewhere)
                         continue
                     try:
@@ -870,7 +882,7 @@ class AsyncTicketConn:
             orphan = self.book.frame(frame)
             if orphan is not None and isinstance(orphan[0], _AsyncMailbox):
                 box, note = orphan
-                if note.kind == "granted" and box.hold is not None:
+                if box.hold is not None and box.hold.holds_on(note):
                     # The send writes to the socket buffer; no round trip before the wake.
                     try:
                         async with self.lock:

@@ -203,6 +203,75 @@ def test_a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost(server, r):
     admin.close()
 
 
+def _warm(admin, r):
+    """A first wait makes the ticket connection, whose RLOCK.HELLO names `ticket-holds`."""
+    admin.execute_command("RLOCK.ACQUIRE", "warm", "someone-else", 100)
+    warm = rlock.Lock(r, "warm", blocking_timeout=10)
+    assert warm.acquire()
+    warm.release()
+
+
+def _grant_paused_then_lose(admin, release, acquire, lost):
+    """Runs ``acquire`` in a thread behind a holder, grants it with ``release`` and
+    pauses writes in the same turn (a waiter that collected first would wait out the
+    pause), then kills the ticket connection so that the confirmation never lands; returns
+    what ``acquire`` returned once ``lost`` (a list) got the lost report."""
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(acquire()), daemon=True)
+    t.start()
+    wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+    p = admin.pipeline(transaction=True)
+    p.execute_command(*release)
+    p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    p.execute()
+    try:
+        t.join(30)
+        assert len(got) == 1 and got[0], "held on the grant's message, before any confirmation"
+        assert not lost
+        ticket_conn = [c for c in admin.client_list()
+                       if c["name"] == rlock.TICKET_CONNECTION_NAME]
+        admin.client_kill_filter(_id=ticket_conn[0]["id"])
+        wait_until(lambda: lost, timeout=30, what="the lost hold reported")
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    return got[0]
+
+
+def test_a_fenced_ticket_holds_on_its_message_with_the_token(server, r):
+    """The fenced lock's `granted` message carries the token (design.md 5): the waiter
+    holds on it with that token, and a grant that cannot be confirmed is reported lost."""
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    admin.config_set("rlock.ticket-confirm-ms", 0)
+    _warm(admin, r)
+    holder = rlock.FencedLock(r, "k", timeout=60)
+    assert holder.acquire(blocking=False)
+    lost: list = []
+    waiting = rlock.FencedLock(r, "k", blocking_timeout=30, on_lost=lambda *a: lost.append(a))
+    assert _grant_paused_then_lose(admin, ("RLOCK.RELEASE", "k", holder.owner),
+                                   waiting.acquire, lost)
+    assert waiting.token == int(admin.execute_command("RFENCED.GETTOKEN", "k"))
+    assert waiting.lost
+    admin.close()
+
+
+def test_an_expirable_ticket_holds_on_its_message_with_the_permit_id(server, r):
+    """The expirable semaphore's `granted` message carries the permit id: the waiter
+    holds on it, and a grant that cannot be confirmed is reported lost (watchdog mode)."""
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    admin.config_set("rlock.ticket-confirm-ms", 0)
+    _warm(admin, r)
+    sem = rlock.ExpirableSemaphore(r, "e", blocking_timeout=30)
+    assert sem.try_set_permits(1)
+    first = sem.acquire(lease=60)
+    lost: list = []
+    permit = _grant_paused_then_lose(
+        admin, ("RPSEMAPHORE.RELEASE", "e", first.id),
+        lambda: sem.acquire(on_lost=lambda *a: lost.append(a)), lost)
+    assert admin.zscore("{e}:timeout", bytes.fromhex(permit.id.decode())) is not None
+    assert permit.lost
+    admin.close()
+
+
 def test_waiters_queue_again_when_the_ticket_connection_is_killed(r):
     holder = rlock.FencedLock(r, "k", timeout=30)
     assert holder.acquire()

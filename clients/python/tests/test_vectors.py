@@ -57,6 +57,34 @@ def test_a_ticket_message_reads_as_the_vectors_say(case):
     assert note_action(note) == case["then"]
 
 
+HOLDS = load("tickets.json", "holds")
+_HOLD_ARGS = {"RLOCK.ACQUIRE": ["o", 30_000], "RFENCED.ACQUIRE": ["o", 30_000],
+              "RRWLOCK.ACQUIRE": ["WRITE", "o", 30_000], "RPSEMAPHORE.ACQUIRE": [30_000],
+              "RSEMAPHORE.ACQUIRE": [1], "RLATCH.AWAIT": []}
+
+
+def _json_reply(v):
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, list):
+        return [_json_reply(i) for i in v]
+    return v
+
+
+@pytest.mark.parametrize("case", HOLDS, ids=[f"{c['command']} {c['detail'][:20]!r}"
+                                             for c in HOLDS])
+def test_a_granted_message_is_held_on_as_the_vectors_say(case):
+    args = [case["command"], "k"] + _HOLD_ARGS[case["command"]]
+    if case["permits"]:
+        args += ["PERMITS", 2]
+    shape = waiting(args, 0, "r1", latch=case["command"] == "RLATCH.AWAIT")
+    held, reply = shape.held_reply(case["detail"]) if shape.holds else (False, None)
+    if case["then"] == "hold":
+        assert held and reply == _json_reply(case["reply"])
+    else:
+        assert not held
+
+
 @pytest.mark.parametrize("row", ERRORS, ids=ids(ERRORS, "name"))
 def test_a_key_that_is_not_a_lock_is_told_by_the_vectors_kind(row):
     # redis-py drops the "ERR " code of the errors it raises as ResponseError.

@@ -63,10 +63,61 @@ fn then(note: &Note, latch: bool) -> &'static str {
     match (m.on(Event::Note(note.clone()), now), latch) {
         (Step::Done(Ok(Value::Int(1))), true) => "granted",
         (Step::Send(_), true) => "collect",
-        (Step::Send(_), false) if *note == Note::Granted => "granted",
+        (Step::Send(_), false) if matches!(note, Note::Granted(_)) => "granted",
         (Step::Send(_), false) => "collect",
         (Step::Done(Err(_)), _) => "fail",
         (other, _) => panic!("{note:?}: {other:?}"),
+    }
+}
+
+/// A JSON reply of `tickets.json`'s `holds` as the client reads replies.
+fn value_of(v: &Json) -> Value {
+    match v {
+        Json::Null => Value::Nil,
+        Json::Number(n) => Value::Int(n.as_i64().expect("an i64")),
+        Json::String(s) => Value::BulkString(s.as_bytes().to_vec()),
+        Json::Array(items) => Value::Array(items.iter().map(value_of).collect()),
+        other => panic!("no reply reads as {other}"),
+    }
+}
+
+#[test]
+fn it_holds_on_a_granted_message_as_the_vectors_do() {
+    for case in cases(&load("tickets.json"), "holds") {
+        let verb = s(&case, "command");
+        let mut c = redis::cmd(verb);
+        c.arg("k");
+        match verb {
+            "RLOCK.ACQUIRE" | "RFENCED.ACQUIRE" => c.arg("o").arg(30_000),
+            "RRWLOCK.ACQUIRE" => c.arg("WRITE").arg("o").arg(30_000),
+            "RPSEMAPHORE.ACQUIRE" => c.arg(30_000),
+            "RSEMAPHORE.ACQUIRE" => c.arg(1),
+            _ => &mut c,
+        };
+        if case["permits"].as_bool() == Some(true) {
+            c.arg("PERMITS").arg(2);
+        }
+        c.arg("WAIT").arg(0).arg("ID").arg("r1");
+        let shape = Shape::of(&c).unwrap();
+        let detail = s(&case, "detail").as_bytes();
+        let got = shape.hold().reply(detail);
+        match s(&case, "then") {
+            "hold" => assert_eq!(got, Some(value_of(&case["reply"])), "{case}"),
+            _ => assert_eq!(got, None, "{case}"),
+        }
+        // The waiter that holds does the same on its note: done with that reply, or
+        // the collect sent.
+        let now = Instant::now();
+        let mut m = Machine::new(shape, now, true);
+        m.hold_on_grant = true;
+        let _ = m.start(now);
+        m.sent(0);
+        match (m.on(Event::Note(Note::Granted(detail.to_vec())), now), got) {
+            (Step::Done(Ok(v)), Some(want)) => assert_eq!(v, want, "{case}"),
+            (Step::Send(_), None) if verb != "RLATCH.AWAIT" => {}
+            (Step::Done(Ok(Value::Int(1))), None) if verb == "RLATCH.AWAIT" => {}
+            (other, _) => panic!("{case}: {other:?}"),
+        }
     }
 }
 

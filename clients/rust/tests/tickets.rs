@@ -544,6 +544,136 @@ fn a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost() {
     assert_eq!(g.lost_reason(), Some(rlock_client::LostReason::NotHeld));
 }
 
+/// Makes `c`'s ticket connection (its RLOCK.HELLO names `ticket-holds`) with a first wait.
+fn warm_ticket_connection(c: &rlock_client::Client, r: &mut redis::Connection) {
+    write_lock(r, "warm", "someone-else", 100);
+    let warm = c.lock("warm");
+    warm.acquire_timeout(LONG)
+        .unwrap()
+        .unwrap()
+        .release()
+        .unwrap();
+}
+
+/// Sends `release` (which grants the queued ticket) and pauses writes in the same turn,
+/// with `rlock.ticket-confirm-ms 0`: a waiter that collected before holding would wait
+/// out the pause; one that holds on the `granted` message has its guard at once.
+fn grant_and_pause_writes(r: &mut redis::Connection, release: &mut redis::Cmd) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("rlock.ticket-confirm-ms")
+        .arg(0)
+        .query(r)
+        .unwrap();
+    let _: Value = redis::pipe()
+        .atomic()
+        .add_command(release.clone())
+        .cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query(r)
+        .unwrap();
+}
+
+/// Kills the ticket connection while writes are paused (the confirmation cannot land),
+/// waits for `lost`, and unpauses. True if `lost` came.
+fn kill_tickets_until(r: &mut redis::Connection, mut lost: impl FnMut() -> bool) -> bool {
+    let id = ticket_conn(r).unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(r)
+        .unwrap();
+    let told = wait_until(LONG, &mut lost);
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(r).unwrap();
+    told
+}
+
+/// The fenced lock's ticket holds on its `granted` message, whose detail is the token
+/// (design.md 5): the guard comes before any confirmation, with the token the server
+/// issued; a grant that cannot be confirmed fires the lost signal.
+#[test]
+fn a_fenced_ticket_holds_on_its_message_with_the_token() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    warm_ticket_connection(&c, &mut r);
+    let _: Value = redis::cmd("RFENCED.ACQUIRE")
+        .arg("k")
+        .arg("holder")
+        .arg(30_000)
+        .query(&mut r)
+        .unwrap();
+    let lock = c.fenced_lock("k");
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire_timeout(Duration::from_secs(30)).unwrap();
+        (lock, g)
+    });
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    grant_and_pause_writes(&mut r, redis::cmd("RLOCK.RELEASE").arg("k").arg("holder"));
+    let (_lock, g) = waiter.join().unwrap();
+    let g = g.expect("held on the grant's message, before any confirmation");
+    let token: i64 = redis::cmd("RFENCED.GETTOKEN")
+        .arg("k")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(g.token(), token);
+    assert_eq!(g.lost_reason(), None);
+    assert!(kill_tickets_until(&mut r, || g.lost_reason().is_some()));
+    assert_eq!(g.lost_reason(), Some(rlock_client::LostReason::NotHeld));
+}
+
+/// The expirable semaphore's ticket holds on its `granted` message, whose detail is the
+/// permit id; a grant that cannot be confirmed fires the permit's lost signal.
+#[test]
+fn an_expirable_ticket_holds_on_its_message_with_the_permit_id() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    warm_ticket_connection(&c, &mut r);
+    let sem = c.expirable_semaphore("e");
+    assert!(sem.try_set_permits(1).unwrap());
+    let held: String = redis::cmd("RPSEMAPHORE.ACQUIRE")
+        .arg("e")
+        .arg(30_000)
+        .query(&mut r)
+        .unwrap();
+    let waiter = thread::spawn(move || {
+        let p = sem
+            .acquire_timeout(Some(Duration::from_secs(30)), Duration::from_secs(30))
+            .unwrap();
+        (sem, p)
+    });
+    assert!(wait_until(LONG, || {
+        info_waiters(&mut r, "RPSEMAPHORE.INFO", "e") == 1
+    }));
+    grant_and_pause_writes(
+        &mut r,
+        redis::cmd("RPSEMAPHORE.RELEASE").arg("e").arg(&held),
+    );
+    let (_sem, p) = waiter.join().unwrap();
+    let p = p.expect("held on the grant's message, before any confirmation");
+    let id = hex_bytes(p.id());
+    let score: Option<i64> = redis::cmd("ZSCORE")
+        .arg("{e}:timeout")
+        .arg(id)
+        .query(&mut r)
+        .unwrap();
+    assert!(score.is_some(), "the permit id the message named is held");
+    assert_eq!(p.lost_reason(), None);
+    assert!(kill_tickets_until(&mut r, || p.lost_reason().is_some()));
+    assert_eq!(p.lost_reason(), Some(rlock_client::LostReason::NotHeld));
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 /// A user whose ACL denies the ticket channels (Redis 7's default for new users,
 /// `resetchannels`): the refused SUBSCRIBE must not be taken for a waiter's reply; the
 /// client waits the old way from then on, or, with tickets forced, reports the refusal.

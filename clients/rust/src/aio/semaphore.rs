@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 
 use crate::aio::{Client, ClientInner, ReleaseOnce};
 use crate::error::{Error, Result};
+use crate::net::tickets::Confirm;
 use crate::proto::cmd::request_id;
 use crate::proto::logic::lock_ignoring_poison;
 use crate::proto::state::LostReason;
@@ -74,13 +75,16 @@ async fn call(c: &ClientInner, cmd: redis::Cmd) -> Result<i64> {
 }
 
 /// `wait`: None no wait; Some(None) without limit; Some(Some(d)) at most `d`. The same
-/// request id goes with every retry.
+/// request id goes with every retry. With `confirm` (the expirable semaphore), a ticket's
+/// grant returns on its `granted` message, the permit ids read from it, and is confirmed
+/// off the path (design.md 5); `confirm` then says whether it was taken back.
 async fn acquire_call(
     c: &ClientInner,
     verb: &str,
     name: &str,
     first: u64,
     wait: Option<Option<Duration>>,
+    confirm: Option<&Arc<Confirm>>,
 ) -> Result<Value> {
     let id = request_id();
     let deadline = wait.flatten().map(|w| Instant::now() + w);
@@ -103,7 +107,7 @@ async fn acquire_call(
             match wait {
                 None => c.run(&cmd).await,
                 Some(_) => c
-                    .wait_query(left.map(|l| l + margin), &cmd, None)
+                    .wait_query(left.map(|l| l + margin), &cmd, confirm)
                     .await
                     .map_err(Error::from),
             }
@@ -180,6 +184,7 @@ impl Semaphore {
             &self.name,
             permits.into(),
             wait,
+            None,
         )
         .await?;
         Ok((int(reply)? == 1).then(|| SemaphorePermit {
@@ -347,7 +352,16 @@ impl ExpirableSemaphore {
             None => (ms(c.opts.watchdog_timeout), true),
         };
         let sent = Instant::now();
-        let reply = acquire_call(c, "RPSEMAPHORE.ACQUIRE", &self.name, lease_ms, wait).await?;
+        let confirm = Arc::new(Confirm::default());
+        let reply = acquire_call(
+            c,
+            "RPSEMAPHORE.ACQUIRE",
+            &self.name,
+            lease_ms,
+            wait,
+            Some(&confirm),
+        )
+        .await?;
         let Some(mut ids) = hex_ids(reply)? else {
             return Ok(None);
         };
@@ -355,6 +369,9 @@ impl ExpirableSemaphore {
             .pop()
             .ok_or_else(|| Error::UnexpectedReply("no id".into()))?;
         let permit = ExpirablePermit::start(self.clone(), id, lease_ms, watchdog, sent);
+        // A grant held on its message and then taken back (design.md 5): a lost permit.
+        let lost = permit.shared.clone();
+        confirm.on_taken_back(move || lost.mark_lost(LostReason::NotHeld));
         if watchdog && sent.elapsed() > Duration::from_millis(lease_ms / 3) {
             // Granted late in a long wait: re-arm before trusting the lease.
             if !permit.update_lease(Duration::from_millis(lease_ms)).await? {

@@ -21,7 +21,9 @@ pub(crate) fn channel(key: &[u8]) -> Vec<u8> {
 /// How a ticket left its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Note {
-    Granted,
+    /// Granted; the message's detail (empty, or what the holder needs of the grant's
+    /// reply: the fenced lock's token, an expirable semaphore's permit ids, design.md 5).
+    Granted(Vec<u8>),
     Timeout,
     /// It can never be granted here; the server's error text (`MOVED ...`, ...).
     Error(String),
@@ -33,7 +35,9 @@ pub(crate) enum Note {
 
 /// A ticket message `<kind>:<id-len>:<owner-len>:<id><owner><detail>`: the note and the
 /// request id. `None` if it is not one. The kind word alone decides: a detail after
-/// `granted` or `timeout` is ignored, as a later module may add one.
+/// `timeout` is ignored, as a later module may add one; after `granted` it is kept for
+/// the waiter that holds on it ([`Hold::reply`]), and a waiter that cannot read it
+/// collects instead.
 pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, &str)> {
     let mut parts = payload.splitn(4, |&b| b == b':');
     let kind = parts.next()?;
@@ -55,7 +59,8 @@ pub(crate) fn parse_message(payload: &[u8]) -> Option<(Note, &str)> {
     let id = std::str::from_utf8(&rest[..id_len]).ok()?;
     let detail = &rest[id_len + owner_len..];
     let note = match kind {
-        b"granted" => Note::Granted,
+        // Empty for the lock: no allocation on its path.
+        b"granted" => Note::Granted(detail.to_vec()),
         b"timeout" => Note::Timeout,
         b"error" => Note::Error(String::from_utf8_lossy(detail).into_owned()),
         _ => Note::Other,
@@ -93,9 +98,60 @@ pub(crate) struct Shape {
     added_id: bool,
     /// `RLATCH.AWAIT`: a `granted` note is the whole answer.
     pub(super) latch: bool,
-    /// The lock's and RW lock's acquire: a grant's reply is nil, known without
-    /// collecting it, so the waiter may hold on the `granted` message (design.md 5).
-    held: bool,
+    /// What a grant's reply is, where the waiter may hold on the `granted` message
+    /// without collecting it (design.md 5).
+    hold: Hold,
+}
+
+/// Whether, and how, a waiting command's grant is known from its `granted` message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Collect first (the semaphore, the latch, any other command).
+    No,
+    /// The lock's and RW lock's acquire: the reply is nil.
+    Nil,
+    /// `RFENCED.ACQUIRE`: `[nil, token]`, the token in the message's detail.
+    Token,
+    /// `RPSEMAPHORE.ACQUIRE`: the permit id in the detail, or (`PERMITS n` given: `many`)
+    /// the ids joined by `,`, answered as an array.
+    Permits { many: bool },
+}
+
+impl Hold {
+    /// The grant's reply as read from a `granted` message's `detail`
+    /// (spec/vectors/tickets.json, `holds`); `None`: collect it (the module wrote no
+    /// detail, being older, or one this client cannot read).
+    pub(crate) fn reply(self, detail: &[u8]) -> Option<Value> {
+        match self {
+            Hold::No => None,
+            Hold::Nil => Some(Value::Nil),
+            Hold::Token => {
+                let digits = !detail.is_empty() && detail.len() <= 19;
+                let token = std::str::from_utf8(detail).ok()?.parse::<i64>().ok()?;
+                (digits && detail.iter().all(u8::is_ascii_digit))
+                    .then_some(Value::Array(vec![Value::Nil, Value::Int(token)]))
+            }
+            Hold::Permits { many } => {
+                let ids: Vec<Value> = detail
+                    .split(|&b| b == b',')
+                    .map(|id| Value::BulkString(id.to_vec()))
+                    .collect();
+                let hex = |id: &[u8]| {
+                    !id.is_empty()
+                        && id.len().is_multiple_of(2)
+                        && id.iter().all(u8::is_ascii_hexdigit)
+                };
+                if !detail.split(|&b| b == b',').all(hex) {
+                    return None;
+                }
+                match (many, ids.len()) {
+                    (true, _) => Some(Value::Array(ids)),
+                    (false, 1) => ids.into_iter().next(),
+                    (false, _) => None,
+                }
+            }
+        }
+    }
 }
 
 impl Shape {
@@ -125,8 +181,18 @@ impl Shape {
             None => (crate::proto::cmd::request_id(), true),
         };
         let latch = args[0].eq_ignore_ascii_case(b"RLATCH.AWAIT");
-        let held = args[0].eq_ignore_ascii_case(b"RLOCK.ACQUIRE")
-            || args[0].eq_ignore_ascii_case(b"RRWLOCK.ACQUIRE");
+        let is = |name: &[u8]| args[0].eq_ignore_ascii_case(name);
+        let hold = if is(b"RLOCK.ACQUIRE") || is(b"RRWLOCK.ACQUIRE") {
+            Hold::Nil
+        } else if is(b"RFENCED.ACQUIRE") {
+            Hold::Token
+        } else if is(b"RPSEMAPHORE.ACQUIRE") {
+            Hold::Permits {
+                many: opt(b"PERMITS").is_some(),
+            }
+        } else {
+            Hold::No
+        };
         Some(Shape {
             args,
             wait_at,
@@ -135,15 +201,19 @@ impl Shape {
             id_at,
             added_id,
             latch,
-            held,
+            hold,
         })
     }
 
-    /// The reply of a grant, where it is known without collecting it (the lock's and RW
-    /// lock's: nil); `None` where the grant's reply carries something (a fencing token,
-    /// permit ids, a semaphore's 1).
-    pub(crate) fn held_reply(&self) -> Option<Value> {
-        self.held.then_some(Value::Nil)
+    /// Whether a grant may be held on its `granted` message (the lock, the RW lock, the
+    /// fenced lock, the expirable semaphore), its reply read from the message.
+    pub(crate) fn holds(&self) -> bool {
+        self.hold != Hold::No
+    }
+
+    /// How a grant's reply reads from its `granted` message.
+    pub(crate) fn hold(&self) -> Hold {
+        self.hold
     }
 
     /// Gives the call a new request id: its old one names a grant that was given back
@@ -244,7 +314,7 @@ pub(crate) struct Machine {
     /// Whether the module is already known to take `ASYNC`.
     pub(super) known: bool,
     /// Hold on the `granted` message (the reader confirms off the path).
-    pub(super) hold_on_grant: bool,
+    pub(crate) hold_on_grant: bool,
     /// The last error, kept as a `RedisError` for the caller ([`Machine::take_error`]).
     error: Option<RedisError>,
 }
@@ -309,17 +379,21 @@ impl Machine {
                 self.error = Some(e);
                 Step::Done(Err(text))
             }
-            Event::Note(Note::Granted) if self.shape.latch => {
+            Event::Note(Note::Granted(_)) if self.shape.latch => {
                 self.outstanding = false;
                 Step::Done(Ok(Value::Int(1)))
             }
-            // Held: the reader thread sends the confirmation.
-            Event::Note(Note::Granted) if self.hold_on_grant && self.shape.held => {
-                self.outstanding = false;
-                Step::Done(Ok(Value::Nil))
+            Event::Note(Note::Granted(detail)) => {
+                match self.hold_on_grant.then(|| self.shape.hold.reply(&detail)) {
+                    // Held: the reader thread sends the confirmation.
+                    Some(Some(reply)) => {
+                        self.outstanding = false;
+                        Step::Done(Ok(reply))
+                    }
+                    // Collect: the same command and id again; the server replays the grant.
+                    _ => Step::Send(self.shape.look()),
+                }
             }
-            // Collect: the same command and id again; the server replays the grant.
-            Event::Note(Note::Granted) => Step::Send(self.shape.look()),
             // The ordinary reply of a timed-out wait: look once.
             Event::Note(Note::Timeout | Note::Other) => Step::Send(self.shape.look()),
             Event::Note(Note::Error(detail)) => {

@@ -16,14 +16,16 @@
 //! connection (resubscribed first): a grant made meanwhile is replayed, anything else is
 //! queued again.
 //!
-//! A lock or RW lock waiter holds on its `granted` message (design.md 5): the reader
+//! A lock, RW lock, fenced lock or expirable semaphore waiter holds on its `granted`
+//! message (design.md 5), its reply read from the message ([`Hold::reply`]: the token or
+//! the permit ids are its detail): the reader
 //! thread wakes it first, then writes the confirmation (the same command and id, without
 //! `WAIT`) on the same connection, off the holder's path. Its reply settles the call's
 //! [`Confirm`]: confirmed, or `TAKENBACK` (the connection had closed and the server's
 //! grace ran out), which the lock reports as lost. A connection that breaks before the
 //! reply came has the confirmation sent again on a connection of its own, within the
-//! server's grace (`rlock.ticket-confirm-ms`); the grants whose reply the waiter needs
-//! (the fenced lock's token, an expirable semaphore's permit ids) are collected first.
+//! server's grace (`rlock.ticket-confirm-ms`); a message whose detail cannot be read (an
+//! older module's) is collected first.
 //!
 //! A waiter that leaves while its ticket may still be queued (a dropped future, a
 //! client-side limit) stays registered as an *orphan*: if its grant comes after all, a
@@ -139,8 +141,9 @@ enum Slot {
     Live {
         sink: Sink,
         channel: Vec<u8>,
-        /// Holds on its `granted` message: the confirmation to send then, and its outcome.
-        hold: Option<(Vec<Vec<u8>>, Arc<Confirm>)>,
+        /// Holds on its `granted` message: the confirmation to send then, its outcome,
+        /// and how the grant's reply reads from the message.
+        hold: Option<(Vec<Vec<u8>>, Arc<Confirm>, Hold)>,
     },
     /// Held on its `granted` message; the confirmation's reply is awaited.
     Confirming {
@@ -343,8 +346,8 @@ impl Tickets {
             }
         };
         let hold = confirm
-            .filter(|_| shape.held_reply().is_some())
-            .map(|c| (shape.look(), c.clone()));
+            .filter(|_| shape.holds())
+            .map(|c| (shape.look(), c.clone(), shape.hold()));
         st.waiters.insert(
             id.to_owned(),
             Slot::Live {
@@ -921,11 +924,17 @@ fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Va
 
 fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
     match st.waiters.get_mut(id) {
-        Some(Slot::Live { sink, hold, .. }) if note == Note::Granted && hold.is_some() => {
-            // Held now: wake the holder first, then confirm on the same connection (the
-            // one that queued the ticket, so the grant cannot be taken back before it).
+        Some(Slot::Live {
+            sink,
+            hold: hold @ Some(_),
+            ..
+        }) if matches!((&note, &*hold), (Note::Granted(d), Some((_, _, h))) if h.reply(d).is_some()) =>
+        {
+            // Held now (the machine reads the same reply from the same detail): wake the
+            // holder first, then confirm on the same connection (the one that queued the
+            // ticket, so the grant cannot be taken back before it).
             sink(Event::Note(note));
-            let (look, confirm) = hold.take().expect("just seen");
+            let (look, confirm, _) = hold.take().expect("just seen");
             let Some(Slot::Live { channel, .. }) = st.waiters.remove(id) else {
                 return;
             };
@@ -949,7 +958,7 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
             // given back the same way (a look that finds the lock free takes it, and the
             // undo gives that back as well).
             if let (
-                Note::Granted | Note::Other,
+                Note::Granted(_) | Note::Other,
                 Slot::Orphan {
                     look, latch: false, ..
                 },

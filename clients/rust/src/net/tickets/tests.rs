@@ -132,7 +132,7 @@ fn it_collects_a_grant_with_the_same_id() {
     let queued = Event::Reply(Ok(Value::SimpleString("QUEUED".into())));
     assert_eq!(m.on(queued, now), Step::Wait);
     assert!(m.outstanding, "a queued ticket is outstanding");
-    let collect = sent(&m.on(Event::Note(Note::Granted), now));
+    let collect = sent(&m.on(Event::Note(Note::Granted(Vec::new())), now));
     assert_eq!(collect, ["RLOCK.ACQUIRE", "k", "o:1", "30000", "ID", "r1"]);
     m.sent(1);
     assert_eq!(
@@ -402,7 +402,7 @@ fn a_lock_waiter_holds_on_its_grant_and_a_fenced_one_collects() {
     m.hold_on_grant = true;
     m.sent(1);
     assert_eq!(
-        m.on(Event::Note(Note::Granted), now),
+        m.on(Event::Note(Note::Granted(Vec::new())), now),
         Step::Done(Ok(Value::Nil))
     );
     assert!(!m.outstanding);
@@ -419,7 +419,7 @@ fn a_lock_waiter_holds_on_its_grant_and_a_fenced_one_collects() {
     m.hold_on_grant = true;
     m.sent(1);
     assert!(matches!(
-        m.on(Event::Note(Note::Granted), now),
+        m.on(Event::Note(Note::Granted(Vec::new())), now),
         Step::Send(_)
     ));
 }
