@@ -211,11 +211,12 @@ def _warm(admin, r):
     warm.release()
 
 
-def _grant_paused_then_lose(admin, release, acquire, lost):
+def _grant_paused_then_lose(admin, release, acquire, lost, check=lambda held: None):
     """Runs ``acquire`` in a thread behind a holder, grants it with ``release`` and
     pauses writes in the same turn (a waiter that collected first would wait out the
-    pause), then kills the ticket connection so that the confirmation never lands; returns
-    what ``acquire`` returned once ``lost`` (a list) got the lost report."""
+    pause), runs ``check`` on the hold, then kills the ticket connection so that the
+    confirmation never lands; returns what ``acquire`` returned once ``lost`` (a list)
+    got the lost report."""
     got: list = []
     t = threading.Thread(target=lambda: got.append(acquire()), daemon=True)
     t.start()
@@ -228,6 +229,7 @@ def _grant_paused_then_lose(admin, release, acquire, lost):
         t.join(30)
         assert len(got) == 1 and got[0], "held on the grant's message, before any confirmation"
         assert not lost
+        check(got[0])  # before the grant can be taken back
         ticket_conn = [c for c in admin.client_list()
                        if c["name"] == rlock.TICKET_CONNECTION_NAME]
         admin.client_kill_filter(_id=ticket_conn[0]["id"])
@@ -264,10 +266,14 @@ def test_an_expirable_ticket_holds_on_its_message_with_the_permit_id(server, r):
     assert sem.try_set_permits(1)
     first = sem.acquire(lease=60)
     lost: list = []
+
+    def the_named_permit_is_held(p):
+        assert admin.zscore("{e}:timeout", bytes.fromhex(p.id.decode())) is not None
+
     permit = _grant_paused_then_lose(
         admin, ("RPSEMAPHORE.RELEASE", "e", first.id),
-        lambda: sem.acquire(on_lost=lambda *a: lost.append(a)), lost)
-    assert admin.zscore("{e}:timeout", bytes.fromhex(permit.id.decode())) is not None
+        lambda: sem.acquire(on_lost=lambda *a: lost.append(a)), lost,
+        the_named_permit_is_held)
     assert permit.lost
     admin.close()
 
