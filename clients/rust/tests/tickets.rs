@@ -111,9 +111,12 @@ async fn tasks_are_served_in_the_order_they_queued() {
     assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
 }
 
+/// Issue 40 §2: 200 threads of one client wait on at most a few connections, and `CLIENT
+/// LIST` shows none of them blocked in a command (a blocked `WAIT` carries the `b` flag
+/// for as long as it waits).
 #[test]
 fn threads_of_the_blocking_api_share_the_ticket_connection() {
-    const N: usize = 40;
+    const N: usize = 200;
     let s = Server::start();
     let mut r = s.conn();
     write_lock(&mut r, "k", "someone-else", 60_000);
@@ -131,6 +134,14 @@ fn threads_of_the_blocking_api_share_the_ticket_connection() {
     let conns = other_connections(&mut r);
     assert!(conns <= 3, "{conns} connections for {N} waiting threads");
     assert_eq!(blocked_clients(&mut r), 0);
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut r).unwrap();
+    for line in list.lines() {
+        let flags = line
+            .split(' ')
+            .find_map(|f| f.strip_prefix("flags="))
+            .unwrap_or_default();
+        assert!(!flags.contains('b'), "a connection blocked: {line}");
+    }
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in threads {
         t.join().unwrap();
