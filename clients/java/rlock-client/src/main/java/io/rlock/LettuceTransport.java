@@ -14,6 +14,7 @@ import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
 import io.lettuce.core.resource.ClientResources;
 
 import java.net.SocketAddress;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
 import java.util.Set;
@@ -79,6 +80,21 @@ final class LettuceTransport implements Transport {
     @Override
     public CompletableFuture<Object> send(List<String> args) {
         return send(conn, args);
+    }
+
+    /** Bytes as they are: a raw permit id (scripts mode) is not text. */
+    @Override
+    public CompletableFuture<Object> sendBytes(List<byte[]> args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        for (int i = 1; i < args.size(); i++) {
+            a.add(args.get(i));
+        }
+        try {
+            return conn.async().dispatch(Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)), new Reply(), a)
+                    .toCompletableFuture();
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(e);
+        }
     }
 
     @Override

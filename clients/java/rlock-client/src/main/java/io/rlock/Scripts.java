@@ -111,6 +111,36 @@ final class Scripts {
         });
     }
 
+    /**
+     * {@link #eval} with arguments that may be raw bytes (a permit id Redisson made):
+     * those go out as bytes ({@link Transport#sendBytes}), the rest as UTF-8.
+     */
+    CompletableFuture<Object> evalRaw(String name, List<String> keys, List<Object> argv) {
+        if (argv.stream().allMatch(a -> a instanceof String)) {
+            return eval(name, keys, argv.stream().map(String.class::cast).toList());
+        }
+        Script s = script(name);
+        List<byte[]> tail = new ArrayList<>(keys.size() + argv.size() + 1);
+        tail.add(utf8(Integer.toString(keys.size())));
+        keys.forEach(k -> tail.add(utf8(k)));
+        argv.forEach(a -> tail.add(a instanceof byte[] b ? b : utf8((String) a)));
+        List<byte[]> sha = new ArrayList<>(List.of(utf8("EVALSHA"), utf8(s.sha())));
+        sha.addAll(tail);
+        return wire.retryingBytes(sha).exceptionallyCompose(e -> {
+            String m = Wire.serverError(e);
+            if (m == null || !m.startsWith("NOSCRIPT")) {
+                return CompletableFuture.failedFuture(Wire.unwrap(e));
+            }
+            List<byte[]> text = new ArrayList<>(List.of(utf8("EVAL"), utf8(s.text())));
+            text.addAll(tail);
+            return wire.retryingBytes(text);
+        });
+    }
+
+    private static byte[] utf8(String s) {
+        return s.getBytes(StandardCharsets.UTF_8);
+    }
+
     // ---- Redisson's names (RedissonObject.prefixName / suffixName) ----------------------
 
     /** `prefix:{name}`, or `prefix:name` when the name has a `{` of its own. */
@@ -380,18 +410,18 @@ final class Scripts {
             case "RPSEMAPHORE.RELEASE": {
                 Parsed p = parse(args, 2);
                 String name = p.pos.get(0);
-                return eval("pes_release", List.of(name, semaphoreChannel(name), timeoutZset(name)),
+                return evalRaw("pes_release", List.of(name, semaphoreChannel(name), timeoutZset(name)),
                         List.of(rawId(p.pos.get(1)), "1", now(), publish)).thenApply(Outcome::of);
             }
             case "RPSEMAPHORE.UPDATELEASETIME": {
                 Parsed p = parse(args, 3);
                 long now = System.currentTimeMillis();
-                return eval("pes_update_lease", pesKeys(p.pos.get(0)), List.of(rawId(p.pos.get(1)),
+                return evalRaw("pes_update_lease", pesKeys(p.pos.get(0)), List.of(rawId(p.pos.get(1)),
                         expiry(Long.parseLong(p.pos.get(2)), now), Long.toString(now), publish)).thenApply(Outcome::of);
             }
             case "RPSEMAPHORE.LEASETIME": {
                 Parsed p = parse(args, 2);
-                return eval("pes_lease_time", pesKeys(p.pos.get(0)), List.of(rawId(p.pos.get(1)),
+                return evalRaw("pes_lease_time", pesKeys(p.pos.get(0)), List.of(rawId(p.pos.get(1)),
                         Long.toString(NON_EXPIRABLE), now(), publish)).thenApply(Outcome::of);
             }
             case "RLATCH.TRYSETCOUNT": {
@@ -467,7 +497,7 @@ final class Scripts {
 
     /**
      * A permit id: 16 random bytes, each below 0x80 so that the bytes the zset holds (what
-     * Redisson's scripts keep) travel as UTF-8 text unchanged; 112 random bits.
+     * Redisson's scripts keep) travel as UTF-8 text on any transport; 112 random bits.
      */
     static String newPermitId() {
         byte[] b = new byte[16];
@@ -479,11 +509,12 @@ final class Scripts {
     }
 
     /**
-     * A permit id (32 hex digits) as the 16 bytes the zset holds, as text; the module's
-     * refusal when it is not one, or when a byte is 0x80 or more (an id Redisson made:
-     * the client's connections carry text, docs/scripts-mode.md).
+     * A permit id (32 hex digits) as the 16 bytes the zset holds: text when every byte is
+     * below 0x80 (this client's ids), else the bytes (an id Redisson made, which needs a
+     * transport that carries bytes, {@link Transport#sendBytes}); the module's refusal when
+     * it is not an id.
      */
-    static String rawId(String permitId) {
+    static Object rawId(String permitId) {
         byte[] raw;
         try {
             raw = HexFormat.of().parseHex(permitId);
@@ -496,8 +527,7 @@ final class Scripts {
         StringBuilder s = new StringBuilder(16);
         for (byte x : raw) {
             if (x < 0) {
-                throw refused("BADPERMITID the Java client's scripts mode takes permit ids whose bytes are below 0x80"
-                        + " (its own), not " + permitId);
+                return raw;
             }
             s.append((char) x);
         }
@@ -514,7 +544,7 @@ final class Scripts {
         for (int i = 0; i < n; i++) {
             String id = newPermitId();
             ids.add(id);
-            argv.add(rawId(id));
+            argv.add((String) rawId(id)); // below 0x80: text
         }
         return eval("pes_try_acquire", pesKeys(name), argv).thenApply(r -> {
             if ("OK".equals(r)) {

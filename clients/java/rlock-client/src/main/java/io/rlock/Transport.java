@@ -4,6 +4,10 @@
 // Redis RedisConnectionFactory, Lettuce or Jedis behind it (rlock-spring's SpringTransport).
 package io.rlock;
 
+import java.nio.ByteBuffer;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.function.BiConsumer;
@@ -27,6 +31,24 @@ import java.util.function.BiConsumer;
 public interface Transport extends AutoCloseable {
     /** Sends one command once: `args[0]` the command, `args[1]` its key. */
     CompletableFuture<Object> send(List<String> args);
+
+    /**
+     * Sends one command whose arguments are bytes, not all text (scripts mode: a permit id
+     * Redisson made is 16 raw bytes). The default sends them as UTF-8 text, so it carries
+     * only arguments that are valid UTF-8 and fails on any other.
+     */
+    default CompletableFuture<Object> sendBytes(List<byte[]> args) {
+        List<String> text = new ArrayList<>(args.size());
+        for (byte[] a : args) {
+            try {
+                text.add(StandardCharsets.UTF_8.newDecoder().decode(ByteBuffer.wrap(a)).toString());
+            } catch (CharacterCodingException e) {
+                return CompletableFuture.failedFuture(new UnsupportedOperationException(
+                        "this transport carries text only, and an argument of " + text.get(0) + " is not UTF-8"));
+            }
+        }
+        return send(text);
+    }
 
     /**
      * Where notification messages go: `(channel, message)` of every subscribed channel, on

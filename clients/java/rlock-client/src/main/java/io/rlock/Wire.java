@@ -21,6 +21,7 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Supplier;
 
 final class Wire {
     private final Transport transport;
@@ -61,9 +62,13 @@ final class Wire {
 
     /** Sends one command once on the command connection; its reply as Reply's values. */
     CompletableFuture<Object> send(List<String> args) {
+        return sendOnce(() -> transport.send(args));
+    }
+
+    private CompletableFuture<Object> sendOnce(Supplier<CompletableFuture<Object>> call) {
         CompletableFuture<Object> reply;
         try {
-            reply = transport.send(args);
+            reply = call.get();
         } catch (RuntimeException e) {
             return CompletableFuture.failedFuture(e);
         }
@@ -101,19 +106,26 @@ final class Wire {
     /** {@link #sendRetrying} without the routing of module commands: straight to the server. */
     CompletableFuture<Object> retrying(List<String> args) {
         CompletableFuture<Object> out = new CompletableFuture<>();
-        attempt(args, 1, out);
+        attempt(() -> transport.send(args), 1, out);
         return out;
     }
 
-    private void attempt(List<String> args, int n, CompletableFuture<Object> out) {
-        send(args).whenComplete((v, e) -> {
+    /** {@link #retrying} of a command whose arguments are bytes ({@link Transport#sendBytes}). */
+    CompletableFuture<Object> retryingBytes(List<byte[]> args) {
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        attempt(() -> transport.sendBytes(args), 1, out);
+        return out;
+    }
+
+    private void attempt(Supplier<CompletableFuture<Object>> call, int n, CompletableFuture<Object> out) {
+        sendOnce(call).whenComplete((v, e) -> {
             if (e == null) {
                 out.complete(v);
             } else if (n < options.retryAttempts() && isTransient(e) && !out.isDone()) {
                 long cap = options.retryMaxDelay().toMillis();
                 long base = Math.min(cap, options.retryBaseDelay().toMillis() << Math.min(n - 1, 20));
                 long delay = base / 2 + ThreadLocalRandom.current().nextLong(base / 2 + 1);
-                scheduler.schedule(() -> attempt(args, n + 1, out), delay, TimeUnit.MILLISECONDS);
+                scheduler.schedule(() -> attempt(call, n + 1, out), delay, TimeUnit.MILLISECONDS);
             } else {
                 out.completeExceptionally(unwrap(e));
             }

@@ -272,8 +272,9 @@ class ScriptsModeTest {
         s.release(third);
         s.addPermits(2);
         assertEquals(3, s.availablePermits());
+        assertFalse(s.tryRelease("ff" + third.substring(2)), "an unknown id, as raw bytes");
         RedisCommandExecutionException e = assertThrows(RedisCommandExecutionException.class,
-                () -> s.tryRelease("ff" + third.substring(2)));
+                () -> s.tryRelease("not-an-id"));
         assertTrue(e.getMessage().startsWith("BADPERMITID"), e.getMessage());
     }
 

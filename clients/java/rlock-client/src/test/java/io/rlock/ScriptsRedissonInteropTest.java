@@ -7,11 +7,37 @@
 package io.rlock;
 
 import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
+import org.redisson.api.RPermitExpirableSemaphore;
+
+import java.util.concurrent.TimeUnit;
+
+import static org.junit.jupiter.api.Assertions.*;
 
 @Timeout(120)
 @Tag(RedissonInteropTest.SCRIPTS_MODE) // RedissonInteropTest.start makes the fixtures without the module
 class ScriptsRedissonInteropTest extends RedissonInteropTest {
+    /**
+     * A permit Redisson took (its id: 16 random bytes, most of them 0x80 or more) is renewed
+     * and released by rlock, which sends the raw bytes, and rlock's permit by Redisson.
+     */
+    @Test
+    void permit_ids_pass_both_ways() throws Exception {
+        String n = name("psem-ids");
+        RPermitExpirableSemaphore r = redisson.getPermitExpirableSemaphore(n);
+        RlockPermitExpirableSemaphore m = rlock.getPermitExpirableSemaphore(n);
+        assertTrue(m.trySetPermits(2));
+        for (int i = 0; i < 3; i++) {
+            String rid = r.tryAcquire(0, 30, TimeUnit.SECONDS);
+            assertTrue(m.updateLeaseTime(rid, 20, TimeUnit.SECONDS), "rlock renews Redisson's " + rid);
+            assertTrue(m.tryRelease(rid), "rlock releases Redisson's " + rid);
+            String mid = m.tryAcquire(0, 30_000, TimeUnit.MILLISECONDS);
+            assertTrue(onRedissonThread(() -> r.tryRelease(mid)), "Redisson releases rlock's " + mid);
+        }
+        assertEquals(2, m.availablePermits());
+    }
+
     /** rlock's waiters here sleep on Redisson's channels, not in the server's queue. */
     @Override
     long moduleWaiters() {
