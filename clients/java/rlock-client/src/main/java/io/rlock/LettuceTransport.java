@@ -7,6 +7,7 @@ import io.lettuce.core.RedisChannelHandler;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisConnectionStateListener;
 import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.api.async.BaseRedisAsyncCommands;
 import io.lettuce.core.codec.StringCodec;
 import io.lettuce.core.protocol.CommandArgs;
 import io.lettuce.core.pubsub.RedisPubSubAdapter;
@@ -61,7 +62,7 @@ final class LettuceTransport implements Transport {
         return conn;
     }
 
-    static CompletableFuture<Object> send(StatefulRedisConnection<String, String> c, List<String> args) {
+    static CompletableFuture<Object> send(BaseRedisAsyncCommands<String, String> c, List<String> args) {
         CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
         for (int i = 1; i < args.size(); i++) {
             if (i == 1) {
@@ -71,7 +72,7 @@ final class LettuceTransport implements Transport {
             }
         }
         try {
-            return c.async().dispatch(Wire.keyword(args.get(0)), new Reply(), a).toCompletableFuture();
+            return c.dispatch(Wire.keyword(args.get(0)), new Reply(), a).toCompletableFuture();
         } catch (RuntimeException e) {
             return CompletableFuture.failedFuture(e);
         }
@@ -79,7 +80,7 @@ final class LettuceTransport implements Transport {
 
     @Override
     public CompletableFuture<Object> send(List<String> args) {
-        return send(conn, args);
+        return send(conn.async(), args);
     }
 
     /** Bytes as they are: a raw permit id (scripts mode) is not text. */
@@ -153,7 +154,7 @@ final class LettuceTransport implements Transport {
         return new Dedicated() {
             @Override
             public CompletableFuture<Object> send(List<String> args) {
-                return LettuceTransport.send(c, args);
+                return LettuceTransport.send(c.async(), args);
             }
 
             @Override

@@ -7,13 +7,16 @@ package io.rlock;
 
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
+import io.lettuce.core.cluster.RedisClusterClient;
 import io.lettuce.core.resource.ClientResources;
 import io.lettuce.core.resource.DefaultClientResources;
 
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ForkJoinPool;
 import java.util.concurrent.ScheduledExecutorService;
@@ -96,6 +99,38 @@ public final class RlockClient implements AutoCloseable {
 
     public static RlockClient create(RedisClient redis, RlockOptions options) {
         return new RlockClient(new LettuceTransport(Objects.requireNonNull(redis, "redis"), false, null), options);
+    }
+
+    /**
+     * Connects to a Redis Cluster through `seeds` (`redis://host:port` of one or more of its
+     * nodes) with its own Lettuce cluster client: every command goes to the master of its
+     * key's slot (MOVED and ASK followed), and each wait queues and listens (SSUBSCRIBE) on
+     * that node, following the key when its slot moves.
+     */
+    public static RlockClient createCluster(List<RedisURI> seeds, RlockOptions options) {
+        ClientResources resources = DefaultClientResources.builder().ioThreadPoolSize(1)
+                .computationThreadPoolSize(1).build();
+        RedisClusterClient redis = RedisClusterClient.create(resources, seeds);
+        try {
+            return new RlockClient(new LettuceClusterTransport(redis, true, resources), options);
+        } catch (RuntimeException e) {
+            redis.shutdown();
+            resources.shutdown();
+            throw e;
+        }
+    }
+
+    public static RlockClient createCluster(String seed) {
+        return createCluster(List.of(RedisURI.create(seed)), RlockOptions.defaults());
+    }
+
+    /**
+     * Rides on the application's Lettuce cluster client: a cluster connection and, once
+     * something waits, a sharded pub/sub connection per node with waiters are opened from
+     * it; closing this client leaves `redis` running.
+     */
+    public static RlockClient create(RedisClusterClient redis, RlockOptions options) {
+        return new RlockClient(new LettuceClusterTransport(Objects.requireNonNull(redis, "redis"), false, null), options);
     }
 
     /**
@@ -189,21 +224,22 @@ public final class RlockClient implements AutoCloseable {
     }
 
     /**
-     * After an acquire: `WAIT replicas timeout` when replica sync is on. Completes with
-     * null when enough replicas acknowledged, else fails with ReplicaSyncException (the
-     * caller gives the acquire back).
+     * After an acquire of `key`: `WAIT replicas timeout` when replica sync is on, on the
+     * server (in a cluster, the node) that holds it. Completes with null when enough
+     * replicas acknowledged, else fails with ReplicaSyncException (the caller gives the
+     * acquire back).
      */
-    CompletableFuture<Void> syncReplicas() {
+    CompletableFuture<Void> syncReplicas(String key) {
         int want = options.replicas();
         if (want == 0) {
             return CompletableFuture.completedFuture(null);
         }
-        CompletableFuture<Integer> count = want > 0 ? CompletableFuture.completedFuture(want) : connectedReplicas();
+        CompletableFuture<Integer> count = want > 0 ? CompletableFuture.completedFuture(want) : connectedReplicas(key);
         return count.thenCompose(n -> {
             if (n == 0) {
                 return CompletableFuture.completedFuture(null);
             }
-            return wire.send(List.of("WAIT", Integer.toString(n), Long.toString(options.replicaTimeout().toMillis())))
+            return transport.sendTo(key, List.of("WAIT", Integer.toString(n), Long.toString(options.replicaTimeout().toMillis())))
                     .thenApply(v -> {
                         long acked = Sync.asLong(v);
                         if (acked < n) {
@@ -214,31 +250,34 @@ public final class RlockClient implements AutoCloseable {
         });
     }
 
-    /** The last read of how many replicas the server has, and when it was asked (nanoTime). */
-    private volatile CompletableFuture<Integer> replicasRead;
-    private volatile long replicasReadAt;
+    /** The last read of how many replicas a server has, and when it was asked (nanoTime). */
+    private record ReplicasRead(CompletableFuture<Integer> count, long at) { }
+
+    /** Per server (Transport.nodeOf: one entry but in a cluster). */
+    private final Map<String, ReplicasRead> replicasRead = new ConcurrentHashMap<>();
 
     /**
-     * How many replicas the server has connected (ROLE), asked at most once a second; a
-     * refused or failed read counts as none, as the Rust client's does.
+     * How many replicas the server holding `key` has connected (ROLE), asked at most once
+     * a second per server; a refused or failed read counts as none, as the Rust client's does.
      */
-    CompletableFuture<Integer> connectedReplicas() {
-        CompletableFuture<Integer> r = replicasRead;
+    CompletableFuture<Integer> connectedReplicas(String key) {
+        String node = transport.nodeOf(key);
+        ReplicasRead r = replicasRead.get(node);
         long now = System.nanoTime();
-        if (r != null && now - replicasReadAt < 1_000_000_000L) {
-            return r;
+        if (r != null && now - r.at() < 1_000_000_000L) {
+            return r.count();
         }
         synchronized (this) {
-            if (replicasRead == r) {
-                replicasReadAt = now;
-                replicasRead = wire.send(List.of("ROLE")).handle((v, e) -> {
+            if (replicasRead.get(node) == r) {
+                r = new ReplicasRead(transport.sendTo(key, List.of("ROLE")).handle((v, e) -> {
                     if (e != null || !(v instanceof List<?> role) || role.isEmpty() || !("master".equals(role.get(0)) || "primary".equals(role.get(0)))) {
                         return 0;
                     }
                     return role.size() > 2 && role.get(2) instanceof List<?> replicas ? replicas.size() : 0;
-                });
+                }), now);
+                replicasRead.put(node, r);
             }
-            return replicasRead;
+            return replicasRead.get(node).count();
         }
     }
 

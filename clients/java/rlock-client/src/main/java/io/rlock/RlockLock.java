@@ -117,7 +117,7 @@ public class RlockLock implements Lock {
                 client.watchdog().hold(watchName(owner), renewArgs(owner, lease), v -> Long.valueOf(1).equals(v),
                         why -> reportLost(owner, why));
             }
-            return client.syncReplicas().handle((ok, e) -> {
+            return client.syncReplicas(name).handle((ok, e) -> {
                 if (e == null) {
                     return a;
                 }

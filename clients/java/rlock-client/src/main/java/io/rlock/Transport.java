@@ -11,6 +11,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.function.BiConsumer;
+import java.util.function.Consumer;
 
 /**
  * The connections of one client: a command connection, one notification (pub/sub)
@@ -80,6 +81,42 @@ public interface Transport extends AutoCloseable {
 
         @Override
         void close();
+    }
+
+    // ---- cluster routing (LettuceClusterTransport); one server needs none of it ----------
+
+    /** Which server holds `key` (a cluster node's id; "" for a transport of one server). */
+    default String nodeOf(String key) {
+        return "";
+    }
+
+    /**
+     * Sends a keyless command (ROLE, WAIT after an acquire) to the server that holds `key`,
+     * on the connection that key's commands use.
+     */
+    default CompletableFuture<Object> sendTo(String key, List<String> args) {
+        return send(args);
+    }
+
+    /**
+     * Sends a waiter's ticket command (queue, collect, look) to the server whose
+     * notifications `channel` was subscribed on, following no redirect: a MOVED or ASK is
+     * the server error it fails with.
+     */
+    default CompletableFuture<Object> sendTicket(String channel, List<String> args) {
+        return send(args);
+    }
+
+    /**
+     * Runs `hook(channel)` when the server itself drops a subscription (its slot left the
+     * node): the tickets queued there will never be heard of again.
+     */
+    default void onChannelDropped(Consumer<String> hook) {
+    }
+
+    /** Learns again which server holds which key (after a redirect). */
+    default CompletableFuture<Void> relearn() {
+        return CompletableFuture.completedFuture(null);
     }
 
     /** Closes what the transport opened (not what the application lent it). */

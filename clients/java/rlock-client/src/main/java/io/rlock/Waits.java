@@ -24,6 +24,14 @@ final class Waits {
     static final String CONNECTION_NAME = RlockClient.NOTIFICATION_CONNECTION_NAME;
     /** How long after a ticket's deadline the client looks for itself (see ticketed). */
     static final long LATE_LOOK_MS = 2_000;
+    /**
+     * How many times one waiter follows its key's slot to another node (a redirect, or its
+     * channel dropped by the server) before it fails with the redirect: a slot migrating
+     * answers ASK until it has moved, so the waiter backs off (up to REROUTE_MAX_DELAY_MS)
+     * meanwhile.
+     */
+    static final int MAX_REROUTES = 20;
+    static final long REROUTE_MAX_DELAY_MS = 1_000;
 
     private final Transport transport;
     private final RlockStats stats;
@@ -66,6 +74,10 @@ final class Waits {
             probe = null;
             capabilities().whenComplete((caps, e) -> resendAll());
         });
+        // In a cluster, a slot that left a node takes its ticket channels with it (Valkey 9's
+        // atomic slot migration unsubscribes them): the tickets queued there are answered
+        // MOVED on a channel we no longer hear, so their waiters queue again on the new owner.
+        transport.onChannelDropped(this::dropped);
     }
 
     /** The ticket channel of `key` (Redisson's prefixName rule keeps it in the key's slot). */
@@ -88,6 +100,11 @@ final class Waits {
         volatile boolean finished;
         /** Counted as a wait once (a resent ticket queued again is the same wait). */
         volatile boolean queued;
+        /** The subscription this waiter counts in (null: none, or one the server dropped). Guarded by Waits.this. */
+        Sub sub;
+        /** Moving to the slot's new owner (see reroute). Guarded by this waiter. */
+        boolean rerouting;
+        int reroutes;
 
         Waiter(List<String> args, Function<Object, List<List<String>>> undo) {
             this.args = args;
@@ -241,13 +258,7 @@ final class Waits {
 
     private void ticketed(Waiter w) {
         waiters.put(w.id, w);
-        join(w.channel).whenComplete((ok, e) -> {
-            if (e != null) {
-                finish(w, null, e);
-            } else {
-                send(w, w.ticketed());
-            }
-        });
+        joinAndSend(w);
         if (w.waitMs > 0) {
             // The server ends a ticket at its deadline and says so; should that message be
             // lost, the client looks once itself a little later (the same id: a grant made
@@ -257,16 +268,88 @@ final class Waits {
         }
     }
 
+    /** Subscribes the waiter's channel (confirmed), then queues its ticket on the same node. */
+    private void joinAndSend(Waiter w) {
+        join(w).whenComplete((ok, e) -> {
+            if (e != null && Wire.isRedirect(e)) {
+                reroute(w, e); // subscribed where the slot no longer is
+            } else if (e != null) {
+                finish(w, null, e);
+            } else {
+                send(w, w.ticketed());
+            }
+        });
+    }
+
     private void send(Waiter w, List<String> args) {
         if (w.finished) {
             return;
         }
         boolean ticketed = args.contains("ASYNC");
-        wire.sendRetrying(args).whenComplete((reply, e) -> onReply(w, ticketed, reply, e));
+        wire.sendRetrying(w.channel, args).whenComplete((reply, e) -> onReply(w, ticketed, reply, e));
+    }
+
+    /**
+     * The waiter's key is served by another node now (a redirect answered to its command
+     * or told in its ticket's `error` message, or its channel dropped by the server): learn
+     * the layout again, subscribe on the new owner and queue there with the same request id
+     * (a grant made under it is replayed, anything else queued anew). A slot still moving
+     * answers ASK: the waiter backs off and asks again until it has moved.
+     */
+    private void reroute(Waiter w, Throwable why) {
+        int n;
+        synchronized (w) {
+            if (w.finished || w.rerouting) {
+                return;
+            }
+            w.rerouting = true;
+            n = ++w.reroutes;
+        }
+        if (n > MAX_REROUTES) {
+            synchronized (w) {
+                w.rerouting = false;
+            }
+            finish(w, null, why);
+            return;
+        }
+        leave(w);
+        long delay = n == 1 ? 0 : Math.min(REROUTE_MAX_DELAY_MS, 25L << Math.min(n - 2, 10));
+        CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS, executor).execute(() ->
+                transport.relearn().whenComplete((v, e) -> {
+                    synchronized (w) {
+                        w.rerouting = false;
+                    }
+                    if (!w.finished) {
+                        joinAndSend(w);
+                    }
+                }));
+    }
+
+    /** The server dropped our subscription to `channel` (its slot left the node). */
+    private void dropped(String channel) {
+        synchronized (this) {
+            Sub s = subs.remove(channel);
+            if (s == null) {
+                return;
+            }
+            for (Waiter w : waiters.values()) {
+                if (w.sub == s) {
+                    w.sub = null; // nothing to unsubscribe: the server did
+                }
+            }
+        }
+        Throwable why = new RedisCommandExecutionException("MOVED (the slot of " + channel + " left the node)");
+        for (Waiter w : waiters.values()) {
+            if (w.channel.equals(channel)) {
+                reroute(w, why);
+            }
+        }
     }
 
     private void onReply(Waiter w, boolean ticketed, Object reply, Throwable e) {
-        if (e != null) {
+        if (e != null && Wire.isRedirect(e)) {
+            reroute(w, e);
+        } else if (e != null) {
             finish(w, null, e);
         } else if (ticketed && "QUEUED".equals(reply)) {
             if (!w.queued) {
@@ -309,7 +392,12 @@ final class Waits {
                 send(w, w.look());
                 break;
             case FAIL:
-                finish(w, null, new RedisCommandExecutionException(n.detail));
+                if (Wire.isRedirect(n.detail)) {
+                    // The key migrated away while queued (classic MIGRATE): ASK or MOVED.
+                    reroute(w, new RedisCommandExecutionException(n.detail));
+                } else {
+                    finish(w, null, new RedisCommandExecutionException(n.detail));
+                }
         }
     }
 
@@ -396,22 +484,33 @@ final class Waits {
 
     // ---- the notification connection ----------------------------------------------------
 
-    private CompletableFuture<Void> join(String channel) {
+    private CompletableFuture<Void> join(Waiter w) {
         synchronized (this) {
-            Sub s = subs.computeIfAbsent(channel, c -> new Sub());
+            Sub s = subs.computeIfAbsent(w.channel, c -> new Sub());
+            w.sub = s;
             if (s.refs++ == 0) {
                 // Subscribed before the ticket is sent, so its message cannot be missed.
-                s.ready = transport.subscribe(channel);
+                s.ready = transport.subscribe(w.channel);
+                CompletableFuture<Void> ready = s.ready;
+                ready.whenComplete((ok, e) -> {
+                    if (e != null) {
+                        forget(w.channel, s); // the next waiter subscribes again
+                    }
+                });
             }
             return s.ready;
         }
     }
 
+    private synchronized void forget(String channel, Sub s) {
+        subs.remove(channel, s);
+    }
+
     private void leave(Waiter w) {
         synchronized (this) {
-            Sub s = subs.get(w.channel);
-            if (s != null && --s.refs == 0) {
-                subs.remove(w.channel);
+            Sub s = w.sub;
+            w.sub = null;
+            if (s != null && --s.refs == 0 && subs.remove(w.channel, s)) {
                 transport.unsubscribe(w.channel);
             }
         }

@@ -65,6 +65,15 @@ final class Wire {
         return sendOnce(() -> transport.send(args));
     }
 
+    /**
+     * Sends one command once: a waiter's ticket command (`channel` its ticket channel) to
+     * the server whose notifications that channel was subscribed on, anything else
+     * (`channel` null) on the command connection.
+     */
+    CompletableFuture<Object> send(String channel, List<String> args) {
+        return sendOnce(() -> channel == null ? transport.send(args) : transport.sendTicket(channel, args));
+    }
+
     private CompletableFuture<Object> sendOnce(Supplier<CompletableFuture<Object>> call) {
         CompletableFuture<Object> reply;
         try {
@@ -105,8 +114,16 @@ final class Wire {
 
     /** {@link #sendRetrying} without the routing of module commands: straight to the server. */
     CompletableFuture<Object> retrying(List<String> args) {
+        return sendRetrying(null, args);
+    }
+
+    /**
+     * {@link #retrying(List)} of a waiter's ticket command (see {@link #send(String, List)}):
+     * tickets are the module's, so no Backend routing.
+     */
+    CompletableFuture<Object> sendRetrying(String channel, List<String> args) {
         CompletableFuture<Object> out = new CompletableFuture<>();
-        attempt(() -> transport.send(args), 1, out);
+        attempt(() -> channel == null ? transport.send(args) : transport.sendTicket(channel, args), 1, out);
         return out;
     }
 
@@ -155,6 +172,18 @@ final class Wire {
         }
         return e instanceof io.lettuce.core.RedisException
                 && String.valueOf(e.getMessage()).contains("Connection closed");
+    }
+
+    /**
+     * A cluster redirection (`MOVED slot host:port`, `ASK slot host:port`): the key's slot
+     * is served elsewhere, or moving there.
+     */
+    static boolean isRedirect(String error) {
+        return error != null && (error.startsWith("MOVED ") || error.startsWith("ASK "));
+    }
+
+    static boolean isRedirect(Throwable e) {
+        return isRedirect(serverError(e));
     }
 
     /** A server error's text, or null when the failure is not a server error. */

@@ -2,9 +2,9 @@
 // tests; design.md 1.5, 6): Redisson's RLock (its Lua scripts routed by its cluster client,
 // woken through sharded pub/sub) and the module's lock on one name exclude each other, a
 // module waiter is served when Redisson unlocks, and a Redisson waiter wakes when the
-// module releases (the module SPUBLISHes in cluster mode). The rlock Java client talks to
-// the node owning the name's slot, with blocking waits (see the README: the Java client
-// has no cluster routing of its own yet).
+// module releases (the module SPUBLISHes in cluster mode). The rlock Java client here talks
+// to the node owning the name's slot alone, with blocking waits; its own cluster routing
+// is ClusterTest's.
 package io.rlock;
 
 import org.junit.jupiter.api.Test;

@@ -1,7 +1,7 @@
 // Test support (clients/java tests): a real local Redis Cluster of 3 module-loaded masters
 // on free ports of 127.0.0.1, built as tests/support/cluster_helpers.py builds one: cluster-enabled
 // servers, a third of the slots each (CLUSTER ADDSLOTSRANGE), CLUSTER MEET, then wait for
-// cluster_state:ok everywhere.
+// cluster_state:ok everywhere. Slots can be moved the classic way (SETSLOT, MIGRATE).
 package io.rlock;
 
 import java.time.Duration;
@@ -10,7 +10,7 @@ import java.util.List;
 
 final class TestCluster implements AutoCloseable {
     final List<TestServer> masters = new ArrayList<>();
-    private static final int[][] RANGES = {{0, 5460}, {5461, 10922}, {10923, 16383}};
+    static final int[][] RANGES = {{0, 5460}, {5461, 10922}, {10923, 16383}};
 
     TestCluster() {
         try {
@@ -33,15 +33,75 @@ final class TestCluster implements AutoCloseable {
         }
     }
 
-    /** The master that owns `key`'s slot. */
+    /** The master that owns `key`'s slot now (as the masters themselves say). */
     TestServer ownerOf(String key) {
-        long slot = masters.get(0).redis().clusterKeyslot(key);
-        for (int i = 0; i < 3; i++) {
-            if (slot >= RANGES[i][0] && slot <= RANGES[i][1]) {
-                return masters.get(i);
+        int slot = slot(key);
+        for (TestServer m : masters) {
+            if (owner(m, slot) == m.port) {
+                return m;
             }
         }
         throw new IllegalStateException("no owner for slot " + slot);
+    }
+
+    int slot(String key) {
+        return masters.get(0).redis().clusterKeyslot(key).intValue();
+    }
+
+    String id(TestServer m) {
+        return (String) m.call("CLUSTER", "MYID");
+    }
+
+    /** The port of `slot`'s owner in `via`'s view (CLUSTER NODES), or -1. */
+    static int owner(TestServer via, int slot) {
+        for (String line : via.redis().clusterNodes().split("\n")) {
+            String[] f = line.trim().split(" ");
+            if (f.length < 9 || !f[2].contains("master")) {
+                continue;
+            }
+            for (int i = 8; i < f.length; i++) {
+                if (f[i].startsWith("[")) {
+                    continue; // a slot migrating or importing: not served from here yet
+                }
+                String[] r = f[i].split("-");
+                int lo = Integer.parseInt(r[0]), hi = Integer.parseInt(r[r.length - 1]);
+                if (slot >= lo && slot <= hi) {
+                    return Integer.parseInt(f[1].substring(f[1].indexOf(':') + 1, f[1].indexOf('@')));
+                }
+            }
+        }
+        return -1;
+    }
+
+    /** A master other than `m`. */
+    TestServer other(TestServer m) {
+        return masters.get(0) == m ? masters.get(1) : masters.get(0);
+    }
+
+    /** Classic resharding, redis-cli's steps: IMPORTING, MIGRATING, MIGRATE the keys. */
+    void beginMigration(int slot, TestServer src, TestServer dst, String... keys) {
+        dst.call("CLUSTER", "SETSLOT", Integer.toString(slot), "IMPORTING", id(src));
+        src.call("CLUSTER", "SETSLOT", Integer.toString(slot), "MIGRATING", id(dst));
+        for (String k : keys) {
+            src.call("MIGRATE", "127.0.0.1", Integer.toString(dst.port), "", "0", "5000", "KEYS", k);
+        }
+    }
+
+    /** Ends a classic migration: SETSLOT NODE on every master, then every node agrees. */
+    void finishMigration(int slot, TestServer dst) {
+        String dstId = id(dst);
+        dst.call("CLUSTER", "SETSLOT", Integer.toString(slot), "NODE", dstId);
+        for (TestServer m : masters) {
+            if (m != dst) {
+                m.call("CLUSTER", "SETSLOT", Integer.toString(slot), "NODE", dstId);
+            }
+        }
+        waitOwner(slot, dst);
+    }
+
+    void waitOwner(int slot, TestServer dst) {
+        TestServer.waitUntil(Duration.ofSeconds(20), "every node sees slot " + slot + " on " + dst.port,
+                () -> masters.stream().allMatch(m -> owner(m, slot) == dst.port));
     }
 
     @Override

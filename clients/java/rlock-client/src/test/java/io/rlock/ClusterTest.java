@@ -1,0 +1,246 @@
+// The Java client on a real 3-master Redis Cluster (clients/java tests; one cluster for the
+// class): every primitive routed to its key's node and waiting there (tickets heard with
+// SSUBSCRIBE), one notification connection per node however many wait, and a waiter that
+// follows its key when the slot moves: classic resharding (MIGRATE, then SETSLOT NODE) for
+// queued tickets and blocked waits, and Valkey 9's atomic slot migration (CLUSTER
+// MIGRATESLOTS; skipped on other servers); a multi-lock over keys on every node.
+package io.rlock;
+
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+@Timeout(90)
+class ClusterTest {
+    static TestCluster cluster;
+    static RlockClient rlock;
+
+    @BeforeAll
+    static void start() {
+        cluster = new TestCluster();
+        rlock = RlockClient.createCluster(cluster.masters.get(0).address());
+    }
+
+    @AfterAll
+    static void stop() {
+        if (rlock != null) {
+            rlock.close();
+        }
+        cluster.close();
+    }
+
+    static long waiters(TestServer node) {
+        return Long.parseLong(node.info("rlock", "rlock_waiters"));
+    }
+
+    /** `n` names whose slots fall on every master in turn. */
+    static List<String> spread(String what, int n) {
+        List<String> names = new ArrayList<>();
+        Set<Integer> ports = new HashSet<>();
+        for (int i = 0; names.size() < n; i++) {
+            String name = "java:cluster:" + what + ":" + System.nanoTime() + ":" + i;
+            int port = cluster.ownerOf(name).port;
+            if (ports.add(port) || ports.size() == 3) {
+                names.add(name);
+                if (ports.size() == 3) {
+                    ports.clear();
+                }
+            }
+        }
+        return names;
+    }
+
+    /** How many connections `node` has named `name` (CLIENT LIST). */
+    static long named(TestServer node, String name) {
+        return node.redis().clientList().lines().filter(l -> l.contains(" name=" + name + " ")).count();
+    }
+
+    @Test
+    void every_primitive_waits_and_is_served_on_its_keys_node() throws Exception {
+        assertTrue(rlock.capabilities().tickets(), "the cluster's module queues tickets: " + rlock.capabilities());
+        for (String name : spread("prim", 3)) {
+            TestServer node = cluster.ownerOf(name);
+            long base = waiters(node);
+
+            RlockLock lock = rlock.getLock(name + ":lock");
+            assertTrue(lock.tryLockAsync(1).get());
+            assertFalse(lock.tryLockAsync(2).get());
+            TestServer lockNode = cluster.ownerOf(name + ":lock");
+            long lockBase = waiters(lockNode);
+            CompletableFuture<Boolean> w = lock.tryLockAsync(10, -1, TimeUnit.SECONDS, 2);
+            TestServer.waitUntil(Duration.ofSeconds(5), "lock waiter queued", () -> waiters(lockNode) == lockBase + 1);
+            lock.unlockAsync(1).get();
+            assertTrue(w.get(5, TimeUnit.SECONDS));
+            assertEquals("1", lockNode.redis().hget(name + ":lock", lock.ownerOf(2)));
+            lock.unlockAsync(2).get();
+
+            // The other primitives on `name` itself (its node: `node`).
+            RlockFencedLock fenced = rlock.getFencedLock(name);
+            Long t1 = fenced.tryLockAndGetToken();
+            CompletableFuture<Long> fw = fenced.tryLockAndGetTokenAsync(10, -1, TimeUnit.SECONDS, 99);
+            TestServer.waitUntil(Duration.ofSeconds(5), "fenced waiter queued", () -> waiters(node) == base + 1);
+            fenced.unlock();
+            assertTrue(fw.get(5, TimeUnit.SECONDS) > t1);
+            fenced.unlockAsync(99).get();
+
+            RlockReadWriteLock rw = rlock.getReadWriteLock(name + ":rw{" + name + "}");
+            assertTrue(rw.readLock().tryLockAsync(1).get());
+            CompletableFuture<Boolean> writer = rw.writeLock().tryLockAsync(10, -1, TimeUnit.SECONDS, 3);
+            TestServer.waitUntil(Duration.ofSeconds(5), "writer queued", () -> waiters(node) == base + 1);
+            rw.readLock().unlockAsync(1).get();
+            assertTrue(writer.get(5, TimeUnit.SECONDS));
+            rw.writeLock().unlockAsync(3).get();
+
+            RlockSemaphore sem = rlock.getSemaphore(name + ":sem{" + name + "}");
+            assertTrue(sem.trySetPermits(1));
+            sem.acquire(1);
+            CompletableFuture<Boolean> sw = sem.tryAcquireAsync(1, 10, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(5), "semaphore waiter queued", () -> waiters(node) == base + 1);
+            sem.release(1);
+            assertTrue(sw.get(5, TimeUnit.SECONDS));
+            sem.release(1);
+
+            RlockPermitExpirableSemaphore psem = rlock.getPermitExpirableSemaphore(name + ":psem{" + name + "}");
+            assertTrue(psem.trySetPermits(1));
+            String id = psem.tryAcquire(0, 10, TimeUnit.SECONDS);
+            assertNotNull(id);
+            CompletableFuture<String> pw = CompletableFuture.supplyAsync(() -> {
+                try {
+                    return psem.tryAcquire(10, 10, TimeUnit.SECONDS);
+                } catch (InterruptedException e) {
+                    throw new IllegalStateException(e);
+                }
+            });
+            TestServer.waitUntil(Duration.ofSeconds(5), "permit waiter queued", () -> waiters(node) == base + 1);
+            psem.release(id);
+            String next = pw.get(5, TimeUnit.SECONDS);
+            assertNotNull(next);
+            psem.release(next);
+
+            RlockCountDownLatch latch = rlock.getCountDownLatch(name + ":latch{" + name + "}");
+            assertTrue(latch.trySetCount(1));
+            CompletableFuture<Boolean> aw = latch.awaitAsync(10, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(5), "latch awaiter queued", () -> waiters(node) == base + 1);
+            latch.countDown();
+            assertTrue(aw.get(5, TimeUnit.SECONDS));
+        }
+        assertEquals(0, rlock.registeredWaiters());
+        // Every master had waiters; each has one notification connection of this client.
+        for (TestServer m : cluster.masters) {
+            assertEquals(1, named(m, RlockClient.NOTIFICATION_CONNECTION_NAME), "notification connections on " + m.port + ":\n" + m.redis().clientList());
+        }
+    }
+
+    @Test
+    void many_waiters_on_one_node_share_its_two_connections() throws Exception {
+        String name = "java:cluster:many:" + System.nanoTime();
+        TestServer node = cluster.ownerOf(name);
+        RlockLock lock = rlock.getLock(name);
+        assertTrue(lock.tryLockAsync(1).get());
+        long base = waiters(node);
+        int before = node.connections();
+        List<CompletableFuture<Boolean>> ws = new ArrayList<>();
+        for (int i = 0; i < 20; i++) {
+            ws.add(lock.tryLockAsync(10, 5, TimeUnit.SECONDS, 100 + i));
+        }
+        TestServer.waitUntil(Duration.ofSeconds(10), "20 waiters queued", () -> waiters(node) == base + 20);
+        assertTrue(node.connections() <= before + 1, "at most the node's notification connection was added:\n"
+                + node.redis().clientList());
+        lock.unlockAsync(1).get();
+        for (int i = 0; i < 20; i++) {
+            assertTrue(ws.get(i).get(10, TimeUnit.SECONDS));
+            lock.unlockAsync(100 + i).get();
+        }
+    }
+
+    @Test
+    void a_multi_lock_spans_the_nodes() throws Exception {
+        List<String> names = spread("multi", 3);
+        List<RlockLock> parts = new ArrayList<>();
+        for (String n : names) {
+            parts.add(rlock.getLock(n));
+        }
+        RlockMultiLock m = new RlockMultiLock(parts);
+        assertTrue(m.tryLockAsync(0, 30, TimeUnit.SECONDS, 1).get());
+        for (String n : names) {
+            assertEquals("1", cluster.ownerOf(n).redis().hget(n, rlock.getLock(n).ownerOf(1)));
+        }
+        assertFalse(m.tryLockAsync(0, 30, TimeUnit.SECONDS, 2).get());
+        m.unlockAsync(1).get();
+        for (String n : names) {
+            assertEquals(0, cluster.ownerOf(n).redis().exists(n));
+        }
+    }
+
+    /** A held lock with one waiter of `client` queued on its node, the slot then moved by `move`. */
+    static void waiterFollowsItsKey(RlockClient client, String what, java.util.function.BiConsumer<String, TestServer> move)
+            throws Exception {
+        String name = "java:cluster:" + what + ":" + System.nanoTime();
+        TestServer src = cluster.ownerOf(name);
+        TestServer dst = cluster.other(src);
+        RlockLock lock = client.getLock(name);
+        assertTrue(lock.tryLockAsync(0, 60, TimeUnit.SECONDS, 1).get());
+        long srcBase = waiters(src), dstBase = waiters(dst);
+        CompletableFuture<Boolean> w = lock.tryLockAsync(30, -1, TimeUnit.SECONDS, 2);
+        TestServer.waitUntil(Duration.ofSeconds(10), "the waiter queued on the source", () -> waiters(src) == srcBase + 1);
+        move.accept(name, dst);
+        TestServer.waitUntil(Duration.ofSeconds(20), "the waiter queued again on the new owner",
+                () -> waiters(dst) == dstBase + 1);
+        assertEquals(srcBase, waiters(src), "nothing left waiting on the source");
+        assertFalse(w.isDone(), "the lock is still held");
+        lock.unlockAsync(1).get();
+        assertTrue(w.get(10, TimeUnit.SECONDS));
+        assertEquals("1", dst.redis().hget(name, lock.ownerOf(2)), "held on the new owner");
+        lock.unlockAsync(2).get();
+        assertEquals(0, dst.redis().exists(name));
+    }
+
+    /** Classic resharding of `name`'s slot to `dst`: MIGRATE its key, then SETSLOT NODE. */
+    static void reshard(String name, TestServer dst) {
+        int slot = cluster.slot(name);
+        TestServer src = cluster.ownerOf(name);
+        cluster.beginMigration(slot, src, dst, name);
+        cluster.finishMigration(slot, dst);
+    }
+
+    @Test
+    void a_queued_ticket_follows_its_key_through_classic_resharding() throws Exception {
+        waiterFollowsItsKey(rlock, "reshard-ticket", ClusterTest::reshard);
+        assertEquals(0, rlock.registeredWaiters());
+    }
+
+    @Test
+    void a_blocked_waiter_follows_its_key_through_classic_resharding() throws Exception {
+        try (RlockClient blocking = RlockClient.createCluster(List.of(cluster.masters.get(0).uri()),
+                RlockOptions.defaults().withWaitMode(RlockOptions.WaitMode.BLOCKING))) {
+            waiterFollowsItsKey(blocking, "reshard-blocked", ClusterTest::reshard);
+        }
+    }
+
+    @Test
+    void a_queued_ticket_follows_its_key_through_an_atomic_slot_migration() throws Exception {
+        String info = cluster.masters.get(0).redis().info("server");
+        String version = info.lines().filter(l -> l.startsWith("valkey_version:")).findFirst().orElse("");
+        Assumptions.assumeTrue(info.contains("server_name:valkey") && !version.startsWith("valkey_version:7.")
+                        && !version.startsWith("valkey_version:8."),
+                "atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+; this server is " + TestServer.serverBinary());
+        waiterFollowsItsKey(rlock, "asm", (name, dst) -> {
+            String slot = Integer.toString(cluster.slot(name));
+            cluster.ownerOf(name).call("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", cluster.id(dst));
+            cluster.waitOwner(cluster.slot(name), dst);
+        });
+        assertEquals(0, rlock.registeredWaiters());
+    }
+}
