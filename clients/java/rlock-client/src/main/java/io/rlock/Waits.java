@@ -272,7 +272,7 @@ final class Waits {
     private void joinAndSend(Waiter w) {
         join(w).whenComplete((ok, e) -> {
             if (e != null && Wire.isRedirect(e)) {
-                reroute(w, e); // subscribed where the slot no longer is
+                channelMoved(w.channel, e, false); // subscribed where the slot no longer is
             } else if (e != null) {
                 finish(w, null, e);
             } else {
@@ -327,18 +327,29 @@ final class Waits {
 
     /** The server dropped our subscription to `channel` (its slot left the node). */
     private void dropped(String channel) {
+        channelMoved(channel, new RedisCommandExecutionException("MOVED (the slot of " + channel + " left the node)"), false);
+    }
+
+    /**
+     * `channel`'s key is served elsewhere: its subscription here is forgotten (and
+     * unsubscribed, when the server still has it) and every waiter on it moves, so that the
+     * next one to join subscribes afresh on the new owner. (Moving one waiter alone would
+     * leave the others' count holding the old subscription.)
+     */
+    private void channelMoved(String channel, Throwable why, boolean stillSubscribed) {
         synchronized (this) {
             Sub s = subs.remove(channel);
-            if (s == null) {
-                return;
-            }
-            for (Waiter w : waiters.values()) {
-                if (w.sub == s) {
-                    w.sub = null; // nothing to unsubscribe: the server did
+            if (s != null) {
+                for (Waiter w : waiters.values()) {
+                    if (w.sub == s) {
+                        w.sub = null;
+                    }
+                }
+                if (stillSubscribed) {
+                    transport.unsubscribe(channel);
                 }
             }
         }
-        Throwable why = new RedisCommandExecutionException("MOVED (the slot of " + channel + " left the node)");
         for (Waiter w : waiters.values()) {
             if (w.channel.equals(channel)) {
                 reroute(w, why);
@@ -348,7 +359,7 @@ final class Waits {
 
     private void onReply(Waiter w, boolean ticketed, Object reply, Throwable e) {
         if (e != null && Wire.isRedirect(e)) {
-            reroute(w, e);
+            channelMoved(w.channel, e, true);
         } else if (e != null) {
             finish(w, null, e);
         } else if (ticketed && "QUEUED".equals(reply)) {
@@ -394,7 +405,7 @@ final class Waits {
             case FAIL:
                 if (Wire.isRedirect(n.detail)) {
                     // The key migrated away while queued (classic MIGRATE): ASK or MOVED.
-                    reroute(w, new RedisCommandExecutionException(n.detail));
+                    channelMoved(w.channel, new RedisCommandExecutionException(n.detail), true);
                 } else {
                     finish(w, null, new RedisCommandExecutionException(n.detail));
                 }

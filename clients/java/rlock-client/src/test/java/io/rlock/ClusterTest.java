@@ -1,9 +1,10 @@
 // The Java client on a real 3-master Redis Cluster (clients/java tests; one cluster for the
 // class): every primitive routed to its key's node and waiting there (tickets heard with
-// SSUBSCRIBE), one notification connection per node however many wait, and a waiter that
-// follows its key when the slot moves: classic resharding (MIGRATE, then SETSLOT NODE) for
-// queued tickets and blocked waits, and Valkey 9's atomic slot migration (CLUSTER
-// MIGRATESLOTS; skipped on other servers); a multi-lock over keys on every node.
+// SSUBSCRIBE), one notification connection per node however many wait, and waiters that
+// follow their key when the slot moves: classic resharding (MIGRATE, then SETSLOT NODE) for
+// two queued tickets and for a blocked wait, and Valkey 9's atomic slot migration (CLUSTER
+// MIGRATESLOTS; skipped on other servers) for two queued tickets, each served in turn on
+// the new owner; a multi-lock over keys on every node.
 package io.rlock;
 
 import org.junit.jupiter.api.AfterAll;
@@ -16,8 +17,10 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
+import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 
 import static org.junit.jupiter.api.Assertions.*;
@@ -184,26 +187,37 @@ class ClusterTest {
         }
     }
 
-    /** A held lock with one waiter of `client` queued on its node, the slot then moved by `move`. */
-    static void waiterFollowsItsKey(RlockClient client, String what, java.util.function.BiConsumer<String, TestServer> move)
-            throws Exception {
+    /** A held lock with `count` waiters of `client` queued on its node, the slot then moved by `move`. */
+    static void waitersFollowTheirKey(RlockClient client, String what, int count,
+                                      java.util.function.BiConsumer<String, TestServer> move) throws Exception {
         String name = "java:cluster:" + what + ":" + System.nanoTime();
         TestServer src = cluster.ownerOf(name);
         TestServer dst = cluster.other(src);
         RlockLock lock = client.getLock(name);
         assertTrue(lock.tryLockAsync(0, 60, TimeUnit.SECONDS, 1).get());
         long srcBase = waiters(src), dstBase = waiters(dst);
-        CompletableFuture<Boolean> w = lock.tryLockAsync(30, -1, TimeUnit.SECONDS, 2);
-        TestServer.waitUntil(Duration.ofSeconds(10), "the waiter queued on the source", () -> waiters(src) == srcBase + 1);
+        Map<Long, CompletableFuture<Boolean>> ws = new ConcurrentHashMap<>();
+        for (long tid = 2; tid < 2 + count; tid++) {
+            ws.put(tid, lock.tryLockAsync(30, -1, TimeUnit.SECONDS, tid));
+            long n = tid - 1;
+            TestServer.waitUntil(Duration.ofSeconds(10), "waiter " + n + " queued on the source", () -> waiters(src) == srcBase + n);
+        }
         move.accept(name, dst);
-        TestServer.waitUntil(Duration.ofSeconds(20), "the waiter queued again on the new owner",
-                () -> waiters(dst) == dstBase + 1);
+        TestServer.waitUntil(Duration.ofSeconds(20), "the waiters queued again on the new owner",
+                () -> waiters(dst) == dstBase + count);
         assertEquals(srcBase, waiters(src), "nothing left waiting on the source");
-        assertFalse(w.isDone(), "the lock is still held");
+        assertTrue(ws.values().stream().noneMatch(CompletableFuture::isDone), "the lock is still held");
         lock.unlockAsync(1).get();
-        assertTrue(w.get(10, TimeUnit.SECONDS));
-        assertEquals("1", dst.redis().hget(name, lock.ownerOf(2)), "held on the new owner");
-        lock.unlockAsync(2).get();
+        // One waiter at a time is served on the new owner, then releases for the other.
+        for (int served = 0; served < count; served++) {
+            TestServer.waitUntil(Duration.ofSeconds(10), "a waiter served",
+                    () -> ws.values().stream().anyMatch(CompletableFuture::isDone));
+            long tid = ws.entrySet().stream().filter(e -> e.getValue().isDone()).findFirst().orElseThrow().getKey();
+            assertTrue(ws.remove(tid).get());
+            assertEquals("1", dst.redis().hget(name, lock.ownerOf(tid)), "held on the new owner");
+            assertTrue(ws.values().stream().noneMatch(CompletableFuture::isDone), "one holder at a time");
+            lock.unlockAsync(tid).get();
+        }
         assertEquals(0, dst.redis().exists(name));
     }
 
@@ -217,7 +231,7 @@ class ClusterTest {
 
     @Test
     void a_queued_ticket_follows_its_key_through_classic_resharding() throws Exception {
-        waiterFollowsItsKey(rlock, "reshard-ticket", ClusterTest::reshard);
+        waitersFollowTheirKey(rlock, "reshard-ticket", 2, ClusterTest::reshard);
         assertEquals(0, rlock.registeredWaiters());
     }
 
@@ -225,7 +239,7 @@ class ClusterTest {
     void a_blocked_waiter_follows_its_key_through_classic_resharding() throws Exception {
         try (RlockClient blocking = RlockClient.createCluster(List.of(cluster.masters.get(0).uri()),
                 RlockOptions.defaults().withWaitMode(RlockOptions.WaitMode.BLOCKING))) {
-            waiterFollowsItsKey(blocking, "reshard-blocked", ClusterTest::reshard);
+            waitersFollowTheirKey(blocking, "reshard-blocked", 1, ClusterTest::reshard);
         }
     }
 
@@ -236,7 +250,7 @@ class ClusterTest {
         Assumptions.assumeTrue(info.contains("server_name:valkey") && !version.startsWith("valkey_version:7.")
                         && !version.startsWith("valkey_version:8."),
                 "atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+; this server is " + TestServer.serverBinary());
-        waiterFollowsItsKey(rlock, "asm", (name, dst) -> {
+        waitersFollowTheirKey(rlock, "asm", 2, (name, dst) -> {
             String slot = Integer.toString(cluster.slot(name));
             cluster.ownerOf(name).call("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", cluster.id(dst));
             cluster.waitOwner(cluster.slot(name), dst);
