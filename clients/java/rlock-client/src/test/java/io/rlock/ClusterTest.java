@@ -221,11 +221,11 @@ class ClusterTest {
         assertEquals(0, dst.redis().exists(name));
     }
 
-    /** Classic resharding of `name`'s slot to `dst`: MIGRATE its key, then SETSLOT NODE. */
+    /** Classic resharding of `name`'s slot to `dst`: MIGRATE its keys, then SETSLOT NODE. */
     static void reshard(String name, TestServer dst) {
         int slot = cluster.slot(name);
         TestServer src = cluster.ownerOf(name);
-        cluster.beginMigration(slot, src, dst, name);
+        cluster.beginMigration(slot, src, dst);
         cluster.finishMigration(slot, dst);
     }
 

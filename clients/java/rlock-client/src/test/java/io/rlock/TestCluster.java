@@ -78,12 +78,22 @@ final class TestCluster implements AutoCloseable {
         return masters.get(0) == m ? masters.get(1) : masters.get(0);
     }
 
-    /** Classic resharding, redis-cli's steps: IMPORTING, MIGRATING, MIGRATE the keys. */
-    void beginMigration(int slot, TestServer src, TestServer dst, String... keys) {
-        dst.call("CLUSTER", "SETSLOT", Integer.toString(slot), "IMPORTING", id(src));
-        src.call("CLUSTER", "SETSLOT", Integer.toString(slot), "MIGRATING", id(dst));
-        for (String k : keys) {
-            src.call("MIGRATE", "127.0.0.1", Integer.toString(dst.port), "", "0", "5000", "KEYS", k);
+    /**
+     * Classic resharding, redis-cli's steps: IMPORTING, MIGRATING, then MIGRATE every key
+     * of the slot (the lock's, and the module's request-id records beside it).
+     */
+    void beginMigration(int slot, TestServer src, TestServer dst) {
+        String s = Integer.toString(slot);
+        dst.call("CLUSTER", "SETSLOT", s, "IMPORTING", id(src));
+        src.call("CLUSTER", "SETSLOT", s, "MIGRATING", id(dst));
+        while (true) {
+            List<?> keys = (List<?>) src.call("CLUSTER", "GETKEYSINSLOT", s, "100");
+            if (keys.isEmpty()) {
+                return;
+            }
+            List<String> cmd = new ArrayList<>(List.of("MIGRATE", "127.0.0.1", Integer.toString(dst.port), "", "0", "5000", "KEYS"));
+            keys.forEach(k -> cmd.add((String) k));
+            src.call(cmd.toArray(String[]::new));
         }
     }
 
