@@ -229,7 +229,10 @@ final class Waits {
             return p;
         }
         synchronized (connecting) {
-            if (probe == null) {
+            if (probe != null) {
+                return probe;
+            }
+            {
                 CompletableFuture<Capabilities> asked = wire.sendRetrying(Capabilities.HELLO).handle((reply, e) -> {
                     if (e == null) {
                         return Capabilities.parse(reply);
@@ -251,8 +254,9 @@ final class Waits {
                         }
                     }
                 });
+                // This probe, not the field: a probe refused at once has already cleared it.
+                return asked;
             }
-            return probe;
         }
     }
 

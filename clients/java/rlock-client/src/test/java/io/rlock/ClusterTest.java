@@ -154,17 +154,21 @@ class ClusterTest {
         assertTrue(lock.tryLockAsync(1).get());
         long base = waiters(node);
         int before = node.connections();
-        List<CompletableFuture<Boolean>> ws = new ArrayList<>();
-        for (int i = 0; i < 20; i++) {
-            ws.add(lock.tryLockAsync(10, 5, TimeUnit.SECONDS, 100 + i));
+        Map<Long, CompletableFuture<Boolean>> ws = new ConcurrentHashMap<>();
+        for (long tid = 100; tid < 120; tid++) {
+            ws.put(tid, lock.tryLockAsync(30, -1, TimeUnit.SECONDS, tid));
         }
         TestServer.waitUntil(Duration.ofSeconds(10), "20 waiters queued", () -> waiters(node) == base + 20);
         assertTrue(node.connections() <= before + 1, "at most the node's notification connection was added:\n"
                 + node.redis().clientList());
         lock.unlockAsync(1).get();
-        for (int i = 0; i < 20; i++) {
-            assertTrue(ws.get(i).get(10, TimeUnit.SECONDS));
-            lock.unlockAsync(100 + i).get();
+        // Served one at a time, in the server's order: each releases for the next.
+        while (!ws.isEmpty()) {
+            TestServer.waitUntil(Duration.ofSeconds(10), "a waiter served",
+                    () -> ws.values().stream().anyMatch(CompletableFuture::isDone));
+            long tid = ws.entrySet().stream().filter(e -> e.getValue().isDone()).findFirst().orElseThrow().getKey();
+            assertTrue(ws.remove(tid).get());
+            lock.unlockAsync(tid).get();
         }
     }
 
