@@ -88,7 +88,7 @@ pub use blocking::{Client, Lock, LockGuard};
 pub use error::{Error, Refusal, Result};
 pub use fenced::{FencedGuard, FencedLock};
 pub use latch::CountDownLatch;
-pub use options::{AcquireOptions, ClientOptions, ReplicaSync, RetryPolicy, Wait, WaitMode};
+pub use options::{AcquireOptions, ClientOptions, Mode, ReplicaSync, RetryPolicy, Wait, WaitMode};
 pub use proto::cmd::LockInfo;
 pub use proto::hello::{Capabilities, ModuleInfo, PROTOCOL_VERSION};
 pub use proto::state::{Lost, LostReason};

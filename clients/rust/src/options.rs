@@ -197,6 +197,8 @@ pub struct ClientOptions {
     pub(crate) idle_wait_connections: usize,
     // Queued tickets (design.md 5): how waiting calls wait.
     pub(crate) wait_mode: WaitMode,
+    // Module or Redisson's scripts (docs/scripts-mode.md).
+    pub(crate) mode: Mode,
 }
 
 impl ClientOptions {
@@ -218,6 +220,7 @@ impl ClientOptions {
             replica_sync: Some(ReplicaSync::connected(ReplicaSync::DEFAULT_TIMEOUT)),
             idle_wait_connections: Self::DEFAULT_IDLE_WAIT_CONNECTIONS,
             wait_mode: WaitMode::Auto,
+            mode: Mode::Auto,
         }
     }
 
@@ -263,6 +266,18 @@ impl ClientOptions {
     /// How waiting calls wait.
     pub fn wait_mode(&self) -> WaitMode {
         self.wait_mode
+    }
+
+    /// Whether the primitives run on the module's commands or on Redisson's own Lua
+    /// scripts; see [`Mode`].
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The mode setting (what the probe found: [`crate::aio::Client::mode`]).
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The watchdog timeout.
@@ -311,6 +326,30 @@ pub enum WaitMode {
     Tickets,
     /// Always a blocked `WAIT` on a connection of its own per waiting call.
     Blocking,
+}
+
+/// Which backend runs the primitives (docs/scripts-mode.md).
+///
+/// ```
+/// use rlock_client::{ClientOptions, Mode};
+/// assert_eq!(ClientOptions::new().mode(), Mode::Auto);
+/// let opts = ClientOptions::new().with_mode(Mode::Scripts);
+/// assert_eq!(opts.mode(), Mode::Scripts);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The module where the server has it, else Redisson's scripts. The client asks
+    /// (`RLOCK.HELLO`; "unknown command" means no module) at its first primitive call,
+    /// and again after a connection error, when a module command comes back unknown (a
+    /// failover to a server without the module), and in scripts mode every 30 s and when
+    /// its subscriber connection breaks.
+    Auto,
+    /// The module's commands; where the module is absent they fail with the server's
+    /// `unknown command`.
+    Module,
+    /// Redisson's scripts and pub/sub, also where the module is loaded (both
+    /// interoperate on the same names): for any Redis or Valkey, managed ones included.
+    Scripts,
 }
 
 /// How long an acquire may wait for a lock held by someone else.

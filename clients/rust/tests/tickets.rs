@@ -200,7 +200,13 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
     }
     assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
     let old = ticket_conn(&mut r).unwrap();
-    assert_eq!(hello_calls(&mut r), 1, "the ticket connection probed once");
+    // The client asked once which mode to run in (docs/scripts-mode.md), and its ticket
+    // connection once on connecting.
+    assert_eq!(
+        hello_calls(&mut r),
+        2,
+        "the client and its ticket connection probed once"
+    );
     // Killing it (the only subscriber: TYPE pubsub, RESP3 or not) drops every ticket
     // queued on it, and its subscriptions.
     let killed: i64 = redis::cmd("CLIENT")
@@ -218,7 +224,7 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
         })
         .await
     );
-    assert_eq!(hello_calls(&mut r), 2, "the new connection probed again");
+    assert_eq!(hello_calls(&mut r), 3, "the new connection probed again");
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in tasks {
         tokio::time::timeout(LONG, t).await.unwrap().unwrap();

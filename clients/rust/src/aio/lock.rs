@@ -151,7 +151,8 @@ impl Lock {
             if wanted == 0 {
                 return Ok(Some(guard));
             }
-            let (pipe, limit) = logic::replica_check(shared, took.lease_ms, rs, wanted);
+            let (pipe, limit) =
+                logic::replica_check(shared, took.lease_ms, rs, wanted, c.backend.scripts_now());
             let reply = c
                 .on_wait_conn(Some(limit), |mut conn| async move {
                     let r = pipe.query_async::<Vec<Value>>(&mut conn).await;

@@ -27,10 +27,11 @@ pub use crate::aio::rwlock::RwLock;
 use crate::error::{poisons_connection, Error, Result};
 use crate::net::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
 use crate::net::tickets::Confirm;
-use crate::options::{AcquireOptions, ClientOptions, Wait};
+use crate::options::{AcquireOptions, ClientOptions, Mode, Wait};
 use crate::proto::backoff::Jitter;
 use crate::proto::cmd::{self, LockInfo};
 use crate::proto::logic::{self, lock_ignoring_poison, Acquiring, Next, Renewals, Retries, Route};
+use crate::proto::scripts;
 use crate::proto::state::{LockShared, Lost, LostReason, OwnerIds};
 use crate::proto::watchdog::{report, Due, Outcome, Registry};
 use crate::ReleaseOutcome;
@@ -45,6 +46,30 @@ pub use crate::latch::aio::CountDownLatch;
 pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
 pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
+
+/// The publish command scripts mode's scripts get: classic pub/sub, which reaches the
+/// subscribers of every node of a cluster too.
+const PUBLISH: &str = "publish";
+
+/// Whether `c` is one of the module's commands (what scripts mode does otherwise).
+fn is_module(c: &redis::Cmd) -> bool {
+    match c.args_iter().next() {
+        Some(redis::Arg::Simple(verb)) => scripts::is_module_command(&[verb.to_vec()]),
+        _ => false,
+    }
+}
+
+/// The server has no such command, or this user may not run it: either way the module's
+/// commands cannot be used here.
+fn no_module(e: &Error) -> bool {
+    match e {
+        Error::Server { code, message } => {
+            code == "NOPERM"
+                || (code == "ERR" && message.to_ascii_lowercase().starts_with("unknown command"))
+        }
+        _ => false,
+    }
+}
 
 /// A guard that can give itself up: stop renewal, one release attempt, outcome ignored.
 /// What dropping a guard does; the blocking guards run it to its end when dropped.
@@ -100,6 +125,62 @@ pub(crate) struct ClientInner {
     cluster_tickets: Option<crate::net::cluster_tickets::ClusterTickets>,
     // Replica sync's default: the replicas each node had when last asked.
     replica_counts: tokio::sync::Mutex<crate::proto::replicas::ReplicaCounts>,
+    // Module or Redisson's scripts (docs/scripts-mode.md): what the probe found.
+    backend: Arc<Backend>,
+    // Scripts mode's one subscriber connection (opened at the first wait).
+    subscriber: crate::net::pubsub::Subscriber,
+}
+
+/// What a client's probe found, and when (scripts mode asks again every `REPROBE`).
+pub(crate) struct Backend {
+    setting: Mode,
+    found: Mutex<Option<(Mode, Instant)>>,
+    // Held while asking, so that calls starting together ask once.
+    asking: tokio::sync::Mutex<()>,
+}
+
+/// How often a client in scripts mode (setting `Auto`) asks again whether the module is
+/// there: scripts keep working on a server that gained the module, so no error would tell.
+const REPROBE: Duration = Duration::from_secs(30);
+
+impl Backend {
+    fn new(setting: Mode) -> Self {
+        Backend {
+            setting,
+            found: Mutex::new(None),
+            asking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Module or Scripts if known and fresh; None: ask the server.
+    fn known(&self) -> Option<Mode> {
+        match self.setting {
+            Mode::Auto => match *lock_ignoring_poison(&self.found) {
+                Some((Mode::Scripts, at)) if at.elapsed() >= REPROBE => None,
+                Some((m, _)) => Some(m),
+                None => None,
+            },
+            m => Some(m),
+        }
+    }
+
+    /// Ask again at the next module command (setting `Auto` only).
+    pub(crate) fn forget(&self) {
+        *lock_ignoring_poison(&self.found) = None;
+    }
+
+    fn set(&self, m: Mode) {
+        *lock_ignoring_poison(&self.found) = Some((m, Instant::now()));
+    }
+
+    /// Whether renewals go as scripts (the last known mode; a lock is renewed only after
+    /// an acquire found it).
+    pub(crate) fn scripts_now(&self) -> bool {
+        match self.setting {
+            Mode::Auto => matches!(*lock_ignoring_poison(&self.found), Some((Mode::Scripts, _))),
+            m => m == Mode::Scripts,
+        }
+    }
 }
 
 struct Watchdog {
@@ -185,13 +266,24 @@ impl Client {
             registry: Mutex::new(Registry::new(opts.renew_interval(), opts.retry.clone())),
             notify: Notify::new(),
         });
+        let backend = Arc::new(Backend::new(opts.mode));
         let worker = runtime
             .spawn(renewal_task(
                 watchdog.clone(),
                 target.clone(),
                 logic::renewal_timeout(&opts),
+                backend.clone(),
             ))
             .abort_handle();
+        // Classic pub/sub reaches a cluster's every node, so one subscriber serves it.
+        // (A cluster client made from a redis-rs ClusterClient has no node address to
+        // give it: its scripts-mode waits fail, saying so.)
+        let sub_client = match &target {
+            Target::Single(c) => Some(c.clone()),
+            Target::Cluster(_) => template.clone().and_then(|i| redis::Client::open(i).ok()),
+        };
+        let forget = backend.clone();
+        let subscriber = crate::net::pubsub::Subscriber::new(sub_client, move || forget.forget());
         let tickets = match &target {
             Target::Single(c) => crate::net::tickets::Tickets::new(c, opts.wait_mode),
             Target::Cluster(_) => None,
@@ -212,6 +304,8 @@ impl Client {
                 runtime,
                 cmd_conn: tokio::sync::Mutex::new(None),
                 replica_counts: Default::default(),
+                backend,
+                subscriber,
                 wait_pool: WaitPool::new(opts.idle_wait_connections),
                 watchdog,
                 worker,
@@ -258,6 +352,13 @@ impl Client {
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         let (c, force) = (&self.inner, cmd::force_release(name));
         cmd::parse_force_release(c.with_retries(c.retries(), || c.run(&force)).await?)
+    }
+
+    /// Whether the primitives run on the module ([`Mode::Module`]) or on Redisson's
+    /// scripts ([`Mode::Scripts`]): the setting, or with [`Mode::Auto`] what the server
+    /// answers (asked now if not known).
+    pub async fn mode(&self) -> Result<Mode> {
+        self.inner.mode().await
     }
 
     /// What the server can do (`RLOCK.HELLO`, asked now on the command connection; on a
@@ -317,8 +418,90 @@ impl ClientInner {
         Ok(c)
     }
 
-    /// One quick command on the shared multiplexed connection.
+    /// One quick command on the shared multiplexed connection; a module command goes
+    /// as Redisson's scripts where the module is absent (docs/scripts-mode.md).
     pub(crate) async fn run(&self, c: &redis::Cmd) -> Result<Value> {
+        if !is_module(c) {
+            return self.run_raw(c).await;
+        }
+        for attempt in 0..2 {
+            if self.mode().await? == Mode::Scripts {
+                let words = scripts::words(c);
+                let mut conn = self.conn().await?;
+                let r = crate::net::scripts::command(&mut conn, &words, PUBLISH).await;
+                return self.after(r.map(|(v, _)| v)).await;
+            }
+            match self.run_raw(c).await {
+                Err(e) if attempt == 0 && self.backend.setting == Mode::Auto && no_module(&e) => {
+                    // The module went (a failover to a server without it): ask again.
+                    self.backend.forget();
+                }
+                r => return self.after(r).await,
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    /// After a module command: on a connection error, drop the connection and, in
+    /// `Auto`, ask again at the next one (a failover may have changed the server).
+    async fn after(&self, r: Result<Value>) -> Result<Value> {
+        if let Err(Error::Redis(e)) = &r {
+            if poisons_connection(e) {
+                *self.cmd_conn.lock().await = None;
+                self.backend.forget();
+            }
+        }
+        r
+    }
+
+    /// Module or Scripts for the next module command, asking the server if not known.
+    pub(crate) async fn mode(&self) -> Result<Mode> {
+        if let Some(m) = self.backend.known() {
+            return Ok(m);
+        }
+        let _asking = self.backend.asking.lock().await;
+        if let Some(m) = self.backend.known() {
+            return Ok(m); // another call asked meanwhile
+        }
+        let found = self.probe().await;
+        if let Err(Error::Redis(e)) = &found {
+            if poisons_connection(e) {
+                *self.cmd_conn.lock().await = None;
+            }
+        }
+        let found = found?;
+        self.backend.set(found);
+        Ok(found)
+    }
+
+    /// `RLOCK.HELLO` ("unknown command": no module). A user not allowed it is asked
+    /// `RLOCK.ACQUIRE` without arguments instead (the module answers a wrong-arity
+    /// error, which changes nothing; "unknown command" or NOPERM: no module).
+    async fn probe(&self) -> Result<Mode> {
+        let mut conn = self.conn().await?;
+        let mut hello = redis::Cmd::new();
+        for a in crate::proto::hello::hello_args() {
+            hello.arg(a);
+        }
+        let reply = hello.query_async::<Value>(&mut conn).await;
+        match crate::proto::hello::parse(reply) {
+            Ok(crate::Capabilities::NoModule) => Ok(Mode::Scripts),
+            Ok(_) => Ok(Mode::Module),
+            Err(e) if e.code() == Some("NOPERM") => {
+                let r = redis::cmd("RLOCK.ACQUIRE")
+                    .query_async::<Value>(&mut conn)
+                    .await;
+                match r.map_err(Error::from) {
+                    Err(e) if no_module(&e) => Ok(Mode::Scripts),
+                    _ => Ok(Mode::Module),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// One command as it is, on the shared multiplexed connection.
+    async fn run_raw(&self, c: &redis::Cmd) -> Result<Value> {
         let mut conn = self.conn().await?;
         let r = c.query_async::<Value>(&mut conn).await;
         if let Err(e) = &r {
@@ -392,6 +575,31 @@ impl ClientInner {
     /// With `confirm`, a lock's or RW lock's ticket returns on its `granted` message, its
     /// confirmation sent off the path; `confirm` then says whether it was taken back.
     pub(crate) async fn wait_query(
+        &self,
+        limit: Option<Duration>,
+        cmd: &redis::Cmd,
+        confirm: Option<&Arc<Confirm>>,
+    ) -> Result<Value> {
+        if is_module(cmd) && self.mode().await? == Mode::Scripts {
+            let words = scripts::words(cmd);
+            let mut conn = self.conn().await?;
+            let r = crate::net::scripts::wait(&mut conn, &self.subscriber, &words, limit, PUBLISH);
+            return self.after(r.await).await;
+        }
+        let r = self
+            .wait_module(limit, cmd, confirm)
+            .await
+            .map_err(Error::from);
+        if let Err(e) = &r {
+            if self.backend.setting == Mode::Auto && (no_module(e) || e.is_transient()) {
+                self.backend.forget();
+            }
+        }
+        r
+    }
+
+    /// [`Self::wait_query`] with the module.
+    async fn wait_module(
         &self,
         limit: Option<Duration>,
         cmd: &redis::Cmd,
@@ -497,7 +705,12 @@ impl Renewals for ClientInner {
 
 /// The renewal task: one per client, every due renewal pipelined (per cluster slot)
 /// on a connection of its own.
-async fn renewal_task(wd: Arc<Watchdog>, target: Target, timeout: Option<Duration>) {
+async fn renewal_task(
+    wd: Arc<Watchdog>,
+    target: Target,
+    timeout: Option<Duration>,
+    backend: Arc<Backend>,
+) {
     let mut conn: Option<AConn> = None;
     loop {
         let (due, lost, wake) = {
@@ -521,7 +734,7 @@ async fn renewal_task(wd: Arc<Watchdog>, target: Target, timeout: Option<Duratio
         // renewal's fate, and its holder must hear so then (a stalled connection would
         // otherwise hold the report back until its own timeout, or the partition heals).
         let limit = lock_ignoring_poison(&wd.registry).earliest_deadline();
-        let batch = renew_batch(&target, &mut conn, timeout, &due);
+        let batch = renew_batch(&target, &mut conn, timeout, &due, backend.scripts_now());
         let results = match limit {
             Some(at) => match tokio::time::timeout_at(at.into(), batch).await {
                 Ok(results) => results,
@@ -542,9 +755,10 @@ async fn renew_batch(
     conn: &mut Option<AConn>,
     timeout: Option<Duration>,
     due: &[Due],
+    scripts: bool,
 ) -> Vec<(Outcome, Instant)> {
     let mut out = unanswered(due);
-    for (idx, pipe) in renewal_pipelines(due, target.is_cluster()) {
+    for (idx, pipe) in renewal_pipelines(due, target.is_cluster(), scripts) {
         if conn.is_none() {
             match target.connect_async(timeout).await {
                 Ok(c) => *conn = Some(c),

@@ -315,6 +315,12 @@ impl Client {
         self.rt.block_on(self.inner.force_release(name))
     }
 
+    /// Whether the primitives run on the module or on Redisson's scripts; see
+    /// [`crate::aio::Client::mode`].
+    pub fn mode(&self) -> Result<crate::Mode> {
+        self.rt.block_on(self.inner.mode())
+    }
+
     /// What the server can do (`RLOCK.HELLO`): the module's version, protocol and
     /// features, or [`crate::Capabilities::NoModule`].
     pub fn capabilities(&self) -> Result<crate::Capabilities> {

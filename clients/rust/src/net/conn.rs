@@ -128,7 +128,12 @@ impl<C> WaitPool<C> {
 
 /// Renewal pipelines: everything in one for a single server; one per hash slot for
 /// a cluster, since a cluster pipeline is sent to a single node.
-pub(crate) fn renewal_pipelines(due: &[Due], cluster: bool) -> Vec<(Vec<usize>, redis::Pipeline)> {
+/// In scripts mode (`scripts`) each renewal is Redisson's renewal script.
+pub(crate) fn renewal_pipelines(
+    due: &[Due],
+    cluster: bool,
+    scripts: bool,
+) -> Vec<(Vec<usize>, redis::Pipeline)> {
     let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
     for (i, d) in due.iter().enumerate() {
         let slot = if cluster {
@@ -146,11 +151,12 @@ pub(crate) fn renewal_pipelines(due: &[Due], cluster: bool) -> Vec<(Vec<usize>, 
             // the answers of the others.
             p.ignore_errors();
             for &i in &idx {
-                p.add_command(crate::proto::cmd::renew(
+                p.add_command(crate::proto::cmd::renew_as(
                     &due[i].key,
                     due[i].side,
                     &due[i].owner,
                     due[i].lease_ms,
+                    scripts,
                 ));
             }
             (idx, p)
@@ -187,7 +193,8 @@ pub(crate) fn record_renewals(
 /// What one renewal's reply means for the lock.
 fn renewal_outcome(r: RedisResult<Value>) -> Outcome {
     match r {
-        Ok(v) => match crate::proto::cmd::parse_renew(v) {
+        // (Redisson's read renewal answers a list of one.)
+        Ok(v) => match crate::proto::cmd::parse_renew(crate::proto::scripts::renew_reply(v)) {
             Ok(true) => Outcome::Renewed,
             Ok(false) => Outcome::NotHeld,
             Err(_) => Outcome::Failed,

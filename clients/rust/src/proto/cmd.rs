@@ -101,6 +101,23 @@ pub(crate) fn renew(key: &str, side: Option<&str>, owner: &str, lease_ms: u64) -
     c
 }
 
+/// The renewal as sent: `RENEW`, or in scripts mode Redisson's renewal script as one
+/// `EVAL` (it goes in pipelines, after which nothing could resend it on NOSCRIPT).
+pub(crate) fn renew_as(
+    key: &str,
+    side: Option<&str>,
+    owner: &str,
+    lease_ms: u64,
+    scripts: bool,
+) -> Cmd {
+    let c = renew(key, side, owner, lease_ms);
+    if scripts {
+        crate::proto::scripts::renew_eval(&crate::proto::scripts::words(&c))
+    } else {
+        c
+    }
+}
+
 /// `RLOCK.FORCERELEASE key`.
 pub(crate) fn force_release(key: &str) -> Cmd {
     let mut c = redis::cmd("RLOCK.FORCERELEASE");
@@ -127,9 +144,10 @@ pub(crate) fn replica_check(
     lease_ms: u64,
     replicas: u32,
     timeout_ms: u64,
+    scripts: bool,
 ) -> redis::Pipeline {
     let mut p = redis::pipe();
-    p.add_command(renew(key, side, owner, lease_ms));
+    p.add_command(renew_as(key, side, owner, lease_ms, scripts));
     p.cmd("WAIT").arg(replicas).arg(timeout_ms);
     p
 }
@@ -302,7 +320,7 @@ mod tests {
 
     #[test]
     fn it_pipelines_renew_before_wait_for_replica_safety() {
-        let p = replica_check("k", None, "o", 500, 2, 100);
+        let p = replica_check("k", None, "o", 500, 2, 100, false);
         let cmds: Vec<Vec<String>> = p.cmd_iter().map(args).collect();
         assert_eq!(
             cmds,

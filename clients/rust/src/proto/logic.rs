@@ -320,6 +320,7 @@ pub(crate) fn replica_check(
     lease_ms: u64,
     rs: ReplicaSync,
     wanted: u32,
+    scripts: bool,
 ) -> (redis::Pipeline, Duration) {
     let pipe = cmd::replica_check(
         &shared.key,
@@ -328,6 +329,7 @@ pub(crate) fn replica_check(
         lease_ms,
         wanted,
         millis(rs.timeout()),
+        scripts,
     );
     (pipe, rs.timeout() + WAIT_REPLY_MARGIN)
 }

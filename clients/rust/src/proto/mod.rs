@@ -8,11 +8,13 @@
 //! - `watchdog`: the renewal registry (what is due, what an outcome means).
 //! - `backoff`: jitter for retry delays and owner ids.
 //! - `replicas`: how many replicas a key's node has (replica sync's default).
+//! - `scripts`: scripts mode's Redisson scripts, names and argument reading.
 
 pub(crate) mod backoff;
 pub(crate) mod cmd;
 pub mod hello;
 pub(crate) mod logic;
 pub(crate) mod replicas;
+pub(crate) mod scripts;
 pub(crate) mod state;
 pub(crate) mod watchdog;

@@ -181,12 +181,31 @@ impl Server {
     /// Starts with extra arguments; retries on another port if the chosen one was
     /// taken between choosing and binding.
     pub fn start_with(extra: &[&str]) -> Server {
-        let module = module_path();
+        Self::launch(extra, true)
+    }
+
+    /// A server without the module, as every managed Redis and Valkey is (scripts mode).
+    pub fn start_without_module() -> Server {
+        Self::launch(&[], false)
+    }
+
+    fn launch(extra: &[&str], with_module: bool) -> Server {
+        // Not built for a server without it.
+        let module = if with_module {
+            module_path()
+        } else {
+            PathBuf::new()
+        };
         assert!(
-            module.exists(),
+            !with_module || module.exists(),
             "module not found at {} (build it with `cargo build -p rlock`, or set RLOCK_MODULE)",
             module.display()
         );
+        let load: Vec<&std::ffi::OsStr> = if with_module {
+            vec!["--loadmodule".as_ref(), module.as_os_str()]
+        } else {
+            vec![]
+        };
         let mut last_log = String::new();
         for _ in 0..5 {
             let dir = TempDir::new();
@@ -202,8 +221,7 @@ impl Server {
                 .arg(&dir.0)
                 .arg("--logfile")
                 .arg(&log)
-                .arg("--loadmodule")
-                .arg(&module)
+                .args(&load)
                 .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -228,6 +246,25 @@ impl Server {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The URL of a user restricted as a managed service's are (`+@all -@dangerous`: no
+    /// MODULE, CONFIG, DEBUG, CLIENT KILL, INFO), made now.
+    pub fn restricted_url(&self) -> String {
+        let _: () = redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "app",
+                "on",
+                ">app-secret",
+                "~*",
+                "&*",
+                "+@all",
+                "-@dangerous",
+            ])
+            .query(&mut self.conn())
+            .unwrap();
+        format!("redis://app:app-secret@127.0.0.1:{}/", self.port)
     }
 
     fn try_conn(&self) -> Option<redis::Connection> {
@@ -331,6 +368,23 @@ pub fn master_and_replica() -> (Server, Server) {
 pub fn replica_of(master: &Server, port: u16) -> Server {
     let port = port.to_string();
     let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let mut m = master.conn();
+    let synced = wait_until(Duration::from_secs(15), || {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut m).unwrap();
+        info.contains("connected_slaves:1") && info.contains("state=online")
+    });
+    assert!(
+        synced,
+        "replica did not sync; replica log:\n{}",
+        replica.log()
+    );
+    replica
+}
+
+/// A replica without the module of `master` (also without it), started and in sync.
+pub fn replica_without_module(master: &Server) -> Server {
+    let port = master.port.to_string();
+    let replica = Server::launch(&["--replicaof", "127.0.0.1", &port], false);
     let mut m = master.conn();
     let synced = wait_until(Duration::from_secs(15), || {
         let info: String = redis::cmd("INFO").arg("replication").query(&mut m).unwrap();

@@ -1,0 +1,6 @@
+-- renewExpirationAsync (the watchdog): KEYS[1] = lock; ARGV[1] = lease ms, ARGV[2] = owner.
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('pexpire', KEYS[1], ARGV[1]);
+    return 1;
+end;
+return 0;

@@ -1,0 +1,24 @@
+-- getPermitsAsync: available + ZCOUNT (0 when there is no count key).
+--
+-- The reclaim prefix shared by availablePermits, getPermits, acquiredPermits,
+-- updateLeaseTime and getLeaseTime. KEYS = name, timeout zset, channel. ARGV[now_arg] =
+-- now, ARGV[pub_arg] = publish command.
+local expiredIds = redis.call('zrangebyscore', KEYS[2], 0, ARGV[1], 'limit', 0, -1);
+if #expiredIds > 0 then
+    redis.call('zrem', KEYS[2], unpack(expiredIds));
+    local value = redis.call('incrby', KEYS[1], #expiredIds);
+    if tonumber(value) > 0 then
+        redis.call(ARGV[2], KEYS[3], value);
+    end;
+    
+end;
+
+local available = redis.call('get', KEYS[1]);
+if available == false then
+    return 0
+end;
+local acquired = redis.call('zcount', KEYS[2], 0, '+inf');
+if acquired == false then
+    return tonumber(available)
+end;
+return tonumber(available) + acquired;
