@@ -172,7 +172,7 @@ pub(crate) mod aio {
         try_set_count_cmd,
     };
     use crate::aio::Client;
-    use crate::error::{Error, Result};
+    use crate::error::Result;
     use crate::proto::cmd::request_id;
 
     impl Client {
@@ -260,10 +260,7 @@ pub(crate) mod aio {
                     let c = await_cmd(name, wait);
                     let reply = match wait {
                         None => inner.run(&c).await?,
-                        Some(_) => inner
-                            .wait_query(limit, &c, None)
-                            .await
-                            .map_err(Error::from)?,
+                        Some(_) => inner.wait_query(limit, &c, None).await?,
                     };
                     flag("RLATCH.AWAIT", reply)
                 })

@@ -106,9 +106,7 @@ impl Lock {
                 Route::Shared => c.run(&command).await,
                 Route::Waiting { limit } => {
                     let this = confirm.insert(Arc::new(Confirm::default()));
-                    c.wait_query(limit, &command, Some(this))
-                        .await
-                        .map_err(Error::from)
+                    c.wait_query(limit, &command, Some(this)).await
                 }
             };
             let mut next = run.after_attempt(&**c, shared, sent, reply.and_then(&mut parse));

@@ -106,10 +106,7 @@ async fn acquire_call(
         async move {
             match wait {
                 None => c.run(&cmd).await,
-                Some(_) => c
-                    .wait_query(left.map(|l| l + margin), &cmd, confirm)
-                    .await
-                    .map_err(Error::from),
+                Some(_) => c.wait_query(left.map(|l| l + margin), &cmd, confirm).await,
             }
         }
     })

@@ -212,12 +212,6 @@ impl Subscriber {
         }
         Ok((gen, sink))
     }
-
-    /// How many channels are subscribed now (for the tests).
-    #[cfg(test)]
-    pub(crate) fn channels(&self) -> usize {
-        lock_ignoring_poison(&self.inner.state).chans.len()
-    }
 }
 
 /// One waiter's hold on a channel; dropping it gives the channel back (unsubscribed when
