@@ -6,8 +6,10 @@
 //! task reads it and wakes the waiters of a channel when a message comes. As in Redisson
 //! (LockPubSub), a lock's unlock message (`0`) wakes one waiter of the client, and is kept
 //! for the next if none is asleep (a waiter between two tries must not miss it: tokio's
-//! `Notify::notify_one` stores that permit); every other message wakes all. Channels are
-//! counted: subscribed while someone waits on them. If the connection breaks, every
+//! `Notify::notify_one` stores that permit); every other message wakes all. A channel stays
+//! subscribed, once a wait has used it, for as long as the connection lives (one
+//! subscription per name waited on: unsubscribing as the last waiter left raced with a
+//! new waiter's subscribe under load, and lost its messages). If the connection breaks, every
 //! waiter is woken (a release may have been missed), subscribes again on a new connection
 //! and tries again; the client is told (`on_break`: the mode is asked again, since a
 //! failover may have brought a server with the module).
@@ -214,8 +216,8 @@ impl Subscriber {
     }
 }
 
-/// One waiter's hold on a channel; dropping it gives the channel back (unsubscribed when
-/// no waiter is left).
+/// One waiter's hold on a channel; dropping it gives the channel back (it stays
+/// subscribed: see the module's comment).
 pub(crate) struct Subscription {
     inner: Arc<Inner>,
     channel: Vec<u8>,
@@ -266,38 +268,9 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let last = {
-            let mut st = lock_ignoring_poison(&self.inner.state);
-            match st.chans.get_mut(&self.channel) {
-                Some(c) => {
-                    c.refs -= 1;
-                    if c.refs == 0 {
-                        st.chans.remove(&self.channel);
-                        true
-                    } else {
-                        false
-                    }
-                }
-                None => false,
-            }
-        };
-        if !last {
-            return;
-        }
-        let (inner, channel) = (self.inner.clone(), std::mem::take(&mut self.channel));
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(rt.spawn(async move {
-                let mut sink = inner.sink.lock().await;
-                // A waiter that came for the channel meanwhile keeps it.
-                let wanted = lock_ignoring_poison(&inner.state)
-                    .chans
-                    .contains_key(&channel);
-                if let (false, Some((_, s))) = (wanted, sink.as_mut()) {
-                    if s.unsubscribe(&channel).await.is_err() {
-                        *sink = None;
-                    }
-                }
-            }));
+        let mut st = lock_ignoring_poison(&self.inner.state);
+        if let Some(c) = st.chans.get_mut(&self.channel) {
+            c.refs = c.refs.saturating_sub(1);
         }
     }
 }
