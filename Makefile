@@ -30,7 +30,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: help deps venv build release run test check test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets bench-tax bench-turns
-.PHONY: test-java bench-java
+.PHONY: test-java bench-java bench-java-jvms
 .PHONY: test-go bench-go
 .PHONY: faults test-faults faults-tools
 
@@ -199,14 +199,21 @@ test-java: build ## Java: the client's JUnit 5 tests and Redisson interop, rlock
 	@./scripts/deps.sh --java
 	@$(PER_SERVER) $(MVN) test; done
 
-bench-java: release ## Java contention benches (REDIS_SERVER; append to BENCHMARK.md): rlock's client vs Redisson (64 threads, 1 000 tasks); then Spring lock registries across 4 JVMs at 8 and 64 contenders (rlock's LockRegistry, RedisLockRegistry spin and pub/sub, Redisson's RLock)
+bench-java: release ## Java contention benches (REDIS_SERVER; append to BENCHMARK.md): rlock's client vs Redisson (64 threads, 1 000 tasks); the same across 4 JVMs (bench-java-jvms); then Spring lock registries across 4 JVMs at 8 and 64 contenders (rlock's LockRegistry, RedisLockRegistry spin and pub/sub, Redisson's RLock)
 	@./scripts/deps.sh --java
 	$(MVN) -q -pl rlock-client test-compile exec:java -Dexec.classpathScope=test -Dexec.mainClass=io.rlock.Bench \
 		-Dexec.args="--module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
+	$(MAKE) bench-java-jvms
 	@# The registry bench forks worker JVMs from its class path: exec:exec runs it in a JVM of its own.
 	$(MVN) -q -pl rlock-spring -am -DskipTests install
 	$(MVN) -q -pl rlock-spring exec:exec -Dexec.classpathScope=test -Dexec.executable=java \
 		-Dexec.args="-classpath %classpath io.rlock.spring.RegistryBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
+
+# The worker JVMs are forked from the bench's class path: exec:exec runs it in a JVM of its own.
+bench-java-jvms: release ## Java client vs the real Redisson across 4 JVMs (REDIS_SERVER): one lock (RLock) and 4 permits (RSemaphore) at 8 and 64 contenders; owner changes/s, acquisitions/s, p50/p99 wait, Jain, connections, server CPU/acq; writes its table into BENCHMARK.md
+	@./scripts/deps.sh --java
+	$(MVN) -q -pl rlock-client test-compile exec:exec -Dexec.classpathScope=test -Dexec.executable=java \
+		-Dexec.args="-classpath %classpath io.rlock.JvmBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
 
 # The Go client (clients/go): a Go module on go-redis v9; its tests start their own
 # module-loaded servers (RLOCK_MODULE, REDIS_SERVER) and a 3-master cluster. The module

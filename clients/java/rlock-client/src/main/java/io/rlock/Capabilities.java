@@ -48,7 +48,8 @@ public final class Capabilities {
     public long protocol() { return protocol; }
 
     /**
-     * The feature words: {@code tickets}, {@code request-ids}, one per primitive
+     * The feature words: {@code tickets}, {@code ticket-holds} (a {@code granted} message
+     * means held; the client confirms off the holder's path), {@code request-ids}, one per primitive
      * ({@code lock}, {@code fenced}, {@code rwlock}, {@code semaphore},
      * {@code permit-expirable-semaphore}, {@code latch}), {@code sharded-channels} in
      * cluster mode.

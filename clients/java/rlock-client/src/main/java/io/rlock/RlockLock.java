@@ -69,6 +69,14 @@ public class RlockLock implements Lock {
         return List.of("RLOCK.FORCERELEASE", name);
     }
 
+    /**
+     * Whether a ticket's grant is held on its `granted` message (design.md 5): the grant's
+     * reply is nil, known without collecting it. The fenced lock's carries its token.
+     */
+    boolean holdsOnGrant() {
+        return true;
+    }
+
     /** The hash field of an owner's hold. */
     String field(String owner) {
         return owner;
@@ -100,13 +108,17 @@ public class RlockLock implements Lock {
         long lease = leaseMs > 0 ? leaseMs : client.watchdog().leaseMs();
         List<String> args = acquireArgs(owner, lease);
         CompletableFuture<Object> raw;
+        Waits.Confirm confirm = null;
         if (waitMs < 0) {
             args.addAll(List.of("ID", Wire.requestId()));
             raw = client.wire().sendRetrying(args);
         } else {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
-            raw = client.waits().await(args, reply -> parseAcquire(reply).held() ? List.of(undo(owner)) : List.of());
+            confirm = holdsOnGrant() ? new Waits.Confirm() : null;
+            raw = client.waits().await(args, reply -> parseAcquire(reply).held() ? List.of(undo(owner)) : List.of(),
+                    confirm);
         }
+        Waits.Confirm held = confirm;
         CompletableFuture<Acquired> out = raw.thenCompose(reply -> {
             Acquired a = parseAcquire(reply);
             if (!client.counters().count(a.held())) {
@@ -116,6 +128,12 @@ public class RlockLock implements Lock {
             if (leaseMs <= 0) {
                 client.watchdog().hold(watchName(owner), renewArgs(owner, lease), v -> Long.valueOf(1).equals(v),
                         why -> reportLost(owner, why));
+            }
+            if (held != null) {
+                // Held on the grant message: a confirmation answered TAKENBACK (its
+                // connection closed and none came within the server's grace) means the
+                // server gave this hold to the next waiter.
+                held.onTakenBack(() -> takenBack(owner));
             }
             return client.syncReplicas(name).handle((ok, e) -> {
                 if (e == null) {
@@ -151,6 +169,14 @@ public class RlockLock implements Lock {
             client.watchdog().release(watchName(owner), last);
             return last;
         });
+    }
+
+    /** A hold taken on its grant message whose grant the server took back (design.md 5). */
+    private void takenBack(String owner) {
+        client.watchdog().release(watchName(owner), true);
+        client.counters().lostLocks.increment();
+        reportLost(owner, "the server took back the grant of its ticket (TAKENBACK): the connection that"
+                + " queued it closed and no confirmation came within rlock.ticket-confirm-ms");
     }
 
     private void reportLost(String owner, String why) {

@@ -30,7 +30,12 @@ public class RlockServerException extends RedisCommandExecutionException {
         /** An internal command from a client, or its payload malformed ({@code INTERNALCMD}, {@code BADPAYLOAD}). */
         INTERNAL,
         /** A bug in the module, caught; details in the server log ({@code RLOCKBUG}). */
-        MODULE_BUG
+        MODULE_BUG,
+        /**
+         * A ticket's grant the server took back: its connection closed and no confirmation
+         * came within {@code rlock.ticket-confirm-ms} ({@code TAKENBACK}; design.md 5).
+         */
+        TAKEN_BACK
     }
 
     private final String code;
@@ -62,6 +67,7 @@ public class RlockServerException extends RedisCommandExecutionException {
             case "INTERNALCMD":
             case "BADPAYLOAD": return Kind.INTERNAL;
             case "RLOCKBUG": return Kind.MODULE_BUG;
+            case "TAKENBACK": return Kind.TAKEN_BACK;
             default:
                 if (code.startsWith("NOTA")) {
                     return Kind.NOT_THIS_PRIMITIVE;

@@ -35,7 +35,10 @@ public final class RlockStats {
         return waits.sum();
     }
 
-    /** Holds the watchdog found gone (expired, force-released, lost in a failover) before their release. */
+    /**
+     * Holds found gone before their release: by the watchdog (expired, force-released, lost in
+     * a failover), or a ticket's grant the server took back before it was confirmed.
+     */
     public long lostLocks() {
         return lostLocks.sum();
     }

@@ -2,7 +2,14 @@
 // call of one client queues a ticket (`WAIT t ASYNC ID id`) on the client's command
 // connection and hears its fate on the client's one notification (pub/sub) connection, so
 // the client holds two connections however many threads wait. The Rust client's
-// tickets.rs is the reference; this is the same protocol over the client's Transport.
+// net/tickets is the reference; this is the same protocol over the client's Transport.
+//
+// A lock or RW lock waiter holds on its `granted` message when the server names
+// `ticket-holds`: the listener (Lettuce's event loop) writes the confirmation (the same
+// command and id without WAIT) and completes the waiter's future on the spot, with no
+// round trip and no executor between the message and the waiting thread; the
+// confirmation's reply settles the waiter's Confirm later (TAKENBACK: the lock reports the
+// hold lost). The other waits collect their grant's reply first (a fencing token, permit ids).
 package io.rlock;
 
 import io.lettuce.core.RedisCommandExecutionException;
@@ -85,6 +92,57 @@ final class Waits {
         return key.contains("{") ? "rlock_ticket:" + key : "rlock_ticket:{" + key + "}";
     }
 
+    /**
+     * A grant held on its {@code granted} message and confirmed off the holder's path: its
+     * outcome, and what to run if it was taken back (the lock's lost signal), registered by
+     * the holder before or after the outcome is known.
+     */
+    static final class Confirm {
+        private static final Runnable CONFIRMED = () -> { };
+        private static final Runnable TAKEN_BACK = () -> { };
+        /** null: pending; CONFIRMED, TAKEN_BACK: settled; else the hook to run if taken back. */
+        private Runnable state;
+
+        /** Runs `hook` once if the grant turns out taken back (at once if it was already). */
+        void onTakenBack(Runnable hook) {
+            synchronized (this) {
+                if (state != CONFIRMED && state != TAKEN_BACK) {
+                    state = hook;
+                    return;
+                }
+                if (state == CONFIRMED) {
+                    return;
+                }
+            }
+            hook.run();
+        }
+
+        /** The confirmation's outcome: its reply (confirmed), or TAKENBACK or another failure (lost). */
+        void settle(boolean confirmed) {
+            Runnable hook;
+            synchronized (this) {
+                if (state == CONFIRMED || state == TAKEN_BACK) {
+                    return;
+                }
+                hook = state;
+                state = confirmed ? CONFIRMED : TAKEN_BACK;
+            }
+            if (!confirmed && hook != null) {
+                hook.run();
+            }
+        }
+
+        /** Settled and confirmed (tests). */
+        synchronized boolean confirmed() {
+            return state == CONFIRMED;
+        }
+
+        /** Settled either way (tests). */
+        synchronized boolean settled() {
+            return state == CONFIRMED || state == TAKEN_BACK;
+        }
+    }
+
     /** A waiting command taken apart. */
     static final class Waiter {
         final List<String> args;
@@ -97,6 +155,12 @@ final class Waits {
         final long started = System.nanoTime();
         final Function<Object, List<List<String>>> undo;
         final CompletableFuture<Object> result = new CompletableFuture<>();
+        /** Non-null for a wait whose grant's reply is nil (the lock's, the RW lock's). */
+        final Confirm confirm;
+        /** Holds on its `granted` message: `confirm` and a server naming `ticket-holds`. */
+        volatile boolean holds;
+        /** The confirmation (`look()`), made before the grant, off its path. */
+        List<String> confirmArgs;
         volatile boolean finished;
         /** Counted as a wait once (a resent ticket queued again is the same wait). */
         volatile boolean queued;
@@ -107,8 +171,13 @@ final class Waits {
         int reroutes;
 
         Waiter(List<String> args, Function<Object, List<List<String>>> undo) {
+            this(args, undo, null);
+        }
+
+        Waiter(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
             this.args = args;
             this.undo = undo;
+            this.confirm = confirm;
             int w = find(args, "WAIT");
             if (w < 0) {
                 throw new IllegalArgumentException("not a waiting command: " + args);
@@ -182,8 +251,20 @@ final class Waits {
      * given back with the commands `undo` makes from its reply.
      */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo) {
+        return await(args, undo, null);
+    }
+
+    /**
+     * As {@link #await(List, Function)}, for a command whose grant's reply is nil (the
+     * lock's and the RW lock's acquire): with a `confirm`, the wait completes with null on
+     * its `granted` message if the server names `ticket-holds` (design.md 5), and `confirm`
+     * tells whether the server kept the grant. A blocked wait, a server without
+     * `ticket-holds` or a scripts-mode wait (a Backend) collects first and leaves `confirm`
+     * pending for ever.
+     */
+    CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
         Backend b = backend;
-        return b != null ? b.await(args, undo) : awaitModule(args, undo);
+        return b != null ? b.await(args, undo) : awaitModule(args, undo, confirm);
     }
 
     /** Where waits go first (the client's Backend: the module's tickets, or Redisson's way). */
@@ -198,13 +279,22 @@ final class Waits {
 
     /** {@link #await} with the module: tickets, or a blocked connection. */
     CompletableFuture<Object> awaitModule(List<String> args, Function<Object, List<List<String>>> undo) {
-        Waiter w = new Waiter(args, undo);
+        return awaitModule(args, undo, null);
+    }
+
+    /** {@link #await(List, Function, Confirm)} with the module. */
+    CompletableFuture<Object> awaitModule(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
+        Waiter w = new Waiter(args, undo, confirm);
         if (waitMode == RlockOptions.WaitMode.BLOCKING) {
             blockingWait(w);
             return w.result;
         }
         capabilities().whenComplete((caps, e) -> {
             if (e == null && caps.tickets()) {
+                if (w.confirm != null && caps.has("ticket-holds")) {
+                    w.confirmArgs = w.look();
+                    w.holds = true;
+                }
                 ticketed(w);
             } else if (waitMode == RlockOptions.WaitMode.TICKETS) {
                 w.result.completeExceptionally(e != null ? Wire.unwrap(e)
@@ -376,6 +466,11 @@ final class Waits {
         }
     }
 
+    /**
+     * A ticket message, on the transport's listener thread (Lettuce: the event loop that
+     * read it). For a holder this is the whole critical path: parse, look up, write the
+     * confirmation, complete the future the waiting thread is parked on.
+     */
     private void onMessage(String channel, String message) {
         if (!channel.startsWith("rlock_ticket:")) {
             Backend b = backend;
@@ -396,6 +491,8 @@ final class Waits {
             case GRANTED:
                 if (w.latch) {
                     finish(w, 1L, null);
+                } else if (w.holds) {
+                    hold(w);
                 } else {
                     send(w, w.look()); // collect: the same id replays the grant
                 }
@@ -416,6 +513,23 @@ final class Waits {
         }
     }
 
+    /**
+     * Held on the `granted` message: the grant is written in the server (design.md 5). The
+     * confirmation goes out first, so that it precedes on the command connection anything
+     * the woken holder sends (its release); its reply settles the Confirm. A TAKENBACK (the
+     * connection closed and no confirmation came within rlock.ticket-confirm-ms) or any
+     * other failure after the retries settles it lost. Then the waiter's future completes
+     * here, with the lock's and RW lock's grant reply (nil).
+     */
+    private void hold(Waiter w) {
+        if (w.finished) {
+            return;
+        }
+        Confirm c = w.confirm;
+        wire.sendRetrying(w.confirmArgs).whenComplete((reply, e) -> c.settle(e == null));
+        finish(w, null, null);
+    }
+
     /** What a waiter does with a ticket message (spec/vectors/tickets.json, `then`). */
     enum Action { GRANTED, COLLECT, FAIL }
 
@@ -425,6 +539,55 @@ final class Waits {
      */
     record Note(String kind, String id, String owner, String detail) {
         static Note parse(String m) {
+            // The usual message is ASCII (ids and owners the clients make): its byte offsets
+            // are its char offsets, so it is read in place, allocating only what it names.
+            for (int i = 0; i < m.length(); i++) {
+                if (m.charAt(i) >= 0x80) {
+                    return parseBytes(m);
+                }
+            }
+            int c1 = m.indexOf(':'), c2 = c1 < 0 ? -1 : m.indexOf(':', c1 + 1), c3 = c2 < 0 ? -1 : m.indexOf(':', c2 + 1);
+            if (c3 < 0) {
+                return null;
+            }
+            long idLen = length(m, c1 + 1, c2), ownerLen = length(m, c2 + 1, c3);
+            int rest = c3 + 1;
+            if (idLen < 0 || ownerLen < 0 || m.length() - rest < idLen + ownerLen) {
+                return null;
+            }
+            int ownerAt = rest + (int) idLen, detailAt = ownerAt + (int) ownerLen;
+            return new Note(kindOf(m, c1), m.substring(rest, ownerAt), m.substring(ownerAt, detailAt),
+                    detailAt == m.length() ? "" : m.substring(detailAt));
+        }
+
+        private static String kindOf(String m, int c1) {
+            for (String k : KINDS) {
+                if (k.length() == c1 && m.startsWith(k)) {
+                    return k;
+                }
+            }
+            return m.substring(0, c1);
+        }
+
+        private static final String[] KINDS = {"granted", "timeout", "error"};
+
+        private static long length(String m, int from, int to) {
+            if (to - from < 1 || to - from > 10) {
+                return -1;
+            }
+            long n = 0;
+            for (int i = from; i < to; i++) {
+                char ch = m.charAt(i);
+                if (ch < '0' || ch > '9') {
+                    return -1;
+                }
+                n = n * 10 + (ch - '0');
+            }
+            return n;
+        }
+
+        /** Any message: read on its UTF-8 bytes, as the module counts its lengths. */
+        static Note parseBytes(String m) {
             byte[] b = m.getBytes(StandardCharsets.UTF_8);
             int c1 = indexOf(b, 0), c2 = indexOf(b, c1 + 1), c3 = indexOf(b, c2 + 1);
             if (c1 < 0 || c2 < 0 || c3 < 0) {

@@ -1,0 +1,361 @@
+// `make bench-java-jvms` (clients/java, test scope; part of `make bench-java`): the rlock Java
+// client against the real Redisson, contenders in 4 separate JVMs on one module-loaded
+// server: one lock (RlockLock vs RLock) and a 4-permit semaphore (RlockSemaphore vs
+// RSemaphore), at 8 and 64 contenders (issue 40). Reports owner changes/s, acquisitions/s,
+// p50 and p99 wait, Jain fairness, connections and server CPU per acquisition, and writes
+// the table into BENCHMARK.md under its own heading. The coordinator (main) starts the
+// server and the worker JVMs (main with `worker`), which wait for "GO <wall-clock start>"
+// on stdin and print their numbers.
+package io.rlock;
+
+import org.redisson.Redisson;
+import org.redisson.api.RLock;
+import org.redisson.api.RSemaphore;
+import org.redisson.api.RedissonClient;
+import org.redisson.config.Config;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+
+public final class JvmBench {
+    static final String HEADING = "## Java client vs Redisson across JVMs (make bench-java)";
+    static final int JVMS = 4;
+    static final long RUN_MS = Long.getLong("bench.ms", 5000);
+    static final long WARM_MS = Long.getLong("bench.warm.ms", 1000);
+    static final int PERMITS = 4;
+
+    record Result(String primitive, String side, int contenders, double changesPerSec, double acqPerSec,
+                  double p50Ms, double p99Ms, double jain, int connections, double cpuUsPerAcq) {}
+
+    /** Take and give back, one contender's loop body. */
+    interface Contender {
+        void take() throws Exception;
+
+        void give() throws Exception;
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (args.length > 0 && args[0].equals("worker")) {
+            worker(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4]), Integer.parseInt(args[5]));
+            return;
+        }
+        String report = null;
+        for (int i = 0; i + 1 < args.length; i += 2) {
+            switch (args[i]) {
+                case "--module" -> System.setProperty("rlock.module", args[i + 1]);
+                case "--server" -> System.setProperty("redis.server", args[i + 1]);
+                case "--report" -> report = args[i + 1];
+                default -> throw new IllegalArgumentException("unknown option " + args[i]
+                        + " (use --module PATH --server PATH --report FILE)");
+            }
+        }
+        List<Result> results = new ArrayList<>();
+        String version;
+        try (TestServer s = new TestServer()) {
+            String v = s.info("server", "valkey_version");
+            version = v != null ? "Valkey " + v : "Redis " + s.info("server", "redis_version");
+            for (String primitive : List.of("lock", "semaphore")) {
+                for (int n : new int[] {8, 64}) {
+                    for (String side : List.of("rlock", "redisson")) {
+                        Result r = run(s, primitive, side, n);
+                        System.out.printf(Locale.ROOT, "%-9s %-8s %3d: %7.0f owner changes/s, %7.0f acq/s, p50 %6.2f ms,"
+                                        + " p99 %7.2f ms, Jain %.3f, %3d connections, %6.1f us CPU/acq%n",
+                                primitive, side, n, r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(),
+                                r.connections(), r.cpuUsPerAcq());
+                        results.add(r);
+                    }
+                }
+            }
+        }
+        String table = table(results, version);
+        System.out.println(table);
+        if (report != null) {
+            Bench.write(Path.of(report), HEADING, table);
+        }
+    }
+
+    static double cpu(TestServer s) {
+        return Double.parseDouble(s.info("cpu", "used_cpu_sys")) + Double.parseDouble(s.info("cpu", "used_cpu_user"));
+    }
+
+    /** Connections the contenders hold: CLIENT LIST less the coordinator's own. */
+    static int connections(TestServer s) {
+        return s.redis().clientList().split("\n").length;
+    }
+
+    static long wallNanos() {
+        Instant i = Instant.now();
+        return i.getEpochSecond() * 1_000_000_000L + i.getNano();
+    }
+
+    /** One row: JVMS worker JVMs of n/JVMS contender threads each, started together. */
+    static Result run(TestServer s, String primitive, String side, int n) throws Exception {
+        int base = connections(s);
+        List<Process> procs = new ArrayList<>();
+        List<BufferedReader> outs = new ArrayList<>();
+        for (int j = 0; j < JVMS; j++) {
+            Process p = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+                    "-Xmx256m", "-Dbench.ms=" + RUN_MS, "-Dbench.warm.ms=" + WARM_MS,
+                    "-cp", System.getProperty("java.class.path"), JvmBench.class.getName(),
+                    "worker", primitive, side, Integer.toString(s.port), Integer.toString(n / JVMS),
+                    Integer.toString(j))
+                    .redirectError(ProcessBuilder.Redirect.INHERIT).start();
+            procs.add(p);
+            outs.add(new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8)));
+        }
+        for (BufferedReader r : outs) {
+            expect(r, "READY");
+        }
+        // One wall-clock window for every JVM: their acquisitions can be put in one order.
+        long start = wallNanos() + 200_000_000L;
+        for (Process p : procs) {
+            p.getOutputStream().write(("GO " + start + "\n").getBytes(StandardCharsets.UTF_8));
+            p.getOutputStream().flush();
+        }
+        long measureFrom = start + WARM_MS * 1_000_000, measureTo = measureFrom + RUN_MS * 1_000_000;
+        sleepUntil(measureFrom);
+        double cpu0 = cpu(s);
+        sleepUntil(measureFrom + RUN_MS * 500_000);
+        int conns = connections(s) - base;
+        sleepUntil(measureTo);
+        double cpu1 = cpu(s);
+        List<Long> counts = new ArrayList<>();
+        List<long[]> stamps = new ArrayList<>();
+        List<Long> waits = new ArrayList<>();
+        for (BufferedReader r : outs) {
+            for (String line = r.readLine(); line != null; line = r.readLine()) {
+                String[] f = line.split(" ");
+                switch (f[0]) {
+                    case "COUNT" -> counts.add(Long.parseLong(f[1]));
+                    case "WAITS" -> Arrays.stream(f).skip(1).forEach(w -> waits.add(Long.parseLong(w)));
+                    case "STAMPS" -> {
+                        // STAMPS <contender> <wall ns>...
+                        long who = Long.parseLong(f[1]);
+                        for (int i = 2; i < f.length; i++) {
+                            stamps.add(new long[] {Long.parseLong(f[i]), who});
+                        }
+                    }
+                    default -> { }
+                }
+            }
+        }
+        for (Process p : procs) {
+            if (!p.waitFor(60, TimeUnit.SECONDS)) {
+                p.destroyForcibly();
+            }
+        }
+        // Owner changes: acquisitions in time order whose contender differs from the one before.
+        stamps.sort((a, b) -> Long.compare(a[0], b[0]));
+        long changes = 0;
+        for (int i = 1; i < stamps.size(); i++) {
+            if (stamps.get(i)[1] != stamps.get(i - 1)[1]) {
+                changes++;
+            }
+        }
+        long total = counts.stream().mapToLong(Long::longValue).sum();
+        long[] xs = counts.stream().mapToLong(Long::longValue).toArray();
+        long[] ws = waits.stream().mapToLong(Long::longValue).sorted().toArray();
+        return new Result(primitive, side, n, changes * 1000.0 / RUN_MS, total * 1000.0 / RUN_MS,
+                pct(ws, 0.50), pct(ws, 0.99), Bench.jain(xs), conns, (cpu1 - cpu0) * 1e6 / Math.max(1, total));
+    }
+
+    static double pct(long[] sorted, double q) {
+        if (sorted.length == 0) {
+            return Double.NaN;
+        }
+        return sorted[Math.min(sorted.length - 1, (int) Math.ceil(sorted.length * q) - 1)] / 1e6;
+    }
+
+    static void sleepUntil(long wall) throws InterruptedException {
+        long left = wall - wallNanos();
+        if (left > 0) {
+            TimeUnit.NANOSECONDS.sleep(left);
+        }
+    }
+
+    static String expect(BufferedReader r, String what) throws Exception {
+        for (String line = r.readLine(); line != null; line = r.readLine()) {
+            if (line.startsWith(what)) {
+                return line;
+            }
+        }
+        throw new IllegalStateException("a worker ended before " + what);
+    }
+
+    // ---- a worker JVM ----------------------------------------------------------------------
+
+    /**
+     * `threads` contenders of `side` on one `primitive`, numbered from jvm * threads. Each
+     * acquisition in the window is stamped (wall clock, inside the hold) and its wait
+     * (asking to holding) recorded. Prints COUNT per contender, STAMPS and WAITS.
+     */
+    static void worker(String primitive, String side, int port, int threads, int jvm) throws Exception {
+        PrintStream out = System.out;
+        System.setOut(new PrintStream(System.err, true, StandardCharsets.UTF_8));
+        String key = "bench:" + primitive + ":" + side;
+        AutoCloseable closer;
+        java.util.function.Supplier<Contender> make;
+        if (side.equals("rlock")) {
+            RlockClient c = RlockClient.create("redis://127.0.0.1:" + port);
+            closer = c;
+            if (primitive.equals("lock")) {
+                RlockLock l = c.getLock(key);
+                make = () -> new Contender() {
+                    public void take() { l.lock(); }
+                    public void give() { l.unlock(); }
+                };
+            } else {
+                RlockSemaphore sem = c.getSemaphore(key);
+                sem.trySetPermits(PERMITS);
+                make = () -> new Contender() {
+                    public void take() throws Exception { sem.acquire(); }
+                    public void give() { sem.release(); }
+                };
+            }
+        } else {
+            Config config = new Config();
+            // Redisson's defaults (a pool of 64 connections, 24 kept idle; 50 subscription connections at most).
+            config.useSingleServer().setAddress("redis://127.0.0.1:" + port);
+            RedissonClient r = Redisson.create(config);
+            closer = r::shutdown;
+            if (primitive.equals("lock")) {
+                RLock l = r.getLock(key);
+                make = () -> new Contender() {
+                    public void take() { l.lock(); }
+                    public void give() { l.unlock(); }
+                };
+            } else {
+                RSemaphore sem = r.getSemaphore(key);
+                sem.trySetPermits(PERMITS);
+                make = () -> new Contender() {
+                    public void take() throws Exception { sem.acquire(); }
+                    public void give() { sem.release(); }
+                };
+            }
+        }
+        long[] count = new long[threads];
+        long[][] stamps = new long[threads][];
+        long[][] waits = new long[threads][];
+        int[] recorded = new int[threads];
+        long[] window = new long[2];
+        List<Thread> ts = new ArrayList<>();
+        CountDownLatch go = new CountDownLatch(1);
+        // Every thread takes and gives a few times before READY: class loading, JIT and the
+        // clients' connections happen before GO, not in the measurement.
+        CountDownLatch warmed = new CountDownLatch(threads);
+        for (int t = 0; t < threads; t++) {
+            int me = t;
+            stamps[me] = new long[400_000];
+            waits[me] = new long[400_000];
+            Thread th = new Thread(() -> {
+                Contender c = make.get();
+                int nw = 0;
+                try {
+                    for (int i = 0; i < 20; i++) {
+                        c.take();
+                        c.give();
+                    }
+                    warmed.countDown();
+                    go.await();
+                    long from = window[0], end = window[1];
+                    while (true) {
+                        long t0 = System.nanoTime();
+                        c.take();
+                        long got = System.nanoTime();
+                        long wall = wallNanos();
+                        c.give();
+                        if (wall >= end) {
+                            break;
+                        }
+                        if (wall >= from && nw < stamps[me].length) {
+                            count[me]++;
+                            stamps[me][nw] = wall;
+                            waits[me][nw] = got - t0;
+                            nw++;
+                        }
+                    }
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+                recorded[me] = nw;
+            });
+            th.start();
+            ts.add(th);
+        }
+        warmed.await();
+        out.println("READY");
+        out.flush();
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String go0 = expect(in, "GO");
+        long start = Long.parseLong(go0.split(" ")[1]);
+        window[0] = start + WARM_MS * 1_000_000;
+        window[1] = window[0] + RUN_MS * 1_000_000;
+        sleepUntil(start);
+        go.countDown();
+        for (Thread th : ts) {
+            th.join();
+        }
+        for (int t = 0; t < threads; t++) {
+            out.println("COUNT " + count[t]);
+            StringBuilder sb = new StringBuilder("STAMPS ").append(jvm * threads + t);
+            StringBuilder wb = new StringBuilder("WAITS");
+            for (int i = 0; i < recorded[t]; i++) {
+                sb.append(' ').append(stamps[t][i]);
+                wb.append(' ').append(waits[t][i]);
+            }
+            out.println(sb);
+            out.println(wb);
+        }
+        out.flush();
+        closer.close();
+        System.exit(0);
+    }
+
+    static String table(List<Result> rs, String version) {
+        StringBuilder b = new StringBuilder(HEADING).append("\n\n");
+        b.append("One run on ").append(version).append(" with the release module, ").append(JVMS)
+                .append(" worker JVMs on this machine's ").append(Runtime.getRuntime().availableProcessors())
+                .append(" cores (load average ").append(Bench.loadAverage()).append(" at the end: other work shares"
+                        + " the machine), ").append(RUN_MS).append(" ms measured after ").append(WARM_MS)
+                .append(" ms of warm-up, contenders split evenly over the JVMs. Each contender loops take → give"
+                        + " back with an empty critical section, no lease (both sides run their watchdog). rlock:"
+                        + " RlockClient's defaults (a ticket per wait; a lock holds on its grant message);"
+                        + " Redisson 4.7.0 with its defaults. Owner changes: acquisitions, put in one order by"
+                        + " the wall-clock stamp each takes inside its hold, whose contender differs from the"
+                        + " one before (for the semaphore: of 4 permits). Wait: asking to holding. Jain: over"
+                        + " the contenders' acquisitions. Connections: CLIENT LIST during the run, every JVM"
+                        + " together. CPU: the server's user+sys time over the window per acquisition.\n\n");
+        b.append("| primitive | contenders | client | owner changes/s | acquisitions/s | p50 wait (ms) | p99 wait (ms)"
+                + " | Jain | connections | server CPU/acq (µs) |\n");
+        b.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (Result r : rs) {
+            b.append(String.format(Locale.ROOT, "| %s | %d | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %d | %.1f |%n",
+                    r.primitive(), r.contenders(), r.side().equals("rlock") ? "rlock (Java client)"
+                            : r.primitive().equals("lock") ? "Redisson RLock" : "Redisson RSemaphore",
+                    r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(), r.connections(),
+                    r.cpuUsPerAcq()));
+        }
+        b.append("\nRatios (rlock / Redisson):");
+        for (int i = 0; i + 1 < rs.size(); i += 2) {
+            Result m = rs.get(i), o = rs.get(i + 1);
+            b.append(String.format(Locale.ROOT, " %s at %d: %.1fx owner changes/s, %.1fx acquisitions/s, p99 wait"
+                            + " %.2fx, CPU/acq %.2fx;", m.primitive(), m.contenders(),
+                    m.changesPerSec() / Math.max(1e-9, o.changesPerSec()),
+                    m.acqPerSec() / Math.max(1e-9, o.acqPerSec()), m.p99Ms() / Math.max(1e-9, o.p99Ms()),
+                    m.cpuUsPerAcq() / Math.max(1e-9, o.cpuUsPerAcq())));
+        }
+        b.setLength(b.length() - 1);
+        b.append(".\n");
+        return b.toString();
+    }
+}

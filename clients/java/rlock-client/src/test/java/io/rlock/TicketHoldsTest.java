@@ -1,0 +1,309 @@
+// Tests of "a ticket holds when its grant arrives" in the rlock Java client (clients/java;
+// design.md 5, issue 40) against a real module-loaded server: a lock's waiter holds on its
+// granted message before its confirmation is even sent; a grant the server took back (the
+// connection that queued it closed, no confirmation within rlock.ticket-confirm-ms) reaches
+// the holder as a lost lock; a server without `ticket-holds` is collected from first; and
+// 200 waiting threads of one client hold a few connections, none blocked in the server.
+// A Transport wrapper holds back the confirmations, standing for a holder whose
+// confirmation is late (a paused process, a broken connection).
+package io.rlock;
+
+import io.lettuce.core.RedisClient;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
+import java.util.function.BiConsumer;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+@Timeout(60)
+class TicketHoldsTest {
+    static TestServer server;
+
+    @BeforeAll
+    static void start() {
+        server = new TestServer();
+    }
+
+    /** How long the server keeps an unconfirmed grant after its connection closed. */
+    static void confirmMs(long ms) {
+        server.call("CONFIG", "SET", "rlock.ticket-confirm-ms", Long.toString(ms));
+    }
+
+    static long revoked() {
+        return Long.parseLong(server.info("rlock", "rlock_revoked_handoffs"));
+    }
+
+    @AfterAll
+    static void stop() {
+        server.close();
+    }
+
+    static String key(String what) {
+        return "java:holds:" + what + ":" + System.nanoTime();
+    }
+
+    /**
+     * The client's own Lettuce transport, with the confirmations of ticket grants (a
+     * waiting command sent again without WAIT) held back until {@link #gate} completes,
+     * and optionally the `ticket-holds` word taken out of RLOCK.HELLO's answer.
+     */
+    static final class Gated implements Transport {
+        final LettuceTransport inner;
+        final boolean hideHolds;
+        final CompletableFuture<Void> gate = new CompletableFuture<>();
+        final AtomicInteger held = new AtomicInteger();
+
+        Gated(boolean hideHolds) {
+            this.inner = new LettuceTransport(RedisClient.create(server.uri()), true, null);
+            this.hideHolds = hideHolds;
+        }
+
+        static boolean confirmation(List<String> args) {
+            String c = args.get(0);
+            return (c.equals("RLOCK.ACQUIRE") || c.equals("RRWLOCK.ACQUIRE")) && args.contains("ID")
+                    && !args.contains("WAIT");
+        }
+
+        @Override
+        public CompletableFuture<Object> send(List<String> args) {
+            if (confirmation(args) && !gate.isDone()) {
+                held.incrementAndGet();
+                return gate.thenCompose(x -> inner.send(args));
+            }
+            CompletableFuture<Object> r = inner.send(args);
+            if (hideHolds && args.equals(Capabilities.HELLO)) {
+                return r.thenApply(Gated::withoutHolds);
+            }
+            return r;
+        }
+
+        static Object withoutHolds(Object reply) {
+            List<Object> flat = new ArrayList<>((List<?>) reply);
+            for (int i = 0; i + 1 < flat.size(); i += 2) {
+                if ("features".equals(flat.get(i))) {
+                    List<Object> words = new ArrayList<>((List<?>) flat.get(i + 1));
+                    words.remove("ticket-holds");
+                    flat.set(i + 1, words);
+                }
+            }
+            return flat;
+        }
+
+        @Override
+        public void listen(BiConsumer<String, String> l) {
+            inner.listen(l);
+        }
+
+        @Override
+        public CompletableFuture<Void> subscribe(String channel) {
+            return inner.subscribe(channel);
+        }
+
+        @Override
+        public void unsubscribe(String channel) {
+            inner.unsubscribe(channel);
+        }
+
+        @Override
+        public void onReconnect(Runnable hook) {
+            inner.onReconnect(hook);
+        }
+
+        @Override
+        public Dedicated dedicated() {
+            return inner.dedicated();
+        }
+
+        @Override
+        public void close() {
+            gate.complete(null);
+            inner.close();
+        }
+    }
+
+    static long waiters() {
+        return Long.parseLong(server.info("rlock", "rlock_waiters"));
+    }
+
+    @Test
+    void a_lock_waiter_holds_on_its_granted_message_before_its_confirmation_is_answered() throws Exception {
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("held");
+            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            RlockLock lock = c.getLock(name);
+            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            // Held while its confirmation has not even left the client: nothing but the
+            // grant message stood between the release and the holder.
+            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            assertEquals(1, t.held.get());
+            assertTrue(lock.isHeldByThread(7));
+            t.gate.complete(null);
+            lock.unlockAsync(7).get(10, TimeUnit.SECONDS);
+            assertFalse(lock.isLost(7));
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
+    @Test
+    void a_read_write_lock_waiter_holds_on_its_granted_message_too() throws Exception {
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("rw");
+            RlockReadWriteLock rw = c.getReadWriteLock(name);
+            assertNull(server.call("RRWLOCK.ACQUIRE", name, "WRITE", "holder", "30000"));
+            CompletableFuture<Boolean> reading = rw.readLock().tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            server.call("RRWLOCK.RELEASE", name, "WRITE", "holder");
+            assertTrue(reading.get(10, TimeUnit.SECONDS));
+            assertEquals(1, t.held.get());
+            t.gate.complete(null);
+            rw.readLock().unlockAsync(7).get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void a_grant_taken_back_before_its_confirmation_is_reported_as_a_lost_lock() throws Exception {
+        confirmMs(200);
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults());
+             RlockClient next = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            String name = key("takenback");
+            RlockLock lock = c.getLock(name);
+            AtomicReference<String> lostWhy = new AtomicReference<>();
+            CountDownLatch lost = new CountDownLatch(1);
+            lock.addLostListener((n, owner, why) -> {
+                if (owner.equals(lock.ownerOf(7))) {
+                    lostWhy.set(why);
+                    lost.countDown();
+                }
+            });
+            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            CompletableFuture<Boolean> after = next.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 8);
+            TestServer.waitUntil(Duration.ofSeconds(10), "both queued", () -> waiters() == 2);
+            long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+            // The connection that queued the ticket closes before any confirmation (a
+            // paused or cut-off holder): the server waits 200 ms, takes the grant back
+            // and hands the lock to the next waiter.
+            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
+            assertTrue(after.get(10, TimeUnit.SECONDS), "the next waiter got the lock taken back");
+            assertTrue(next.getLock(name).isHeldByThread(8));
+            // The late confirmation hears TAKENBACK: the holder is told it lost the lock.
+            t.gate.complete(null);
+            assertTrue(lost.await(10, TimeUnit.SECONDS), "the lost-lock listener fired");
+            assertTrue(lostWhy.get().contains("TAKENBACK"), lostWhy.get());
+            assertTrue(lock.isLost(7));
+            assertEquals(1, c.stats().lostLocks());
+            IllegalMonitorStateException e = assertThrows(IllegalMonitorStateException.class,
+                    () -> Sync.join(lock.unlockAsync(7)));
+            assertTrue(e.getMessage().contains("lost"), e.getMessage());
+            next.getLock(name).unlockAsync(8).get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void a_holder_whose_connection_was_killed_confirms_on_the_new_one_and_keeps_the_lock() throws Exception {
+        confirmMs(1000);
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("kept");
+            RlockLock lock = c.getLock(name);
+            long revokedBefore = revoked();
+            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            // Killed, then confirmed on Lettuce's new connection, within the server's grace.
+            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
+            t.gate.complete(null);
+            // Past the grace (1 s from the kill): still held, nothing taken back, nothing lost.
+            Thread.sleep(1500);
+            assertEquals(revokedBefore, revoked());
+            assertTrue(lock.isHeldByThread(7));
+            assertFalse(lock.isLost(7));
+            assertEquals(0, c.stats().lostLocks());
+            lock.unlockAsync(7).get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void without_ticket_holds_a_lock_waiter_collects_its_grant_first() throws Exception {
+        Gated t = new Gated(true);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("collect");
+            RlockLock lock = c.getLock(name);
+            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            // Granted in the server, and the collect sent (held back here): the waiter does
+            // not proceed on the message alone.
+            TestServer.waitUntil(Duration.ofSeconds(10), "granted and collecting", () -> t.held.get() == 1);
+            assertFalse(waiting.isDone());
+            t.gate.complete(null);
+            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            lock.unlockAsync(7).get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void two_hundred_waiting_threads_hold_a_few_connections_and_none_is_blocked() throws Exception {
+        try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            String name = key("many");
+            RlockLock lock = c.getLock(name);
+            assertTrue(lock.tryLock());
+            int before = server.connections();
+            int n = 200;
+            CountDownLatch done = new CountDownLatch(n);
+            AtomicInteger got = new AtomicInteger();
+            for (int i = 0; i < n; i++) {
+                Thread th = new Thread(() -> {
+                    try {
+                        if (lock.tryLock(30, TimeUnit.SECONDS)) {
+                            got.incrementAndGet();
+                            lock.unlock();
+                        }
+                    } catch (InterruptedException e) {
+                        Thread.currentThread().interrupt();
+                    } finally {
+                        done.countDown();
+                    }
+                });
+                th.setDaemon(true);
+                th.start();
+            }
+            TestServer.waitUntil(Duration.ofSeconds(20), "200 queued", () -> waiters() == n);
+            int during = server.connections();
+            String list = server.redis().clientList();
+            assertEquals("0", server.info("clients", "blocked_clients"), list);
+            for (String line : list.split("\n")) {
+                String flags = line.replaceAll(".* flags=(\\S*) .*", "$1");
+                assertFalse(flags.contains("b"), "a blocked client: " + line);
+            }
+            assertTrue(during <= before + 1, "connections " + before + " -> " + during
+                    + " (the notification connection opens with the first waiter)");
+            lock.unlock();
+            assertTrue(done.await(40, TimeUnit.SECONDS));
+            assertEquals(n, got.get());
+        }
+    }
+}
