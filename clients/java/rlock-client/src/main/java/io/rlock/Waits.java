@@ -131,16 +131,6 @@ final class Waits {
                 hook.run();
             }
         }
-
-        /** Settled and confirmed (tests). */
-        synchronized boolean confirmed() {
-            return state == CONFIRMED;
-        }
-
-        /** Settled either way (tests). */
-        synchronized boolean settled() {
-            return state == CONFIRMED || state == TAKEN_BACK;
-        }
     }
 
     /** A waiting command taken apart. */
