@@ -1,10 +1,7 @@
 // The watchdog of one client (clients/java, internal): every hold taken without a lease
-// is renewed about every third of the watchdog timeout by the client's one scheduler thread
+// is renewed every third of the watchdog timeout by the client's one scheduler thread
 // (Redisson's lockWatchdogTimeout, 30 s by default). A renewal that finds the hold gone,
-// or that keeps failing until the lease must have run out, reports the loss. One ticker per
-// client looks for due holds, rather than a timer per hold: taking a hold (on the grant's
-// path, Lettuce's event loop) then only writes a map entry, and never wakes the scheduler
-// thread.
+// or that keeps failing until the lease must have run out, reports the loss.
 package io.rlock;
 
 import java.util.List;
@@ -32,8 +29,7 @@ final class Watchdog {
         /** Re-entrant holds counted here (Redisson's ExpirationEntry): renewal stops at 0. */
         int holds;
         volatile long lastRenewedNanos = System.nanoTime();
-        /** When the next renewal is due (nanoTime): a third of the lease after the last. */
-        volatile long dueNanos;
+        ScheduledFuture<?> task;
 
         Entry(String name, List<String> renew, Predicate<Object> renewed, Consumer<String> lost) {
             this.name = name;
@@ -56,16 +52,11 @@ final class Watchdog {
         }
     }
 
-    /** The ticker, started with the first hold and running until close. */
-    private volatile ScheduledFuture<?> ticker;
-    private final long periodNanos;
-
     Watchdog(ScheduledExecutorService scheduler, Wire wire, long leaseMs, RlockStats stats) {
         this.scheduler = scheduler;
         this.stats = stats;
         this.wire = wire;
         this.leaseMs = leaseMs;
-        this.periodNanos = Math.max(1, leaseMs / 3) * 1_000_000;
     }
 
     long leaseMs() {
@@ -77,45 +68,28 @@ final class Watchdog {
      * its holds are all released. `renewed` reads the renew command's reply.
      */
     void hold(String name, List<String> renew, Predicate<Object> renewed, Consumer<String> lost) {
-        long now = System.nanoTime();
         entries.compute(name, (k, e) -> {
             if (e == null) {
                 e = new Entry(name, renew, renewed, lost);
-                e.dueNanos = now + periodNanos;
+                Entry entry = e;
+                long period = Math.max(1, leaseMs / 3);
+                e.task = scheduler.scheduleAtFixedRate(entry::tick, period, period, TimeUnit.MILLISECONDS);
             }
             e.holds++;
-            e.lastRenewedNanos = now;
+            e.lastRenewedNanos = System.nanoTime();
             return e;
         });
-        if (ticker == null) {
-            start();
-        }
-    }
-
-    /**
-     * The ticker runs every sixth of the lease, so a hold is renewed between a third and
-     * half of the lease after its last renewal, well before it ends.
-     */
-    private synchronized void start() {
-        if (ticker == null) {
-            long every = Math.max(1, leaseMs / 6);
-            ticker = scheduler.scheduleAtFixedRate(this::tick, every, every, TimeUnit.MILLISECONDS);
-        }
-    }
-
-    private void tick() {
-        long now = System.nanoTime();
-        for (Entry e : entries.values()) {
-            if (now - e.dueNanos >= 0) {
-                e.dueNanos = now + periodNanos;
-                e.tick();
-            }
-        }
     }
 
     /** One hold of `name` released (`all`: every hold, the thing is free). */
     void release(String name, boolean all) {
-        entries.computeIfPresent(name, (k, e) -> all || --e.holds <= 0 ? null : e);
+        entries.computeIfPresent(name, (k, e) -> {
+            if (all || --e.holds <= 0) {
+                e.task.cancel(false);
+                return null;
+            }
+            return e;
+        });
     }
 
     boolean watching(String name) {
@@ -124,14 +98,15 @@ final class Watchdog {
 
     private void drop(Entry e, String why) {
         if (entries.remove(e.name, e)) {
+            e.task.cancel(false);
             stats.lostLocks.increment();
             e.lost.accept(why);
         }
     }
 
-    synchronized void close() {
-        if (ticker != null) {
-            ticker.cancel(false);
+    void close() {
+        for (Entry e : entries.values()) {
+            e.task.cancel(false);
         }
         entries.clear();
     }
