@@ -143,6 +143,16 @@ public class RlockLock implements Lock {
                 throw Sync.rethrow(e);
             });
         });
+        // A caller that gave up (an interrupt cancels `out`) once the server had granted,
+        // before the rest of the acquire (replica sync) finished: the hold is given back,
+        // or it would stay held and renewed with nobody to release it. A grant that comes
+        // after the cancellation is the wait's own undo (Waits).
+        out.whenComplete((x, e) -> {
+            if (out.isCancelled() && !raw.cancel(true) && !raw.isCompletedExceptionally()
+                    && parseAcquire(raw.join()).held()) {
+                release(threadId);
+            }
+        });
         return Sync.linked(out, raw);
     }
 
