@@ -124,9 +124,14 @@ final class Backend {
 
     /** A waiting module command (`WAIT t`): the module's tickets or Redisson's way. */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo) {
+        return await(args, undo, null);
+    }
+
+    /** {@link #await(List, Function)} with a lock's Confirm (Waits: held on the grant message in module mode). */
+    CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Waits.Confirm confirm) {
         CompletableFuture<Boolean> mode = scripts();
         if (mode.isDone() && !mode.isCompletedExceptionally()) {
-            return route(mode.join(), args, undo);
+            return route(mode.join(), args, undo, confirm);
         }
         CompletableFuture<Object> out = new CompletableFuture<>();
         mode.whenComplete((s, e) -> {
@@ -134,7 +139,7 @@ final class Backend {
                 out.completeExceptionally(Wire.unwrap(e));
                 return;
             }
-            CompletableFuture<Object> inner = route(s, args, undo);
+            CompletableFuture<Object> inner = route(s, args, undo, confirm);
             out.whenComplete((v, x) -> {
                 if (out.isCancelled()) {
                     inner.cancel(true);
@@ -152,8 +157,8 @@ final class Backend {
     }
 
     private CompletableFuture<Object> route(boolean scriptsMode, List<String> args,
-                                            Function<Object, List<List<String>>> undo) {
-        return scriptsMode ? scriptWaits.await(args, undo) : waits.awaitModule(args, undo);
+                                            Function<Object, List<List<String>>> undo, Waits.Confirm confirm) {
+        return scriptsMode ? scriptWaits.await(args, undo) : waits.awaitModule(args, undo, confirm);
     }
 
     /** A message on a channel that is not a ticket channel: Redisson's, for scripts-mode waits. */

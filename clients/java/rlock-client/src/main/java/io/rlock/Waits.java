@@ -254,7 +254,7 @@ final class Waits {
      */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
         Backend b = backend;
-        return b != null ? b.await(args, undo) : awaitModule(args, undo, confirm);
+        return b != null ? b.await(args, undo, confirm) : awaitModule(args, undo, confirm);
     }
 
     /** Where waits go first (the client's Backend: the module's tickets, or Redisson's way). */
