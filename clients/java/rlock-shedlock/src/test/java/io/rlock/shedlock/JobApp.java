@@ -50,6 +50,17 @@ public class JobApp {
             Long t = redis.execute((RedisCallback<Long>) c -> c.serverCommands().time());
             redis.opsForList().rightPush(list, who + ":" + t);
         }
+
+        /**
+         * Appends "<who>:<server ms>:<the job lock's PTTL read after it>": their sum is at
+         * most the lease's end (the PTTL is read later than the time), whatever time passed
+         * between taking the lock and this record.
+         */
+        void recordLease(String list, String lockKey) {
+            Long t = redis.execute((RedisCallback<Long>) c -> c.serverCommands().time());
+            Long pttl = redis.getExpire(lockKey, java.util.concurrent.TimeUnit.MILLISECONDS);
+            redis.opsForList().rightPush(list, who + ":" + t + ":" + pttl);
+        }
     }
 
     public static class EverySecond {
@@ -80,7 +91,7 @@ public class JobApp {
         @Scheduled(fixedDelayString = "${job.delay}")
         @SchedulerLock(name = "leased", lockAtMostFor = "3s")
         public void run() throws InterruptedException {
-            rec.record("job:leased");
+            rec.recordLease("job:leased", RlockLockProvider.DEFAULT_PREFIX + ":leased");
             if (hang) {
                 Thread.sleep(Long.MAX_VALUE);
             }
