@@ -337,6 +337,40 @@ func split(args []string, fixed int) ([]string, map[string]string) {
 	return pos, opts
 }
 
+// scriptArity: the positional arguments each module command done by a script needs.
+var scriptArity = map[string]int{
+	"RLOCK.ACQUIRE":                3,
+	"RLOCK.RELEASE":                2,
+	"RLOCK.RENEW":                  3,
+	"RFENCED.ACQUIRE":              3,
+	"RFENCED.GETTOKEN":             1,
+	"RSEMAPHORE.TRYSETPERMITS":     2,
+	"RSEMAPHORE.ADDPERMITS":        2,
+	"RSEMAPHORE.ACQUIRE":           2,
+	"RSEMAPHORE.RELEASE":           2,
+	"RSEMAPHORE.AVAILABLEPERMITS":  1,
+	"RSEMAPHORE.DRAINPERMITS":      1,
+	"RRWLOCK.ACQUIRE":              4,
+	"RRWLOCK.RELEASE":              3,
+	"RRWLOCK.RENEW":                4,
+	"RRWLOCK.FORCERELEASE":         1,
+	"RPSEMAPHORE.TRYSETPERMITS":    2,
+	"RPSEMAPHORE.SETPERMITS":       2,
+	"RPSEMAPHORE.ADDPERMITS":       2,
+	"RPSEMAPHORE.AVAILABLEPERMITS": 1,
+	"RPSEMAPHORE.ACQUIREDPERMITS":  1,
+	"RPSEMAPHORE.ACQUIRE":          2,
+	"RPSEMAPHORE.RELEASE":          2,
+	"RPSEMAPHORE.UPDATELEASETIME":  3,
+	"RPSEMAPHORE.LEASETIME":        2,
+	"RLATCH.TRYSETCOUNT":           2,
+	"RLATCH.COUNTDOWN":             1,
+	"RLATCH.GETCOUNT":              1,
+	"RLATCH.AWAIT":                 1,
+	"RLATCH.DELETE":                1,
+	"RLOCK.FORCERELEASE":           1,
+}
+
 // ScriptFor is the script that does module command args (publish: "publish", or
 // "spublish" on a cluster with sharded pub/sub), or ErrNeedsModule.
 func ScriptFor(args []any, publish string) (ScriptCall, error) {
@@ -345,25 +379,20 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		return ScriptCall{}, ErrNeedsModule
 	}
 	cmd := strings.ToUpper(a[0])
-	need := func(n int) ([]string, map[string]string, error) {
-		pos, opts := split(a, n)
-		if len(pos) < n {
-			return nil, nil, fmt.Errorf("ERR wrong number of arguments for '%s' command", strings.ToLower(cmd))
-		}
-		return pos, opts, nil
+	// How many positional arguments each command needs: checked once, here, before its
+	// case reads them.
+	n, known := scriptArity[cmd]
+	if !known {
+		return ScriptCall{}, fmt.Errorf("%w (%s)", ErrNeedsModule, cmd)
+	}
+	pos, opts := split(a, n)
+	if len(pos) < n {
+		return ScriptCall{}, fmt.Errorf("ERR wrong number of arguments for '%s' command", strings.ToLower(cmd))
 	}
 	switch cmd {
 	case "RLOCK.ACQUIRE":
-		pos, _, err := need(3)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"lock_acquire", []string{pos[0]}, []any{pos[2], pos[1]}, AsIs}, nil
 	case "RLOCK.RELEASE":
-		pos, opts, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		lease := "30000"
 		if len(pos) > 2 {
 			lease = pos[2]
@@ -376,74 +405,34 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		return ScriptCall{"lock_unlock", []string{name, LockChannel(name), UnlockLatch(name, id)},
 			[]any{UnlockMessage, lease, pos[1], publish, UnlockLatchMs}, AsIs}, nil
 	case "RLOCK.RENEW":
-		pos, _, err := need(3)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"lock_renew", []string{pos[0]}, []any{pos[2], pos[1]}, AsIs}, nil
 	case "RFENCED.ACQUIRE":
-		pos, _, err := need(3)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"fenced_acquire_token", []string{pos[0], TokenKey(pos[0])}, []any{pos[2], pos[1]}, Fenced}, nil
 	case "RFENCED.GETTOKEN":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"", []string{TokenKey(pos[0])}, nil, GetToken}, nil
 	case "RSEMAPHORE.TRYSETPERMITS":
-		pos, opts, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		keys := []string{pos[0], SemaphoreChannel(pos[0])}
 		if px, ok := opts["PX"]; ok {
 			return ScriptCall{"semaphore_try_set_ttl", keys, []any{pos[1], publish, px}, AsIs}, nil
 		}
 		return ScriptCall{"semaphore_try_set", keys, []any{pos[1], publish}, AsIs}, nil
 	case "RSEMAPHORE.ADDPERMITS":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"semaphore_add", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, GetCount}, nil
 	case "RSEMAPHORE.ACQUIRE":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		if pos[1] == "0" {
 			return ScriptCall{"", []string{pos[0]}, nil, One}, nil
 		}
 		return ScriptCall{"semaphore_try_acquire", []string{pos[0]}, []any{pos[1]}, AsIs}, nil
 	case "RSEMAPHORE.RELEASE":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		if pos[1] == "0" {
 			return ScriptCall{"", []string{pos[0]}, nil, GetCount}, nil
 		}
 		return ScriptCall{"semaphore_release", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, GetCount}, nil
 	case "RSEMAPHORE.AVAILABLEPERMITS":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"", []string{pos[0]}, nil, GetCount}, nil
 	case "RSEMAPHORE.DRAINPERMITS":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"semaphore_drain", []string{pos[0]}, nil, Count}, nil
 	case "RRWLOCK.ACQUIRE":
-		pos, _, err := need(4)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		name, owner, lease := pos[0], pos[2], pos[3]
 		writer := owner + ":write"
 		if strings.EqualFold(pos[1], "READ") {
@@ -451,10 +440,6 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		}
 		return ScriptCall{"write_acquire", []string{name}, []any{lease, writer}, ReadHeld}, nil
 	case "RRWLOCK.RELEASE":
-		pos, opts, err := need(3)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		name, owner := pos[0], pos[2]
 		lease := "30000"
 		if len(pos) > 3 {
@@ -472,58 +457,27 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		return ScriptCall{"write_unlock", []string{name, RWChannel(name), latch},
 			[]any{ReadUnlockMessage, lease, owner + ":write", publish, UnlockLatchMs}, AsIs}, nil
 	case "RRWLOCK.RENEW":
-		pos, _, err := need(4)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		name, owner, lease := pos[0], pos[2], pos[3]
 		if strings.EqualFold(pos[1], "READ") {
 			return ScriptCall{"read_renew", []string{name, rwKeyPrefix(name)}, []any{lease, 1, owner}, FirstInt}, nil
 		}
 		return ScriptCall{"lock_renew", []string{name}, []any{lease, owner + ":write"}, AsIs}, nil
 	case "RRWLOCK.FORCERELEASE":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"", []string{pos[0]}, nil, ForceRW}, nil
 	case "RPSEMAPHORE.TRYSETPERMITS":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"semaphore_try_set", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, AsIs}, nil
 	case "RPSEMAPHORE.SETPERMITS":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"pes_set_permits", []string{pos[0], SemaphoreChannel(pos[0]), timeoutZset(pos[0])}, []any{pos[1], publish}, ThenAvailable}, nil
 	case "RPSEMAPHORE.ADDPERMITS":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"pes_add", []string{pos[0], SemaphoreChannel(pos[0])}, []any{pos[1], publish}, ThenAvailable}, nil
 	case "RPSEMAPHORE.AVAILABLEPERMITS":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return PesAvailable(pos[0], publish), nil
 	case "RPSEMAPHORE.ACQUIREDPERMITS":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"pes_acquired", pesKeys(pos[0]), []any{NowMs(), publish}, Count}, nil
 	case "RPSEMAPHORE.ACQUIRE":
-		pos, opts, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		permits := int64(1)
 		if p, ok := opts["PERMITS"]; ok {
+			var err error
 			if permits, err = strconv.ParseInt(p, 10, 64); err != nil || permits < 1 {
 				return ScriptCall{}, errors.New("BADPERMITS permits must be a positive integer")
 			}
@@ -545,20 +499,12 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		}
 		return ScriptCall{"pes_try_acquire", pesKeys(pos[0]), argv, Permits}, nil
 	case "RPSEMAPHORE.RELEASE":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		raw, err := rawID(pos[1])
 		if err != nil {
 			return ScriptCall{}, err
 		}
 		return ScriptCall{"pes_release", []string{pos[0], SemaphoreChannel(pos[0]), timeoutZset(pos[0])}, []any{raw, 1, NowMs(), publish}, AsIs}, nil
 	case "RPSEMAPHORE.UPDATELEASETIME":
-		pos, _, err := need(3)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		raw, err := rawID(pos[1])
 		if err != nil {
 			return ScriptCall{}, err
@@ -574,50 +520,22 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 		}
 		return ScriptCall{"pes_update_lease", pesKeys(pos[0]), []any{raw, expiry, now, publish}, AsIs}, nil
 	case "RPSEMAPHORE.LEASETIME":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		raw, err := rawID(pos[1])
 		if err != nil {
 			return ScriptCall{}, err
 		}
 		return ScriptCall{"pes_lease_time", pesKeys(pos[0]), []any{raw, int64(NonExpirable), NowMs(), publish}, AsIs}, nil
 	case "RLATCH.TRYSETCOUNT":
-		pos, _, err := need(2)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"latch_try_set", []string{pos[0], LatchChannel(pos[0])}, []any{NewCountMessage, pos[1], publish}, AsIs}, nil
 	case "RLATCH.COUNTDOWN":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"latch_count_down", []string{pos[0], LatchChannel(pos[0])}, []any{ZeroCountMessage, publish}, GetLatchCount}, nil
 	case "RLATCH.GETCOUNT":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"", []string{pos[0]}, nil, GetLatchCount}, nil
 	case "RLATCH.AWAIT":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"", []string{pos[0]}, nil, GetOpen}, nil
 	case "RLATCH.DELETE":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"latch_delete", []string{pos[0], LatchChannel(pos[0])}, []any{NewCountMessage, publish}, AsIs}, nil
 	case "RLOCK.FORCERELEASE":
-		pos, _, err := need(1)
-		if err != nil {
-			return ScriptCall{}, err
-		}
 		return ScriptCall{"lock_force_unlock", []string{pos[0], LockChannel(pos[0])}, []any{UnlockMessage}, AsIs}, nil
 	}
 	return ScriptCall{}, fmt.Errorf("%w (%s)", ErrNeedsModule, cmd)
