@@ -359,8 +359,11 @@ class Run:
             self.servers.append(n)
             self.cluster.append(n)
         ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
-        for n, (lo, hi) in zip(self.cluster, ranges):
+        for i, (n, (lo, hi)) in enumerate(zip(self.cluster, ranges)):
             n.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            # Distinct config epochs, as redis-cli --cluster create sets them (left at 0
+            # they are told apart by collisions over several gossip rounds).
+            n.client().execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         for n in self.cluster[1:]:
             self.cluster[0].client().execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
 

@@ -261,6 +261,7 @@ def test_wait_handoffs_work_on_every_master(cluster, path):
 # Slot migration
 
 def begin_migration(cluster, slot, src, dst):
+    cluster.settle_epochs()
     dst.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(src))
     src.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", cluster.node_id(dst))
 

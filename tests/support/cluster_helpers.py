@@ -246,8 +246,12 @@ class Cluster:
         t0 = time.monotonic()
         masters = [self._node(f"m{i}") for i in range(3)]
         ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
-        for s, (lo, hi) in zip(masters, ranges):
+        for i, (s, (lo, hi)) in enumerate(zip(masters, ranges)):
             s.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            # Distinct config epochs from the start, as redis-cli --cluster create sets
+            # them: left at 0 they are told apart by collisions over several gossip
+            # rounds, and a slot moved meanwhile can be claimed back by its old owner.
+            s.client().execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         c0 = masters[0].client()
         for s in masters[1:]:
             c0.execute_command("CLUSTER", "MEET", "127.0.0.1", s.port)
@@ -281,6 +285,30 @@ class Cluster:
                         return False
             return True
         wait_until(known, timeout, interval=0.05, what="replica known to every node")
+
+    def settle_epochs(self, timeout=20):
+        """Waits until every node knows every master's config epoch alike, the epochs are
+        distinct, and every node's current epoch is their maximum. A slot's new owner then
+        takes an epoch above all others when it claims the slot in a classic migration;
+        with a stale current epoch it could take one another node has, and gossip the old
+        owner sent before its SETSLOT could win the slot back where the claim was unheard."""
+        def view(s):
+            c = s.client()
+            epochs = {}
+            for line in c.execute_command("CLUSTER", "NODES").decode().splitlines():
+                f = line.split()
+                if len(f) >= 8 and "master" in f[2]:
+                    epochs[f[0]] = int(f[6])
+            info = c.execute_command("CLUSTER", "INFO").decode()
+            top = max(epochs.values(), default=0)
+            ok = (len(set(epochs.values())) == len(epochs)
+                  and f"cluster_current_epoch:{top}\r" in info)
+            return epochs if ok else None
+
+        def settled():
+            views = [view(s) for s in self.nodes]
+            return views[0] is not None and all(v == views[0] for v in views)
+        wait_until(settled, timeout, interval=0.05, what="config epochs agreed, distinct and current")
 
     def _knows(self, server, node_id):
         return node_id.encode() in server.client().execute_command("CLUSTER", "NODES")

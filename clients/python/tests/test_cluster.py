@@ -109,6 +109,7 @@ def test_a_ticket_whose_slot_migrates_while_it_waits_is_served_on_the_new_node(c
     assert blocked_clients(src.client()) == 0
     # Migrate the slot (as redis-cli --cluster reshard does) with the lock in it: the
     # ticket is told ASK, and the client waits on the destination from then on.
+    cluster.settle_epochs()
     dst.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(src))
     src.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", cluster.node_id(dst))
     assert src.client().execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000,

@@ -185,6 +185,7 @@ fn a_ticket_follows_its_key_to_the_node_its_slot_migrates_to() {
     // The slot moves to `dst`, the lock with it: the source tells the ticket where the
     // key went (ASK), and the waiter follows.
     let (src_id, dst_id) = (node_id(&mut s), node_id(&mut d));
+    cluster.settle_epochs();
     let _: () = redis::cmd("CLUSTER")
         .arg("SETSLOT")
         .arg(slot)

@@ -238,6 +238,12 @@ func StartCluster(t testing.TB) *Cluster {
 		if err := c.Do(ctx, slots...).Err(); err != nil {
 			t.Fatal(err)
 		}
+		// Distinct config epochs from the start, as redis-cli --cluster create sets them:
+		// left at 0 they are told apart by collisions over several gossip rounds, and a
+		// slot moved meanwhile can be claimed back by its old owner.
+		if err := c.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", i+1).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c0 := cl.Nodes[0].Client(t)
 	for _, n := range cl.Nodes[1:] {

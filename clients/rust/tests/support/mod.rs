@@ -435,6 +435,14 @@ impl Cluster {
                 .arg(hi)
                 .query(&mut c)
                 .unwrap();
+            // Distinct config epochs from the start, as redis-cli --cluster create sets
+            // them: left at 0 they are told apart by collisions over several gossip rounds,
+            // and a slot moved meanwhile can be claimed back by its old owner.
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SET-CONFIG-EPOCH")
+                .arg(lo / 5461 + 1)
+                .query(&mut c)
+                .unwrap();
         }
         let mut first = nodes[0].conn();
         for n in &nodes[1..] {
@@ -454,6 +462,38 @@ impl Cluster {
             assert!(ok, "cluster did not form; log:\n{}", n.log());
         }
         Cluster { nodes }
+    }
+
+    /// Waits until every node knows every master's config epoch alike, the epochs are
+    /// distinct, and every node's current epoch is their maximum: a slot's new owner then
+    /// takes an epoch above all others when it claims the slot in a classic migration.
+    /// With a stale current epoch it could take one another node has, and gossip the old
+    /// owner sent before its SETSLOT could win the slot back where the claim was not heard.
+    pub fn settle_epochs(&self) {
+        let view = |n: &Server| -> Option<String> {
+            let mut c = n.conn();
+            let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).ok()?;
+            let mut epochs: Vec<(String, u64)> = nodes
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .filter(|f| f.len() >= 8 && f[2].contains("master"))
+                .map(|f| (f[0].to_string(), f[6].parse().unwrap_or(0)))
+                .collect();
+            epochs.sort();
+            let mut distinct: Vec<u64> = epochs.iter().map(|e| e.1).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let max = distinct.last().copied().unwrap_or(0);
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).ok()?;
+            let current = format!("cluster_current_epoch:{max}\r");
+            (distinct.len() == self.nodes.len() && info.contains(&current))
+                .then(|| format!("{epochs:?}"))
+        };
+        let settled = wait_until(Duration::from_secs(20), || {
+            let views: Vec<Option<String>> = self.nodes.iter().map(view).collect();
+            views[0].is_some() && views.iter().all(|v| *v == views[0])
+        });
+        assert!(settled, "config epochs did not settle on every node");
     }
 
     pub fn urls(&self) -> Vec<String> {

@@ -230,7 +230,7 @@ class ClusterTest {
         int slot = cluster.slot(name);
         TestServer src = cluster.ownerOf(name);
         cluster.beginMigration(slot, src, dst);
-        cluster.finishMigration(slot, dst);
+        cluster.finishMigration(slot, src, dst);
     }
 
     @Test

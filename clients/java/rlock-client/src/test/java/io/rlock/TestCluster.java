@@ -20,6 +20,10 @@ final class TestCluster implements AutoCloseable {
             }
             for (int i = 0; i < 3; i++) {
                 masters.get(i).call("CLUSTER", "ADDSLOTSRANGE", Integer.toString(RANGES[i][0]), Integer.toString(RANGES[i][1]));
+                // Distinct config epochs from the start, as redis-cli --cluster create sets
+                // them: left at 0 they are told apart by collisions over several gossip
+                // rounds, and a slot moved meanwhile can be claimed back by its old owner.
+                masters.get(i).call("CLUSTER", "SET-CONFIG-EPOCH", Integer.toString(i + 1));
             }
             for (int i = 1; i < 3; i++) {
                 masters.get(0).call("CLUSTER", "MEET", "127.0.0.1", Integer.toString(masters.get(i).port));
@@ -83,6 +87,7 @@ final class TestCluster implements AutoCloseable {
      * of the slot (the lock's, and the module's request-id records beside it).
      */
     void beginMigration(int slot, TestServer src, TestServer dst) {
+        settleEpochs();
         String s = Integer.toString(slot);
         dst.call("CLUSTER", "SETSLOT", s, "IMPORTING", id(src));
         src.call("CLUSTER", "SETSLOT", s, "MIGRATING", id(dst));
@@ -97,21 +102,64 @@ final class TestCluster implements AutoCloseable {
         }
     }
 
-    /** Ends a classic migration: SETSLOT NODE on every master, then every node agrees. */
-    void finishMigration(int slot, TestServer dst) {
+    /**
+     * Ends a classic migration: SETSLOT NODE on the new owner first (it takes a config epoch
+     * above every other), then the old owner, then the rest, as redis-cli does; then every
+     * node agrees.
+     */
+    void finishMigration(int slot, TestServer src, TestServer dst) {
         String dstId = id(dst);
-        dst.call("CLUSTER", "SETSLOT", Integer.toString(slot), "NODE", dstId);
-        for (TestServer m : masters) {
-            if (m != dst) {
-                m.call("CLUSTER", "SETSLOT", Integer.toString(slot), "NODE", dstId);
-            }
+        List<TestServer> order = new ArrayList<>(List.of(dst, src));
+        masters.stream().filter(m -> m != dst && m != src).forEach(order::add);
+        for (TestServer m : order) {
+            m.call("CLUSTER", "SETSLOT", Integer.toString(slot), "NODE", dstId);
         }
         waitOwner(slot, dst);
     }
 
+    /**
+     * Waits until every node knows every master's config epoch alike, the epochs are
+     * distinct, and every node's current epoch is their maximum. A slot's new owner then
+     * takes an epoch above all others when it claims the slot; with a stale current epoch
+     * it could take one another node has, and gossip sent by the old owner before its
+     * SETSLOT could win the slot back on a node that had not yet heard the new claim.
+     */
+    void settleEpochs() {
+        TestServer.waitUntil(Duration.ofSeconds(20), "config epochs agreed, distinct and current on every node", () -> {
+            String seen = null;
+            for (TestServer m : masters) {
+                java.util.TreeMap<String, Long> epochs = new java.util.TreeMap<>();
+                for (String line : m.redis().clusterNodes().split("\n")) {
+                    String[] f = line.trim().split(" ");
+                    if (f.length >= 8 && f[2].contains("master")) {
+                        epochs.put(f[0], Long.parseLong(f[6]));
+                    }
+                }
+                long max = epochs.values().stream().mapToLong(Long::longValue).max().orElse(0);
+                if (epochs.size() != masters.size() || epochs.values().stream().distinct().count() != epochs.size()
+                        || !m.redis().clusterInfo().contains("cluster_current_epoch:" + max + "\r")) {
+                    return false;
+                }
+                if (seen != null && !seen.equals(epochs.toString())) {
+                    return false;
+                }
+                seen = epochs.toString();
+            }
+            return true;
+        });
+    }
+
     void waitOwner(int slot, TestServer dst) {
-        TestServer.waitUntil(Duration.ofSeconds(20), "every node sees slot " + slot + " on " + dst.port,
-                () -> masters.stream().allMatch(m -> owner(m, slot) == dst.port));
+        try {
+            TestServer.waitUntil(Duration.ofSeconds(20), "every node sees slot " + slot + " on " + dst.port,
+                    () -> masters.stream().allMatch(m -> owner(m, slot) == dst.port));
+        } catch (AssertionError e) {
+            StringBuilder views = new StringBuilder(e.getMessage());
+            for (TestServer m : masters) {
+                views.append("\n-- CLUSTER NODES on ").append(m.port).append(":\n").append(m.redis().clusterNodes());
+            }
+            throw new AssertionError(views.toString(), e);
+        }
     }
 
     @Override
