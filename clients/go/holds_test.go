@@ -1,18 +1,19 @@
 // Integration tests of a ticket that holds when its grant arrives (design.md 5, the
 // server's `ticket-holds` feature): the lock's waiter returns on the granted message with
 // the confirmation still in flight; a confirmation that cannot land (writes paused, the
-// ticket connection killed, `rlock.ticket-confirm-ms 0`) reports the hold lost. (A
-// waiter whose id is answered TAKENBACK before it had the grant queues again under a
-// fresh id: internal/proto's machine test; the module defers a take-back while writes are
-// paused, which lets the waiter's own resend confirm the grant first, so no server-side
-// sequence here forces it.) And the opt-in blocked waits (WithBlockingWaits), which queue
-// no ticket.
+// ticket connection killed, `rlock.ticket-confirm-ms 0`) reports the hold lost; the
+// fenced lock and the expirable semaphore hold on it too, reading the token and the permit
+// id from the message. A waiter whose grant is taken back before the message reached it
+// (both hub connections killed with the grant) is answered TAKENBACK and queues again
+// under a fresh id. And the opt-in blocked waits (WithBlockingWaits), which queue no
+// ticket.
 
 package rlock_test
 
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,4 +134,219 @@ func TestWithBlockingWaitsAWaitBlocksAConnectionAndQueuesNoTicket(t *testing.T) 
 	if waiter.Held() != 1 {
 		t.Fatal("the waiter does not hold the lock")
 	}
+}
+
+// holdCase is one primitive that holds on its granted message: how a holder outside the
+// client takes it, how the client's waiter waits, and what the waiter holds.
+type holdCase struct {
+	name string
+	// take: the outside holder takes it; returns the command that releases it.
+	take func(t *testing.T, admin *redis.Client) []any
+	// wait: the client's waiter; returns its lost signal and error when it holds.
+	wait func(c *rlock.Client) (done <-chan struct{}, errNow func() error, err error)
+	info string
+}
+
+func heldCases() []holdCase {
+	ctx := context.Background()
+	return []holdCase{
+		{
+			name: "fenced",
+			info: "RLOCK.INFO",
+			take: func(t *testing.T, admin *redis.Client) []any {
+				if err := admin.Do(ctx, "RFENCED.ACQUIRE", "k", "holder", 30000).Err(); err != nil {
+					t.Fatal(err)
+				}
+				return []any{"RLOCK.RELEASE", "k", "holder"}
+			},
+			wait: func(c *rlock.Client) (<-chan struct{}, func() error, error) {
+				m := c.NewFencedMutex("k")
+				tok, err := m.LockToken(context.Background())
+				if err == nil && tok <= 1 {
+					// The outside holder had token 1: the waiter's is larger.
+					err = errors.New("token " + strconv.FormatInt(tok, 10) + " after the holder's 1")
+				}
+				return m.Done(), m.Err, err
+			},
+		},
+		{
+			name: "permit",
+			info: "RPSEMAPHORE.INFO",
+			take: func(t *testing.T, admin *redis.Client) []any {
+				if err := admin.Do(ctx, "RPSEMAPHORE.TRYSETPERMITS", "k", 1, "ID", "setup").Err(); err != nil {
+					t.Fatal(err)
+				}
+				id, err := admin.Do(ctx, "RPSEMAPHORE.ACQUIRE", "k", 30000, "ID", "outside").Text()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return []any{"RPSEMAPHORE.RELEASE", "k", id}
+			},
+			wait: func(c *rlock.Client) (<-chan struct{}, func() error, error) {
+				p, err := c.NewPermitSemaphore("k").Acquire(context.Background(), 0)
+				if err != nil {
+					return nil, nil, err
+				}
+				if len(p.ID()) != 32 {
+					return nil, nil, errors.New("permit id " + p.ID())
+				}
+				return p.Done(), p.Err, nil
+			},
+		},
+	}
+}
+
+// The fenced lock's and the expirable semaphore's waiters hold on the granted message
+// too (the token, the permit id read from its detail): they return while every write is
+// paused, which a collect would wait for; and a grant taken back (its confirmation's
+// connection killed, `rlock.ticket-confirm-ms 0`) fires the lost signal.
+func TestFencedAndPermitWaitersHoldOnTheGrantAndAreToldWhenItIsTakenBack(t *testing.T) {
+	for _, tc := range heldCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, c := setup(t)
+			ctx := context.Background()
+			admin := s.Client(t)
+			if err := admin.ConfigSet(ctx, "rlock.ticket-confirm-ms", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			release := tc.take(t, admin)
+			type held struct {
+				done   <-chan struct{}
+				errNow func() error
+				err    error
+			}
+			got := make(chan held, 1)
+			go func() {
+				d, e, err := tc.wait(c)
+				got <- held{d, e, err}
+			}()
+			testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
+				return infoWaiters(t, tc.info, "k") == 1
+			})
+			t.Cleanup(func() { admin.Do(context.Background(), "CLIENT", "UNPAUSE") })
+			if _, err := admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Do(ctx, release...)
+				p.Do(ctx, "CLIENT", "PAUSE", 60000, "WRITE")
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var h held
+			select {
+			case h = <-got:
+				if h.err != nil {
+					t.Fatal(h.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter did not return on the granted message")
+			}
+			if err := h.errNow(); err != nil {
+				t.Fatalf("Err = %v; want held", err)
+			}
+			id := ticketCommandConn(ctx, admin)
+			if id == "" {
+				t.Fatal("no ticket connection")
+			}
+			if err := admin.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-h.done:
+			case <-time.After(15 * time.Second):
+				t.Fatal("the holder was never told its grant was taken back")
+			}
+			if !errors.Is(h.errNow(), rlock.ErrLost) {
+				t.Fatalf("Err = %v, want ErrLost", h.errNow())
+			}
+		})
+	}
+}
+
+// Issue 42: a grant taken back before its waiter had it, end to end. The outside holder's
+// release grants the lock to the client's queued waiter, and in the same transaction
+// both of the hub's connections are killed, so the `granted` message dies in the
+// notification connection's buffer and nothing confirms the grant; with
+// `rlock.ticket-confirm-ms 0` the server takes it back at once and hands the lock to the
+// next in line (a blocked waiter). The client's waiter, queuing again under its request
+// id on new connections, is answered TAKENBACK, queues under a fresh id behind that
+// holder, and gets the lock when it is released: it never held while the other did, and
+// it is not told of a loss (it never held).
+func TestAWaiterWhoseGrantWasTakenBackBeforeItHadItQueuesAgain(t *testing.T) {
+	s, rdb, c := setup(t)
+	ctx := context.Background()
+	must(t, rdb.ConfigSet(ctx, "rlock.ticket-confirm-ms", "0").Err())
+	takeOutside(t, rdb, "k")
+	m := c.NewMutex("k")
+	got := within(m.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the client's waiter queued", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "k") == 1
+	})
+	// The next in line: a blocked wait on a connection of its own (not a pub/sub one).
+	blocked := s.Client(t)
+	next := make(chan error, 1)
+	go func() {
+		err := blocked.Do(context.Background(), "RLOCK.ACQUIRE", "k", "next", 30000, "WAIT", 0).Err()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		next <- err
+	}()
+	testserver.WaitUntil(t, 10*time.Second, "the blocked waiter queued", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "k") == 2
+	})
+	id := ticketCommandConn(ctx, rdb)
+	if id == "" {
+		t.Fatal("no ticket connection")
+	}
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "RLOCK.RELEASE", "k", "outside")
+		p.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+		p.Do(ctx, "CLIENT", "KILL", "ID", id)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-next:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the taken-back grant was not passed on to the next waiter")
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("the client's waiter returned (%v) while the next waiter holds", err)
+	default:
+	}
+	testserver.WaitUntil(t, 20*time.Second, "the client's waiter queued again", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "k") == 1
+	})
+	if m.Held() != 0 {
+		t.Fatal("the client's waiter holds while the next waiter does")
+	}
+	must(t, rdb.Do(ctx, "RLOCK.RELEASE", "k", "next").Err())
+	select {
+	case err := <-got:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client's waiter was not granted the lock after the next one released it")
+	}
+	if m.Held() != 1 || m.Err() != nil {
+		t.Fatalf("Held = %d, Err = %v; want held", m.Held(), m.Err())
+	}
+	if owner := rdb.HKeys(ctx, "k").Val(); len(owner) != 1 || owner[0] != m.Owner() {
+		t.Fatalf("the lock's owners: %v, want %s", owner, m.Owner())
+	}
+}
+
+// takeOutside takes lock key for an owner outside the clients under test ("outside").
+func takeOutside(t *testing.T, rdb *redis.Client, key string) {
+	t.Helper()
+	if err := rdb.Do(context.Background(), "RLOCK.ACQUIRE", key, "outside", 30000).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+}
+
+func releaseOutside(t *testing.T, rdb *redis.Client, key string) {
+	t.Helper()
+	must(t, rdb.Do(context.Background(), "RLOCK.RELEASE", key, "outside").Err())
 }

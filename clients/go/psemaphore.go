@@ -75,7 +75,9 @@ func (s *PermitSemaphore) acquire(ctx context.Context, lease, wait time.Duration
 	leaseMs := proto.Millis(lease)
 	id := proto.RequestID()
 	sent := time.Now()
-	v, err := s.c.waitFor(ctx, "acquire", s.key, wait, forever,
+	// A wait that held on its granted note (design.md 5) leaves its confirm here.
+	var cf *confirm
+	v, err := s.c.waitFor(withConfirmSlot(ctx, &cf), "acquire", s.key, wait, forever,
 		func(waitMs int64) []any { return proto.PSemAcquire(s.key, leaseMs, 1, waitMs, id) },
 		func(v any) bool { ids, err := proto.ParsePermits(v); return err == nil && len(ids) == 1 })
 	if err != nil {
@@ -88,6 +90,11 @@ func (s *PermitSemaphore) acquire(ctx context.Context, lease, wait time.Duration
 		func(at time.Time) { p.mu.Lock(); p.from = at; p.mu.Unlock() },
 		proto.PSemUpdateLease(s.key, p.id, leaseMs),
 		func() { p.end(ErrLost) })
+	if cf != nil {
+		// A permit held on its granted note and then taken back (the server released
+		// it) is a lost permit.
+		cf.onTakenBack(func() { p.end(ErrLost) })
+	}
 	return p, nil
 }
 

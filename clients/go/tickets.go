@@ -8,12 +8,14 @@
 // A waiter subscribes its key's ticket channel (refcounted, kept for a few seconds after
 // the last waiter left so that busy keys are not resubscribed per wait; confirmed before its ticket
 // is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
-// ordinary reply), and waits for its note: granted, timeout or error. A lock's or RW
-// lock's waiter on a server naming `ticket-holds` holds on its granted note: the reader
-// sends the confirmation (the same command and id, without WAIT) off the holder's path
-// and wakes the waiter at once; the confirmation's reply settles the hold's confirm, and
-// one answered TAKENBACK (or lost with its connection past the server's grace) reports
-// the hold lost. Other waiters collect first (the fenced token, the permits). Tickets live as long as the command connection
+// ordinary reply), and waits for its note: granted, timeout or error. A lock's, RW
+// lock's, fenced lock's or expirable semaphore's waiter on a server naming `ticket-holds`
+// holds on its granted note (the fenced token and the permit ids read from its detail):
+// the reader sends the confirmation (the same command and id, without WAIT) off the
+// holder's path and wakes the waiter at once; the confirmation's reply settles the hold's
+// confirm, and one answered TAKENBACK (or lost with its connection past the server's
+// grace) reports the hold lost. Other waiters (the semaphore; a detail this client cannot
+// read) collect first. Tickets live as long as the command connection
 // that queued them; when either connection breaks, both are closed (the server drops the
 // tickets and takes back uncollected grants), and every waiter re-sends with the same
 // id on new ones. A waiter that leaves (its context ended) while its ticket is queued
@@ -24,6 +26,7 @@ package rlock
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -495,10 +498,11 @@ func (h *hub) read(s *session) {
 				switch {
 				case w.orphan:
 					h.orphanEvent(w, proto.Event{Note: &note})
-				case note.Kind == proto.Granted && w.confirm != nil && s.caps.Has("ticket-holds"):
+				case note.Kind == proto.Granted && w.confirm != nil && s.caps.Has("ticket-holds") && holdable(&w.shape, note.Detail):
 					// Held now: the confirmation goes out beside the waiter's wake-up,
 					// not before it (design.md 5).
-					go h.confirmGrant(s, w.shape.Look(), w.confirm)
+					held, _ := w.shape.HoldReply(note.Detail)
+					go h.confirmGrant(s, w.shape.Look(), held, w.confirm)
 					deliver(w, event{ev: proto.Event{Note: &note, Held: true}, gen: s.gen})
 				default:
 					deliver(w, event{ev: proto.Event{Note: &note}, gen: s.gen})
@@ -554,15 +558,16 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 }
 
 // confirmGrant confirms a grant held on its granted note: look (the same command and id,
-// without WAIT) on the session's command connection, which replays the grant's nil. A
-// reply that is not that nil (TAKENBACK, or the lock found held by another) settles it
-// taken back. With no reply (the connection broke) it is sent again on the application's
-// connections until confirmRetryFor has passed; the server keeps the grant that long
-// after the connection closed (rlock.ticket-confirm-ms) and takes it back after. A
-// redirection (the grant's slot moved on before the confirmation came: the migration
-// carried the lock and its request id's record) or TRYAGAIN is followed the same way,
-// through the application's client, which routes by key in a cluster.
-func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
+// without WAIT) on the session's command connection, which replays the grant's reply
+// (held: nil, the fenced lock's [nil, token], the permit ids). A reply that is not that
+// one (TAKENBACK, or the lock found held by another) settles it taken back. With no
+// reply (the connection broke) it is sent again on the application's connections until
+// confirmRetryFor has passed; the server keeps the grant that long after the connection
+// closed (rlock.ticket-confirm-ms) and takes it back after. A redirection (the grant's
+// slot moved on before the confirmation came: the migration carried the lock and its
+// request id's record) or TRYAGAIN is followed the same way, through the application's
+// client, which routes by key in a cluster.
+func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	s.sendMu.Lock()
 	reply, err := s.conn.Do(ctx, look...).Result()
@@ -573,7 +578,7 @@ func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 	}
 	var re redis.Error
 	if err == nil || (errors.As(err, &re) && !elsewhere(err)) {
-		cf.settle(err == nil && reply == nil)
+		cf.settle(err == nil && reflect.DeepEqual(reply, held))
 		return
 	}
 	if !errors.As(err, &re) {
@@ -607,7 +612,7 @@ func (h *hub) confirmGrant(s *session, look []any, cf *confirm) {
 				r.v, r.err = nil, nil
 			}
 			if r.err == nil || (errors.As(r.err, &re) && !elsewhere(r.err)) {
-				cf.settle(r.err == nil && r.v == nil)
+				cf.settle(r.err == nil && reflect.DeepEqual(r.v, held))
 				return
 			}
 			if h.c.cluster != nil && redirected(r.err) {
@@ -677,7 +682,9 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if shape.Holds() {
+	if _, asked := ctx.Value(confirmSlot{}).(**confirm); asked && shape.Holds() {
+		// The caller takes the hold's confirm (and reports a take-back): it may hold on
+		// the granted message. Any other caller collects.
 		w.confirm = &confirm{}
 	}
 	started := time.Now()
@@ -829,6 +836,12 @@ func (h *hub) abandonOrLeave(w *waiter, m *proto.Machine) {
 	} else {
 		h.leave(w)
 	}
+}
+
+// holdable tells whether a granted note's detail gives shape's grant without a collect.
+func holdable(shape *proto.Shape, detail string) bool {
+	_, ok := shape.HoldReply(detail)
+	return ok
 }
 
 func isRedisErr(err error) bool {

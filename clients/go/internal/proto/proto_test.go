@@ -270,8 +270,10 @@ func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 	}
 }
 
-// On a server naming `ticket-holds` a lock's or RW lock's waiter holds on its `granted`
-// message (no collect on its path); the fenced lock and the semaphores still collect. An
+// On a server naming `ticket-holds` a lock's, RW lock's, fenced lock's or expirable
+// semaphore's waiter holds on its `granted` message (no collect on its path; the token and
+// permit ids read from the detail, spec/vectors/tickets.json `holds`); the semaphore still
+// collects. An
 // id answered TAKENBACK (its grant taken back before the waiter had it) queues again
 // under a fresh id.
 func TestTheTicketMachineHoldsOnTheGrantAndRequeuesATakenBackID(t *testing.T) {
@@ -282,8 +284,10 @@ func TestTheTicketMachineHoldsOnTheGrantAndRequeuesATakenBackID(t *testing.T) {
 	}{
 		{Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"), true},
 		{Hold{Key: "k", Owner: "o", Prefix: "RRWLOCK", Side: "WRITE"}.Acquire(100, 0, "r1"), true},
-		{Hold{Key: "k", Owner: "o", Prefix: "RFENCED"}.Acquire(100, 0, "r1"), false},
+		{Hold{Key: "k", Owner: "o", Prefix: "RLOCK", AcquireWord: "RFENCED.ACQUIRE"}.Acquire(100, 0, "r1"), true},
+		{PSemAcquire("k", 100, 1, 0, "r1"), true},
 		{SemAcquire("k", 1, 0, "r1"), false},
+		{LatchAwait("k", 0), false},
 	} {
 		s, _ := ShapeOf(tc.args)
 		if s.Holds() != tc.holds {

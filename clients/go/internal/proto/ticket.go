@@ -110,6 +110,8 @@ type Shape struct {
 	idAt   int // -1: the command had no ID (the latch); one is added for ASYNC only
 	// Latch is RLATCH.AWAIT: a granted note is the whole answer.
 	Latch bool
+	// permits: PERMITS n was given (an expirable semaphore's grant is then an array).
+	permits bool
 }
 
 // ShapeOf takes a waiting command (with `WAIT w`) apart; ok is false for a command that
@@ -125,6 +127,8 @@ func ShapeOf(args []any) (Shape, bool) {
 			s.waitAt = i + 1
 		case "ID":
 			s.idAt = i + 1
+		case "PERMITS":
+			s.permits = true
 		}
 	}
 	if s.waitAt < 0 {
@@ -150,13 +154,70 @@ func (s *Shape) Key() string { return s.args[1] }
 // ID is the request id the ticket is queued and collected under.
 func (s *Shape) ID() string { return s.id }
 
-// Holds tells whether a grant of this command is known without collecting it: the lock's
-// and RW lock's acquire, whose grant replies nil. On a server naming `ticket-holds` such a
-// waiter holds on its `granted` message and the grant is confirmed off its path; the
-// fenced lock (its token) and the semaphores (permit ids, a count) collect first.
+// Holds tells whether a grant of this command can be known without collecting it: the
+// lock's and RW lock's acquire (their grant replies nil), the fenced lock's (its token)
+// and the expirable semaphore's (its permit ids), the last two read from the `granted`
+// message's detail (HoldReply). On a server naming `ticket-holds` such a waiter holds on
+// its `granted` message and the grant is confirmed off its path (design.md 5); the
+// semaphore (no client could tell a permit's holder it was taken back) and the latch
+// collect.
 func (s *Shape) Holds() bool {
-	c := s.Command()
-	return c == "RLOCK.ACQUIRE" || c == "RRWLOCK.ACQUIRE"
+	switch s.Command() {
+	case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE", "RFENCED.ACQUIRE", "RPSEMAPHORE.ACQUIRE":
+		return true
+	}
+	return false
+}
+
+// HoldReply is the grant's reply as read from a `granted` message's detail
+// (spec/vectors/tickets.json, `holds`); ok is false when the waiter must collect it: a
+// command that does not hold, or a detail this client cannot read (none, from a module
+// that wrote none).
+func (s *Shape) HoldReply(detail string) (reply any, ok bool) {
+	switch s.Command() {
+	case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE":
+		return nil, true
+	case "RFENCED.ACQUIRE":
+		// A positive decimal that fits an int64: no sign, no spaces, at most 19 digits.
+		if len(detail) < 1 || len(detail) > 19 {
+			return nil, false
+		}
+		for i := 0; i < len(detail); i++ {
+			if detail[i] < '0' || detail[i] > '9' {
+				return nil, false
+			}
+		}
+		tok, err := strconv.ParseInt(detail, 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		return []any{nil, tok}, true
+	case "RPSEMAPHORE.ACQUIRE":
+		ids := strings.Split(detail, ",")
+		for _, id := range ids {
+			if len(id) == 0 || len(id)%2 != 0 {
+				return nil, false
+			}
+			for i := 0; i < len(id); i++ {
+				c := id[i]
+				if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+					return nil, false
+				}
+			}
+		}
+		if s.permits {
+			out := make([]any, len(ids))
+			for i, id := range ids {
+				out[i] = id
+			}
+			return out, true
+		}
+		if len(ids) != 1 {
+			return nil, false
+		}
+		return ids[0], true
+	}
+	return nil, false
 }
 
 // RenewID gives the command a fresh request id: its old one was answered TAKENBACK (a
@@ -238,7 +299,8 @@ type Event struct {
 	Note  *Note
 	Lost  bool
 	// Held: a `granted` note that means held (a Holds command on a server naming
-	// `ticket-holds`), whose confirmation the hub has already sent off the path.
+	// `ticket-holds`, its detail readable by HoldReply), whose confirmation the hub has
+	// already sent off the path.
 	Held bool
 }
 
@@ -301,10 +363,10 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 				m.Outstanding = false
 				return Step{Done: true, Reply: int64(1)}
 			}
-			if ev.Held {
-				// Held now; the grant's reply is nil (Holds), confirmed off the path.
+			if reply, ok := m.Shape.HoldReply(ev.Note.Detail); ok && ev.Held {
+				// Held now, the reply read from the message; confirmed off the path.
 				m.Outstanding = false
-				return Step{Done: true, Reply: nil, Held: true}
+				return Step{Done: true, Reply: reply, Held: true}
 			}
 			// Collect: the same command and id again; the server replays the grant.
 			return Step{Send: m.Shape.Look()}

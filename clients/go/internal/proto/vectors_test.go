@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -95,6 +96,106 @@ func TestVectorsTicketMessages(t *testing.T) {
 		}
 		if step.Send != nil && strings.Join(Strings(step.Send), " ") != strings.Join(Strings(s.Look()), " ") {
 			t.Fatalf("%q: sends %v, want the command without WAIT", c.Message, step.Send)
+		}
+	}
+}
+
+// tickets.json `holds`: the reply a waiter holds on, read from its granted message's
+// detail, or "collect" (a detail this client cannot read); and the machine on that note.
+func TestVectorsHoldOnTheGrant(t *testing.T) {
+	var f struct {
+		Holds []struct {
+			Command string          `json:"command"`
+			Permits bool            `json:"permits"`
+			Detail  string          `json:"detail"`
+			Then    string          `json:"then"`
+			Reply   json.RawMessage `json:"reply"`
+		} `json:"holds"`
+	}
+	if vectors(t, "tickets.json", &f); len(f.Holds) == 0 {
+		t.Fatal("tickets.json has no holds")
+	}
+	// JSON numbers read as json.Number (a token may be the largest int64, which a
+	// float64 would round); the server's integers are int64.
+	var norm func(v any) any
+	norm = func(v any) any {
+		switch x := v.(type) {
+		case json.RawMessage:
+			if len(x) == 0 {
+				return nil
+			}
+			d := json.NewDecoder(strings.NewReader(string(x)))
+			d.UseNumber()
+			var y any
+			if err := d.Decode(&y); err != nil {
+				t.Fatal(err)
+			}
+			return norm(y)
+		case json.Number:
+			n, _ := x.Int64()
+			return n
+		case []any:
+			out := make([]any, len(x))
+			for i, e := range x {
+				out[i] = norm(e)
+			}
+			return out
+		}
+		return v
+	}
+	for _, c := range f.Holds {
+		var args []any
+		switch c.Command {
+		case "RLOCK.ACQUIRE", "RFENCED.ACQUIRE":
+			args = []any{c.Command, "k", "o", int64(30000)}
+		case "RRWLOCK.ACQUIRE":
+			args = []any{c.Command, "k", "WRITE", "o", int64(30000)}
+		case "RPSEMAPHORE.ACQUIRE":
+			args = []any{c.Command, "k", int64(30000)}
+		case "RSEMAPHORE.ACQUIRE":
+			args = []any{c.Command, "k", int64(1)}
+		default:
+			args = []any{c.Command, "k"}
+		}
+		if c.Permits {
+			args = append(args, "PERMITS", int64(2))
+		}
+		args = append(args, "WAIT", int64(0), "ID", "r1")
+		s, ok := ShapeOf(args)
+		if !ok {
+			t.Fatalf("%+v: not a waiting command", c)
+		}
+		got, held := s.HoldReply(c.Detail)
+		switch c.Then {
+		case "hold":
+			if !held || !reflect.DeepEqual(got, norm(c.Reply)) {
+				t.Fatalf("%+v: holds %v on %#v, want %#v", c, held, got, norm(c.Reply))
+			}
+		case "collect":
+			if held {
+				t.Fatalf("%+v: holds on %#v, want a collect", c, got)
+			}
+		default:
+			t.Fatalf("%+v: unknown then", c)
+		}
+		// The machine on that note, as the hub marks it (Held where the reader holds).
+		m := NewMachine(s, time.Now())
+		m.Start(time.Now())
+		m.On(Event{Reply: "QUEUED"}, time.Now())
+		step := m.On(Event{Note: &Note{Kind: Granted, ID: "r1", Owner: "o", Detail: c.Detail}, Held: held && s.Holds()}, time.Now())
+		switch {
+		case c.Command == "RLATCH.AWAIT":
+			if !step.Done || step.Reply != int64(1) {
+				t.Fatalf("%+v: latch step %+v", c, step)
+			}
+		case held:
+			if !step.Done || !step.Held || !reflect.DeepEqual(step.Reply, got) {
+				t.Fatalf("%+v: step %+v, want held with %#v", c, step, got)
+			}
+		default:
+			if step.Send == nil || join(Strings(step.Send)) != join(Strings(s.Look())) {
+				t.Fatalf("%+v: step %+v, want the collect", c, step)
+			}
 		}
 	}
 }
