@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from .errors import module_error
-from ._proto import Call, Listen, Pipe, Shape, Sleep, Subscribe, Wait, Watch
+from ._proto import Call, Listen, Pipe, Shape, Sleep, Subscribe, Wait, Watch, new_notify_tag
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
 log = logging.getLogger("rlock")
@@ -48,8 +48,8 @@ DEFAULT_BLOCKING_WAITS = 0
 
 
 class _Hub:
-    """The ticket connections of one client (one per server / cluster node), and its
-    budget of blocked waits."""
+    """The ticket connections of one client (one per server / cluster node), its
+    ``NOTIFY`` tag and its budget of blocked waits."""
 
     def __init__(self, redis: Any, conn_type: Any) -> None:
         self.blocking_waits = _BLOCKING_WAITS.get(redis, DEFAULT_BLOCKING_WAITS)
@@ -57,6 +57,9 @@ class _Hub:
         self.cluster = _is_cluster(redis)
         self.redis = weakref.ref(redis)
         self.conn_type = conn_type
+        # One tag for all the hub's connections: the channel is per key and client, and a
+        # key stays on its node (a slot that moves takes the wait elsewhere anyway).
+        self.tag = new_notify_tag()
         self.conns: Dict[Optional[Tuple[str, int]], Any] = {}
         self.lock = threading.Lock()
         # A ticket connection's capability probe (RLOCK.HELLO) named no tickets: wait the
@@ -80,7 +83,7 @@ class _Hub:
         with self.lock:
             conn = self.conns.get(addr)
             if conn is None:
-                conn = self.conns[addr] = self.conn_type(cls, kwargs, self.cluster)
+                conn = self.conns[addr] = self.conn_type(cls, kwargs, self.cluster, self.tag)
             return conn
 
     def connections(self) -> list:
@@ -289,7 +292,11 @@ class SyncIO:
         if isinstance(effect, Wait):
             return self.wait(effect.shape)
         if isinstance(effect, Pipe):
-            with self.redis.pipeline(transaction=False) as pipe:
+            target = self.redis
+            if effect.at is not None and _is_cluster(self.redis):
+                # The node's own client: one of its connections carries every command.
+                target = self.redis.get_node_from_key(effect.at).redis_connection
+            with target.pipeline(transaction=False) as pipe:
                 for args in effect.commands:
                     pipe.execute_command(*args)
                 return pipe.execute()
@@ -413,6 +420,8 @@ class AsyncIO:
         if isinstance(effect, Wait):
             return await self.wait(effect.shape)
         if isinstance(effect, Pipe):
+            if effect.at is not None and _is_cluster(self.redis):
+                return await _node_pipe(self.redis, effect)
             async with self.redis.pipeline(transaction=False) as pipe:
                 for args in effect.commands:
                     pipe.execute_command(*args)
@@ -488,6 +497,21 @@ class AsyncIO:
 
         handle.task = asyncio.get_running_loop().create_task(run())
         return handle
+
+
+async def _node_pipe(redis: Any, effect: Pipe) -> list:
+    """A `Pipe` down one connection of the asyncio cluster node owning ``effect.at``
+    (that node's own pipeline: written at once, the replies read in order); the first
+    error is raised, as a pipeline's ``execute()`` does."""
+    from redis.asyncio.cluster import PipelineCommand
+    await redis.initialize()
+    node = redis.get_node_from_key(effect.at)
+    commands = [PipelineCommand(i, *args) for i, args in enumerate(effect.commands)]
+    await node.execute_pipeline(commands)
+    for c in commands:
+        if isinstance(c.result, Exception):
+            raise c.result
+    return [c.result for c in commands]
 
 
 async def _close(pool: Any, conn: Any) -> None:

@@ -11,6 +11,7 @@ reference behaviour mirrored here.
 from __future__ import annotations
 
 import re
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
@@ -24,12 +25,19 @@ CONNECTION_NAME = "rlock-py-tickets"
 NOTE_GRACE = 2.0
 
 
-def ticket_channel(key: bytes) -> bytes:
+def ticket_channel(key: bytes, tag: Optional[str] = None) -> bytes:
     """``rlock_ticket:{key}``, or ``rlock_ticket:key`` when the key has a ``{`` (Redisson's
-    ``prefixName`` rule: the channel hashes to the key's cluster slot)."""
-    if b"{" in key:
-        return b"rlock_ticket:" + key
-    return b"rlock_ticket:{" + key + b"}"
+    ``prefixName`` rule: the channel hashes to the key's cluster slot). With ``tag``, the
+    channel of the tickets queued with ``NOTIFY tag`` (a client's own: the key's channel
+    and ``:tag``; a tag has no braces, so the slot stays the key's)."""
+    channel = b"rlock_ticket:" + key if b"{" in key else b"rlock_ticket:{" + key + b"}"
+    return channel if tag is None else channel + b":" + tag.encode()
+
+
+def new_notify_tag() -> str:
+    """A client's ``NOTIFY`` tag: 16 lowercase hex characters from a secure source, so
+    that two clients never share a channel (and nobody guesses another's)."""
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -152,10 +160,11 @@ class Shape:
         left = self.wait_ms - int(elapsed * 1000)
         return left if left > 0 else None
 
-    def with_wait(self, wait_ms: Optional[int], ticket: bool) -> List[Any]:
-        """The command waiting ``wait_ms`` (with ``ASYNC`` if ``ticket``), or without
-        ``WAIT`` when ``wait_ms`` is None: that answers at once (the remembered grant of
-        this id, or the ordinary reply)."""
+    def with_wait(self, wait_ms: Optional[int], ticket: bool,
+                  notify: Optional[str] = None) -> List[Any]:
+        """The command waiting ``wait_ms`` (with ``ASYNC`` if ``ticket``, and ``NOTIFY
+        notify`` if given), or without ``WAIT`` when ``wait_ms`` is None: that answers at
+        once (the remembered grant of this id, or the ordinary reply)."""
         args = list(self.args)
         if self.latch and not ticket:
             # RLATCH.AWAIT takes ID only with ASYNC (it changes nothing to remember).
@@ -167,8 +176,10 @@ class Shape:
             return args
         if self.latch:
             # RLATCH.AWAIT's synopsis order, WAIT t ASYNC ID id (spec/vectors/commands.json).
-            return args[:-2] + ["ASYNC"] + args[-2:]
-        return args + ["ASYNC"]
+            args = args[:-2] + ["ASYNC"] + args[-2:]
+        else:
+            args = args + ["ASYNC"]
+        return args if notify is None else args + ["NOTIFY", notify]
 
 
 #: The acquires whose grant is held on its ``granted`` message (see `held_reply`).
@@ -256,9 +267,12 @@ class Wait:
 class Pipe:
     """Run ``commands`` in order on one connection (a pipeline, no transaction); the
     replies come back as a list. Replica sync (`rlock._replicas`): a ``WAIT`` counts
-    only its own connection's writes."""
+    only its own connection's writes. ``at``: on a cluster, the commands go down one
+    connection of the node owning this key (redis-py's cluster pipeline would route each
+    command by itself, a keyless one anywhere)."""
 
     commands: Tuple[Tuple[Any, ...], ...]
+    at: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

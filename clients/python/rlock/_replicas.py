@@ -11,9 +11,14 @@ By default ``n`` is every replica the server has, read with ``ROLE`` at most onc
 `REFRESH` per client (a refused ``ROLE``, e.g. ``-@dangerous``, counts as none), so a
 server without replicas pays that one command now and then and nothing per acquire. In
 scripts mode the RENEW is Redisson's renew script, and the check follows Redisson's own
-acquire script, as Redisson's does. Not done on a cluster client yet (README, "Replicas
-and failover").
-Pure but for the per-client cache of counts; the drivers (`rlock._io`) run the effects.
+acquire script, as Redisson's does.
+
+On a cluster client the check runs on the node that owns the key: ``ROLE`` is asked
+there (a count per client and node), and RENEW + WAIT go down one connection of that
+node (``Pipe(at=key)``). Anywhere else the WAIT would count another node's replicas and
+another connection's writes (redis-py's cluster client sends a keyless WAIT to every
+node and sums the replies). Pure but for the per-client cache of counts and the cluster
+client's slot map (read, not asked); the drivers (`rlock._io`) run the effects.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, List, Optional
+from typing import Any, Callable, Dict, Generator, List, Optional
 
 from redis.exceptions import LockError, ResponseError
 
 from . import _mode, _scripts
-from ._proto import Call, Pipe
+from ._proto import Call, Pipe, to_bytes
 
 Op = Generator[Any, Any, Any]
 
@@ -82,7 +87,8 @@ def role_replicas(reply: Any) -> int:
 
 
 class _Count:
-    """One client's last replica count and when it was read (monotonic seconds)."""
+    """One client's last replica count of one server and when it was read (monotonic
+    seconds)."""
 
     def __init__(self) -> None:
         self.read_at: Optional[float] = None
@@ -92,29 +98,49 @@ class _Count:
         return self.read_at is None or now - self.read_at >= REFRESH
 
 
-_COUNTS: "weakref.WeakKeyDictionary[Any, _Count]" = weakref.WeakKeyDictionary()
+# Per client, per server: None for a plain client, the node's name ("host:port") on a
+# cluster (each master has its own replicas).
+_COUNTS: "weakref.WeakKeyDictionary[Any, Dict[Optional[str], _Count]]" = \
+    weakref.WeakKeyDictionary()
 _COUNTS_LOCK = threading.Lock()
 
 
-def _count_of(redis: Any) -> _Count:
+def _count_of(redis: Any, node: Optional[str]) -> _Count:
     with _COUNTS_LOCK:
-        c = _COUNTS.get(redis)
+        per_node = _COUNTS.get(redis)
+        if per_node is None:
+            per_node = _COUNTS[redis] = {}
+        c = per_node.get(node)
         if c is None:
-            c = _COUNTS[redis] = _Count()
+            c = per_node[node] = _Count()
         return c
 
 
-def wanted_op(redis: Any, setting: ReplicaSync) -> Op:
+def _is_cluster(redis: Any) -> bool:
+    return hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager")
+
+
+def node_of(redis: Any, key: bytes) -> Optional[str]:
+    """The name of the node that owns ``key`` in a cluster client's slot map (None off a
+    cluster). A lookup: the acquire that precedes the check has filled the map."""
+    if not _is_cluster(redis):
+        return None
+    return str(redis.get_node_from_key(key).name)
+
+
+def wanted_op(redis: Any, setting: ReplicaSync, key: Optional[bytes] = None) -> Op:
     """How many replicas to wait for (0: no check), reading ``ROLE`` when the count is
-    stale. Two acquires racing on a stale count may both read it: harmless."""
+    stale: on a cluster, the count of the node that owns ``key``, asked there. Two
+    acquires racing on a stale count may both read it: harmless."""
     if setting.replicas is not None:
         return setting.replicas
-    c = _count_of(redis)
+    at = key if _is_cluster(redis) else None
+    c = _count_of(redis, None if at is None else node_of(redis, at))
     now = time.monotonic()
     if c.stale(now):
         c.read_at = now  # before the read: a failing read is not retried at once either
         try:
-            c.count = role_replicas((yield Call(("ROLE",))))
+            c.count = role_replicas((yield Call(("ROLE",), at=at)))
         except ResponseError:
             c.count = 0  # not allowed (a managed service's -@dangerous): none known
     return c.count
@@ -122,10 +148,7 @@ def wanted_op(redis: Any, setting: ReplicaSync) -> Op:
 
 def applies(redis: Any, setting: Optional[ReplicaSync]) -> bool:
     """Whether an acquire through ``redis`` checks replicas (see the module docstring)."""
-    if setting is None:
-        return False
-    # A cluster client: not done yet (README, "Replicas and failover").
-    return not (hasattr(redis, "get_node_from_key") and hasattr(redis, "nodes_manager"))
+    return setting is not None
 
 
 def sync_op(redis: Any, setting: Optional[ReplicaSync], renew: List[Any]) -> Op:
@@ -134,7 +157,8 @@ def sync_op(redis: Any, setting: Optional[ReplicaSync], renew: List[Any]) -> Op:
     if not applies(redis, setting):
         return None
     assert setting is not None
-    wanted = yield from wanted_op(redis, setting)
+    key = to_bytes(renew[1])  # every RENEW names its key first
+    wanted = yield from wanted_op(redis, setting, key)
     if wanted == 0:
         return None
     timeout_ms = max(1, int(setting.timeout * 1000))
@@ -142,7 +166,8 @@ def sync_op(redis: Any, setting: Optional[ReplicaSync], renew: List[Any]) -> Op:
         renew_call = _scripts.renew_eval(renew)  # Redisson's renew script, as Redisson
     else:
         renew_call = tuple(renew)
-    replies = yield Pipe((renew_call, ("WAIT", wanted, timeout_ms)))
+    # One connection (of the key's node, on a cluster): WAIT counts its own writes.
+    replies = yield Pipe((renew_call, ("WAIT", wanted, timeout_ms)), at=key)
     acked = replies[-1] if isinstance(replies[-1], int) else 0
     return (wanted, acked) if acked < wanted else None
 

@@ -3,8 +3,13 @@
 A waiting call is sent with ``WAIT t ASYNC ID id`` on the client's ticket connection
 (one per server, or per cluster node that has waiters) and answered ``QUEUED``; its
 ``granted``/``timeout``/``error`` message arrives as a RESP3 push on the same connection.
-Because the ``SUBSCRIBE`` of the key's ticket channel is written before the command on
-the same socket, no grant can be missed and no round trip confirms the subscription.
+Because the ``SUBSCRIBE`` of the ticket channel is written before the command on the
+same socket, no grant can be missed and no round trip confirms the subscription.
+When the connection's ``RLOCK.HELLO`` names ``ticket-notify``, every wait adds ``NOTIFY
+tag`` (the client's own tag, drawn once per client and event loop) and subscribes the
+key's channel with ``:tag`` appended, on which only this client's tickets are answered:
+a handoff wakes the one client whose ticket it is, not every client with a waiter on the
+key (design.md 5). Otherwise it subscribes the key's channel, as an older module wants.
 Channels are counted per key (subscribed for the first waiter, unsubscribed after the
 last). One reader (a daemon thread, or an asyncio task) routes replies, in order, to the
 senders and messages, by request id, to the waiters. This mirrors the Rust client's
@@ -75,9 +80,12 @@ class Fallback(Exception):
 
 @dataclass(frozen=True)
 class TSub:
-    """Hold a reference to ``channel`` (subscribing it on first use)."""
+    """Hold a reference to ``key``'s ticket channel (subscribing it on first use). The
+    connection answers the ``NOTIFY`` tag the wait is to send (its channel is the one
+    subscribed), or None (no ``ticket-notify`` in its ``RLOCK.HELLO``: the key's own
+    channel)."""
 
-    channel: bytes
+    key: bytes
 
 
 @dataclass(frozen=True)
@@ -155,11 +163,11 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
     its capability probe names no tickets), a server error as ``ResponseError``, and
     ``TimeoutError`` when no message came within the wait plus `NOTE_GRACE`.
     """
-    channel = ticket_channel(shape.key)
     attempts = 0
     while True:
         try:
-            yield TSub(channel)
+            # Asked again after a broken connection: the new one's probe decides.
+            tag = yield TSub(shape.key)
         except ResponseError as e:
             if redirected(str(e)):
                 raise Fallback(refused=False) from e
@@ -170,7 +178,7 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             if left is None:  # the wait is over: one look (a grant may be remembered)
                 return (yield TSend(tuple(shape.with_wait(None, False))))
             look = None if shape.latch else tuple(shape.with_wait(None, False))
-            reply = yield TSend(tuple(shape.with_wait(left, True)), shape.id, look,
+            reply = yield TSend(tuple(shape.with_wait(left, True, tag)), shape.id, look,
                                 shape.confirm)
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
@@ -241,6 +249,9 @@ class Book:
         self.idle: "OrderedDict[bytes, None]" = OrderedDict()
         self.orphans: Dict[str, Tuple[List[Any], bytes]] = {}
         self.gen = 0
+        #: Ticket messages heard (every one, for any waiter or none): what a client that
+        #: shares a key's channel with others pays for their handoffs.
+        self.heard = 0
 
     def frame(self, frame: Any) -> Optional[Tuple[Any, Any]]:
         """Routes one frame read. For an orphan's message returns ``(look, channel)``:
@@ -252,6 +263,7 @@ class Book:
         if isinstance(frame, _Push) and frame:
             kind = bytes(frame[0]).lower()
             if kind in _MSG_KINDS and len(frame) >= 3:
+                self.heard += 1
                 note = parse_note(frame[2])
                 if note is None:
                     return None
@@ -281,12 +293,12 @@ class Book:
             self.pending.popleft().put(frame)
         return None
 
-    def register(self, note_id: str, box: Any, key: Any) -> None:
-        """A waiter's mailbox, before its ticket is sent (``key``: its command's key)."""
+    def register(self, note_id: str, box: Any, channel: Optional[bytes]) -> None:
+        """A waiter's mailbox, before its ticket is sent (``channel``: the ticket channel
+        its messages come on)."""
         self.notes[note_id] = box
-        if key is not None:
-            k = key if isinstance(key, bytes) else str(key).encode()
-            self.note_channels[note_id] = ticket_channel(k)
+        if channel is not None:
+            self.note_channels[note_id] = channel
 
     def moved(self, channel: bytes) -> None:
         """The server dropped our subscription to ``channel`` by itself: the key's slot
@@ -346,21 +358,39 @@ class Book:
             self.channels[channel] -= 1
 
     def leave(self, note_id: str, look: Optional[List[Any]],
-              channel: bytes) -> Tuple[Optional[List[Any]], bool]:
-        """A waiter leaves. With ``look`` (its ticket may still be queued) it becomes an
-        orphan that keeps its reference to ``channel`` until its message comes. Returns
-        (``look`` if its grant already came, whether the channel reference was kept)."""
+              subs: List[Tuple[bytes, int]]) -> Tuple[Optional[List[Any]], List[bytes]]:
+        """A waiter leaves and drops its channel references (``subs``: each channel it
+        subscribed and on which connection generation, the last one its ticket's). With
+        ``look`` (its ticket may still be queued) it becomes an orphan that keeps its
+        reference to the last channel until its message comes. Returns (``look`` if its
+        grant already came, the channels to unsubscribe now)."""
         box = self.notes.pop(note_id, None)
         self.note_channels.pop(note_id, None)
-        if look is None:
-            return None, False
-        if box is not None and any(may_be_grant(n) for n in box.items()):
-            return look, False
-        if box is not None and any(n.kind in ("timeout", "error", "lost")
-                                   for n in box.items()):
-            return None, False
-        self.orphans[note_id] = (look, channel)
-        return None, True
+        due = None
+        kept = False
+        if look is not None and subs:
+            if box is not None and any(may_be_grant(n) for n in box.items()):
+                due = look
+            elif box is None or not any(n.kind in ("timeout", "error", "lost")
+                                        for n in box.items()):
+                self.orphans[note_id] = (look, subs[-1][0])
+                kept = True
+        stale = [self.unref(c, g) for c, g in (subs[:-1] if kept else subs)]
+        return due, [c for c in stale if c is not None]
+
+
+def _queue_on(book: Book, sub: Optional[Tuple[bytes, int]]) -> Optional[bytes]:
+    """The channel a ticket about to be sent is answered on (``sub``: the channel its
+    wait subscribed and the connection generation then). A connection that broke since
+    then would queue the ticket on a new connection subscribed to nothing (and maybe to
+    another server, whose probe may say otherwise): the wait subscribes again instead
+    (`ticket_wait`'s retry of a broken connection)."""
+    if sub is None:
+        return None
+    channel, gen = sub
+    if gen != book.gen:
+        raise ConnectionError("the ticket connection broke")
+    return channel
 
 
 def _sub_command(shard: bool, on: bool) -> str:
@@ -409,6 +439,15 @@ def _probed(reply: Any) -> Capabilities:
     if not caps.tickets:
         raise Fallback(refused=True)
     return caps
+
+
+def notify_tag(tag: Optional[str], caps: Optional[Capabilities]) -> Optional[str]:
+    """The ``NOTIFY`` tag a wait sends: the client's, when the connection's latest
+    ``RLOCK.HELLO`` names ``ticket-notify`` (an older module refuses the option); None
+    otherwise (the key's own channel)."""
+    if tag is not None and caps is not None and caps.has("ticket-notify"):
+        return tag
+    return None
 
 
 def _undo_calls(look: List[Any], reply: Any) -> List[List[Any]]:
@@ -510,57 +549,81 @@ def _confirm_elsewhere(hold: Any, reply: Any, look: Tuple[Any, ...],
 
 
 class _SyncSlot:
+    """One reply, put once (by the reader, or `Book.lost`), got at most once. Signalled
+    with a lock made held and released by ``put``: one object, where an Event is a
+    Condition, a lock and a deque, and its waiter wakes to take the Condition's lock
+    again (a second wait when the reader still holds it)."""
+
+    __slots__ = ("sub", "value", "_unset", "then")
+
     def __init__(self, sub: bool = False) -> None:
         self.sub = sub
         self.value: Any = None
-        self.ready = threading.Event()
+        self._unset = threading.Lock()
+        self._unset.acquire()
         self.then: Optional[Callable[[], None]] = None
 
     def put(self, value: Any) -> None:
         self.value = value
-        self.ready.set()
+        self._unset.release()
         if self.then is not None:
             self.then()
 
     def get(self) -> Any:
-        self.ready.wait()
+        self._unset.acquire()
         if isinstance(self.value, Exception):
             raise self.value
         return self.value
 
 
 class _SyncMailbox:
+    """A waiter's notes (put by the reader, under the connection's lock; taken by the
+    one waiter). Signalled with a lock held while nothing is new: a put releases it, the
+    waiter's acquire wakes straight into the note (a Condition would make it take the
+    Condition's lock again, and allocate a lock per wait)."""
+
     def __init__(self, look: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> None:
         self.queue: Deque[Note] = deque()
-        self.cond = threading.Condition()
+        self._empty = threading.Lock()
+        self._empty.acquire()
         self.look = look
         self.hold: Optional[Confirm] = hold
         self.collect: Optional[_SyncSlot] = None
 
     def put(self, note: Note) -> None:
-        with self.cond:
-            self.queue.append(note)
-            self.cond.notify()
+        self.queue.append(note)
+        try:
+            self._empty.release()
+        except RuntimeError:
+            pass  # signalled already, and not taken yet
 
     def items(self) -> List[Note]:
         return list(self.queue)
 
     def get(self, timeout: Optional[float]) -> Optional[Note]:
-        with self.cond:
-            if not self.cond.wait_for(lambda: bool(self.queue), timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.queue:
+            left = -1 if deadline is None else deadline - time.monotonic()
+            if deadline is not None and left <= 0:
                 return None
-            return self.queue.popleft()
+            self._empty.acquire(timeout=left)
+        # A signal left over from an earlier put makes a later get loop once more.
+        return self.queue.popleft()
 
 
 class SyncTicketConn:
-    """One RESP3 ticket connection with a reader thread (threads front end)."""
+    """One RESP3 ticket connection with a reader thread (threads front end). ``tag``:
+    the client's ``NOTIFY`` tag (`rlock._proto.new_notify_tag`), used when the server
+    names ``ticket-notify``."""
 
-    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool) -> None:
+    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool,
+                 tag: Optional[str] = None) -> None:
         from redis._parsers import _RESP3Parser
         self.make = lambda: connection_class(parser_class=_RESP3Parser,
                                              **_conn_kwargs(kwargs))
         self.elsewhere = _elsewhere(kwargs, connection_class)
         self.shard = shard
+        self.tag = tag
         self.lock = threading.Lock()
         self.book = Book(_SyncSlot, _SyncMailbox)
         self.conn: Any = None
@@ -658,12 +721,15 @@ class SyncTicketConn:
             self.unsubscribe(channel, gen)
 
     def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
-             collect: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> Any:
-        """Sends ``args`` and returns the reply (raising a server error)."""
+             collect: Optional[Tuple[Any, ...]] = None, hold: Any = None,
+             sub: Optional[Tuple[bytes, int]] = None) -> Any:
+        """Sends ``args`` and returns the reply (raising a server error). ``sub``: the
+        ticket channel the wait ``note_id`` subscribed and on which connection generation
+        (see `_queue_on`)."""
         with self.lock:
             if note_id is not None:
-                self.book.register(note_id, _SyncMailbox(collect, hold),
-                                   args[1] if len(args) > 1 else None)
+                self.book.register(note_id, _SyncMailbox(collect, hold), _queue_on(
+                    self.book, sub))
             slot = self._send_locked(args)
         return slot.get()
 
@@ -676,9 +742,13 @@ class SyncTicketConn:
         box.collect = None
         return slot.get()
 
-    def subscribe(self, channel: bytes) -> int:
-        """References ``channel``; returns the connection generation it holds."""
+    def subscribe(self, key: bytes) -> Tuple[bytes, int, Optional[str]]:
+        """References the ticket channel of ``key`` that this connection's waits use now;
+        returns it, the connection generation it holds and the ``NOTIFY`` tag to send."""
         with self.lock:
+            self._connect_locked()  # its probe decides the channel
+            tag = notify_tag(self.tag, self.caps)
+            channel = ticket_channel(key, tag)
             gen = self.book.gen
             slot = self._send_locked((_sub_command(self.shard, True), channel), sub=True) \
                 if self.book.ref(channel) else None
@@ -689,7 +759,7 @@ class SyncTicketConn:
                 with self.lock:
                     self.book.forget(channel)
                 raise
-        return gen
+        return channel, gen, tag
 
     def unsubscribe(self, channel: bytes, gen: int) -> None:
         with self.lock:
@@ -704,13 +774,19 @@ class SyncTicketConn:
         box = self.book.notes.get(note_id)
         return box.get(timeout) if box is not None else None
 
-    def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
-        """A waiter leaves (see `Book.leave`); True if its channel reference was kept."""
+    def leave(self, note_id: str, look: Optional[List[Any]],
+              subs: List[Tuple[bytes, int]]) -> None:
+        """A waiter leaves (see `Book.leave`), in one hold of the lock the reader takes
+        for each frame."""
         with self.lock:
-            due, kept = self.book.leave(note_id, look, channel)
+            due, stale = self.book.leave(note_id, look, subs)
+            for channel in stale if self.conn is not None else ():
+                try:
+                    self._send_locked((_sub_command(self.shard, False), channel), sub=True)
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    break
         if due is not None:
             threading.Thread(target=self._undo, args=(due, None, 0), daemon=True).start()
-        return kept
 
     def close(self) -> None:
         with self.lock:
@@ -735,11 +811,12 @@ class SyncTicketConn:
                 value, error = None, None
                 try:
                     if isinstance(effect, TSub):
-                        subs.append((effect.channel, self.subscribe(effect.channel)))
+                        channel, g, value = self.subscribe(effect.key)
+                        subs.append((channel, g))
                         _may_hold(shape, self.caps)
                     elif isinstance(effect, TSend):
                         value = self.call(effect.args, effect.note_id, effect.collect,
-                                          effect.hold)
+                                          effect.hold, subs[-1] if subs else None)
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TNote):
                         value = self.note(effect.id, effect.timeout)
@@ -749,10 +826,7 @@ class SyncTicketConn:
                 except BaseException as e:  # noqa: BLE001 - thrown into the wait
                     error = e
         finally:
-            kept = self.leave(shape.id, shape.with_wait(None, False) if queued else None,
-                              subs[-1][0] if subs else b"")
-            for channel, g in subs[:-1] if kept else subs:
-                self.unsubscribe(channel, g)
+            self.leave(shape.id, shape.with_wait(None, False) if queued else None, subs)
 
 
 # ---- asyncio ------------------------------------------------------------------------
@@ -778,30 +852,45 @@ class _AsyncSlot:
 
 
 class _AsyncMailbox:
+    """A waiter's notes (put by the reader task). The waiter awaits one future, which
+    ``put`` resolves and a timer ends: the waiter runs on the loop's next turn. (A
+    ``wait_for(Event.wait())`` wraps the wait in a task of its own and resumes the waiter
+    two turns later, through a second future.)"""
+
     def __init__(self, look: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> None:
         self.queue: Deque[Note] = deque()
-        self.event = asyncio.Event()
+        self.waiter: Optional[asyncio.Future] = None
         self.look = look
         self.hold: Optional[Confirm] = hold
         self.collect: Optional[_AsyncSlot] = None
 
     def put(self, note: Note) -> None:
         self.queue.append(note)
-        self.event.set()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def items(self) -> List[Note]:
         return list(self.queue)
 
     async def get(self, timeout: Optional[float]) -> Optional[Note]:
         if not self.queue:
+            loop = asyncio.get_running_loop()
+            self.waiter = waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
             try:
-                await asyncio.wait_for(self.event.wait(), timeout)
-            except asyncio.TimeoutError:
+                await waiter
+            finally:
+                self.waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self.queue:
                 return None
-        note = self.queue.popleft()
-        if not self.queue:
-            self.event.clear()
-        return note
+        return self.queue.popleft()
+
+
+def _wake(waiter: "asyncio.Future") -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _async_push(frame: List[Any]) -> _Push:
@@ -809,14 +898,17 @@ async def _async_push(frame: List[Any]) -> _Push:
 
 
 class AsyncTicketConn:
-    """One RESP3 ticket connection with a reader task (asyncio front end), on one loop."""
+    """One RESP3 ticket connection with a reader task (asyncio front end), on one loop;
+    ``tag`` as `SyncTicketConn`'s."""
 
-    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool) -> None:
+    def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool,
+                 tag: Optional[str] = None) -> None:
         from redis._parsers import _AsyncRESP3Parser
         self.make = lambda: connection_class(parser_class=_AsyncRESP3Parser,
                                              **_conn_kwargs(kwargs))
         self.elsewhere = _elsewhere(kwargs, connection_class)
         self.shard = shard
+        self.tag = tag
         self.lock = asyncio.Lock()
         self.book = Book(_AsyncSlot, _AsyncMailbox)
         self.conn: Any = None
@@ -922,11 +1014,13 @@ class AsyncTicketConn:
             await self.unsubscribe(channel, gen)
 
     async def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
-                   collect: Optional[Tuple[Any, ...]] = None, hold: Any = None) -> Any:
+                   collect: Optional[Tuple[Any, ...]] = None, hold: Any = None,
+                   sub: Optional[Tuple[bytes, int]] = None) -> Any:
+        """As `SyncTicketConn.call`."""
         async with self.lock:
             if note_id is not None:
-                self.book.register(note_id, _AsyncMailbox(collect, hold),
-                                   args[1] if len(args) > 1 else None)
+                self.book.register(note_id, _AsyncMailbox(collect, hold), _queue_on(
+                    self.book, sub))
             slot = await self._send_locked(args)
         return await slot.get()
 
@@ -939,8 +1033,12 @@ class AsyncTicketConn:
         box.collect = None
         return await slot.get()
 
-    async def subscribe(self, channel: bytes) -> int:
+    async def subscribe(self, key: bytes) -> Tuple[bytes, int, Optional[str]]:
+        """As `SyncTicketConn.subscribe`."""
         async with self.lock:
+            await self._connect_locked()
+            tag = notify_tag(self.tag, self.caps)
+            channel = ticket_channel(key, tag)
             gen = self.book.gen
             slot = await self._send_locked((_sub_command(self.shard, True), channel),
                                            sub=True) if self.book.ref(channel) else None
@@ -950,23 +1048,32 @@ class AsyncTicketConn:
             except ResponseError:
                 self.book.forget(channel)
                 raise
-        return gen
+        return channel, gen, tag
 
     async def unsubscribe(self, channel: bytes, gen: int) -> None:
+        stale = self.book.unref(channel, gen)
+        if stale is not None:
+            await self._unsubscribe_now(stale)
+
+    async def _unsubscribe_now(self, channel: bytes) -> None:
         async with self.lock:
-            stale = self.book.unref(channel, gen)
-            if stale is not None and self.conn is not None:
+            if self.conn is not None:
                 try:
-                    await self._send_locked((_sub_command(self.shard, False), stale),
+                    await self._send_locked((_sub_command(self.shard, False), channel),
                                             sub=True)
                 except Exception:  # noqa: BLE001 - the connection is gone anyway
                     pass
 
-    def leave(self, note_id: str, look: Optional[List[Any]], channel: bytes) -> bool:
-        due, kept = self.book.leave(note_id, look, channel)
+    def leave(self, note_id: str, look: Optional[List[Any]],
+              subs: List[Tuple[bytes, int]]) -> None:
+        """As `SyncTicketConn.leave`. The book is the loop's alone, so it changes at once;
+        only an unsubscribe to send (past `IDLE_CHANNELS`), and a grant to give back, take
+        a task (a cancelled waiter leaves at once)."""
+        due, stale = self.book.leave(note_id, look, subs)
+        for channel in stale:
+            self._spawn(self._unsubscribe_now(channel))
         if due is not None:
             self._spawn(self._undo(due, None, 0))
-        return kept
 
     async def close(self) -> None:
         self.closed = True
@@ -990,11 +1097,12 @@ class AsyncTicketConn:
                 value, error = None, None
                 try:
                     if isinstance(effect, TSub):
-                        subs.append((effect.channel, await self.subscribe(effect.channel)))
+                        channel, g, value = await self.subscribe(effect.key)
+                        subs.append((channel, g))
                         _may_hold(shape, self.caps)
                     elif isinstance(effect, TSend):
                         value = await self.call(effect.args, effect.note_id, effect.collect,
-                                                effect.hold)
+                                                effect.hold, subs[-1] if subs else None)
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TCollect):
                         value = await self.collected(effect.id, effect.args)
@@ -1005,9 +1113,4 @@ class AsyncTicketConn:
                 except BaseException as e:  # noqa: BLE001 - thrown into the wait
                     error = e
         finally:
-            kept = self.leave(shape.id, shape.with_wait(None, False) if queued else None,
-                              subs[-1][0] if subs else b"")
-            for channel, g in subs[:-1] if kept else subs:
-                # Unsubscribing awaits a lock: done in a task so a cancelled waiter
-                # leaves at once.
-                self._spawn(self.unsubscribe(channel, g))
+            self.leave(shape.id, shape.with_wait(None, False) if queued else None, subs)

@@ -2,13 +2,17 @@
 module suite's tests/support/cluster_helpers.py, reused here) through redis-py's `RedisCluster`:
 every primitive waits as a ticket on the node owning its key (one ticket connection per
 node, shard channels), and a ticket whose slot migrates while it waits (MIGRATE, or
-Valkey 9's atomic slot migration) is redirected and still served, on the new node.
+Valkey 9's atomic slot migration) is redirected and still served, on the new node. On a
+cluster with a replica per master, replica sync after an acquire runs on the key's node:
+its ROLE, and RENEW + WAIT down one of its connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import signal
 import sys
 import threading
 import time
@@ -276,6 +280,121 @@ async def test_scripts_mode_on_an_asyncio_cluster_client(cluster):
             await sem.release()
             await lock.release()
             assert await asyncio.wait_for(asyncio.gather(*tasks), 10) == [True, True]
+    finally:
+        await arlock.aclose_tickets(arc)
+        await arc.aclose()
+
+
+# ---- replica sync on a cluster with a replica per master ------------------------------
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    """Three masters, each with one replica (nodes[3 + i] replicates nodes[i])."""
+    c = helpers.Cluster(tmp_path_factory.mktemp("replicated"), replicas_of=(0, 1, 2))
+    try:
+        c.start()
+        yield c
+    finally:
+        crashed = c.stop()
+    assert not crashed, "a cluster node crashed"
+
+
+def _calls(node, command: str) -> int:
+    stats = node.client().info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def _replica_has(replica, key: str, field: str = None) -> bool:
+    """Whether ``replica`` has ``key`` (READONLY: a cluster replica serves reads of its
+    master's slots on that connection only)."""
+    import redis
+    with redis.Redis(port=replica.port, single_connection_client=True) as c:
+        c.execute_command("READONLY")
+        return bool(c.hexists(key, field) if field is not None else c.exists(key))
+
+
+def _masters_keys(c, prefix: str):
+    """(master, its replica, a key in its slots) for each master."""
+    out = []
+    for i in range(3):
+        master, replica = c.nodes[i], c.nodes[3 + i]
+        lo, hi = c.slot_ranges(master)[0]
+        out.append((master, replica, helpers.key_on(lo, hi, f"{prefix}{i}")))
+    return out
+
+
+@pytest.mark.module_only
+def test_replica_sync_waits_on_the_keys_node_for_its_replica(replicated):
+    """Each acquire runs ROLE and WAIT on the node that owns its key and no other, and
+    the WAIT returns once that node's replica has the hold (no wait for its offset)."""
+    rc = RedisCluster(host="127.0.0.1", port=replicated.nodes[0].port)
+    try:
+        for master, replica, key in _masters_keys(replicated, "rsy"):
+            for n in replicated.nodes[:3]:
+                n.client().config_resetstat()
+            lock = rlock.Lock(rc, key)
+            assert lock.acquire(blocking=False)
+            assert _replica_has(replica, key, lock.local.token)
+            fenced = rlock.FencedLock(rc, "{%s}:f" % key)
+            assert fenced.acquire(blocking=False)
+            assert _replica_has(replica, "{%s}:f" % key, fenced.owner)
+            rw = rlock.RwLock(rc, "{%s}:rw" % key)
+            assert rw.read.acquire(blocking=False)
+            assert _replica_has(replica, "{%s}:rw" % key)
+            assert [_calls(n, "wait") for n in replicated.nodes[:3]] == \
+                [3 if n is master else 0 for n in replicated.nodes[:3]]
+            assert _calls(master, "role") == 1  # counted once, for the three acquires
+            lock.release()
+            fenced.release()
+            rw.read.release()
+    finally:
+        rlock.close_tickets(rc)
+        rc.close()
+
+
+@pytest.mark.module_only
+def test_a_stopped_replica_fails_the_acquire_on_its_masters_keys_only(replicated):
+    """A replica whose process is stopped (SIGSTOP) does not acknowledge: an acquire on
+    its master's keys raises ReplicaSyncError and leaves no lock; one on another
+    master's keys still succeeds."""
+    (m0, r0, k0), (m1, r1, k1), _ = _masters_keys(replicated, "rst")
+    rc = RedisCluster(host="127.0.0.1", port=replicated.nodes[0].port)
+    os.kill(r0.proc.pid, signal.SIGSTOP)
+    try:
+        lock = rlock.Lock(rc, k0, replica_sync=rlock.ReplicaSync(timeout=0.2))
+        with pytest.raises(rlock.ReplicaSyncError) as e:
+            lock.acquire(blocking=False)
+        assert (e.value.wanted, e.value.acked) == (1, 0)
+        assert not m0.client().exists(k0) and lock.local.token is None
+        other = rlock.Lock(rc, k1, replica_sync=rlock.ReplicaSync(timeout=0.2))
+        assert other.acquire(blocking=False)
+        other.release()
+    finally:
+        os.kill(r0.proc.pid, signal.SIGCONT)
+        rlock.close_tickets(rc)
+        rc.close()
+    wait_until(lambda: m0.client().execute_command("WAIT", 1, 100) == 1, timeout=30,
+               what="the replica acknowledging again")
+
+
+@pytest.mark.module_only
+async def test_asyncio_cluster_replica_sync_waits_on_the_keys_node(replicated):
+    import redis.asyncio.cluster
+
+    import rlock.asyncio as arlock
+    arc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1",
+                                             port=replicated.nodes[0].port)
+    try:
+        for master, replica, key in _masters_keys(replicated, "arsy"):
+            for n in replicated.nodes[:3]:
+                n.client().config_resetstat()
+            lock = arlock.Lock(arc, key)
+            assert await lock.acquire(blocking=False)
+            assert _replica_has(replica, key, lock.local.token)
+            assert [_calls(n, "wait") for n in replicated.nodes[:3]] == \
+                [1 if n is master else 0 for n in replicated.nodes[:3]]
+            await lock.release()
     finally:
         await arlock.aclose_tickets(arc)
         await arc.aclose()

@@ -96,8 +96,12 @@ def test_a_grant_comes_back_with_its_collect_when_the_waiter_registered_one():
 def test_an_orphans_grant_is_given_back_and_its_timeout_forgotten():
     book = Book(Slot, Box)
     book.notes["r1"], book.notes["r2"] = Box(), Box()
-    assert book.leave("r1", ["LOOK1"], b"ch") == (None, True)          # kept its channel
-    assert book.leave("r2", ["LOOK2"], b"ch") == (None, True)
+    book.ref(b"old"), book.ref(b"ch"), book.ref(b"ch")
+    # r1 subscribed twice (its connection broke once): the older channel is dropped, the
+    # ticket's kept until its message comes.
+    assert book.leave("r1", ["LOOK1"], [(b"old", 0), (b"ch", 0)]) == (None, [])
+    assert book.leave("r2", ["LOOK2"], [(b"ch", 0)]) == (None, [])
+    assert book.channels == {b"ch": 2} and list(book.idle) == [b"old"]
     assert book.frame(_Push([b"message", b"ch", b"granted:2:0:r1"])) == (["LOOK1"], b"ch")
     assert book.frame(_Push([b"message", b"ch", b"timeout:2:0:r2"])) == (None, b"ch")
     assert book.orphans == {}
@@ -107,7 +111,17 @@ def test_a_waiter_leaving_after_its_grant_came_gives_it_back_at_once():
     book = Book(Slot, Box)
     book.notes["r1"] = box = Box()
     box.put(Note("granted", "r1"))
-    assert book.leave("r1", ["LOOK"], b"ch") == (["LOOK"], False)
+    book.ref(b"ch")
+    assert book.leave("r1", ["LOOK"], [(b"ch", 0)]) == (["LOOK"], [])
+    assert book.channels == {} and list(book.idle) == [b"ch"]
+
+
+def test_a_waiter_leaving_past_the_idle_limit_unsubscribes_the_oldest(monkeypatch):
+    import rlock._tickets as t
+    monkeypatch.setattr(t, "IDLE_CHANNELS", 1)
+    book = Book(Slot, Box)
+    book.ref(b"a"), book.ref(b"b")
+    assert book.leave("r1", None, [(b"a", 0), (b"b", 0)]) == (None, [b"a"])
 
 
 def test_idle_channels_stay_subscribed_up_to_a_limit(monkeypatch):
