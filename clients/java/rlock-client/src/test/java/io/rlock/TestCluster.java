@@ -8,11 +8,11 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 
-final class TestCluster implements AutoCloseable {
-    final List<TestServer> masters = new ArrayList<>();
+public final class TestCluster implements AutoCloseable {
+    public final List<TestServer> masters = new ArrayList<>();
     static final int[][] RANGES = {{0, 5460}, {5461, 10922}, {10923, 16383}};
 
-    TestCluster() {
+    public TestCluster() {
         try {
             for (int i = 0; i < 3; i++) {
                 masters.add(new TestServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
@@ -38,7 +38,7 @@ final class TestCluster implements AutoCloseable {
     }
 
     /** The master that owns `key`'s slot now (as the masters themselves say). */
-    TestServer ownerOf(String key) {
+    public TestServer ownerOf(String key) {
         int slot = slot(key);
         for (TestServer m : masters) {
             if (owner(m, slot) == m.port) {
@@ -48,7 +48,7 @@ final class TestCluster implements AutoCloseable {
         throw new IllegalStateException("no owner for slot " + slot);
     }
 
-    int slot(String key) {
+    public int slot(String key) {
         return masters.get(0).redis().clusterKeyslot(key).intValue();
     }
 

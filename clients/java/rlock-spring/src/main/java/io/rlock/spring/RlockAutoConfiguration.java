@@ -23,12 +23,12 @@ import org.springframework.integration.support.locks.LockRegistry;
 @ConditionalOnProperty(prefix = "rlock", name = "enabled", havingValue = "true", matchIfMissing = true)
 @EnableConfigurationProperties(RlockProperties.class)
 public class RlockAutoConfiguration {
-    /** The client, on the application's connection factory; closed with the context. */
+    /** The client, on the application's connection factory ({@link SpringClients}); closed with the context. */
     @Bean(destroyMethod = "close")
     @ConditionalOnMissingBean
     @ConditionalOnBean(RedisConnectionFactory.class)
     public RlockClient rlockClient(RedisConnectionFactory factory, RlockProperties properties) {
-        return RlockClient.create(new SpringTransport(factory), properties.toOptions());
+        return SpringClients.create(factory, properties.toOptions());
     }
 
     @Bean

@@ -117,11 +117,15 @@ public final class SpringTransport implements Transport {
         for (int i = 1; i < args.size(); i++) {
             a[i - 1] = args.get(i).getBytes(StandardCharsets.UTF_8);
         }
+        return raw(c, args.get(0), a);
+    }
+
+    private static Object raw(RedisConnection c, String command, byte[][] a) {
         if (c instanceof LettuceConnection lc) {
             // Spring's own output for a command it does not know reads only bulk strings.
-            return lc.execute(args.get(0), new Reply(), a);
+            return lc.execute(command, new Reply(), a);
         }
-        return c.execute(args.get(0), a);
+        return c.execute(command, a);
     }
 
     /**
@@ -176,6 +180,20 @@ public final class SpringTransport implements Transport {
         return async(() -> {
             try (RedisConnection c = factory.getConnection()) {
                 return execute(c, args);
+            }
+        });
+    }
+
+    /** Bytes as they are: a raw permit id Redisson made (scripts mode) is not text. */
+    @Override
+    public CompletableFuture<Object> sendBytes(List<byte[]> args) {
+        String command = new String(args.get(0), StandardCharsets.US_ASCII);
+        byte[][] a = args.subList(1, args.size()).toArray(new byte[0][]);
+        return async(() -> {
+            try (RedisConnection c = factory.getConnection()) {
+                return Reply.normalize(raw(c, command, a));
+            } catch (RuntimeException e) {
+                throw translate(e);
             }
         });
     }

@@ -86,6 +86,23 @@ class SpringTransportTest {
 
     @ParameterizedTest
     @EnumSource(Apps.Driver.class)
+    void bytes_that_are_not_text_go_out_as_they_are(Apps.Driver driver) throws Exception {
+        // Scripts mode sends Redisson's raw permit ids this way; as UTF-8 text they would not survive.
+        RedisConnectionFactory f = Apps.factory(driver, server.port);
+        try (SpringTransport t = new SpringTransport(f)) {
+            String k = key("bytes");
+            byte[] raw = {(byte) 0xff, 0x00, (byte) 0x80, 0x41};
+            assertEquals("OK", t.sendBytes(List.of("SET".getBytes(), k.getBytes(), raw)).get(5, TimeUnit.SECONDS));
+            assertEquals(4L, t.send(List.of("STRLEN", k)).get(5, TimeUnit.SECONDS));
+            // 0xff, 0x00, 0x80 and 'A' (0x41): 8 + 0 + 1 + 2 bits set.
+            assertEquals(11L, t.send(List.of("BITCOUNT", k)).get(5, TimeUnit.SECONDS));
+        } finally {
+            Apps.destroy(f);
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(Apps.Driver.class)
     void waiters_queue_tickets_first_come_first_served_without_blocked_connections(Apps.Driver driver) throws Exception {
         withClient(driver, RlockOptions.defaults(), rlock -> {
             RlockLock lock = rlock.getLock(key("fifo"));
