@@ -1,0 +1,91 @@
+// A grant published while the client's notification connection is away (issue 41): the
+// server hands the lock to the queued ticket, its message reaches nobody, and a wait
+// without a time limit (lock(), acquire()) must still end holding. The client learns of the
+// lost connection from Lettuce's reconnect event and asks again under the same request id,
+// which the server answers with the grant it made. A real module-loaded server of the
+// test's own; the subscriber is killed and the lock released in one MULTI, so the message
+// is certain to go out while no subscriber is there.
+package io.rlock;
+
+import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.protocol.CommandArgs;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+import java.time.Duration;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+@Timeout(60)
+class ReconnectTest {
+    /** Kills the client's pub/sub connection and runs `release` in the same transaction. */
+    static void killSubscriberAnd(TestServer s, String... release) {
+        var conn = s.redis();
+        conn.multi();
+        conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("KILL", "TYPE", "pubsub"));
+        conn.dispatch(Wire.keyword(release[0]), new Reply(), args(List.of(release).subList(1, release.length).toArray(String[]::new)));
+        io.lettuce.core.TransactionResult replies = conn.exec();
+        assertEquals((Object) 1L, replies.get(0), "the client's one notification connection killed: " + replies);
+    }
+
+    static CommandArgs<String, String> args(String... a) {
+        return new CommandArgs<>(StringCodec.UTF8).addValues(a);
+    }
+
+    static long waiters(TestServer s) {
+        return Long.parseLong(s.info("rlock", "rlock_waiters"));
+    }
+
+    @Test
+    void an_untimed_lock_whose_grant_message_was_lost_still_ends_holding() throws Exception {
+        try (TestServer own = new TestServer();
+             RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults())) {
+            String name = "java:reconnect:lock:" + System.nanoTime();
+            assertNull(own.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            RlockLock lock = c.getLock(name);
+            CompletableFuture<Boolean> held = new CompletableFuture<>();
+            Thread t = new Thread(() -> {
+                lock.lock();
+                held.complete(lock.isHeldByCurrentThread());
+                lock.unlock();
+            });
+            t.setDaemon(true);
+            t.start();
+            TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued", () -> waiters(own) == 1);
+            long before = Long.parseLong(own.info("rlock", "rlock_tickets_granted"));
+            killSubscriberAnd(own, "RLOCK.RELEASE", name, "holder");
+            assertEquals(before + 1, Long.parseLong(own.info("rlock", "rlock_tickets_granted")),
+                    "granted while nobody listened");
+            assertTrue(held.get(20, TimeUnit.SECONDS), "lock() returned holding");
+            TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
+        }
+    }
+
+    @Test
+    void an_untimed_semaphore_acquire_whose_grant_message_was_lost_still_gets_its_permit() throws Exception {
+        try (TestServer own = new TestServer();
+             RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults())) {
+            String name = "java:reconnect:sem:" + System.nanoTime();
+            RlockSemaphore sem = c.getSemaphore(name);
+            assertTrue(sem.trySetPermits(0));
+            CompletableFuture<Boolean> got = new CompletableFuture<>();
+            Thread t = new Thread(() -> {
+                try {
+                    sem.acquire();
+                    got.complete(true);
+                } catch (InterruptedException e) {
+                    got.complete(false);
+                }
+            });
+            t.setDaemon(true);
+            t.start();
+            TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued", () -> waiters(own) == 1);
+            killSubscriberAnd(own, "RSEMAPHORE.RELEASE", name, "1");
+            assertTrue(got.get(20, TimeUnit.SECONDS), "acquire() returned with the permit");
+            assertEquals("0", own.redis().get(name), "the one permit is the waiter's, given once");
+        }
+    }
+}
