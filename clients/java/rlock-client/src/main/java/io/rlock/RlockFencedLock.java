@@ -20,12 +20,6 @@ public final class RlockFencedLock extends RlockLock {
         return new ArrayList<>(List.of("RFENCED.ACQUIRE", name, owner, Long.toString(leaseMs)));
     }
 
-    /** A grant's reply carries the token, which its message does not: collected first. */
-    @Override
-    boolean holdsOnGrant() {
-        return false;
-    }
-
     /** `[nil, token]` when acquired, `[pttl, nil]` when not. */
     @Override
     Acquired parseAcquire(Object reply) {

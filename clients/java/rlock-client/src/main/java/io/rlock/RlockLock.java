@@ -69,14 +69,6 @@ public class RlockLock implements Lock {
         return List.of("RLOCK.FORCERELEASE", name);
     }
 
-    /**
-     * Whether a ticket's grant is held on its `granted` message (design.md 5): the grant's
-     * reply is nil, known without collecting it. The fenced lock's carries its token.
-     */
-    boolean holdsOnGrant() {
-        return true;
-    }
-
     /** The hash field of an owner's hold. */
     String field(String owner) {
         return owner;
@@ -114,7 +106,7 @@ public class RlockLock implements Lock {
             raw = client.wire().sendRetrying(args);
         } else {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
-            confirm = holdsOnGrant() ? new Waits.Confirm() : null;
+            confirm = new Waits.Confirm(); // held on the grant message (its token, for the fenced lock)
             raw = client.waits().await(args, reply -> parseAcquire(reply).held() ? List.of(undo(owner)) : List.of(),
                     confirm);
         }

@@ -2,7 +2,9 @@
 // Redisson's RPermitExpirableSemaphore over RPSEMAPHORE.*: every permit has an id and a
 // lease, and returns to the pool at its lease end (a module timer), handed to waiters at
 // once. A permit taken without a lease is kept by the client's watchdog (renewed with
-// UPDATELEASETIME), as the Rust client does, so a crashed holder's permit comes back.
+// UPDATELEASETIME), as the Rust client does, so a crashed holder's permit comes back. A
+// waiter holds its permit on the ticket's `granted` message, which carries the permit's id
+// (design.md 5); a grant the server took back before its confirmation is a lost permit.
 package io.rlock;
 
 import java.util.ArrayList;
@@ -28,7 +30,12 @@ public final class RlockPermitExpirableSemaphore {
         return name;
     }
 
-    /** Listeners told when the watchdog finds a permit gone (expired, released elsewhere). */
+    /**
+     * Listeners told when a permit is found gone: by the watchdog (expired, released
+     * elsewhere), or a waiter's grant the server took back before it was confirmed
+     * (TAKENBACK: the connection that queued it closed and no confirmation came within
+     * rlock.ticket-confirm-ms; the server released the permit).
+     */
     public void addLostListener(LockLostListener l) {
         listeners.add(l);
     }
@@ -42,30 +49,47 @@ public final class RlockPermitExpirableSemaphore {
         long lease = leaseMs > 0 ? leaseMs : client.watchdog().leaseMs();
         List<String> args = new ArrayList<>(List.of("RPSEMAPHORE.ACQUIRE", name, Long.toString(lease)));
         CompletableFuture<Object> raw;
+        Waits.Confirm confirm = null;
         if (waitMs < 0) {
             args.addAll(List.of("ID", Wire.requestId()));
             raw = client.wire().sendRetrying(args);
         } else {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
+            confirm = new Waits.Confirm(); // held on the grant message, which names the permit
             raw = client.waits().await(args, reply -> reply instanceof String id
                     ? List.of(List.of("RPSEMAPHORE.RELEASE", name, id, "ID", Wire.requestId()))
-                    : List.of());
+                    : List.of(), confirm);
         }
+        Waits.Confirm held = confirm;
         CompletableFuture<String> out = raw.thenApply(v -> {
             String id = (String) v;
             client.counters().count(id != null);
             if (id != null && leaseMs <= 0) {
                 client.watchdog().hold(watchName(id),
                         List.of("RPSEMAPHORE.UPDATELEASETIME", name, id, Long.toString(lease)),
-                        r -> Long.valueOf(1).equals(r), why -> {
-                            for (LockLostListener l : listeners) {
-                                l.lost(name, id, why);
-                            }
-                        });
+                        r -> Long.valueOf(1).equals(r), why -> reportLost(id, why));
+            }
+            if (id != null && held != null) {
+                held.onTakenBack(() -> {
+                    client.watchdog().release(watchName(id), true);
+                    client.counters().lostLocks.increment();
+                    reportLost(id, "the server took back the grant of its ticket (TAKENBACK): the connection that"
+                            + " queued it closed and no confirmation came within rlock.ticket-confirm-ms");
+                });
             }
             return id;
         });
         return Sync.linked(out, raw);
+    }
+
+    private void reportLost(String permit, String why) {
+        for (LockLostListener l : listeners) {
+            try {
+                l.lost(name, permit, why);
+            } catch (RuntimeException ignored) {
+                // A listener's failure must not stop the others from being told.
+            }
+        }
     }
 
     private static long lease(long leaseTime, TimeUnit unit) {

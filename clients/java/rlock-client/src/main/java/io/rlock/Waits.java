@@ -4,12 +4,14 @@
 // the client holds two connections however many threads wait. The Rust client's
 // net/tickets is the reference; this is the same protocol over the client's Transport.
 //
-// A lock or RW lock waiter holds on its `granted` message when the server names
-// `ticket-holds`: the listener (Lettuce's event loop) writes the confirmation (the same
-// command and id without WAIT) and completes the waiter's future on the spot, with no
-// round trip and no executor between the message and the waiting thread; the
-// confirmation's reply settles the waiter's Confirm later (TAKENBACK: the lock reports the
-// hold lost). The other waits collect their grant's reply first (a fencing token, permit ids).
+// A lock, RW lock, fenced lock or expirable semaphore waiter holds on its `granted`
+// message when the server names `ticket-holds`, its grant's reply read from the message
+// (nil; the fencing token or the permit ids in its detail): the listener (Lettuce's event
+// loop) writes the confirmation (the same command and id without WAIT) and completes the
+// waiter's future on the spot, with no round trip and no executor between the message and
+// the waiting thread; the confirmation's reply settles the waiter's Confirm later
+// (TAKENBACK: the hold is reported lost). A detail it cannot read (an older module), the
+// semaphore's and the latch's waits collect first.
 package io.rlock;
 
 import io.lettuce.core.RedisCommandExecutionException;
@@ -18,6 +20,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
@@ -145,9 +148,9 @@ final class Waits {
         final long started = System.nanoTime();
         final Function<Object, List<List<String>>> undo;
         final CompletableFuture<Object> result = new CompletableFuture<>();
-        /** Non-null for a wait whose grant's reply is nil (the lock's, the RW lock's). */
+        /** Non-null for a wait that may hold on its grant message (see heldReply). */
         final Confirm confirm;
-        /** Holds on its `granted` message: `confirm` and a server naming `ticket-holds`. */
+        /** Holds on its `granted` message (a readable one): `confirm` and a server naming `ticket-holds`. */
         volatile boolean holds;
         /** The confirmation (`look()`), made before the grant, off its path. */
         List<String> confirmArgs;
@@ -245,12 +248,12 @@ final class Waits {
     }
 
     /**
-     * As {@link #await(List, Function)}, for a command whose grant's reply is nil (the
-     * lock's and the RW lock's acquire): with a `confirm`, the wait completes with null on
-     * its `granted` message if the server names `ticket-holds` (design.md 5), and `confirm`
+     * As {@link #await(List, Function)}, for an acquire whose grant's reply its `granted`
+     * message carries ({@link #heldReply}): with a `confirm`, the wait completes with that
+     * reply on the message if the server names `ticket-holds` (design.md 5), and `confirm`
      * tells whether the server kept the grant. A blocked wait, a server without
-     * `ticket-holds` or a scripts-mode wait (a Backend) collects first and leaves `confirm`
-     * pending for ever.
+     * `ticket-holds`, a message without a readable detail or a scripts-mode wait (a
+     * Backend) collects first and leaves `confirm` pending for ever.
      */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
         Backend b = backend;
@@ -479,10 +482,11 @@ final class Waits {
         }
         switch (n.action()) {
             case GRANTED:
+                Object held;
                 if (w.latch) {
                     finish(w, 1L, null);
-                } else if (w.holds) {
-                    hold(w);
+                } else if (w.holds && (held = heldReply(w.args, n.detail)) != COLLECT) {
+                    hold(w, held);
                 } else {
                     send(w, w.look()); // collect: the same id replays the grant
                 }
@@ -509,15 +513,68 @@ final class Waits {
      * the woken holder sends (its release); its reply settles the Confirm. A TAKENBACK (the
      * connection closed and no confirmation came within rlock.ticket-confirm-ms) or any
      * other failure after the retries settles it lost. Then the waiter's future completes
-     * here, with the lock's and RW lock's grant reply (nil).
+     * here, with the grant's reply read from the message.
      */
-    private void hold(Waiter w) {
+    private void hold(Waiter w, Object reply) {
         if (w.finished) {
             return;
         }
         Confirm c = w.confirm;
-        wire.sendRetrying(w.confirmArgs).whenComplete((reply, e) -> c.settle(e == null));
-        finish(w, null, null);
+        wire.sendRetrying(w.confirmArgs).whenComplete((r, e) -> c.settle(e == null));
+        finish(w, reply, null);
+    }
+
+    /** {@link #heldReply}'s answer when the grant's reply cannot be read from its message. */
+    static final Object COLLECT = new Object();
+
+    /**
+     * The reply of acquire `args` read from its `granted` message's `detail`
+     * (spec/vectors/tickets.json, `holds`; the module writes it): nil for the lock and the
+     * RW lock, `[nil, token]` for the fenced lock, a permit id for the expirable semaphore
+     * (a list of them with `PERMITS n`); {@link #COLLECT} for any other command, and for a
+     * detail that is missing (an older module) or unreadable.
+     */
+    static Object heldReply(List<String> args, String detail) {
+        switch (args.get(0).toUpperCase(Locale.ROOT)) {
+            case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE" -> {
+                return null;
+            }
+            case "RFENCED.ACQUIRE" -> {
+                if (detail.isEmpty() || detail.length() > 19 || !allIn(detail, "0123456789")) {
+                    return COLLECT;
+                }
+                try {
+                    return java.util.Arrays.asList(null, Long.parseLong(detail));
+                } catch (NumberFormatException tooLarge) {
+                    return COLLECT;
+                }
+            }
+            case "RPSEMAPHORE.ACQUIRE" -> {
+                boolean many = false;
+                for (int i = 3; i < args.size() && !args.get(i).equalsIgnoreCase("WAIT"); i++) {
+                    many |= args.get(i).equalsIgnoreCase("PERMITS");
+                }
+                List<String> ids = List.of(detail.split(",", -1));
+                for (String id : ids) {
+                    if (id.isEmpty() || id.length() % 2 != 0 || !allIn(id, "0123456789abcdefABCDEF")) {
+                        return COLLECT;
+                    }
+                }
+                return many ? ids : ids.size() == 1 ? ids.get(0) : COLLECT;
+            }
+            default -> {
+                return COLLECT;
+            }
+        }
+    }
+
+    private static boolean allIn(String s, String chars) {
+        for (int i = 0; i < s.length(); i++) {
+            if (chars.indexOf(s.charAt(i)) < 0) {
+                return false;
+            }
+        }
+        return true;
     }
 
     /** What a waiter does with a ticket message (spec/vectors/tickets.json, `then`). */

@@ -1,8 +1,9 @@
 // Tests of "a ticket holds when its grant arrives" in the rlock Java client (clients/java;
-// design.md 5, issue 40) against a real module-loaded server: a lock's waiter holds on its
+// design.md 5, issue 40) against a real module-loaded server: a lock's, RW lock's, fenced
+// lock's (with its token) and expirable semaphore's (with its permit id) waiter holds on its
 // granted message before its confirmation is even sent; a grant the server took back (the
 // connection that queued it closed, no confirmation within rlock.ticket-confirm-ms) reaches
-// the holder as a lost lock; a server without `ticket-holds` is collected from first; and
+// the holder as a lost lock (a lost permit); a server without `ticket-holds` is collected from first; and
 // 200 waiting threads of one client hold a few connections, none blocked in the server.
 // A Transport wrapper holds back the confirmations, standing for a holder whose
 // confirmation is late (a paused process, a broken connection).
@@ -71,8 +72,8 @@ class TicketHoldsTest {
 
         static boolean confirmation(List<String> args) {
             String c = args.get(0);
-            return (c.equals("RLOCK.ACQUIRE") || c.equals("RRWLOCK.ACQUIRE")) && args.contains("ID")
-                    && !args.contains("WAIT");
+            return (c.equals("RLOCK.ACQUIRE") || c.equals("RRWLOCK.ACQUIRE") || c.equals("RFENCED.ACQUIRE")
+                    || c.equals("RPSEMAPHORE.ACQUIRE")) && args.contains("ID") && !args.contains("WAIT");
         }
 
         @Override
@@ -172,6 +173,104 @@ class TicketHoldsTest {
             assertEquals(1, t.held.get());
             t.gate.complete(null);
             rw.readLock().unlockAsync(7).get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void a_fenced_lock_waiter_holds_on_its_granted_message_with_its_token() throws Exception {
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("fenced");
+            RlockFencedLock lock = c.getFencedLock(name);
+            List<?> first = (List<?>) server.call("RFENCED.ACQUIRE", name, "holder", "30000");
+            long before = (Long) first.get(1);
+            CompletableFuture<Long> waiting = lock.tryLockAndGetTokenAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            // Held, with its token, while its confirmation has not left the client: the
+            // token came in the grant message's detail.
+            long token = waiting.get(10, TimeUnit.SECONDS);
+            assertEquals(1, t.held.get());
+            assertTrue(token > before, token + " after " + before);
+            assertEquals(token, lock.getToken());
+            assertTrue(lock.isHeldByThread(7));
+            t.gate.complete(null);
+            lock.unlockAsync(7).get(10, TimeUnit.SECONDS);
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
+    @Test
+    void an_expirable_semaphore_waiter_holds_on_its_granted_message_with_its_permit() throws Exception {
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("permit");
+            RlockPermitExpirableSemaphore sem = c.getPermitExpirableSemaphore(name);
+            assertEquals(1L, server.call("RPSEMAPHORE.TRYSETPERMITS", name, "1"));
+            String other = (String) server.call("RPSEMAPHORE.ACQUIRE", name, "30000");
+            CompletableFuture<String> waiting = sem.tryAcquireAsync(20, -1, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            assertEquals(1L, server.call("RPSEMAPHORE.RELEASE", name, other));
+            String id = waiting.get(10, TimeUnit.SECONDS);
+            assertEquals(1, t.held.get());
+            assertNotNull(id);
+            assertNotEquals(other, id);
+            assertEquals(1, sem.acquiredPermits());
+            t.gate.complete(null);
+            assertTrue(sem.tryRelease(id), "the permit named in the message is the one held");
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
+    @Test
+    void a_fenced_grant_and_a_permit_taken_back_before_their_confirmations_are_reported_lost() throws Exception {
+        confirmMs(200);
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults());
+             RlockClient next = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            String fname = key("fenced-takenback"), sname = key("permit-takenback");
+            RlockFencedLock lock = c.getFencedLock(fname);
+            RlockPermitExpirableSemaphore sem = c.getPermitExpirableSemaphore(sname);
+            CountDownLatch lost = new CountDownLatch(2);
+            AtomicReference<String> lostPermit = new AtomicReference<>();
+            lock.addLostListener((n, owner, why) -> {
+                if (owner.equals(lock.ownerOf(7)) && why.contains("TAKENBACK")) {
+                    lost.countDown();
+                }
+            });
+            sem.addLostListener((n, permit, why) -> {
+                if (why.contains("TAKENBACK")) {
+                    lostPermit.set(permit);
+                    lost.countDown();
+                }
+            });
+            server.call("RFENCED.ACQUIRE", fname, "holder", "30000");
+            assertEquals(1L, server.call("RPSEMAPHORE.TRYSETPERMITS", sname, "1"));
+            String other = (String) server.call("RPSEMAPHORE.ACQUIRE", sname, "30000");
+            CompletableFuture<Long> fencing = lock.tryLockAndGetTokenAsync(20, -1, TimeUnit.SECONDS, 7);
+            CompletableFuture<String> permitting = sem.tryAcquireAsync(20, -1, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 2);
+            CompletableFuture<Long> fencedAfter = next.getFencedLock(fname).tryLockAndGetTokenAsync(20, -1, TimeUnit.SECONDS, 8);
+            CompletableFuture<String> permitAfter = next.getPermitExpirableSemaphore(sname).tryAcquireAsync(20, 30, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "all queued", () -> waiters() == 4);
+            long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+            assertEquals(1L, server.call("RLOCK.RELEASE", fname, "holder"));
+            assertEquals(1L, server.call("RPSEMAPHORE.RELEASE", sname, other));
+            long token = fencing.get(10, TimeUnit.SECONDS);
+            String permit = permitting.get(10, TimeUnit.SECONDS);
+            assertEquals(2, t.held.get(), "both held on their messages, neither confirmed");
+            // The connection that queued both tickets closes before any confirmation: the
+            // server takes both grants back after 200 ms and hands them to the next waiters.
+            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
+            assertTrue(fencedAfter.get(10, TimeUnit.SECONDS) > token, "the next holder's token is larger");
+            assertNotNull(permitAfter.get(10, TimeUnit.SECONDS));
+            t.gate.complete(null);
+            assertTrue(lost.await(10, TimeUnit.SECONDS), "both lost signals fired");
+            assertEquals(permit, lostPermit.get());
+            assertTrue(lock.isLost(7));
+            assertEquals(2, c.stats().lostLocks());
+            assertFalse(sem.tryRelease(permit), "the permit taken back is not held");
+            next.getFencedLock(fname).unlockAsync(8).get(10, TimeUnit.SECONDS);
         }
     }
 

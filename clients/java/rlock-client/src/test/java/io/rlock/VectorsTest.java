@@ -60,6 +60,38 @@ class VectorsTest {
         }
     }
 
+    /** A JSON reply as the client's reader gives it (null, Long, String, List). */
+    static Object reply(JsonElement j) {
+        if (j.isJsonNull()) {
+            return null;
+        }
+        if (j.isJsonArray()) {
+            List<Object> out = new ArrayList<>();
+            j.getAsJsonArray().forEach(x -> out.add(reply(x)));
+            return out;
+        }
+        return j.getAsJsonPrimitive().isNumber() ? (Object) j.getAsLong() : j.getAsString();
+    }
+
+    @Test
+    void a_granted_message_is_held_on_or_collected_as_the_vectors_say() throws IOException {
+        for (JsonElement e : load("tickets.json", "holds")) {
+            JsonObject c = e.getAsJsonObject();
+            List<String> args = new ArrayList<>(List.of(c.get("command").getAsString(), "k", "o", "30000"));
+            if (c.get("permits").getAsBoolean()) {
+                args.addAll(List.of("PERMITS", "2"));
+            }
+            args.addAll(List.of("WAIT", "0", "ID", "r1"));
+            Object held = Waits.heldReply(args, c.get("detail").getAsString());
+            if (c.get("then").getAsString().equals("collect")) {
+                assertSame(Waits.COLLECT, held, c.toString());
+            } else {
+                assertEquals("hold", c.get("then").getAsString(), c.toString());
+                assertEquals(reply(c.get("reply")), held, c.toString());
+            }
+        }
+    }
+
     @Test
     void the_module_errors_the_vectors_call_retry_are_retried() throws IOException {
         for (JsonElement e : load("errors.json", "errors")) {
