@@ -74,19 +74,20 @@ fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisResult> {
 }
 
 /// How a call that cannot be served now waits: blocked in the server (`WAIT`), or as a
-/// queued ticket (`WAIT … ASYNC`), answered `QUEUED` at once while the connection goes on.
-/// `pttl`: when the state may change by itself (see `engine::wait`).
+/// queued ticket (`WAIT … ASYNC`, `queued` is `Some`, with its `NOTIFY` tag if any),
+/// answered `QUEUED` at once while the connection goes on. `pttl`: when the state may
+/// change by itself (see `engine::wait`).
 fn wait_or_queue(
     ctx: &Context,
     db: i32,
     name: &RedisString,
     request: engine::Request,
     timeout: i64,
-    queued: bool,
+    queued: Option<Option<&[u8]>>,
     pttl: i64,
 ) -> RedisResult {
-    if queued {
-        engine::queue_ticket(ctx, db, name, request, timeout, pttl).map_err(err)?;
+    if let Some(notify) = queued {
+        engine::queue_ticket(ctx, db, name, request, timeout, notify, pttl).map_err(err)?;
         Ok(RedisValue::SimpleStringStatic("QUEUED"))
     } else {
         engine::wait(ctx, db, name, engine::Waiter::new(request), timeout, pttl).map_err(err)?;
@@ -169,11 +170,13 @@ pub fn write_command<'a, P>(
 }
 
 /// How a waiting command may wait, as its parser read it: `WAIT timeout-ms` (`None`:
-/// answer at once) and `ASYNC` (wait as a queued ticket, not a blocked client).
+/// answer at once), `ASYNC` (wait as a queued ticket, not a blocked client) and `NOTIFY
+/// tag` (the ticket's own channel).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Waiting {
+pub struct Waiting<'a> {
     pub timeout: Option<i64>,
     pub queued: bool,
+    pub notify: Option<&'a [u8]>,
 }
 
 /// What a waiting command's own part found, once its plan is applied.
@@ -186,7 +189,7 @@ pub enum Answer<F> {
     Contended { reply: RedisValue, ask: F },
 }
 
-/// A command that may wait (`… [WAIT timeout-ms [ASYNC]] [ID request-id]`), written
+/// A command that may wait (`… [WAIT timeout-ms [ASYNC [NOTIFY tag]]] [ID request-id]`), written
 /// once: [`write_command`]'s opening (arity, parsing, request-id replay, the queue served
 /// first), the primitive's own part (`body`: read, plan, write, remember), then waiting
 /// or queueing where the call is contended, asked to wait, and may block; else the reply.
@@ -194,7 +197,7 @@ pub fn waiting_command<'a, P, F>(
     ctx: &Context,
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
-    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>, Waiting), &'static str>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>, Waiting<'a>), &'static str>,
     body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> Result<Answer<F>, RedisError>,
 ) -> RedisResult
 where
@@ -217,9 +220,11 @@ where
                 Waiting {
                     timeout: Some(timeout),
                     queued,
+                    notify,
                 } if may_block(ctx) => {
                     let (ask, pttl) = ask();
-                    wait_or_queue(ctx, db, name, ask, timeout, queued, pttl)
+                    let how = queued.then_some(notify);
+                    wait_or_queue(ctx, db, name, ask, timeout, how, pttl)
                 }
                 _ => Ok(reply),
             },

@@ -8,7 +8,8 @@
 //!   generated from the source: `RLOCK_VECTORS_BLESS=1 cargo test -p rlock vectors`
 //!   rewrites it after a deliberate change to the texts (then review the diff: every
 //!   client's suite reads it).
-//! - `channels.json`: every primitive's channel and the ticket channel of each key.
+//! - `channels.json`: every primitive's channel and the ticket channel of each key, bare
+//!   and with the file's `NOTIFY` tag.
 //! - `tickets.json`: every message the module writes (`module` cases) and the module's
 //!   own reading of every case.
 //!
@@ -185,9 +186,15 @@ fn channels_json_is_every_primitives_channel() {
     let file = load("channels.json");
     let cases = file["cases"].as_array().expect("cases");
     assert!(!cases.is_empty());
+    let tag = str_of(&file, "notify_tag").as_bytes();
+    assert_eq!(
+        crate::vocab::args::parse_tag(tag),
+        Ok(tag),
+        "a tag NOTIFY takes"
+    );
     for case in cases {
         let key = str_of(case, "key").as_bytes();
-        let computed: [(&str, Vec<u8>); 7] = [
+        let computed: [(&str, Vec<u8>); 8] = [
             ("lock", crate::lock::unlock_channel(key)),
             ("fenced", crate::lock::unlock_channel(key)),
             ("rwlock", crate::rwlock::channel(key)),
@@ -195,6 +202,7 @@ fn channels_json_is_every_primitives_channel() {
             ("expirable", crate::expirable::channel(key)),
             ("latch", crate::latch::channel(key)),
             ("ticket", ticket::channel(key)),
+            ("ticket_notify", ticket::tagged_channel(key, Some(tag))),
         ];
         for (field, got) in computed {
             assert_eq!(

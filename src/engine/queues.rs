@@ -166,6 +166,11 @@ pub struct Queues {
     next_tag: u64,
     pub(super) total: usize,
     tickets: usize,
+    /// The `NOTIFY` tags of queued tickets, one copy of each (a client draws one tag and
+    /// puts it on every ticket it queues). Entries no ticket holds any more are dropped
+    /// when the map has doubled since the last sweep, and all of them once nobody waits.
+    tags: HashMap<Box<[u8]>, Tag>,
+    tags_swept: usize,
 }
 
 /// What [`Queues::drain`] empties out.
@@ -173,7 +178,7 @@ pub struct Queues {
 pub struct Drained {
     pub handles: Vec<Blocked>,
     pub timers: Vec<TimerId>,
-    pub tickets: Vec<(i32, KeyName, Request)>,
+    pub tickets: Vec<(i32, KeyName, Waiter)>,
 }
 
 /// A grant taken back after its connection's grace: the key it was granted on and what its
@@ -620,6 +625,30 @@ impl Queues {
         if self.uncollected.capacity() > 0 && self.uncollected.is_empty() {
             self.uncollected.shrink_to_fit();
         }
+        if self.tags.capacity() > 0 {
+            self.tags = HashMap::new();
+            self.tags_swept = 0;
+        }
+    }
+
+    /// The shared copy of a `NOTIFY` tag, for a ticket about to be queued.
+    pub fn intern_tag(&mut self, tag: &[u8]) -> Tag {
+        if let Some(shared) = self.tags.get(tag) {
+            return shared.clone();
+        }
+        if self.tags.len() >= 2 * self.tags_swept + 64 {
+            self.tags.retain(|_, t| Rc::strong_count(t) > 1);
+            self.tags_swept = self.tags.len();
+        }
+        let shared: Tag = Rc::new(tag.into());
+        self.tags.insert(tag.into(), shared.clone());
+        shared
+    }
+
+    /// How many distinct tags are kept (tests).
+    #[cfg(test)]
+    pub(super) fn tags_kept(&self) -> usize {
+        self.tags.len()
     }
 
     /// Empties every queue; returns the handles to answer, the timers to stop and the
@@ -632,12 +661,12 @@ impl Queues {
         for (db, keys) in self.dbs.drain() {
             for (name, queue) in keys {
                 for w in queue.waiters.into_iter().filter_map(|(_, w)| w) {
-                    match w.who() {
-                        Who::Blocked(handle) => out.handles.push(handle),
-                        Who::Ticket(_) => out.tickets.push((db, name.clone(), w.request)),
-                    }
                     out.timers
                         .extend((w.deadline_timer != 0).then_some(w.deadline_timer));
+                    match w.who() {
+                        Who::Blocked(handle) => out.handles.push(handle),
+                        Who::Ticket(_) => out.tickets.push((db, name.clone(), w)),
+                    }
                 }
                 out.timers.extend(queue.timer.map(|t| t.id));
                 out.timers.extend(queue.ticket_timer.map(|t| t.id));

@@ -126,11 +126,18 @@ impl PackedWho {
     }
 }
 
+/// A ticket's `NOTIFY` tag (docs/commands/tickets.md): its messages go to the key's ticket
+/// channel with `:tag` appended. Interned ([`Queues::intern_tag`]): a client's tickets
+/// share one copy, and a queue slot keeps a thin pointer.
+pub type Tag = Rc<Box<[u8]>>;
+
 /// One waiter for a key: a blocked client or a ticket.
 #[derive(Debug)]
 pub struct Waiter {
     pub request: Request,
     pub(super) who: PackedWho,
+    /// A ticket's `NOTIFY` tag (`None`: the key's channel; always `None` when blocked).
+    pub tag: Option<Tag>,
     /// The timer that ends a blocked client's wait (0: waits without limit, or a ticket,
     /// whose deadlines share one timer per queue), see [`wait`].
     pub deadline_timer: TimerId,
@@ -144,6 +151,7 @@ impl Waiter {
         Waiter {
             request,
             who: Who::Blocked(Blocked(0)).into(),
+            tag: None,
             deadline_timer: 0,
             deadline_at: 0,
         }

@@ -114,21 +114,24 @@ pub fn wait(
     Ok(())
 }
 
-/// Queues a ticket for the current connection (`… WAIT timeout-ms ASYNC`, design.md 5): it
-/// waits in the key's queue like a blocked client, but the connection goes on; its end is
-/// published on the key's ticket channel. `pttl` as for [`wait`].
+/// Queues a ticket for the current connection (`… WAIT timeout-ms ASYNC [NOTIFY tag]`,
+/// design.md 5): it waits in the key's queue like a blocked client, but the connection
+/// goes on; its end is published on the key's ticket channel, or on that channel with
+/// `:tag` appended when it names a tag. `pttl` as for [`wait`].
 pub fn queue_ticket(
     ctx: &Context,
     db: i32,
     name: &RedisString,
     request: Request,
     timeout_ms: i64,
+    notify: Option<&[u8]>,
     pttl: i64,
 ) -> Result<(), &'static str> {
     let key = name.as_slice();
     let waiter = Waiter {
         request: request.clone(),
         who: Who::Ticket(ffi::client_id(ctx)).into(),
+        tag: notify.map(|tag| with(|q| q.intern_tag(tag))),
         deadline_timer: 0,
         deadline_at: if timeout_ms > 0 {
             ffi::now_ms() + timeout_ms
@@ -163,13 +166,15 @@ fn arm_ticket_timer(ctx: &Context, db: i32, key: &[u8]) {
     }
 }
 
-/// Publishes how a ticket left its queue, on the key's ticket channel, to this node's
-/// subscribers only (not replicated: the clients that queued tickets listen where they
-/// queued them).
-fn publish_end(ctx: &Context, key: &[u8], request: &Request, end: ticket::End) {
+/// Publishes how a ticket left its queue, on the key's ticket channel (with the ticket's
+/// `NOTIFY` tag appended, if it has one: then only its own client hears it), to this
+/// node's subscribers only (not replicated: the clients that queued tickets listen where
+/// they queued them).
+fn publish_end(ctx: &Context, key: &[u8], request: &Request, tag: Option<&Tag>, end: ticket::End) {
     let (owner, id) = request.names();
     let message = ticket::message(end, id.unwrap_or_default(), owner);
-    store::publish_here(ctx, &ticket::channel(key), &message);
+    let channel = ticket::tagged_channel(key, tag.map(|t| &t[..]));
+    store::publish_here(ctx, &channel, &message);
 }
 
 /// A ticket at the head whose request id was granted already (a retried ASYNC call whose
@@ -203,9 +208,10 @@ fn granted_ticket(
     db: i32,
     name: &RedisString,
     client: u64,
-    request: Request,
+    waiter: Waiter,
     reply: &Reply,
 ) {
+    let Waiter { request, tag, .. } = waiter;
     stats::bump(|s| &s.tickets_granted);
     let detail = if request.detail_on_grant() {
         ticket::reply_detail(reply)
@@ -216,6 +222,7 @@ fn granted_ticket(
         ctx,
         name.as_slice(),
         &request,
+        tag.as_ref(),
         ticket::End::Granted(&detail),
     );
     if !request.grant_is_written() {
@@ -373,9 +380,7 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
         stop_deadline(ctx, &waiter);
         match waiter.who() {
             Who::Blocked(handle) => ffi::unblock(handle, Some(Wake::Reply(grant.reply))),
-            Who::Ticket(client) => {
-                granted_ticket(ctx, db, name, client, waiter.request, &grant.reply)
-            }
+            Who::Ticket(client) => granted_ticket(ctx, db, name, client, waiter, &grant.reply),
         }
         stats::bump(|s| &s.handoffs);
         handed = true;
@@ -421,6 +426,7 @@ fn answer_error(
             ctx,
             name.as_slice(),
             &waiter.request,
+            waiter.tag.as_ref(),
             ticket::End::Error(&error),
         ),
     }
@@ -541,7 +547,8 @@ pub(super) fn on_queue_timer(ctx: &Context, tag: u64) {
             for waiter in due {
                 stats::bump(|s| &s.wait_timeouts);
                 stats::bump(|s| &s.tickets_timed_out);
-                publish_end(ctx, &name, &waiter.request, ticket::End::TimedOut);
+                let tag = waiter.tag.as_ref();
+                publish_end(ctx, &name, &waiter.request, tag, ticket::End::TimedOut);
             }
             arm_ticket_timer(ctx, db, &name);
             forget_if_empty(ctx, db, &name);
@@ -565,8 +572,9 @@ pub fn fail_all(ctx: &Context, error: &'static str) {
     for handle in drained.handles {
         ffi::unblock(handle, Some(Wake::Error(error.into())));
     }
-    for (_, name, request) in drained.tickets {
-        publish_end(ctx, &name, &request, ticket::End::Error(error));
+    for (_, name, waiter) in drained.tickets {
+        let tag = waiter.tag.as_ref();
+        publish_end(ctx, &name, &waiter.request, tag, ticket::End::Error(error));
     }
     disarm_all_key_timers(ctx);
     events::idle_soon(ctx);

@@ -314,8 +314,9 @@ fn deadlines_of_tickets_granted_early_do_not_pile_up() {
 
 #[test]
 fn a_queue_slot_stays_small_and_who_round_trips() {
-    // A queued ticket's slot: a request pointer, who (packed), a timer, a deadline.
-    assert!(std::mem::size_of::<(u64, Option<Waiter>)>() <= 48);
+    // A queued ticket's slot: a request pointer, who (packed), its tag (a thin pointer to
+    // the interned copy), a timer, a deadline.
+    assert!(std::mem::size_of::<(u64, Option<Waiter>)>() <= 56);
     for who in [
         Who::Blocked(Blocked(0x7fff_1234_5678)),
         Who::Ticket(1),
@@ -323,6 +324,28 @@ fn a_queue_slot_stays_small_and_who_round_trips() {
     ] {
         assert_eq!(PackedWho::from(who).get(), who);
     }
+}
+
+#[test]
+fn notify_tags_are_kept_once_and_dropped_once_no_ticket_holds_them() {
+    let mut q = Queues::default();
+    let a = q.intern_tag(b"c7f3a9e1");
+    let b = q.intern_tag(b"c7f3a9e1");
+    assert!(Rc::ptr_eq(&a, &b), "one copy per tag");
+    assert_eq!(&a[..], b"c7f3a9e1");
+    drop((a, b));
+    // Thousands of short-lived tags: the map is swept as it doubles, never grows unbounded.
+    let held = q.intern_tag(b"held");
+    for n in 0..10_000 {
+        let _ = q.intern_tag(format!("t{n}").as_bytes());
+    }
+    assert!(q.tags_kept() <= 2 * 64 + 2, "{}", q.tags_kept());
+    assert!(
+        Rc::ptr_eq(&held, &q.intern_tag(b"held")),
+        "a held tag is kept"
+    );
+    q.shrink_when_idle();
+    assert_eq!(q.tags_kept(), 0, "all dropped once nobody waits");
 }
 
 #[test]

@@ -31,6 +31,20 @@ pub fn channel(key: &[u8]) -> Vec<u8> {
     prefix_name(b"rlock_ticket", key)
 }
 
+/// The channel of a ticket's messages: the key's [`channel`], with `:tag` appended for a
+/// ticket queued with `NOTIFY tag` (`rlock_ticket:{orders:42}:c7f3a9e1`). The tag has no
+/// braces (`args::parse_tag`), so where the key's channel has a hash tag the tagged
+/// channel hashes to the same cluster slot.
+pub fn tagged_channel(key: &[u8], tag: Option<&[u8]>) -> Vec<u8> {
+    let mut out = channel(key);
+    if let Some(tag) = tag {
+        out.reserve_exact(1 + tag.len());
+        out.push(b':');
+        out.extend_from_slice(tag);
+    }
+    out
+}
+
 /// `<kind>:<id-length>:<owner-length>:<id><owner><detail>`: the lengths make it
 /// unambiguous whatever bytes the id and owner hold (Redisson's owners contain `:`).
 pub fn message(end: End, id: &[u8], owner: &[u8]) -> Vec<u8> {
@@ -147,6 +161,19 @@ mod tests {
     fn channel_is_in_the_keys_slot() {
         assert_eq!(channel(b"lock"), b"rlock_ticket:{lock}".to_vec());
         assert_eq!(channel(b"{app}:lock"), b"rlock_ticket:{app}:lock".to_vec());
+    }
+
+    #[test]
+    fn a_tagged_channel_is_the_keys_with_the_tag_appended() {
+        assert_eq!(tagged_channel(b"lock", None), channel(b"lock"));
+        assert_eq!(
+            tagged_channel(b"orders:42", Some(b"c7f3a9e1")),
+            b"rlock_ticket:{orders:42}:c7f3a9e1".to_vec()
+        );
+        assert_eq!(
+            tagged_channel(b"{app}:lock", Some(b"c7f3a9e1")),
+            b"rlock_ticket:{app}:lock:c7f3a9e1".to_vec()
+        );
     }
 
     #[test]

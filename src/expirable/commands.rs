@@ -306,18 +306,19 @@ pub fn update_lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms>] [ID <request-id>]`
+/// `RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
             args,
-            3..=10,
+            3..=12,
             |a| {
                 let (lease, o) = expirable::parse_acquire(a)?;
                 let waiting = Waiting {
                     timeout: o.wait,
                     queued: o.queued,
+                    notify: o.notify,
                 };
                 Ok(((lease, o.permits, o.id), o.id, waiting))
             },

@@ -64,7 +64,7 @@ fn write(
     write_token(ctx, name, plan)
 }
 
-/// `RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
+/// `RFENCED.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
 ///
 /// `[nil, token]` when acquired or re-entered (a new token each time, as Redisson's
 /// lockAndGetToken), `[pttl, nil]` when another owner holds it; with WAIT the caller

@@ -173,18 +173,19 @@ pub fn get_count(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id>]]`
+/// `RLATCH.AWAIT <key> [WAIT <timeout-ms> [ASYNC ID <ticket-id> [NOTIFY <tag>]]]`
 pub fn await_open(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
             args,
-            2..=7,
+            2..=9,
             |a| {
                 let o = latch::parse_await(a)?;
                 let waiting = Waiting {
                     timeout: o.wait,
                     queued: o.queued,
+                    notify: o.notify,
                 };
                 // Its ID names a queued ticket, not a request to replay: awaiting changes
                 // nothing, so there is no first reply to remember.

@@ -33,23 +33,24 @@ fn value(reply: Reply) -> RedisValue {
     }
 }
 
-/// The arguments of an acquire (`owner lease-ms [WAIT timeout-ms [ASYNC]] [ID id]`), its
+/// The arguments of an acquire (`owner lease-ms [WAIT timeout-ms [ASYNC [NOTIFY <tag>]]] [ID id]`), its
 /// request id and how it may wait, for the pipeline (also the fenced lock's).
 pub fn parse_acquire<'a>(
     args: &[&'a [u8]],
-) -> Result<(AcquireArgs<'a>, Option<&'a [u8]>, Waiting), &'static str> {
+) -> Result<(AcquireArgs<'a>, Option<&'a [u8]>, Waiting<'a>), &'static str> {
     let a = args::parse_acquire(args)?;
     let (id, waiting) = (
         a.id,
         Waiting {
             timeout: a.wait,
             queued: a.queued,
+            notify: a.notify,
         },
     );
     Ok((a, id, waiting))
 }
 
-/// `RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
+/// `RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(

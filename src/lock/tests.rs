@@ -276,7 +276,8 @@ fn parse_acquire_table() {
             lease: 100,
             wait: None,
             id: None,
-            queued: false
+            queued: false,
+            notify: None,
         }
     );
     assert_eq!(
@@ -286,7 +287,8 @@ fn parse_acquire_table() {
             lease: 100,
             wait: Some(5),
             id: Some(b"r1"),
-            queued: false
+            queued: false,
+            notify: None,
         }
     );
     let queued = p(&["o", "100", "WAIT", "5", "async", "ID", "r1"]).unwrap();
@@ -296,8 +298,30 @@ fn parse_acquire_table() {
             .unwrap()
             .queued
     );
+    // NOTIFY names a ticket's own channel, anywhere among the options.
+    let tagged = p(&[
+        "o",
+        "100",
+        "notify",
+        "c7f3-a9e1_.X",
+        "WAIT",
+        "5",
+        "ASYNC",
+        "ID",
+        "r1",
+    ]);
+    assert_eq!(tagged.unwrap().notify, Some(&b"c7f3-a9e1_.X"[..]));
+    let longest = "t".repeat(64);
+    assert_eq!(
+        p(&["o", "100", "WAIT", "5", "ASYNC", "ID", "r1", "NOTIFY", &longest])
+            .unwrap()
+            .notify
+            .map(<[u8]>::len),
+        Some(64)
+    );
     assert_eq!(p(&["o", "100", "wait", "0"]).unwrap().wait, Some(0));
     assert_eq!(p(&["o", "100", "WAIT", "250"]).unwrap().wait, Some(250));
+    let too_long = "t".repeat(65);
     for (args, err) in [
         (&["", "100"][..], ERR_EMPTY_OWNER),
         (&["o", "0"], ERR_LEASE),
@@ -319,6 +343,48 @@ fn parse_acquire_table() {
         (&["o", "100", "ID", "r", "ASYNC"], ERR_ASYNC),
         (
             &["o", "100", "WAIT", "5", "ASYNC", "ASYNC", "ID", "r"],
+            ERR_SYNTAX,
+        ),
+        // NOTIFY: only with ASYNC, a tag of 1 to 64 safe bytes, once.
+        (
+            &["o", "100", "WAIT", "5", "NOTIFY", "t", "ID", "r"],
+            ERR_NOTIFY_ASYNC,
+        ),
+        (&["o", "100", "NOTIFY", "t"], ERR_NOTIFY_ASYNC),
+        (
+            &["o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY"],
+            ERR_SYNTAX,
+        ),
+        (
+            &["o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", ""],
+            ERR_NOTIFY_TAG,
+        ),
+        (
+            &["o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", "{t}"],
+            ERR_NOTIFY_TAG,
+        ),
+        (
+            &["o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", "a:b"],
+            ERR_NOTIFY_TAG,
+        ),
+        (
+            &["o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", "a b"],
+            ERR_NOTIFY_TAG,
+        ),
+        (
+            &["o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", "é"],
+            ERR_NOTIFY_TAG,
+        ),
+        (
+            &[
+                "o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", &too_long,
+            ],
+            ERR_NOTIFY_TAG,
+        ),
+        (
+            &[
+                "o", "100", "WAIT", "5", "ASYNC", "ID", "r", "NOTIFY", "a", "NOTIFY", "b",
+            ],
             ERR_SYNTAX,
         ),
     ] {

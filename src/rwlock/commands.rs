@@ -138,7 +138,7 @@ fn settle_after(ctx: &Context, db: i32, name: &RedisString, plan: &Plan, now: i6
     }
 }
 
-/// `RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
+/// `RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -150,6 +150,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                 let waiting = Waiting {
                     timeout: a.wait,
                     queued: a.queued,
+                    notify: a.notify,
                 };
                 Ok(((side, a.owner, a.lease, a.id), a.id, waiting))
             },

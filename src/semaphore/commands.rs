@@ -158,18 +158,19 @@ pub fn drain_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC]] [ID <request-id>]`
+/// `RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
             ctx,
             args,
-            3..=8,
+            3..=10,
             |a| {
                 let (permits, o) = semaphore::parse_acquire(a)?;
                 let waiting = Waiting {
                     timeout: o.wait,
                     queued: o.queued,
+                    notify: o.notify,
                 };
                 Ok(((permits, o.id), o.id, waiting))
             },

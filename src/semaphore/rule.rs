@@ -321,9 +321,12 @@ pub struct Options<'a> {
     pub permits: Option<i64>,
     /// `ASYNC` (with `WAIT` and `ID`): wait as a queued ticket (docs/commands/tickets.md).
     pub queued: bool,
+    /// `NOTIFY tag` (with `ASYNC`): the ticket's own channel (docs/commands/tickets.md).
+    pub notify: Option<&'a [u8]>,
 }
 
-/// Parses `[WAIT timeout-ms] [ID request-id] [PX ttl-ms] [PERMITS n]` as `allowed` says.
+/// Parses `[WAIT timeout-ms [ASYNC [NOTIFY tag]]] [ID request-id] [PX ttl-ms] [PERMITS n]` as
+/// `allowed` says.
 pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<'a>, &'static str> {
     let mut o = Options::default();
     let mut rest = args;
@@ -339,7 +342,9 @@ pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<
             break;
         };
         let is = |name: &[u8]| option.eq_ignore_ascii_case(name);
-        if is(b"WAIT") && allowed.wait && o.wait.is_none() {
+        if is(b"NOTIFY") && allowed.wait && o.notify.is_none() {
+            o.notify = Some(args::parse_tag(value)?);
+        } else if is(b"WAIT") && allowed.wait && o.wait.is_none() {
             o.wait = Some(parse_int(value, 0, MAX_MS, ERR_TIMEOUT)?);
         } else if is(b"ID") && o.id.is_none() {
             if value.is_empty() {
@@ -358,7 +363,7 @@ pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<
     if !rest.is_empty() {
         return Err(ERR_SYNTAX);
     }
-    args::check_queued(o.queued, o.wait, o.id)?;
+    args::check_queued(o.queued, o.wait, o.id, o.notify)?;
     Ok(o)
 }
 
@@ -414,6 +419,7 @@ pub fn parse_id_only<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::errors::{ERR_NOTIFY_ASYNC, ERR_NOTIFY_TAG};
 
     fn sem(n: i64) -> SemState {
         SemState { available: Some(n) }
@@ -592,6 +598,9 @@ mod tests {
         assert_eq!(parse_acquire(&a(&["2"])).unwrap().0, 2);
         let (n, o) = parse_acquire(&a(&["1", "wait", "100", "ID", "r1"])).unwrap();
         assert_eq!((n, o.wait, o.id), (1, Some(100), Some(&b"r1"[..])));
+        let (_, o) =
+            parse_acquire(&a(&["1", "NOTIFY", "t1", "WAIT", "0", "ASYNC", "ID", "r"])).unwrap();
+        assert_eq!((o.queued, o.notify), (true, Some(&b"t1"[..])));
         for (args, err) in [
             (a(&[]), ERR_SYNTAX),
             (a(&["-1"]), ERR_PERMITS),
@@ -604,6 +613,20 @@ mod tests {
             (a(&["1", "ID", "a", "ID", "b"]), ERR_SYNTAX),
             (a(&["1", "PX", "10"]), ERR_SYNTAX),
             (a(&["1", "NOPE", "1"]), ERR_SYNTAX),
+            (
+                a(&["1", "WAIT", "1", "ID", "r", "NOTIFY", "t"]),
+                ERR_NOTIFY_ASYNC,
+            ),
+            (
+                a(&["1", "WAIT", "1", "ASYNC", "ID", "r", "NOTIFY", "{t}"]),
+                ERR_NOTIFY_TAG,
+            ),
+            (
+                a(&[
+                    "1", "WAIT", "1", "ASYNC", "ID", "r", "NOTIFY", "t", "NOTIFY", "t",
+                ]),
+                ERR_SYNTAX,
+            ),
         ] {
             assert_eq!(parse_acquire(&args), Err(err), "{args:?}");
         }
@@ -613,6 +636,7 @@ mod tests {
         );
         assert_eq!(parse_try_set(&a(&["3", "PX", "0"])), Err(ERR_TTL));
         assert_eq!(parse_try_set(&a(&["3", "WAIT", "1"])), Err(ERR_SYNTAX));
+        assert_eq!(parse_try_set(&a(&["3", "NOTIFY", "t"])), Err(ERR_SYNTAX));
         assert_eq!(parse_add(&a(&["-5"])).unwrap().0, -5);
         assert_eq!(parse_add(&a(&["-2147483648"])), Err(ERR_PERMITS_DELTA));
         assert_eq!(

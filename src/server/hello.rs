@@ -21,10 +21,12 @@ pub const PROTOCOL_VERSION: i64 = 1;
 /// The feature words every build of this module has: tickets (`WAIT t ASYNC ID id`),
 /// `ticket-holds` (a `granted` message means held: an unconfirmed grant outlives its
 /// connection by `rlock.ticket-confirm-ms`, then its id answers `TAKENBACK`; design.md 5),
+/// `ticket-notify` (`NOTIFY tag`: a ticket's messages on its own channel, design.md 5),
 /// request ids (`ID id` replays), and one word per primitive.
-const ALWAYS: [&str; 9] = [
+const ALWAYS: [&str; 10] = [
     "tickets",
     "ticket-holds",
+    "ticket-notify",
     "request-ids",
     "lock",
     "fenced",

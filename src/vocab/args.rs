@@ -6,7 +6,8 @@
 
 use crate::vocab::effects::prefix_name;
 use crate::vocab::errors::{
-    ERR_ASYNC, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_LEASE, ERR_SYNTAX, ERR_TIMEOUT,
+    ERR_ASYNC, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOTIFY_ASYNC, ERR_NOTIFY_TAG,
+    ERR_SYNTAX, ERR_TIMEOUT,
 };
 
 /// The longest lease or wait a caller may ask for: 100 years in milliseconds. Bounded so
@@ -65,6 +66,9 @@ pub struct AcquireArgs<'a> {
     pub id: Option<&'a [u8]>,
     /// `ASYNC`: wait as a queued ticket, not blocked (docs/commands/tickets.md).
     pub queued: bool,
+    /// `NOTIFY tag`: the ticket's messages go to its own channel, the key's ticket
+    /// channel with `:tag` appended (docs/commands/tickets.md).
+    pub notify: Option<&'a [u8]>,
 }
 
 /// Arguments of `RLOCK.RELEASE key owner [lease-ms] [ID request-id]` after the key.
@@ -87,12 +91,28 @@ pub fn parse_id<'a>(arg: &'a [u8], seen: &Option<&'a [u8]>) -> Result<&'a [u8], 
     }
 }
 
-/// Parses `owner lease-ms [WAIT timeout-ms [ASYNC]] [ID request-id]`, options in any
-/// order. The arity was checked by the caller.
+/// The longest `NOTIFY` tag: a client's is 16 hex digits; the bound keeps a channel name,
+/// and what a queued ticket keeps of it, small.
+pub const MAX_TAG: usize = 64;
+
+/// Reads a `NOTIFY` tag: 1 to [`MAX_TAG`] bytes of `A-Z a-z 0-9 . _ -`. No braces (nor
+/// anything else): appended to the key's ticket channel, the tag must never change the
+/// channel's cluster slot, and a client spelling it needs no escaping.
+pub fn parse_tag(tag: &[u8]) -> Result<&[u8], &'static str> {
+    let ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    if (1..=MAX_TAG).contains(&tag.len()) && tag.iter().all(ok) {
+        Ok(tag)
+    } else {
+        Err(ERR_NOTIFY_TAG)
+    }
+}
+
+/// Parses `owner lease-ms [WAIT timeout-ms [ASYNC [NOTIFY tag]]] [ID request-id]`,
+/// options in any order. The arity was checked by the caller.
 pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static str> {
     let owner = parse_owner(args[0])?;
     let lease = parse_ms(args[1], 1, ERR_LEASE)?;
-    let (mut wait, mut id, mut queued) = (None, None, false);
+    let (mut wait, mut id, mut queued, mut notify) = (None, None, false, None);
     let mut rest = &args[2..];
     loop {
         rest = match rest {
@@ -109,26 +129,35 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static 
                 id = Some(parse_id(value, &id)?);
                 tail
             }
+            [option, value, tail @ ..] if is_option(option, b"NOTIFY") && notify.is_none() => {
+                notify = Some(parse_tag(value)?);
+                tail
+            }
             _ => return Err(ERR_SYNTAX),
         };
     }
-    check_queued(queued, wait, id)?;
+    check_queued(queued, wait, id, notify)?;
     Ok(AcquireArgs {
         owner,
         lease,
         wait,
         id,
         queued,
+        notify,
     })
 }
 
-/// `ASYNC` needs `WAIT` (it is a way of waiting) and `ID` (the grant is collected by it).
+/// `ASYNC` needs `WAIT` (it is a way of waiting) and `ID` (the grant is collected by it);
+/// `NOTIFY` needs `ASYNC` (it names where a ticket's messages go).
 pub fn check_queued(
     queued: bool,
     wait: Option<i64>,
     id: Option<&[u8]>,
+    notify: Option<&[u8]>,
 ) -> Result<(), &'static str> {
-    if queued && (wait.is_none() || id.is_none()) {
+    if notify.is_some() && !queued {
+        Err(ERR_NOTIFY_ASYNC)
+    } else if queued && (wait.is_none() || id.is_none()) {
         Err(ERR_ASYNC)
     } else {
         Ok(())

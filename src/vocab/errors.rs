@@ -2,7 +2,7 @@
 //! client matches, as Redis's own `WRONGTYPE` and `NOSCRIPT` (the rest is for people):
 //! - `BAD<ARG>`: an argument out of its range or shape (`BADLEASE`, `BADTIMEOUT`,
 //!   `BADOWNER`, `BADID`, `BADSIDE`, `BADPERMITS`, `BADPERMITID`, `BADDEADLINE`, `BADTTL`,
-//!   `BADCOUNT`, `BADASYNC`);
+//!   `BADCOUNT`, `BADASYNC`, `BADNOTIFY`);
 //! - `NOTA<KIND>`: the key holds a value of the right Redis type that is not this
 //!   primitive's (`NOTALOCK`, `NOTARWLOCK`, `NOTATOKEN`, `NOTASEMAPHORE`, `NOTAPERMITSET`,
 //!   `NOTALATCH`); a value of another type is Redis's `WRONGTYPE`;
@@ -30,6 +30,12 @@ pub const ERR_TOO_MANY_WAITERS: &str =
 /// `ASYNC` queues a ticket (docs/commands/tickets.md): it waits (`WAIT`) and is collected by its
 /// request id (`ID`).
 pub const ERR_ASYNC: &str = "BADASYNC ASYNC needs WAIT and ID";
+/// `NOTIFY tag` names the channel of a queued ticket's messages (docs/commands/tickets.md):
+/// only a ticket has messages.
+pub const ERR_NOTIFY_ASYNC: &str = "BADNOTIFY NOTIFY needs ASYNC";
+/// A tag is appended to the key's ticket channel: short, and without braces, which would
+/// move the channel to another cluster slot than the key's.
+pub const ERR_NOTIFY_TAG: &str = "BADNOTIFY tag must be 1 to 64 bytes of A-Z a-z 0-9 . _ -";
 /// What a request id answers once its ticket's grant was taken back (design.md 5): the
 /// connection that queued the ticket closed and no confirmation came within
 /// `rlock.ticket-confirm-ms`. A client that already proceeded on the `granted` message

@@ -34,11 +34,12 @@ def parse(message):
 
 
 class Listener:
-    """A subscriber on some keys' ticket channels (a connection of its own)."""
+    """A subscriber on some keys' ticket channels (a connection of its own); with `tag`,
+    on their `NOTIFY tag` channels instead."""
 
-    def __init__(self, server, *keys):
+    def __init__(self, server, *keys, tag=None):
         self.pubsub = server.client().pubsub()
-        self.pubsub.subscribe(*(channel(k) for k in keys))
+        self.pubsub.subscribe(*(channel(k) + (f":{tag}" if tag else "") for k in keys))
         for _ in keys:  # the subscribe confirmations
             assert self.pubsub.get_message(timeout=5)["type"] == "subscribe"
 
@@ -61,8 +62,9 @@ def acquire(r, key, owner, *extra, lease=LEASE):
     return r.execute_command("RLOCK.ACQUIRE", key, owner, lease, *extra)
 
 
-def ticket(r, key, owner, rid, timeout=0, lease=LEASE):
-    return acquire(r, key, owner, "WAIT", timeout, "ASYNC", "ID", rid, lease=lease)
+def ticket(r, key, owner, rid, timeout=0, lease=LEASE, tag=None):
+    notify = ("NOTIFY", tag) if tag else ()
+    return acquire(r, key, owner, "WAIT", timeout, "ASYNC", "ID", rid, *notify, lease=lease)
 
 
 def owners(r, key):
@@ -540,11 +542,17 @@ TICKETED = {
 }
 
 
+@pytest.mark.parametrize("tagged", [False, True], ids=["key-channel", "notify-tag"])
 @pytest.mark.parametrize("primitive", list(TICKETED))
-def test_memory_per_queued_ticket_is_at_most_256_bytes(server, r, primitive):
+def test_memory_per_queued_ticket_is_at_most_256_bytes(server, r, primitive, tagged):
     """Owner 40 bytes (a Redisson-like `uuid:thread`), request id 24: what the client
-    crate sends. Measured with 20 000 tickets from 10 connections, deadlines included."""
-    holder, command = TICKETED[primitive]
+    crate sends. Measured with 20 000 tickets from 10 connections, deadlines included;
+    with `NOTIFY` and a 16-byte tag per connection (a client's), or without."""
+    holder, bare = TICKETED[primitive]
+    command = bare
+    if tagged:
+        def command(o, i):
+            return bare(o, i) + ("NOTIFY", f"{i[:2]}c7f3a9e1d2b4c6")
     r.config_set("rlock.max-waiters-per-key", 100_000)
     conns = [server.client() for _ in range(10)]
     for c in conns:
@@ -559,7 +567,8 @@ def test_memory_per_queued_ticket_is_at_most_256_bytes(server, r, primitive):
             p.execute_command(*command(owner, f"{n:02d}-req-000000000{i:08d}"))
         assert set(p.execute()) == {b"QUEUED"}
     per_ticket = (used_memory(r) - before) / 20_000
-    print(f"{primitive}: server memory per queued ticket: {per_ticket:.0f} B")
+    print(f"{primitive} {'tagged' if tagged else 'untagged'}: server memory per queued ticket:"
+          f" {per_ticket:.0f} B")
     assert stats(r)["tickets"] == 20_000
     assert per_ticket <= 256
 
@@ -607,3 +616,186 @@ def test_tickets_count_against_the_waiter_limit(server, r):
     with pytest.raises(redis.ResponseError, match=re.escape(errors.text(errors.TOO_MANY_WAITERS))):
         ticket(t, "k", "c", "r3")
     assert waiters(r, "k") == 2 and stats(r)["tickets"] == 2
+
+
+# ---- NOTIFY: a ticket's own channel (docs/commands/tickets.md, design.md 5) ----
+
+TAG1, TAG2 = "c7f3a9e1d2b4c6a8", "0123456789abcdef"
+ERR_NOTIFY_ASYNC = errors.text(errors.NOTIFY_ASYNC)
+ERR_NOTIFY_TAG = errors.text(errors.NOTIFY_TAG)
+
+
+def test_hello_names_ticket_notify(r):
+    raw = r.execute_command("RLOCK.HELLO")
+    hello = dict(zip(raw[::2], raw[1::2]))
+    assert b"ticket-notify" in hello[b"features"]
+
+
+def test_a_tagged_tickets_messages_reach_only_its_own_channel(server, r):
+    """Two clients (two tags) and a listener on the key's channel: each handoff's message
+    arrives on its ticket's tag channel only; the key channel hears nothing, nor does the
+    other tag's subscriber (counted, not sampled: PUBSUB NUMSUB shows each is listening)."""
+    key_channel = Listener(server, "k")
+    one, two = Listener(server, "k", tag=TAG1), Listener(server, "k", tag=TAG2)
+    numsub = dict(r.pubsub_numsub(channel("k"), f"{channel('k')}:{TAG1}",
+                                  f"{channel('k')}:{TAG2}"))
+    assert set(numsub.values()) == {1}
+    assert acquire(r, "k", "h") is None
+    t1, t2 = server.client(), server.client()
+    assert ticket(t1, "k", "w1", "r1", tag=TAG1) == b"QUEUED"
+    assert ticket(t2, "k", "w2", "r2", tag=TAG2) == b"QUEUED"
+    assert ticket(t1, "k", "w3", "r3", tag=TAG1) == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert one.next() == (f"rlock_ticket:{{k}}:{TAG1}", "granted", "r1", "w1", "")
+    assert owners(r, "k") == {"w1": 1}
+    assert ticket(t1, "k", "w1", "r1", tag=TAG1) is None, "collected as before"
+    two.none()
+    assert r.execute_command("RLOCK.RELEASE", "k", "w1") == 1
+    assert two.next() == (f"rlock_ticket:{{k}}:{TAG2}", "granted", "r2", "w2", "")
+    one.none()
+    assert r.execute_command("RLOCK.RELEASE", "k", "w2") == 1
+    assert one.next()[1:4] == ("granted", "r3", "w3")
+    two.none()
+    key_channel.none()
+    assert stats(r)["tickets_granted"] == 3
+
+
+def test_untagged_and_tagged_tickets_share_one_fifo_each_on_its_channel(server, r):
+    key_channel, tagged = Listener(server, "k"), Listener(server, "k", tag=TAG1)
+    assert acquire(r, "k", "h") is None
+    t = server.client()
+    assert ticket(t, "k", "plain", "r1") == b"QUEUED"
+    assert ticket(t, "k", "own", "r2", tag=TAG1) == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert key_channel.next()[1:4] == ("granted", "r1", "plain")
+    tagged.none()
+    assert r.execute_command("RLOCK.RELEASE", "k", "plain") == 1
+    assert tagged.next()[1:4] == ("granted", "r2", "own")
+    key_channel.none()
+
+
+def test_a_braced_keys_tagged_channel_appends_the_tag(server, r):
+    sub = server.client().pubsub()
+    sub.subscribe(f"rlock_ticket:{{app}}:lock:{TAG1}")
+    assert sub.get_message(timeout=5)["type"] == "subscribe"
+    assert acquire(r, "{app}:lock", "h") is None
+    assert ticket(server.client(), "{app}:lock", "w", "r1", tag=TAG1) == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", "{app}:lock", "h") == 1
+    m = sub.get_message(timeout=5)
+    assert m["type"] == "message" and parse(m["data"])[:2] == ("granted", "r1")
+
+
+def test_a_tagged_tickets_timeout_goes_to_its_channel(server, r):
+    key_channel, tagged = Listener(server, "k"), Listener(server, "k", tag=TAG1)
+    assert acquire(r, "k", "h") is None
+    assert ticket(server.client(), "k", "w", "r1", timeout=100, tag=TAG1) == b"QUEUED"
+    assert tagged.next()[1:4] == ("timeout", "r1", "w")
+    key_channel.none()
+    assert waiters(r, "k") == 0 and owners(r, "k") == {"h": 1}
+
+
+def test_a_tagged_tickets_error_goes_to_its_channel(make_server):
+    master, s = make_server("m"), make_server("s")
+    r = s.client()
+    key_channel, tagged = Listener(s, "k"), Listener(s, "k", tag=TAG1)
+    assert acquire(r, "k", "h") is None
+    assert ticket(s.client(), "k", "w", "r1", tag=TAG1) == b"QUEUED"
+    r.replicaof("127.0.0.1", master.port)
+    assert tagged.next()[1:] == ("error", "r1", "w", errors.ROLE_CHANGED)
+    key_channel.none()
+
+
+def test_a_latch_opening_tells_each_ticket_on_its_own_channel(server, r):
+    key_channel = Listener(server, "l")
+    one, two = Listener(server, "l", tag=TAG1), Listener(server, "l", tag=TAG2)
+    assert r.execute_command("RLATCH.TRYSETCOUNT", "l", 1) == 1
+    t1, t2 = server.client(), server.client()
+    for t, rid, tag in ((t1, "a1", TAG1), (t2, "a2", TAG2), (t1, "a3", TAG1), (t2, "a4", None)):
+        notify = ("NOTIFY", tag) if tag else ()
+        assert t.execute_command("RLATCH.AWAIT", "l", "WAIT", 0, "ASYNC", "ID", rid,
+                                 *notify) == b"QUEUED"
+    r.execute_command("RLATCH.COUNTDOWN", "l")
+    assert [one.next()[1:3], one.next()[1:3]] == [("granted", "a1"), ("granted", "a3")]
+    assert two.next()[1:3] == ("granted", "a2")
+    assert key_channel.next()[1:3] == ("granted", "a4")
+    one.none(0.05)
+    two.none(0.05)
+    key_channel.none(0.05)
+
+
+@pytest.mark.parametrize("primitive", ["fenced", "rwlock", "semaphore", "expirable"])
+def test_every_primitives_ticket_takes_notify(server, r, primitive):
+    holder, command = TICKETED[primitive]
+    key = command("o", "i")[1]
+    key_channel, tagged = Listener(server, key), Listener(server, key, tag=TAG1)
+    r.execute_command(*holder)
+    t = server.client()
+    assert t.execute_command(*command("w", "r1"), "NOTIFY", TAG1) == b"QUEUED"
+    release = {
+        "fenced": ("RLOCK.RELEASE", "f", "h"),
+        "rwlock": ("RRWLOCK.RELEASE", "rw", "WRITE", "h"),
+        "semaphore": ("RSEMAPHORE.ADDPERMITS", "s", 1),
+        "expirable": ("RPSEMAPHORE.ADDPERMITS", "e", 1),
+    }[primitive]
+    r.execute_command(*release)
+    assert tagged.next()[1:3] == ("granted", "r1")
+    key_channel.none()
+
+
+BAD_NOTIFY = [
+    (("WAIT", 0, "ID", "r", "NOTIFY", TAG1), ERR_NOTIFY_ASYNC),
+    (("NOTIFY", TAG1), ERR_NOTIFY_ASYNC),
+    (("WAIT", 0, "ASYNC", "ID", "r", "NOTIFY", ""), ERR_NOTIFY_TAG),
+    (("WAIT", 0, "ASYNC", "ID", "r", "NOTIFY", "{k}"), ERR_NOTIFY_TAG),
+    (("WAIT", 0, "ASYNC", "ID", "r", "NOTIFY", "a:b"), ERR_NOTIFY_TAG),
+    (("WAIT", 0, "ASYNC", "ID", "r", "NOTIFY", "x" * 65), ERR_NOTIFY_TAG),
+]
+
+
+@pytest.mark.parametrize("extra,error", BAD_NOTIFY)
+def test_a_bad_notify_is_an_error_and_changes_nothing(server, r, extra, error):
+    listen = Listener(server, "k")
+    assert acquire(r, "k", "holder") is None
+    with pytest.raises(redis.ResponseError, match=f"^{re.escape(error)}$"):
+        acquire(r, "k", "other", *extra)
+    assert owners(r, "k") == {"holder": 1} and waiters(r, "k") == 0
+    assert stats(r)["tickets_queued"] == 0
+    # On a free key too: nothing is taken, no request id is remembered.
+    with pytest.raises(redis.ResponseError, match=f"^{re.escape(error)}$"):
+        acquire(r, "free", "other", *extra)
+    assert r.exists("free") == 0 and r.keys("rlock_request*") == []
+    listen.none(0.05)
+
+
+@pytest.mark.parametrize("primitive", list(TICKETED))
+def test_every_waiting_command_refuses_a_bad_notify(server, r, primitive):
+    holder, command = TICKETED[primitive]
+    r.execute_command(*holder)
+    before = sorted(r.keys("*"))
+    with pytest.raises(redis.ResponseError, match=f"^{re.escape(ERR_NOTIFY_TAG)}$"):
+        r.execute_command(*command("w", "r1"), "NOTIFY", "{no}")
+    words = [w for w in command("w", "r1") if w != "ASYNC"]
+    with pytest.raises(redis.ResponseError, match=f"^{re.escape(ERR_NOTIFY_ASYNC)}$"):
+        r.execute_command(*words, "NOTIFY", TAG1)
+    assert sorted(r.keys("*")) == before and stats(r)["tickets"] == 0
+
+
+def test_inside_multi_and_scripts_notify_is_checked_then_ignored(server, r):
+    tagged = Listener(server, "k", tag=TAG1)
+    assert acquire(r, "k", "holder") is None
+    p = r.pipeline(transaction=True)
+    p.execute_command("RLOCK.ACQUIRE", "k", "o", LEASE, "WAIT", 0, "ASYNC", "ID", "m",
+                      "NOTIFY", TAG1)
+    (pttl,) = p.execute()
+    assert 0 < pttl <= LEASE
+    got = r.eval("return redis.call('RLOCK.ACQUIRE', KEYS[1], 'o', 1000, 'WAIT', 0, 'ASYNC',"
+                 " 'ID', 's', 'NOTIFY', ARGV[1])", 1, "k", TAG1)
+    assert 0 < got <= LEASE
+    p = r.pipeline(transaction=True)
+    p.execute_command("RLOCK.ACQUIRE", "k", "o", LEASE, "WAIT", 0, "ASYNC", "ID", "m",
+                      "NOTIFY", "{bad}")
+    with pytest.raises(redis.ResponseError, match=re.escape(ERR_NOTIFY_TAG)):
+        p.execute()
+    assert waiters(r, "k") == 0
+    assert r.execute_command("RLOCK.RELEASE", "k", "holder") == 1
+    tagged.none(0.05)

@@ -406,6 +406,56 @@ def test_a_ticket_on_a_key_whose_slot_migrates_is_told_where_the_key_went(cluste
         dst.client().delete(key)
 
 
+def test_a_tagged_ticket_hears_its_grant_and_its_ask_on_its_own_sharded_channel(cluster):
+    """`NOTIFY tag` (docs/commands/tickets.md): the ticket's messages go out with SPUBLISH on
+    the key's ticket channel with `:tag` appended, which hashes to the key's slot (SSUBSCRIBE
+    on the key's node is accepted), and nothing goes to the key's own channel."""
+    src, dst = two_masters(cluster)
+    lo, hi = cluster.slot_ranges(src)[-1]
+    slot = hi
+    key = key_on(slot, slot, "mig-tagged")
+    tag = "c7f3a9e1d2b4c6a8"
+    s = src.client()
+    assert s.execute_command("RLOCK.ACQUIRE", key, "holder", LEASE) is None
+    tagged, plain = src.client().pubsub(), src.client().pubsub()
+    tagged.ssubscribe(f"rlock_ticket:{{{key}}}:{tag}")
+    plain.ssubscribe(f"rlock_ticket:{{{key}}}")
+    for sub in (tagged, plain):
+        assert sub.get_message(timeout=5)["type"] == "ssubscribe"
+
+    def next_smessage(sub):
+        for _ in range(50):
+            m = sub.get_message(timeout=0.1)
+            if m is not None and m["type"] == "smessage":
+                return m["data"]
+        raise AssertionError("no smessage")
+
+    t = src.client()
+    def ticket(owner, rid):
+        return t.execute_command("RLOCK.ACQUIRE", key, owner, LEASE, "WAIT", 0, "ASYNC",
+                                 "ID", rid, "NOTIFY", tag)
+
+    assert ticket("waiter", "t1") == b"QUEUED"
+    assert s.execute_command("RLOCK.RELEASE", key, "holder") == 1
+    assert next_smessage(tagged) == b"granted:2:6:t1waiter"
+    # Queued again behind the new holder, then the slot leaves: the ASK, on the tag.
+    assert ticket("second", "t2") == b"QUEUED"
+    begin_migration(cluster, slot, src, dst)
+    try:
+        assert s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", key)
+        assert next_smessage(tagged) == f"error:2:6:t2secondASK {slot} 127.0.0.1:{dst.port}".encode()
+        assert plain.get_message(timeout=0.2) is None, "nothing on the key's channel"
+        assert int(info_field(s, "rlock", "rlock_tickets")) == 0
+    finally:
+        tagged.close()
+        plain.close()
+        # The first grant's request-id record stayed (same slot, not migrated).
+        for left in s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            s.delete(left)
+        finish_migration(cluster, slot, dst)
+        dst.client().delete(key)
+
+
 # ---------------------------------------------------------------------------------------
 # Failover (last: it swaps a master and its replica, then swaps them back)
 

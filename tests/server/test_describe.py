@@ -15,7 +15,7 @@ from conftest import ROOT
 
 COMMANDS_JSON = json.loads((ROOT / "commands.json").read_text())
 
-ALWAYS = ["tickets", "ticket-holds", "request-ids", "lock", "fenced", "rwlock", "semaphore",
+ALWAYS = ["tickets", "ticket-holds", "ticket-notify", "request-ids", "lock", "fenced", "rwlock", "semaphore",
           "permit-expirable-semaphore", "latch"]
 
 
