@@ -375,8 +375,11 @@ pub struct RwAsk {
     side: Side,
     lease: i64,
     /// The owner's hold count on its side right after the grant (0 before): a take-back
-    /// releases only a grant nobody has touched since.
-    granted: Cell<i64>,
+    /// releases only a grant nobody has touched since. 32 bits keep a queued ticket
+    /// within its memory budget (libc malloc's next size class; a grant's count is 1 or a
+    /// reader's few); a count beyond them is kept as 0, which no take-back matches: that
+    /// grant is left to its lease.
+    granted: Cell<u32>,
 }
 
 impl RwAsk {
@@ -424,7 +427,7 @@ impl Ask for RwAsk {
     }
 
     fn granted(&self, holds: i64) {
-        self.granted.set(holds);
+        self.granted.set(u32::try_from(holds).unwrap_or(0));
     }
 
     fn check(&self, ctx: &Context, name: &RedisString, now: i64) -> Check {
@@ -472,7 +475,7 @@ impl Ask for RwAsk {
             return;
         };
         let holds = self.holds(&state);
-        let untold = holds > 0 && holds == self.granted.get();
+        let untold = holds > 0 && holds == i64::from(self.granted.get());
         if untold || holds == 0 {
             // The client was never told: a retry with its request id must not be answered
             // "acquired" from the record the handoff wrote.

@@ -29,7 +29,7 @@ COMMANDS = ["RLATCH.TRYSETCOUNT", "RLATCH.COUNTDOWN", "RLATCH.GETCOUNT", "RLATCH
             "RLATCH.DELETE", "RLATCH.INFO"]
 # Arguments after the command name: (fewest, most).
 ARITY = {"RLATCH.TRYSETCOUNT": (2, 4), "RLATCH.COUNTDOWN": (1, 3), "RLATCH.GETCOUNT": (1, 1),
-         "RLATCH.AWAIT": (1, 6), "RLATCH.DELETE": (1, 3), "RLATCH.INFO": (1, 1)}
+         "RLATCH.AWAIT": (1, 8), "RLATCH.DELETE": (1, 3), "RLATCH.INFO": (1, 1)}
 INT = re.compile(rb"-?(0|[1-9][0-9]*)\Z")
 
 

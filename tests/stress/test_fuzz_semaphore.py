@@ -20,11 +20,11 @@ KEYS = [b"fs:a", b"fs:b", b"{fs}c", b"fs:{x", b"fs:lock", b"fs:str", b"fs:list",
 HEX = [b"00" * 16, b"ab" * 16, b"AB", b"0", b"zz", b"", b"00" * 33]
 SEM = {  # command: (min args after the name, max, kind of reply)
     "RSEMAPHORE.TRYSETPERMITS": (2, 6, "int"), "RSEMAPHORE.ADDPERMITS": (2, 4, "int"),
-    "RSEMAPHORE.ACQUIRE": (2, 7, "int"), "RSEMAPHORE.RELEASE": (2, 4, "int"),
+    "RSEMAPHORE.ACQUIRE": (2, 9, "int"), "RSEMAPHORE.RELEASE": (2, 4, "int"),
     "RSEMAPHORE.DRAINPERMITS": (1, 3, "int"), "RSEMAPHORE.AVAILABLEPERMITS": (1, 1, "int"),
     "RSEMAPHORE.INFO": (1, 1, "map"),
     "RPSEMAPHORE.TRYSETPERMITS": (2, 4, "int"), "RPSEMAPHORE.SETPERMITS": (2, 4, "int"),
-    "RPSEMAPHORE.ADDPERMITS": (2, 4, "int"), "RPSEMAPHORE.ACQUIRE": (2, 9, "ids"),
+    "RPSEMAPHORE.ADDPERMITS": (2, 4, "int"), "RPSEMAPHORE.ACQUIRE": (2, 11, "ids"),
     "RPSEMAPHORE.RELEASE": (2, 4, "int"), "RPSEMAPHORE.UPDATELEASETIME": (3, 3, "int"),
     "RPSEMAPHORE.LEASETIME": (2, 2, "int"), "RPSEMAPHORE.AVAILABLEPERMITS": (1, 1, "int"),
     "RPSEMAPHORE.ACQUIREDPERMITS": (1, 1, "int"), "RPSEMAPHORE.INFO": (1, 1, "map"),
