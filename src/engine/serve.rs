@@ -350,8 +350,13 @@ pub fn serve(ctx: &Context, db: i32, name: &RedisString, path: Path) -> Served {
             return done(handed, Served::NoWaiters);
         };
         let write = match head.check(ctx, name, ffi::now_ms()) {
-            Check::Grant(write) => write,
+            Check::Grant(write) => {
+                // After a script turn: the lock still free means nobody took it.
+                turns::settle_turn(db, key_bytes, false);
+                write
+            }
             Check::Wait { pttl } => {
+                turns::settle_turn(db, key_bytes, true);
                 note_expiry(ctx, db, key_bytes, pttl);
                 return done(handed, Served::StillHeld);
             }

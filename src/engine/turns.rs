@@ -17,6 +17,13 @@
 //! the server reports): a script took the lock, and the module serves its queue as after
 //! any Redisson release.
 //!
+//!
+//! A listener that never takes the lock (a monitoring `SUBSCRIBE`, a waiter that gave up
+//! but stayed subscribed) would cost the lock a turn every window. So a turn nobody took
+//! backs the key's looks off: after two unused turns in a row the window doubles with each
+//! further one, up to [`MAX_BACKOFF`] times the window; a turn a script takes brings the
+//! window back at once. A single missed turn (a waiter woken just too late) changes nothing.
+//!
 //! [`Turns`] is the bookkeeping, pure and unit-tested; the glue below it counts
 //! subscribers, publishes and arms the timer.
 
@@ -37,15 +44,41 @@ pub struct Turns {
     /// [`PRUNE_AT`], or twice what the last prune kept: many keys released within one
     /// window are pruned in amortised constant time, not rescanned at every insert.
     prune_at: usize,
+    /// Turns opened whose outcome (taken by a script or not) is not known yet: while
+    /// none is, [`Turns::settle`] answers without hashing the key (every handoff asks).
+    unsettled: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Turn {
+    /// When the channel was last looked at.
+    looked: i64,
     /// No look at the channel before this time.
     next_look: i64,
     /// The lock is left to scripts until this time (exclusive).
     end: i64,
+    /// A turn was opened and whether a script took it is not known yet.
+    open: bool,
+    /// Turns in a row that nobody took.
+    unused: u32,
 }
+
+impl Turn {
+    /// The window between looks after `unused` turns nobody took: the window itself for
+    /// none or one, then doubling, at most [`MAX_BACKOFF`] times it.
+    fn window(&self, window: i64) -> i64 {
+        let doublings = self
+            .unused
+            .saturating_sub(1)
+            .min(MAX_BACKOFF.trailing_zeros());
+        window.saturating_mul(1 << doublings)
+    }
+}
+
+/// The most the window between looks grows for a key whose turns go unused: a listener
+/// that never takes the lock then costs it one grace every `MAX_BACKOFF` windows, and a
+/// script-side waiter that starts waiting then gets its turn within that many windows.
+pub const MAX_BACKOFF: i64 = 16;
 
 /// How many keys [`Turns`] remembers before it drops the ones that are as good as absent.
 const PRUNE_AT: usize = 256;
@@ -59,7 +92,8 @@ impl Turns {
             if now < turn.next_look {
                 return false;
             }
-            turn.next_look = now + window;
+            turn.looked = now;
+            turn.next_look = now + turn.window(window);
             return true;
         }
         if self.len >= self.prune_at.max(PRUNE_AT) {
@@ -67,8 +101,11 @@ impl Turns {
             self.prune_at = 2 * self.len;
         }
         let turn = Turn {
+            looked: now,
             next_look: now + window,
             end: 0,
+            open: false,
+            unused: 0,
         };
         self.keys.entry(db).or_default().insert(key.into(), turn);
         self.len += 1;
@@ -80,9 +117,36 @@ impl Turns {
         let end = now + grace;
         if let Some(turn) = self.keys.get_mut(&db).and_then(|k| k.get_mut(key)) {
             turn.end = end;
+            if !turn.open {
+                turn.open = true;
+                self.unsettled += 1;
+            }
         }
         self.latest_end = self.latest_end.max(end);
         end
+    }
+
+    /// The outcome of `key`'s last turn, once known: `taken` by a script (the window comes
+    /// back) or not (one more unused turn, which may back the next look off). Nothing when
+    /// no turn awaits its outcome; no hashing while none anywhere does.
+    pub fn settle(&mut self, db: i32, key: &[u8], taken: bool, window: i64) {
+        if self.unsettled == 0 {
+            return;
+        }
+        let Some(turn) = self.keys.get_mut(&db).and_then(|k| k.get_mut(key)) else {
+            return;
+        };
+        if !turn.open {
+            return;
+        }
+        turn.open = false;
+        self.unsettled -= 1;
+        turn.unused = if taken {
+            0
+        } else {
+            turn.unused.saturating_add(1)
+        };
+        turn.next_look = turn.looked + turn.window(window);
     }
 
     /// The ms left of a turn open on `key` now, if one is.
@@ -95,17 +159,18 @@ impl Turns {
     }
 
     /// Ends the turn on `key` now (a script took the lock).
-    pub fn close(&mut self, db: i32, key: &[u8]) {
+    pub fn close(&mut self, db: i32, key: &[u8], window: i64) {
         if let Some(turn) = self.keys.get_mut(&db).and_then(|k| k.get_mut(key)) {
             turn.end = 0;
         }
+        self.settle(db, key, true, window);
     }
 
     /// Drops the keys whose look is due and whose turn has ended: absent, they answer the
     /// same.
     fn prune(&mut self, now: i64) {
         for keys in self.keys.values_mut() {
-            keys.retain(|_, t| now < t.next_look || now < t.end);
+            keys.retain(|_, t| now < t.next_look || now < t.end || t.open);
         }
         self.keys.retain(|_, k| !k.is_empty());
         self.len = self.keys.values().map(HashMap::len).sum();
@@ -140,7 +205,15 @@ pub fn turn_left(db: i32, key: &[u8], now: i64) -> Option<i64> {
 
 /// Ends a turn early: the key changed under a script (it took the lock).
 pub(super) fn end_turn(db: i32, key: &[u8]) {
-    turns(|t| t.close(db, key));
+    let window = crate::server::config::script_waiter_window_ms();
+    turns(|t| t.close(db, key, window));
+}
+
+/// The queue of `key` is being served after a turn ended: the lock free means nobody took
+/// the turn, held means a script did. One counter load while no turn awaits its outcome.
+pub(super) fn settle_turn(db: i32, key: &[u8], taken: bool) {
+    let window = crate::server::config::script_waiter_window_ms();
+    turns(|t| t.settle(db, key, taken, window));
 }
 
 /// A lock with module waiters queued was just freed by a module command (RELEASE,
@@ -225,12 +298,72 @@ mod tests {
         let mut t = Turns::default();
         t.look_due(0, b"k", NOW, WINDOW);
         t.open(0, b"k", NOW, GRACE);
-        t.close(0, b"k");
+        t.close(0, b"k", WINDOW);
         assert_eq!(t.open_for(0, b"k", NOW + 1), None);
         assert!(
             !t.look_due(0, b"k", NOW + 2, WINDOW),
             "the window still holds"
         );
+    }
+
+    /// Opens a turn at `at` (the look due then) and settles it as `taken`.
+    fn turn(t: &mut Turns, at: i64, taken: bool) {
+        assert!(
+            t.look_due(0, b"k", NOW + at, WINDOW),
+            "a look is due at {at}"
+        );
+        t.open(0, b"k", NOW + at, GRACE);
+        t.settle(0, b"k", taken, WINDOW);
+    }
+
+    /// The first time after `from` (ms after NOW) at which a look is due.
+    fn next_due(t: &mut Turns, from: i64) -> i64 {
+        let mut at = from;
+        while at < from + 100 * WINDOW {
+            if t.look_due(0, b"k", NOW + at, WINDOW) {
+                return at;
+            }
+            at += 1;
+        }
+        panic!("no look due within 100 windows of {from}");
+    }
+
+    #[test]
+    fn unused_turns_back_the_looks_off_and_a_taken_one_brings_the_window_back() {
+        let mut t = Turns::default();
+        turn(&mut t, 0, false);
+        // One unused turn: the window as before.
+        assert_eq!(next_due(&mut t, 1), WINDOW);
+        t.open(0, b"k", NOW + WINDOW, GRACE);
+        t.settle(0, b"k", false, WINDOW);
+        // Two in a row: twice the window from that look; then 4, 8, 16 times, and no more.
+        let mut at = WINDOW;
+        for factor in [2, 4, 8, 16, 16, 16] {
+            let due = next_due(&mut t, at + 1);
+            assert_eq!(due - at, factor * WINDOW, "after the look at {at}");
+            t.open(0, b"k", NOW + due, GRACE);
+            t.settle(0, b"k", false, WINDOW);
+            at = due;
+        }
+        // A script takes the next turn: the window at once.
+        let due = next_due(&mut t, at + 1);
+        t.open(0, b"k", NOW + due, GRACE);
+        t.close(0, b"k", WINDOW);
+        assert_eq!(next_due(&mut t, due + 1) - due, WINDOW);
+    }
+
+    #[test]
+    fn settling_is_once_per_turn_and_free_when_nothing_awaits() {
+        let mut t = Turns::default();
+        t.settle(0, b"k", false, WINDOW); // nothing known of the key: nothing happens
+        assert!(t.is_empty());
+        turn(&mut t, 0, false);
+        turn(&mut t, WINDOW, false);
+        // Settled already: a second outcome for the same turn changes nothing.
+        t.settle(0, b"k", false, WINDOW);
+        t.settle(0, b"k", false, WINDOW);
+        assert_eq!(next_due(&mut t, WINDOW + 1), 3 * WINDOW);
+        assert_eq!(t.unsettled, 0);
     }
 
     #[test]

@@ -247,6 +247,68 @@ def test_without_turns_the_redisson_waiter_starves(server):
     assert waits == [None]
 
 
+def test_a_listener_that_never_takes_the_lock_is_given_fewer_and_fewer_turns(server):
+    """A monitoring SUBSCRIBE on the lock's channel beside two looping module clients
+    (design.md 1.8, Cost): after two unused turns in a row the window between looks doubles
+    with each further one, up to 16 windows, so the idle listener costs the lock a grace
+    every 16 windows, not every window. A Redisson-style waiter arriving then still gets in
+    within the backed-off window, and the turn it takes brings the window back."""
+    r = server.client()
+    window = int(r.config_get("rlock.script-waiter-window-ms")["rlock.script-waiter-window-ms"])
+    idle = subscribe(server.client(), "k")
+    stop = threading.Event()
+    counts = [0, 0]
+
+    def loop(i):
+        c = server.client()
+        while not stop.is_set():
+            if c.execute_command("RLOCK.ACQUIRE", "k", f"m:{i}", LEASE, "WAIT", 1_000) is None:
+                counts[i] += 1
+                time.sleep(HOLD_S)
+                c.execute_command("RLOCK.RELEASE", "k", f"m:{i}")
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(2)]
+    try:
+        base = turns(r)
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        # Long enough for the looks to back off fully (2 + 2 + 4 + 8 windows) and then
+        # run at the widest for several more.
+        wait_until(lambda: time.monotonic() - start > 40 * window / 1000 + 1.5, 30,
+                   what="the fleet ran")
+        elapsed_ms = (time.monotonic() - start) * 1000
+        idle_turns = turns(r) - base
+        # Without the back-off: a turn at the first release of every window.
+        unbacked = elapsed_ms / (window + 10)
+        print(f"\nidle listener: {idle_turns} turns in {elapsed_ms:.0f} ms "
+              f"(one per window would be ~{unbacked:.0f}); module acquisitions {sum(counts)}")
+        assert 3 <= idle_turns <= 6 + elapsed_ms / (16 * window), idle_turns
+        assert sum(counts) > 100, "the module clients kept going"
+
+        # A Redisson-style waiter now: its turn comes within the widest window (plus the
+        # hold and its own wake-up), and taking it brings the window back.
+        java = Redisson(server.client(), "k", "9f1c:1", lease=LEASE)
+        waits = []
+        for _ in range(2):
+            p = subscribe(server.client(), "k")
+            t0 = time.monotonic()
+            while (ttl := java.try_lock()) is not None and time.monotonic() - t0 < 10:
+                p.get_message(timeout=min(ttl / 1000, 0.5))
+            assert ttl is None, "the Redisson-style waiter got in"
+            waits.append((time.monotonic() - t0) * 1000)
+            p.close()
+            time.sleep(HOLD_S)
+            java.unlock()
+        print(f"Redisson-style waiter after the back-off: {waits[0]:.0f} ms, then {waits[1]:.0f} ms")
+        assert waits[0] < 16 * window + 2_000, waits
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        idle.close()
+
+
 def test_the_turn_configs_have_documented_defaults_and_ranges(r):
     got = r.config_get("rlock.script-waiter-*")
     assert got == {"rlock.script-waiter-grace-ms": "10", "rlock.script-waiter-window-ms": "50"}
