@@ -7,6 +7,8 @@ package rlock
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -56,6 +58,9 @@ type options struct {
 	clientID       string
 	mode           Mode
 	blockingWaits  bool
+	// probeFilter rewrites each ticket hub's probe answer: a test double of a server
+	// that names less (export_test.go); nil everywhere else.
+	probeFilter func(proto.Capabilities) proto.Capabilities
 }
 
 // Option configures a Client.
@@ -86,11 +91,12 @@ func WithoutReplicaSync() Option { return func(o *options) { o.replicas = 0 } }
 
 // WithBlockingWaits makes every wait a blocked `WAIT` on a connection of its own (held
 // while it waits, so one per waiting goroutine) instead of a queued ticket on the client's
-// one ticket connection (the default). A grant then wakes only its waiter's connection,
-// where a ticket's grant message reaches every process waiting on the key (each is
-// subscribed to the key's one ticket channel): worth it for one waiting goroutine per
-// process and many processes on one key (BENCHMARK.md's Go table), not for many waiting
-// goroutines, which each hold a connection and cost the server tens of KB.
+// one ticket connection (the default). Each grant then wakes only its waiter's connection;
+// a ticket's grant message does too where the server names `ticket-notify` (each client
+// hears its own channel), but reaches every process waiting on the key where it does not
+// (an older module: one ticket channel per key). Worth it there, for one waiting goroutine
+// per process and many processes on one key (BENCHMARK.md's Go table); not for many
+// waiting goroutines, which each hold a connection and cost the server tens of KB.
 func WithBlockingWaits() Option { return func(o *options) { o.blockingWaits = true } }
 
 // WithClientID sets the client part of owner ids (default: a fresh v4 uuid).
@@ -104,6 +110,10 @@ type Client struct {
 	cluster *redis.ClusterClient
 	opts    options
 	seq     atomic.Uint64
+	// tag names this client's ticket channels (`NOTIFY tag`, proto.NotifyChannel): 16
+	// random lowercase hex digits, drawn once, so that a grant message reaches only the
+	// client whose ticket it is.
+	tag string
 
 	modeNow modeState
 	sub     *subHub       // scripts mode's subscriber, made on the first wait
@@ -138,7 +148,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if o.backoff.Attempts < 1 {
 		o.backoff.Attempts = 1
 	}
-	c := &Client{rdb: rdb, opts: o, hubs: map[string]*hub{}, replicas: map[string]replicaCount{}}
+	c := &Client{rdb: rdb, opts: o, tag: newTag(), hubs: map[string]*hub{}, replicas: map[string]replicaCount{}}
 	switch r := rdb.(type) {
 	case *redis.ClusterClient:
 		c.cluster = r
@@ -168,6 +178,15 @@ func (c *Client) Close() error {
 		_ = subNode.Close()
 	}
 	return nil
+}
+
+// newTag draws a client's notification tag: 8 bytes from a secure source, in hex.
+func newTag() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("rlock: no random source: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // ID is the client part of this client's owner ids.

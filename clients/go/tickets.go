@@ -6,9 +6,15 @@
 // per node however many goroutines wait.
 //
 // A waiter subscribes its key's ticket channel (refcounted, kept for a few seconds after
-// the last waiter left so that busy keys are not resubscribed per wait; confirmed before its ticket
-// is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
-// ordinary reply), and waits for its note: granted, timeout or error. A lock's, RW
+// the last waiter left so that busy keys are not resubscribed per wait; confirmed before
+// its ticket is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
+// ordinary reply), and waits for its note: granted, timeout or error. Where the session's
+// probe names `ticket-notify`, the channel is the client's own for that key
+// (`rlock_ticket:{key}:<tag>`, the client's random tag) and the ticket is queued with
+// `NOTIFY tag`, so a grant reaches only the process it is for, not every process waiting
+// on the key; otherwise it is the key's channel, which every waiting process hears. A
+// new session's probe may answer otherwise (a failover to an older module): every
+// waiter then moves to the matching channel before it queues again. A lock's, RW
 // lock's, fenced lock's or expirable semaphore's waiter on a server naming `ticket-holds`
 // holds on its granted note (the fenced token and the permit ids read from its detail):
 // the reader sends the confirmation (the same command and id, without WAIT) off the
@@ -66,6 +72,10 @@ type hub struct {
 	closed  bool
 	// caps is what the last session's probe answered.
 	caps proto.Capabilities
+	// notify: the live session's probe named `ticket-notify`, so waiters queue with
+	// `NOTIFY tag` and hear their messages on the key's channel for this client's tag
+	// (proto.NotifyChannel); else on the key's channel. Every waiter's channel follows it.
+	notify bool
 	// blocker holds the connections of blocked waits (no read timeout), made on the first.
 	blocker *redis.Client
 }
@@ -216,18 +226,43 @@ func (h *hub) join(shape proto.Shape) (*waiter, error) {
 	if h.closed {
 		return nil, ErrClosed
 	}
-	w := &waiter{shape: shape, channel: proto.TicketChannel(shape.Key()), events: make(chan event, 16)}
+	w := &waiter{shape: shape, channel: h.channelOf(shape.Key()), events: make(chan event, 16)}
 	h.waiters[shape.ID()] = w
-	st := h.chans[w.channel]
+	h.ref(w.channel)
+	return w, nil
+}
+
+// channelOf is the channel key's tickets are heard on (h.mu held): the client's tagged
+// channel where the live session's probe named `ticket-notify`, else the key's.
+func (h *hub) channelOf(key string) string {
+	if h.notify {
+		return proto.NotifyChannel(key, h.c.tag)
+	}
+	return proto.TicketChannel(key)
+}
+
+// ref counts one waiter on channel (h.mu held), subscribing it on a live session.
+func (h *hub) ref(channel string) {
+	st := h.chans[channel]
 	if st == nil {
 		st = &chanState{ready: make(chan struct{})}
-		h.chans[w.channel] = st
+		h.chans[channel] = st
 		if h.sess != nil {
-			h.subscribe(h.sess, w.channel)
+			h.subscribe(h.sess, channel)
 		}
 	}
 	st.refs++
-	return w, nil
+}
+
+// rechannel moves every waiter to the channel h.notify gives (h.mu held, no live
+// session: nothing is subscribed), after a new session's probe changed the answer. Each
+// waiter queues again on that session, so its next ticket is queued the matching way.
+func (h *hub) rechannel() {
+	h.chans = map[string]*chanState{}
+	for _, w := range h.waiters {
+		w.channel = h.channelOf(w.shape.Key())
+		h.ref(w.channel)
+	}
 }
 
 func (h *hub) subscribe(s *session, channel string) {
@@ -358,8 +393,8 @@ func (h *hub) giveBack(s *session, w *waiter) {
 }
 
 // session returns the live session, making one (and subscribing every counted channel)
-// when there is none, and waits until channel's subscription is confirmed.
-func (h *hub) session(ctx context.Context, channel string) (*session, error) {
+// when there is none, and waits until w's channel's subscription is confirmed.
+func (h *hub) session(ctx context.Context, w *waiter) (*session, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -374,6 +409,9 @@ func (h *hub) session(ctx context.Context, channel string) (*session, error) {
 		// server (a failover) that can do less. Without tickets the connection goes back
 		// to the pool unnamed.
 		caps, err := proto.ParseHello(s.conn.Do(ctx2, proto.HelloArgs()...).Result())
+		if err == nil && h.c.opts.probeFilter != nil {
+			caps = h.c.opts.probeFilter(caps)
+		}
 		if err == nil && !caps.Tickets() {
 			err = errNoTickets
 		}
@@ -396,6 +434,10 @@ func (h *hub) session(ctx context.Context, channel string) (*session, error) {
 			s.ps = h.node.Subscribe(context.Background())
 		}
 		h.sess = s
+		if notify := caps.Has("ticket-notify"); notify != h.notify {
+			h.notify = notify
+			h.rechannel()
+		}
 		for ch, st := range h.chans {
 			st.confirmed = false
 			st.ready = make(chan struct{})
@@ -403,7 +445,10 @@ func (h *hub) session(ctx context.Context, channel string) (*session, error) {
 		}
 		go h.read(s)
 	}
-	st := h.chans[channel]
+	var st *chanState
+	if w != nil {
+		st = h.chans[w.channel]
+	}
 	h.mu.Unlock()
 	if st == nil {
 		return s, nil
@@ -647,11 +692,16 @@ func (h *hub) ping(s *session) bool {
 	return s.conn.Ping(ctx).Err() == nil
 }
 
-// send runs one command of w's on the session's command connection.
-func (h *hub) send(ctx context.Context, w *waiter, args []any) (uint64, any, error) {
-	s, err := h.session(ctx, w.channel)
+// send runs one command of w's on the session's command connection; queue: it queues a
+// ticket, which takes `NOTIFY tag` where the session's probe named `ticket-notify` (the
+// waiter's channel, set by the same probe, is then the tagged one).
+func (h *hub) send(ctx context.Context, w *waiter, args []any, queue bool) (uint64, any, error) {
+	s, err := h.session(ctx, w)
 	if err != nil {
 		return 0, nil, err
+	}
+	if queue && s.caps.Has("ticket-notify") {
+		args = proto.Notify(args, h.c.tag)
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
@@ -712,7 +762,7 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 			}
 			return step.Reply, step.Err
 		case step.Send != nil:
-			g, reply, err := h.send(ctx, w, step.Send)
+			g, reply, err := h.send(ctx, w, step.Send, step.Queue)
 			if errors.Is(err, errNoTickets) {
 				h.leave(w) // nothing was sent: the probe came first
 				return nil, err

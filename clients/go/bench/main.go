@@ -187,6 +187,9 @@ type row struct {
 	clientCPU time.Duration
 	serverCPU time.Duration
 	seconds   float64
+	// load0, load1: the machine's 1-minute load average before and after the run (the
+	// contenders share its cores with whatever else runs).
+	load0, load1 string
 }
 
 func runDriver(seconds float64, contenders, impls, report string) error {
@@ -234,6 +237,7 @@ func runDriver(seconds float64, contenders, impls, report string) error {
 func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n int, seconds float64) (row, error) {
 	base := connected(ctx, admin)
 	cpu0 := serverCPU(ctx, admin)
+	load0 := loadAvg()
 	start := time.Now().Add(time.Second + time.Duration(n)*20*time.Millisecond) // every process started by then
 	var cmds []*exec.Cmd
 	outs := make([]*strings.Builder, n)
@@ -278,7 +282,8 @@ func runOne(ctx context.Context, admin *redis.Client, self, addr, impl string, n
 	if failed != nil {
 		return row{}, failed
 	}
-	r := row{impl: impl, n: n, conns: peak, clientCPU: clientCPU, serverCPU: serverCPU(ctx, admin) - cpu0}
+	r := row{impl: impl, n: n, conns: peak, clientCPU: clientCPU, serverCPU: serverCPU(ctx, admin) - cpu0,
+		load0: load0, load1: loadAvg()}
 	var waits, changeWaits []int64
 	var counts []float64
 	changes := 0
@@ -312,6 +317,15 @@ func connected(ctx context.Context, admin *redis.Client) int {
 	}
 	n, _ := proto.InfoField(text, "connected_clients")
 	return int(n)
+}
+
+// loadAvg is the machine's 1-minute load average (/proc/loadavg), "?" where unknown.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // serverCPU is the server's CPU time so far (INFO cpu: used_cpu_sys + used_cpu_user).
@@ -387,14 +401,16 @@ func render(rows []row, seconds float64, server string) string {
 		"lock from another process (an unfair lock's owner re-acquiring at once does not count). Jain: "+
 		"fairness of the acquisitions over the processes (1 = equal). Connections: the server's peak "+
 		"`connected_clients` during the run. CPU per owner change: user + system time of every "+
-		"contender process (start-up included) and of the server (INFO cpu) over the run, per owner change. rlock: "+
-		"`Mutex.LockContext` with its default queued tickets; rlock-blocking: the same with "+
+		"contender process (start-up included) and of the server (INFO cpu) over the run, per owner change. Load: "+
+		"the machine's 1-minute load average before / after the run. rlock: "+
+		"`Mutex.LockContext` with its default queued tickets (with `NOTIFY <tag>` where the module "+
+		"names `ticket-notify`: each grant goes to its own process's channel); rlock-blocking: the same with "+
 		"`WithBlockingWaits()` (a blocked `WAIT` per waiting goroutine); redsync "+
 		"v4.13.0: defaults (random 50-250 ms between tries), tries without limit; bsm/redislock "+
 		"v0.9.4: `ExponentialBackoff(16ms, 512ms)`. Ratios: rlock's changes/s over the other's, the "+
 		"other's p99 handoff wait over rlock's (above 1: rlock ahead), for rlock's tickets and its blocked waits.\n\n", server, seconds)
-	b.WriteString("| contenders | client | owner changes/s | acquisitions | p99 wait | p99 handoff wait | Jain | connections | CPU per owner change: contenders / server | changes/s: rlock ahead (tickets / blocking) | p99 handoff: rlock ahead (tickets / blocking) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| contenders | client | owner changes/s | acquisitions | p99 wait | p99 handoff wait | Jain | connections | CPU per owner change: contenders / server | load | changes/s: rlock ahead (tickets / blocking) | p99 handoff: rlock ahead (tickets / blocking) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	byN := map[string]row{}
 	for _, r := range rows {
 		if strings.HasPrefix(r.impl, "rlock") {
@@ -422,8 +438,9 @@ func render(rows []row, seconds float64, server string) string {
 		if len(p99s) > 0 {
 			p99 = strings.Join(p99s, " / ")
 		}
-		fmt.Fprintf(&b, "| %d | %s | %.0f | %d | %s | %s | %.3f | %d | %s / %s | %s | %s |\n", r.n, r.impl, r.changesPerS,
-			r.acquired, ms(r.p99), ms(r.p99Change), r.jain, r.conns, perChange(r.clientCPU, r), perChange(r.serverCPU, r), ratio, p99)
+		fmt.Fprintf(&b, "| %d | %s | %.0f | %d | %s | %s | %.3f | %d | %s / %s | %s / %s | %s | %s |\n", r.n, r.impl, r.changesPerS,
+			r.acquired, ms(r.p99), ms(r.p99Change), r.jain, r.conns, perChange(r.clientCPU, r), perChange(r.serverCPU, r),
+			r.load0, r.load1, ratio, p99)
 	}
 	return b.String()
 }

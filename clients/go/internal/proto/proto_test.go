@@ -314,6 +314,25 @@ func TestTheTicketMachineHoldsOnTheGrantAndRequeuesATakenBackID(t *testing.T) {
 	}
 }
 
+// A queued ticket's step says so (the hub adds `NOTIFY tag` to it where the server names
+// `ticket-notify`); a collect's does not.
+func TestOnlyATicketsStepQueuesAndTakesNotify(t *testing.T) {
+	now := time.Now()
+	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
+	m := NewMachine(s, now)
+	step := m.Start(now)
+	if !step.Queue || join(Strings(Notify(step.Send, "c7f3a9e1"))) != "RLOCK.ACQUIRE k o 100 WAIT 0 ID r1 ASYNC NOTIFY c7f3a9e1" {
+		t.Fatalf("queue step %+v", step)
+	}
+	m.On(Event{Reply: "QUEUED"}, now)
+	if step := m.On(Event{Note: &Note{Kind: Timeout, ID: "r1"}}, now); step.Queue || step.Send == nil {
+		t.Fatalf("look step %+v", step)
+	}
+	if got := NotifyChannel("{app}:lock", "c7f3a9e1"); got != "rlock_ticket:{app}:lock:c7f3a9e1" {
+		t.Fatalf("tagged channel %q", got)
+	}
+}
+
 func TestItUndoesAGrantNobodyCollected(t *testing.T) {
 	lock, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
 	if u := Undo(&lock, nil); len(u) != 1 || join(Strings(u[0][:3])) != "RLOCK.RELEASE k o" {

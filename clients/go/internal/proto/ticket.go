@@ -23,6 +23,17 @@ func TicketChannel(key string) string {
 	return "rlock_ticket:{" + key + "}"
 }
 
+// NotifyChannel is the ticket channel of key for one client's tag (`NOTIFY tag`,
+// docs/commands/tickets.md): the key's ticket channel, ":" and the tag, in the key
+// channel's slot (a tag has no braces). Each message of a ticket queued with the tag goes
+// there alone, so only the client that queued it hears it.
+func NotifyChannel(key, tag string) string { return TicketChannel(key) + ":" + tag }
+
+// Notify is a ticketed command (Ticketed) with `NOTIFY tag` added.
+func Notify(args []any, tag string) []any {
+	return append(append(make([]any, 0, len(args)+2), args...), "NOTIFY", tag)
+}
+
 // LockChannel is Redisson's unlock channel of a lock (the same prefixName rule).
 func LockChannel(key string) string {
 	if strings.Contains(key, "{") {
@@ -308,6 +319,9 @@ type Event struct {
 type Step struct {
 	// Send: these arguments on the ticket connection.
 	Send []any
+	// Queue: Send queues a ticket (Ticketed; it takes `NOTIFY tag` where the server
+	// names `ticket-notify`).
+	Queue bool
 	// Wait for the next event.
 	Wait bool
 	// Done: the call's outcome (Reply or Err).
@@ -340,7 +354,7 @@ func (m *Machine) Start(now time.Time) Step { return m.resend(now) }
 func (m *Machine) resend(now time.Time) Step {
 	if left, ok := m.Shape.WaitLeft(now.Sub(m.started)); ok {
 		m.Outstanding = true
-		return Step{Send: m.Shape.Ticketed(left)}
+		return Step{Send: m.Shape.Ticketed(left), Queue: true}
 	}
 	return Step{Send: m.Shape.Look()}
 }

@@ -41,12 +41,23 @@ func vectors(t *testing.T, name string, v any) bool {
 
 func TestVectorsChannels(t *testing.T) {
 	var f struct {
-		Cases []struct{ Key, Lock, Fenced, Ticket string } `json:"cases"`
+		// NotifyTag is the tag every case's TicketNotify channel is for (`NOTIFY tag`).
+		NotifyTag string `json:"notify_tag"`
+		Cases     []struct {
+			Key, Lock, Fenced, Ticket string
+			TicketNotify              string `json:"ticket_notify"`
+		} `json:"cases"`
 	}
 	vectors(t, "channels.json", &f)
+	if f.NotifyTag == "" {
+		t.Fatal("channels.json has no notify_tag")
+	}
 	for _, c := range f.Cases {
 		if got := TicketChannel(c.Key); got != c.Ticket {
 			t.Fatalf("key %q: ticket channel %q, want %q", c.Key, got, c.Ticket)
+		}
+		if got := NotifyChannel(c.Key, f.NotifyTag); got != c.TicketNotify {
+			t.Fatalf("key %q: tagged ticket channel %q, want %q", c.Key, got, c.TicketNotify)
 		}
 		if got := LockChannel(c.Key); got != c.Lock || got != c.Fenced {
 			t.Fatalf("key %q: lock channel %q, want %q", c.Key, got, c.Lock)
