@@ -32,7 +32,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: bench-tickets bench-tax bench-turns
 .PHONY: test-java bench-java bench-java-jvms
 .PHONY: test-go bench-go
-.PHONY: faults test-faults faults-tools
+.PHONY: faults test-faults faults-tools faults-scripts bench-scripts
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -103,7 +103,13 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
-	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python
+	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python bench-scripts
+
+# The Rust client is a feature of the bench crate of its own (scripts-bench): the main bench
+# and bench-quick build without it.
+bench-scripts: release ## Scripts mode vs the module vs Redisson's algorithm: 8 and 64 contender processes on one lock, and 8 with AOF on (owner changes/s, p50/p99 wait, Jain, connections, server CPU per acquisition; REDIS_SERVER); writes its table into BENCHMARK.md
+	cargo run --release -q -p rlock-bench --features scripts-bench --bin scripts_contenders -- \
+		--module $(MODULE_RELEASE) --redis-server $(REDIS_SERVER) --report BENCHMARK.md
 
 bench-tax: venv ## Only the tax of the module on commands that are not locks (callgrind, over SEEDS=8 hash seeds, ROUNDS=1 each), each server in SERVERS; writes BENCHMARK.md
 	@./scripts/deps.sh --valgrind
@@ -239,13 +245,18 @@ faults-tools: build venv
 	cd faults/checker && $(GO) build -o $(CURDIR)/target/faults/rlock-check .
 	cd faults/goworker && $(GO) build -o $(CURDIR)/target/faults/rlock-goworker .
 
-test-faults: faults-tools ## Fault harness, short slice (~3 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; the lock while its slot migrates back and forth (Valkey 9.1 cluster); fails on any anomaly where the guarantee holds
+test-faults: faults-tools ## Fault harness, short slice (~3 min, FAULTS_SERVER=redis): checkers rejecting planted violations; every primitive under kill -9 and CLIENT KILL, a pause, a partition, an AOF restart; the lock in scripts mode (no module) under kill -9; the lock while its slot migrates back and forth (Valkey 9.1 cluster); fails on any anomaly where the guarantee holds
 	cd faults/checker && $(GO) test ./...
 	$(PY) faults/harness.py --cells slice --ops 100000 --seconds 6 --server $(FAULTS_SERVER) \
 		--out $(CURDIR)/target/faults/slice --expect
 	$(PY) faults/harness.py --cells lock:migrate --ops 100000 --seconds 6 --server valkey \
 		--out $(CURDIR)/target/faults/slice --expect
 
-faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~30 min) -> faults/REPORT.md
+faults: faults-tools ## Fault harness, full matrix (every primitive x every fault, 10 000 ops or 25 s per cell, ~30 min; then faults-scripts) -> faults/REPORT.md
 	$(PY) faults/harness.py --cells all --ops 10000 --seconds 25 --server $(FAULTS_SERVER) \
 		--out $(CURDIR)/target/faults/matrix --report faults/REPORT.md
+	$(MAKE) faults-scripts
+
+faults-scripts: faults-tools ## Fault harness, scripts-mode matrix (every primitive's -scripts twin, no module on the servers, a restricted user; none, pause, kill, CLIENT KILL, partition, AOF restart, failover; ~30 min) merged into faults/REPORT.md
+	$(PY) faults/harness.py --cells scripts --ops 10000 --seconds 25 --server $(FAULTS_SERVER) \
+		--out $(CURDIR)/target/faults/scripts --report faults/REPORT.md --merge

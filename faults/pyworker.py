@@ -7,7 +7,7 @@ Under the lock it does the plain read-modify-write of the shared resource.
 
 usage: pyworker.py --url URL --name KEY --hist FILE --proc N [--resource URL]
                    [--ops N] [--seconds S] [--watchdog-ms MS] [--hold-ms MS] [--wait-ms MS]
-                   [--replica-sync N]
+                   [--replica-sync N] [--mode auto|module|scripts]
 """
 
 import argparse
@@ -52,10 +52,13 @@ def main() -> int:
     ap.add_argument("--wait-ms", type=int, default=1000)
     ap.add_argument("--replica-sync", type=int, default=0,
                     help="replicas to WAIT for after each acquire (0: none)")
+    ap.add_argument("--mode", default="auto", choices=["auto", "module", "scripts"],
+                    help="rlock.set_mode: the scripts-mode cells run auto without the module")
     a = ap.parse_args()
 
     h = History(a.hist, a.proc)
     r = redis.Redis.from_url(a.url, socket_timeout=3, socket_connect_timeout=2)
+    rlock.set_mode(r, a.mode)
     res = redis.Redis.from_url(a.resource, socket_timeout=2, socket_connect_timeout=2) if a.resource else None
     # One token per process: one owner, as one Rust lock handle is; acquiring again
     # with the same token re-enters.

@@ -68,6 +68,7 @@ func main() {
 	holdMs := flag.Int("hold-ms", 2, "time between the resource's read and write")
 	waitMs := flag.Int("wait-ms", 1000, "wait limit of an acquire")
 	replicaSync := flag.Int("replica-sync", 0, "replicas to WAIT for after each acquire (0: none)")
+	mode := flag.String("mode", "auto", "auto | module | scripts (docs/scripts-mode.md)")
 	flag.Parse()
 
 	f, err := os.OpenFile(*hist, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -99,7 +100,16 @@ func main() {
 	if *replicaSync > 0 {
 		replicas = rlock.WithReplicaSync(*replicaSync, 500*time.Millisecond)
 	}
-	client := rlock.New(rdb, rlock.WithWatchdogTimeout(time.Duration(*watchdogMs)*time.Millisecond), replicas)
+	// The scripts-mode cells run auto (the default) against servers without the module,
+	// as a managed service's user would.
+	modes := map[string]rlock.Mode{"auto": rlock.ModeAuto, "module": rlock.ModeModule, "scripts": rlock.ModeScripts}
+	m0, ok := modes[*mode]
+	if !ok {
+		fmt.Fprintln(os.Stderr, "--mode: auto, module or scripts")
+		os.Exit(2)
+	}
+	client := rlock.New(rdb, rlock.WithWatchdogTimeout(time.Duration(*watchdogMs)*time.Millisecond), replicas,
+		rlock.WithMode(m0))
 	// One handle per process: one owner, as one Rust lock handle is; locking it again
 	// re-enters.
 	m := client.NewMutex(*name, rlock.WithWaitLimit(time.Duration(*waitMs)*time.Millisecond))

@@ -16,12 +16,14 @@ use std::io::{LineWriter, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rlock_client::{AcquireOptions, Client, ClientOptions, Error, ReleaseOutcome, ReplicaSync};
+use rlock_client::{
+    AcquireOptions, Client, ClientOptions, Error, Mode, ReleaseOutcome, ReplicaSync,
+};
 
 const USAGE: &str = "usage: rlock-faults-worker --url URL --primitive lock|fenced|rwlock|semaphore|expirable|latch \
 --name KEY --hist FILE --proc N [--resource URL] [--ops N] [--seconds S] [--watchdog-ms MS] \
 [--hold-ms MS] [--wait-ms MS] [--permits N] [--latch-count N] [--round-ms MS] [--replica-sync N] \
-[--cluster 0|1]";
+[--cluster 0|1] [--mode auto|module|scripts]";
 
 /// Reads a resource value (registering the token) unless a higher token was seen.
 /// Tokens are compared as decimal strings (length, then text): Lua numbers are doubles
@@ -57,6 +59,10 @@ struct Args {
     /// `--url` names one node of a Redis Cluster: the client routes by slot and follows
     /// MOVED/ASK (the `migrate` nemesis moves the name's slot under it).
     cluster: bool,
+    /// How the client talks to the server (docs/scripts-mode.md): the harness's
+    /// scripts-mode cells run `auto` against servers without the module, as a managed
+    /// service's user would.
+    mode: Mode,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -77,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
         round_ms: 200,
         replica_sync: 0,
         cluster: false,
+        mode: Mode::Auto,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -102,6 +109,14 @@ fn parse_args() -> Result<Args, String> {
             "--round-ms" => a.round_ms = num(&v)?.max(10),
             "--replica-sync" => a.replica_sync = num(&v)? as u32,
             "--cluster" => a.cluster = num(&v)? != 0,
+            "--mode" => {
+                a.mode = match v.as_str() {
+                    "auto" => Mode::Auto,
+                    "module" => Mode::Module,
+                    "scripts" => Mode::Scripts,
+                    _ => return Err(format!("--mode: auto, module or scripts, not {v}")),
+                }
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -327,6 +342,7 @@ fn main() {
         proc_id: a.proc_id,
     };
     let mut opts = ClientOptions::new()
+        .with_mode(a.mode)
         .with_watchdog_timeout(Duration::from_millis(a.watchdog_ms))
         .with_response_timeout(Some(Duration::from_millis(1_500)));
     // The harness's cells say whether replica sync is on (`--replica-sync n`), so the
