@@ -250,6 +250,19 @@ public final class RlockClient implements AutoCloseable {
         });
     }
 
+    /**
+     * Whether an acquire of `key` waits for replicas: not when replica sync is off, nor when
+     * the server is known (its last ROLE read) to have none connected.
+     */
+    boolean syncsReplicas(String key) {
+        int want = options.replicas();
+        if (want >= 0) {
+            return want > 0;
+        }
+        CompletableFuture<Integer> n = connectedReplicas(key);
+        return !n.isDone() || n.join() != 0; // the read never fails: a failure counts as none
+    }
+
     /** The last read of how many replicas a server has, and when it was asked (nanoTime). */
     private record ReplicasRead(CompletableFuture<Integer> count, long at) { }
 

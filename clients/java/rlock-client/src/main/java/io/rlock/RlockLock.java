@@ -127,6 +127,9 @@ public class RlockLock implements Lock {
                 // server gave this hold to the next waiter.
                 held.onTakenBack(() -> takenBack(owner));
             }
+            if (!client.syncsReplicas(name)) {
+                return CompletableFuture.completedFuture(a); // nothing to wait for: no stage more
+            }
             return client.syncReplicas(name).handle((ok, e) -> {
                 if (e == null) {
                     return a;

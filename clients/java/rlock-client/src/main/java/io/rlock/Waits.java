@@ -4,6 +4,11 @@
 // the client holds two connections however many threads wait. The Rust client's
 // net/tickets is the reference; this is the same protocol over the client's Transport.
 //
+// Where the server names `ticket-notify`, each ticket carries `NOTIFY <tag>`, the client's
+// own random tag, and its messages come on the key's ticket channel + ":" + tag, which only
+// this client subscribes: a handoff wakes the one client whose ticket it is, not every
+// client waiting on the key. Otherwise (an older module) the key's channel, as before.
+//
 // A lock, RW lock, fenced lock or expirable semaphore waiter holds on its `granted`
 // message when the server names `ticket-holds`, its grant's reply read from the message
 // (nil; the fencing token or the permit ids in its detail): the listener (Lettuce's event
@@ -17,6 +22,7 @@ package io.rlock;
 import io.lettuce.core.RedisCommandExecutionException;
 
 import java.nio.charset.StandardCharsets;
+import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -48,6 +54,8 @@ final class Waits {
     private final Wire wire;
     private final Executor executor;
     private final RlockOptions.WaitMode waitMode;
+    /** This client's ticket tag (`NOTIFY tag`): 16 lowercase hex characters, drawn once. */
+    private final String tag = newTag();
     /**
      * The command connection's capability probe ({@code RLOCK.HELLO}): asked before the
      * first waiting call and again when that connection comes back (a failover may reach
@@ -64,8 +72,29 @@ final class Waits {
     private volatile Backend backend;
 
     private static final class Sub {
+        final String channel;
         int refs;
         CompletableFuture<Void> ready;
+
+        Sub(String channel) {
+            this.channel = channel;
+        }
+    }
+
+    /** A fresh tag: 8 bytes of a secure random source in lowercase hex. */
+    static String newTag() {
+        byte[] b = new byte[8];
+        new SecureRandom().nextBytes(b);
+        StringBuilder out = new StringBuilder(16);
+        for (byte x : b) {
+            out.append(Character.forDigit((x >> 4) & 0xf, 16)).append(Character.forDigit(x & 0xf, 16));
+        }
+        return out.toString();
+    }
+
+    /** This client's ticket tag. */
+    String tag() {
+        return tag;
     }
 
     Waits(Transport transport, Wire wire, Executor executor, RlockOptions.WaitMode waitMode, RlockStats stats) {
@@ -82,7 +111,7 @@ final class Waits {
         // another one (a failover): it is asked what it can do first.
         transport.onReconnect(() -> {
             probe = null;
-            capabilities().whenComplete((caps, e) -> resendAll());
+            capabilities().whenComplete((caps, e) -> resendAll(e == null ? caps : null));
         });
         // In a cluster, a slot that left a node takes its ticket channels with it (Valkey 9's
         // atomic slot migration unsubscribes them): the tickets queued there are answered
@@ -93,6 +122,11 @@ final class Waits {
     /** The ticket channel of `key` (Redisson's prefixName rule keeps it in the key's slot). */
     static String channel(String key) {
         return key.contains("{") ? "rlock_ticket:" + key : "rlock_ticket:{" + key + "}";
+    }
+
+    /** The channel of `key`'s tickets queued with `NOTIFY tag` (the key's channel's slot). */
+    static String channel(String key, String tag) {
+        return channel(key) + ":" + tag;
     }
 
     /**
@@ -144,7 +178,15 @@ final class Waits {
         final String id;
         final boolean addedId;
         final boolean latch;
-        final String channel;
+        /** The key's ticket channel. */
+        final String keyChannel;
+        /**
+         * Where this waiter's messages come: the key's channel, or its tagged one when its
+         * ticket carries `NOTIFY notify`. Changed only with its subscription (see resendAll).
+         */
+        volatile String channel;
+        /** The tag its ticket carries (null: none, the key's channel). */
+        volatile String notify;
         final long started = System.nanoTime();
         final Function<Object, List<List<String>>> undo;
         final CompletableFuture<Object> result = new CompletableFuture<>();
@@ -181,7 +223,14 @@ final class Waits {
             this.addedId = i < 0;
             this.id = addedId ? Wire.requestId() : args.get(i + 1);
             this.latch = args.get(0).equalsIgnoreCase("RLATCH.AWAIT");
-            this.channel = channel(args.get(1));
+            this.keyChannel = channel(args.get(1));
+            this.channel = keyChannel;
+        }
+
+        /** Queues with `NOTIFY tag` from now on (null: on the key's channel). */
+        void notifyOn(String tag) {
+            this.notify = tag;
+            this.channel = tag == null ? keyChannel : keyChannel + ":" + tag;
         }
 
         private static int find(List<String> args, String opt) {
@@ -210,6 +259,11 @@ final class Waits {
             List<String> a = new ArrayList<>(args);
             a.set(waitAt, Long.toString(left));
             a.add("ASYNC");
+            String t = notify;
+            if (t != null) {
+                a.add("NOTIFY");
+                a.add(t);
+            }
             if (addedId) {
                 a.add("ID");
                 a.add(id);
@@ -284,6 +338,7 @@ final class Waits {
         }
         capabilities().whenComplete((caps, e) -> {
             if (e == null && caps.tickets()) {
+                w.notifyOn(caps.has("ticket-notify") ? tag : null);
                 if (w.confirm != null && caps.has("ticket-holds")) {
                     w.confirmArgs = w.look();
                     w.holds = true;
@@ -520,7 +575,9 @@ final class Waits {
             return;
         }
         Confirm c = w.confirm;
-        wire.sendRetrying(w.confirmArgs).whenComplete((r, e) -> c.settle(e == null));
+        // Straight to the module (a ticket is the module's; no Backend stage to pass through),
+        // on the command connection, which follows a MOVED to where the grant's slot went.
+        wire.retrying(w.confirmArgs).whenComplete((r, e) -> c.settle(e == null));
         finish(w, reply, null);
     }
 
@@ -695,10 +752,14 @@ final class Waits {
             }
             w.finished = true;
         }
-        if (waiters.remove(w.id, w)) {
+        boolean registered = waiters.remove(w.id, w);
+        // The waiting thread first: leaving the channel after may write an UNSUBSCRIBE (its
+        // last waiter), which is no part of the holder's path; and a wait the woken code
+        // starts at once on the same key finds the subscription still standing.
+        boolean delivered = e == null ? w.result.complete(reply) : w.result.completeExceptionally(Wire.unwrap(e));
+        if (registered) {
             leave(w);
         }
-        boolean delivered = e == null ? w.result.complete(reply) : w.result.completeExceptionally(Wire.unwrap(e));
         if (!delivered && e == null) {
             // Nobody takes this reply any more (the wait was cancelled): give back what it granted.
             for (List<String> cmd : w.undo.apply(reply)) {
@@ -711,7 +772,7 @@ final class Waits {
 
     private CompletableFuture<Void> join(Waiter w) {
         synchronized (this) {
-            Sub s = subs.computeIfAbsent(w.channel, c -> new Sub());
+            Sub s = subs.computeIfAbsent(w.channel, Sub::new);
             w.sub = s;
             if (s.refs++ == 0) {
                 // Subscribed before the ticket is sent, so its message cannot be missed.
@@ -719,7 +780,7 @@ final class Waits {
                 CompletableFuture<Void> ready = s.ready;
                 ready.whenComplete((ok, e) -> {
                     if (e != null) {
-                        forget(w.channel, s); // the next waiter subscribes again
+                        forget(s.channel, s); // the next waiter subscribes again
                     }
                 });
             }
@@ -735,15 +796,29 @@ final class Waits {
         synchronized (this) {
             Sub s = w.sub;
             w.sub = null;
-            if (s != null && --s.refs == 0 && subs.remove(w.channel, s)) {
-                transport.unsubscribe(w.channel);
+            if (s != null && --s.refs == 0 && subs.remove(s.channel, s)) {
+                transport.unsubscribe(s.channel);
             }
         }
     }
 
-    private void resendAll() {
+    /**
+     * Every waiter's command again (after a reconnect), on what the new probe says (`caps`,
+     * null when it failed): a waiter whose server now answers otherwise about
+     * `ticket-notify` (a failover to another module version) moves to the other channel,
+     * subscribed before it queues again.
+     */
+    private void resendAll(Capabilities caps) {
+        String want = caps == null || !caps.tickets() ? null : caps.has("ticket-notify") ? tag : null;
         for (Waiter w : waiters.values()) {
-            if (!w.finished) {
+            if (w.finished) {
+                continue;
+            }
+            if (caps != null && !java.util.Objects.equals(want, w.notify)) {
+                leave(w);
+                w.notifyOn(want);
+                joinAndSend(w);
+            } else {
                 send(w, w.ticketed());
             }
         }

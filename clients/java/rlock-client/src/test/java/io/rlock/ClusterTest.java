@@ -4,7 +4,8 @@
 // follow their key when the slot moves: classic resharding (MIGRATE, then SETSLOT NODE) for
 // two queued tickets and for a blocked wait, and Valkey 9's atomic slot migration (CLUSTER
 // MIGRATESLOTS; skipped on other servers) for two queued tickets, each served in turn on
-// the new owner; a multi-lock over keys on every node.
+// the new owner; a multi-lock over keys on every node; two clients waiting on one key, each
+// on its own tagged channel (NOTIFY) of the key's slot.
 package io.rlock;
 
 import org.junit.jupiter.api.AfterAll;
@@ -143,6 +144,40 @@ class ClusterTest {
         // Every master had waiters; each has one notification connection of this client.
         for (TestServer m : cluster.masters) {
             assertEquals(1, named(m, RlockClient.NOTIFICATION_CONNECTION_NAME), "notification connections on " + m.port + ":\n" + m.redis().clientList());
+        }
+    }
+
+    /** Sharded subscribers of `channel` on `node` (PUBSUB SHARDNUMSUB). */
+    static long shardSubscribers(TestServer node, String channel) {
+        return Sync.asLong(((List<?>) node.call("PUBSUB", "SHARDNUMSUB", channel)).get(1));
+    }
+
+    @Test
+    void two_clients_waiting_on_one_key_each_hear_on_their_own_sharded_channel() throws Exception {
+        assertTrue(rlock.capabilities().has("ticket-notify"), "the module names ticket-notify: " + rlock.capabilities());
+        try (RlockClient other = RlockClient.createCluster(cluster.masters.get(1).address())) {
+            String name = "java:cluster:notify:" + System.nanoTime();
+            TestServer node = cluster.ownerOf(name);
+            String mine = Waits.channel(name, rlock.waits().tag()), theirs = Waits.channel(name, other.waits().tag());
+            long base = waiters(node);
+            RlockLock lock = rlock.getLock(name);
+            assertTrue(lock.tryLockAsync(1).get());
+            CompletableFuture<Boolean> a = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 2);
+            TestServer.waitUntil(Duration.ofSeconds(10), "a queued", () -> waiters(node) == base + 1);
+            CompletableFuture<Boolean> b = other.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 3);
+            TestServer.waitUntil(Duration.ofSeconds(10), "b queued", () -> waiters(node) == base + 2);
+            // Each client on its own channel of the key's slot, on the key's node; nobody on the key's channel.
+            assertEquals(0, shardSubscribers(node, Waits.channel(name)));
+            assertEquals(1, shardSubscribers(node, mine));
+            assertEquals(1, shardSubscribers(node, theirs));
+            lock.unlockAsync(1).get();
+            assertTrue(a.get(10, TimeUnit.SECONDS));
+            assertFalse(b.isDone());
+            TestServer.waitUntil(Duration.ofSeconds(10), "a's channel unsubscribed", () -> shardSubscribers(node, mine) == 0);
+            lock.unlockAsync(2).get();
+            assertTrue(b.get(10, TimeUnit.SECONDS));
+            other.getLock(name).unlockAsync(3).get();
+            TestServer.waitUntil(Duration.ofSeconds(10), "b's channel unsubscribed", () -> shardSubscribers(node, theirs) == 0);
         }
     }
 

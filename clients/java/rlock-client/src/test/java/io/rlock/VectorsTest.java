@@ -35,9 +35,17 @@ class VectorsTest {
 
     @Test
     void the_ticket_channel_is_the_vectors() throws IOException {
+        String tag = JsonParser.parseString(Files.readString(VECTORS.resolve("channels.json"), StandardCharsets.UTF_8))
+                .getAsJsonObject().get("notify_tag").getAsString();
         for (JsonElement e : load("channels.json", "cases")) {
             JsonObject c = e.getAsJsonObject();
-            assertEquals(c.get("ticket").getAsString(), Waits.channel(c.get("key").getAsString()), c.toString());
+            String key = c.get("key").getAsString();
+            assertEquals(c.get("ticket").getAsString(), Waits.channel(key), c.toString());
+            // A ticket queued with NOTIFY tag: the key's channel + ":" + tag.
+            assertEquals(c.get("ticket_notify").getAsString(), Waits.channel(key, tag), c.toString());
+            Waits.Waiter w = new Waits.Waiter(List.of("RLOCK.ACQUIRE", key, "o", "30000", "WAIT", "0"), reply -> List.of());
+            w.notifyOn(tag);
+            assertEquals(c.get("ticket_notify").getAsString(), w.channel, c.toString());
         }
     }
 
