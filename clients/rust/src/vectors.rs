@@ -1,6 +1,6 @@
 //! The Rust client's reader of the protocol contract, `spec/vectors/` at the repository's
 //! root (its README: the format, and who reads what). Each test runs one vector file
-//! through the client's own code: the ticket channel, the ticket message parser and what
+//! through the client's own code: the ticket channel (tagged too), the ticket message parser and what
 //! a waiter does with each note, the error kinds; so that a vector changed by hand, or a
 //! client change the vectors do not follow, fails `cargo test -p rlock-client --lib`.
 //! Test-only.
@@ -12,7 +12,9 @@ use redis::Value;
 use serde_json::Value as Json;
 
 use crate::error::{Error, Refusal};
-use crate::net::tickets::{channel, parse_message, Event, Machine, Note, Shape, Step};
+use crate::net::tickets::{
+    channel, parse_message, tagged_channel, Event, Machine, Note, Shape, Step,
+};
 
 fn load(name: &str) -> Json {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -36,11 +38,19 @@ fn s<'a>(v: &'a Json, field: &str) -> &'a str {
 
 #[test]
 fn it_names_every_ticket_channel_as_the_vectors_do() {
-    for case in cases(&load("channels.json"), "cases") {
+    let file = load("channels.json");
+    let tag = s(&file, "notify_tag");
+    for case in cases(&file, "cases") {
         let got = channel(s(&case, "key").as_bytes());
         assert_eq!(
-            String::from_utf8(got).unwrap(),
+            String::from_utf8(got.clone()).unwrap(),
             s(&case, "ticket"),
+            "{case}"
+        );
+        // The channel of a ticket queued with `NOTIFY tag`.
+        assert_eq!(
+            String::from_utf8(tagged_channel(&got, tag)).unwrap(),
+            s(&case, "ticket_notify"),
             "{case}"
         );
     }

@@ -1,7 +1,8 @@
 //! Waiting with queued tickets (design.md 5, docs/commands/tickets.md) against a real module-loaded
 //! server: every waiting call of one client shares one ticket connection, whatever the
 //! number of waiters and whatever the primitive; the lost-connection, timeout,
-//! cancellation and forced-blocking paths.
+//! cancellation and forced-blocking paths; per-client notification (`NOTIFY tag`) and its
+//! fallback to the key channel.
 #![cfg(feature = "tokio")]
 
 mod support;
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use rlock_client::{AcquireOptions, ClientOptions, WaitMode};
 use support::{
-    blocked_clients, client_list, eventually, exists, info_waiters, wait_until, write_lock, Server,
+    blocked_clients, client_list, eventually, exists, info_waiters, wait_until, write_lock,
+    LossyProxy, Server,
 };
 
 /// Bound of every wait in these tests.
@@ -807,4 +809,107 @@ fn a_client_of_another_database_waits_there() {
     let _: () = redis::cmd("DEL").arg("k").query(&mut r2).unwrap();
     t.join().unwrap();
     assert!(!exists(&mut r2, "k"));
+}
+
+/// The ticket channels subscribed for key `k`: the key channel's subscribers, and the
+/// tagged channels (`rlock_ticket:{k}:<tag>`) in the server's order.
+fn ticket_channels(r: &mut redis::Connection) -> (u64, Vec<String>) {
+    let numsub: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("rlock_ticket:{k}")
+        .query(r)
+        .unwrap();
+    let on_key = match numsub.get(1) {
+        Some(Value::Int(n)) => *n as u64,
+        other => panic!("{other:?}"),
+    };
+    let tagged: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("rlock_ticket:{k}:*")
+        .query(r)
+        .unwrap();
+    (on_key, tagged)
+}
+
+/// One client waiting on `k` in a task of its own: acquires, releases, done.
+fn wait_in_task(c: &rlock_client::aio::Client) -> tokio::task::JoinHandle<()> {
+    let lock = c.lock("k");
+    tokio::spawn(async move {
+        let g = lock.acquire_with(lease()).await.unwrap().unwrap();
+        g.release().await.unwrap();
+    })
+}
+
+/// Two clients waiting on one lock: each hears its own grant on its own channel, and
+/// nothing goes on the key channel both used to share (where each handoff woke every
+/// waiting client). Fails without `NOTIFY`: no tagged channel, two key subscribers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_waiting_on_one_lock_hear_only_their_own_grants() {
+    let s = Server::start();
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let a = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let b = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let ta = wait_in_task(&a);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1).await);
+    let (on_key, first) = ticket_channels(&mut r);
+    assert_eq!((on_key, first.len()), (0, 1), "{first:?}");
+    let tb = wait_in_task(&b);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 2).await);
+    let (on_key, both) = ticket_channels(&mut r);
+    assert_eq!((on_key, both.len()), (0, 2), "{both:?}");
+    let chan_a = first[0].clone();
+    let chan_b = both.iter().find(|c| **c != chan_a).unwrap().clone();
+    // 16 lowercase hex digits after the key channel.
+    let tag = chan_b.strip_prefix("rlock_ticket:{k}:").unwrap();
+    assert!(
+        tag.len() == 16
+            && tag
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    );
+    // A spy on all three channels counts what each handoff publishes where.
+    let mut spy = s.conn();
+    let mut ps = spy.as_pubsub();
+    for ch in ["rlock_ticket:{k}", chan_a.as_str(), chan_b.as_str()] {
+        ps.subscribe(ch).unwrap();
+    }
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    for t in [ta, tb] {
+        tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    }
+    ps.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut heard: Vec<(String, String)> = Vec::new();
+    while let Ok(m) = ps.get_message() {
+        heard.push((m.get_channel_name().to_owned(), m.get_payload().unwrap()));
+    }
+    let on = |ch: &str| heard.iter().filter(|(c, _)| c == ch).count();
+    assert_eq!(on("rlock_ticket:{k}"), 0, "{heard:?}");
+    assert_eq!((on(&chan_a), on(&chan_b)), (1, 1), "{heard:?}");
+    assert!(
+        heard.iter().all(|(_, m)| m.starts_with("granted:")),
+        "{heard:?}"
+    );
+    // Each channel unsubscribed after its last waiter.
+    assert!(wait_until(LONG, || ticket_channels(&mut r) == (0, vec![])));
+}
+
+/// A server whose probe does not name `ticket-notify` (an older module; here a proxy
+/// hides the word): tickets without `NOTIFY`, heard on the key channel as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_ticket_notify_tickets_use_the_key_channel() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let proxy = LossyProxy::start(s.port);
+    proxy.hide("ticket-notify");
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::aio::Client::open(proxy.url()).await.unwrap();
+    let t = wait_in_task(&c);
+    assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1).await);
+    assert_eq!(ticket_channels(&mut r), (1, vec![]));
+    assert_eq!(blocked_clients(&mut r), 0, "a ticket, not a blocked wait");
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    tokio::time::timeout(LONG, t).await.unwrap().unwrap();
+    assert!(wait_until(LONG, || ticket_channels(&mut r) == (0, vec![])));
 }

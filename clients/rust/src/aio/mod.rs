@@ -284,13 +284,15 @@ impl Client {
         };
         let forget = backend.clone();
         let subscriber = crate::net::pubsub::Subscriber::new(sub_client, move || forget.forget());
+        // One tag per client (design.md 5): its tickets' messages reach it alone.
+        let tag: Arc<str> = crate::proto::cmd::notify_tag().into();
         let tickets = match &target {
-            Target::Single(c) => crate::net::tickets::Tickets::new(c, opts.wait_mode),
+            Target::Single(c) => crate::net::tickets::Tickets::new(c, opts.wait_mode, tag.clone()),
             Target::Cluster(_) => None,
         };
         let cluster_tickets = match &target {
             Target::Cluster(_) => {
-                crate::net::cluster_tickets::ClusterTickets::new(template, opts.wait_mode)
+                crate::net::cluster_tickets::ClusterTickets::new(template, opts.wait_mode, tag)
             }
             Target::Single(_) => None,
         };

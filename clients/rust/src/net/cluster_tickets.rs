@@ -115,6 +115,8 @@ pub(crate) struct ClusterTickets {
     /// Settings of a node connection (auth, protocol); its address is replaced per node.
     template: ConnectionInfo,
     mode: WaitMode,
+    /// The client's notification tag, the same on every node's connection.
+    tag: Arc<str>,
     /// The module refused tickets: every wait is a blocked one.
     off: AtomicBool,
     map: Mutex<Map>,
@@ -124,7 +126,11 @@ pub(crate) struct ClusterTickets {
 impl ClusterTickets {
     /// Per `mode` (None for `Blocking`, or when `template`, the settings of the nodes
     /// the client was opened with, is not plain TCP: TLS has no ticket connection).
-    pub(crate) fn new(template: Option<ConnectionInfo>, mode: WaitMode) -> Option<Self> {
+    pub(crate) fn new(
+        template: Option<ConnectionInfo>,
+        mode: WaitMode,
+        tag: Arc<str>,
+    ) -> Option<Self> {
         if mode == WaitMode::Blocking {
             return None;
         }
@@ -138,6 +144,7 @@ impl ClusterTickets {
         Some(ClusterTickets {
             template,
             mode,
+            tag,
             off: AtomicBool::new(false),
             map: Mutex::new(Map::default()),
             nodes: Mutex::new(HashMap::new()),
@@ -173,7 +180,7 @@ impl ClusterTickets {
             .clone()
             .set_addr(ConnectionAddr::Tcp(addr.0.clone(), addr.1));
         let client = redis::Client::open(info).ok()?;
-        let t = Arc::new(Tickets::for_node(&client, self.mode)?);
+        let t = Arc::new(Tickets::for_node(&client, self.mode, self.tag.clone())?);
         nodes.insert(addr, t.clone());
         Some(t)
     }
@@ -286,7 +293,7 @@ mod tests {
             range(5461, 16383, "127.0.0.1", 7001),
             range(1, 2, "?", 7002),
         ]);
-        let ct = ClusterTickets::new(None, WaitMode::Auto).unwrap();
+        let ct = ClusterTickets::new(None, WaitMode::Auto, "t1".into()).unwrap();
         assert!(ct.unknown(0));
         ct.learn(&reply);
         let node = |s| lock_ignoring_poison(&ct.map).node(s);
@@ -316,6 +323,6 @@ mod tests {
         assert_eq!(ct.node_count(), 2, "one ticket connection per node");
         assert!(matches!(ct.judge(None), Err(false)));
         assert!(!ct.enabled(), "a refusal turns tickets off");
-        assert!(ClusterTickets::new(None, WaitMode::Blocking).is_none());
+        assert!(ClusterTickets::new(None, WaitMode::Blocking, "t1".into()).is_none());
     }
 }

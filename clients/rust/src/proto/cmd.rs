@@ -17,6 +17,17 @@ pub(crate) fn request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// A client's ticket notification tag (`NOTIFY <tag>`, docs/commands/tickets.md): 16
+/// lowercase hex digits, 64 bits from the OS's secure random source (a v4 uuid's random
+/// bits: all but its 4 version and 2 variant bits), so that two clients never share a
+/// channel, and one client cannot guess another's.
+pub(crate) fn notify_tag() -> String {
+    let u = uuid::Uuid::new_v4().as_u128();
+    // The top 48 bits and the low 16 are random (version: bits 76-79, variant: 62-63).
+    let bits = ((u >> 80) as u64) << 16 | (u as u64 & 0xffff);
+    format!("{bits:016x}")
+}
+
 /// `RLOCK.<verb> key`, or for one side of a read-write lock (`side` = `READ`/`WRITE`)
 /// `RRWLOCK.<verb> key side`: the RW commands take the plain lock's arguments after it.
 fn named(verb: &str, key: &str, side: Option<&str>) -> Cmd {

@@ -545,6 +545,9 @@ impl Cluster {
 /// another server) and for a slow network (`hold_replies`: bytes from the server are
 /// kept back, and thrown away if the server dies meanwhile), e.g. on a replication link.
 ///
+/// And for a server that lacks a feature (`hide`): a word in the server's replies (a
+/// `RLOCK.HELLO` feature) is overwritten with as many `x`, which keeps the reply's framing.
+///
 /// It relays strictly one request, one reply, which is enough for the single small
 /// commands the tests send through it.
 pub struct LossyProxy {
@@ -553,6 +556,7 @@ pub struct LossyProxy {
     pub lost: Arc<AtomicUsize>,
     upstream: Arc<AtomicU16>,
     hold: Arc<AtomicBool>,
+    hidden: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -566,20 +570,23 @@ impl LossyProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(AtomicBool::new(false));
         let upstream = Arc::new(AtomicU16::new(upstream));
-        let (a, l, s, h, u) = (
+        let hidden: Arc<std::sync::Mutex<Option<Vec<u8>>>> = Default::default();
+        let (a, l, s, h, u, w) = (
             armed.clone(),
             lost.clone(),
             stop.clone(),
             hold.clone(),
             upstream.clone(),
+            hidden.clone(),
         );
         thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let (a, l, h) = (a.clone(), l.clone(), h.clone());
+                        let hide = w.lock().unwrap().clone();
                         let port = u.load(Ordering::SeqCst);
-                        thread::spawn(move || relay(client, port, a, l, h));
+                        thread::spawn(move || relay(client, port, a, l, h, hide));
                     }
                     Err(_) => thread::sleep(Duration::from_millis(5)),
                 }
@@ -591,8 +598,14 @@ impl LossyProxy {
             lost,
             upstream,
             hold,
+            hidden,
             stop,
         }
+    }
+
+    /// New connections read `word` overwritten in every reply (a server without it).
+    pub fn hide(&self, word: &str) {
+        *self.hidden.lock().unwrap() = Some(word.as_bytes().to_vec());
     }
 
     pub fn url(&self) -> String {
@@ -627,6 +640,7 @@ fn relay(
     armed: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
     lost: Arc<AtomicUsize>,
     hold: Arc<AtomicBool>,
+    hide: Option<Vec<u8>>,
 ) {
     client.set_nonblocking(false).unwrap();
     let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
@@ -663,11 +677,29 @@ fn relay(
                 break;
             }
             held.extend_from_slice(&buf[..n]);
-            if !hold.load(Ordering::SeqCst) && !held.is_empty() {
-                if c_write.write_all(&held).is_err() {
+            // The bytes that may begin a hidden word cut by this read wait for the next.
+            let mut keep = 0;
+            if let Some(word) = hide.as_deref() {
+                let mut i = 0;
+                while i + word.len() <= held.len() {
+                    if held[i..].starts_with(word) {
+                        held[i..i + word.len()].fill(b'x');
+                        i += word.len();
+                    } else {
+                        i += 1;
+                    }
+                }
+                keep = (1..word.len())
+                    .rev()
+                    .find(|&k| held.ends_with(&word[..k]))
+                    .unwrap_or(0);
+            }
+            if !hold.load(Ordering::SeqCst) && held.len() > keep {
+                let send = held.len() - keep;
+                if c_write.write_all(&held[..send]).is_err() {
                     break;
                 }
-                held.clear();
+                held.drain(..send);
             }
         }
         let _ = c_write.shutdown(std::net::Shutdown::Both);

@@ -18,6 +18,17 @@ pub(crate) fn channel(key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The channel of `key` tagged for one client (`NOTIFY tag`): the key's ticket channel,
+/// `:`, the tag. Only that client subscribes to it, so a grant wakes no other client; the
+/// tag has no braces, so the channel keeps the key's hash slot.
+pub(crate) fn tagged_channel(key_channel: &[u8], tag: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key_channel.len() + 1 + tag.len());
+    out.extend_from_slice(key_channel);
+    out.push(b':');
+    out.extend_from_slice(tag.as_bytes());
+    out
+}
+
 /// How a ticket left its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Note {
@@ -245,6 +256,13 @@ impl Shape {
         a
     }
 
+    /// Whether `args` (a [`Step::Send`] of this shape) queue a ticket: [`Self::ticketed`]'s
+    /// `ASYNC` follows the command's own arguments; [`Self::look`] is shorter.
+    pub(crate) fn is_ticketed(&self, args: &[Vec<u8>]) -> bool {
+        args.get(self.args.len())
+            .is_some_and(|a| a.as_slice() == b"ASYNC")
+    }
+
     /// The command without `WAIT`: answers at once, the ordinary reply (a replay of a
     /// remembered grant under the same id, or the reply of a timed-out wait).
     pub(crate) fn look(&self) -> Vec<Vec<u8>> {
@@ -315,6 +333,8 @@ pub(crate) struct Machine {
     pub(super) known: bool,
     /// Hold on the `granted` message (the reader confirms off the path).
     pub(crate) hold_on_grant: bool,
+    /// Done by holding on the `granted` message: the reader owns the registration now.
+    pub(crate) held: bool,
     /// The last error, kept as a `RedisError` for the caller ([`Machine::take_error`]).
     error: Option<RedisError>,
 }
@@ -328,6 +348,7 @@ impl Machine {
             gen: 0,
             known,
             hold_on_grant: false,
+            held: false,
             error: None,
         }
     }
@@ -388,6 +409,7 @@ impl Machine {
                     // Held: the reader thread sends the confirmation.
                     Some(Some(reply)) => {
                         self.outstanding = false;
+                        self.held = true;
                         Step::Done(Ok(reply))
                     }
                     // Collect: the same command and id again; the server replays the grant.

@@ -11,6 +11,14 @@
 //! for the first waiter, unsubscribed after the last). One reader thread per client
 //! routes replies (in order) and messages (by request id) to the waiters' event sinks.
 //!
+//! Each client has a notification tag (16 random hex digits). Where the connection's
+//! probe (`RLOCK.HELLO`) names `ticket-notify`, every ticket goes with `NOTIFY tag` and
+//! its messages come on the key's channel tagged for this client
+//! (`rlock_ticket:{key}:<tag>`), which only this client subscribes to: a handoff wakes its
+//! new holder's client alone, where the key channel woke every waiting client to read a
+//! message for one (the fan-out that bounded tickets at 64 processes). Otherwise (an older
+//! module) the key channel, as before. Refcounting is per key either way.
+//!
 //! Tickets live as long as that connection: when it breaks, the server drops them. Every
 //! waiter is then told `Lost` and re-sends its command with the same request id on a new
 //! connection (resubscribed first): a grant made meanwhile is replayed, anything else is
@@ -186,9 +194,18 @@ enum Pending {
 struct State {
     /// Shard channels (`SSUBSCRIBE`, `smessage`): a cluster node's ticket connection.
     shard: bool,
+    /// The client's notification tag (one per client, every node's connection alike).
+    tag: Arc<str>,
+    /// The current connection's probe named `ticket-notify`: its tickets are queued with
+    /// `NOTIFY tag` and its channels are the tagged ones ([`State::wire`]). Set on each
+    /// connect, before any subscription or ticket goes out on it, so that one
+    /// connection's subscriptions and tickets always agree; a reconnect that finds
+    /// another answer (a failover to an older module) resubscribes and re-queues under it.
+    notify: bool,
     writer: Option<Stream>,
     gen: u64,
     pending: VecDeque<Pending>,
+    /// Waiters per key channel (the registration's name; subscribed as [`State::wire`]).
     channels: HashMap<Vec<u8>, usize>,
     waiters: HashMap<String, Slot>,
     /// Request ids whose late grant was given back (their waiter had left), newest last,
@@ -203,6 +220,25 @@ struct State {
 const GIVEN_BACK_KEPT: usize = 1024;
 
 impl State {
+    /// The name the key channel `channel` is subscribed under on this connection.
+    fn wire(&self, channel: &[u8]) -> Vec<u8> {
+        if self.notify {
+            tagged_channel(channel, &self.tag)
+        } else {
+            channel.to_vec()
+        }
+    }
+
+    /// The key channel a subscribed name stands for ([`State::wire`] undone).
+    fn key_channel<'c>(&self, wire: &'c [u8]) -> &'c [u8] {
+        if !self.notify {
+            return wire;
+        }
+        wire.strip_suffix(self.tag.as_bytes())
+            .and_then(|w| w.strip_suffix(b":"))
+            .unwrap_or(wire)
+    }
+
     fn gave_back(&mut self, id: &str) {
         if self.given_back.len() >= GIVEN_BACK_KEPT {
             self.given_back.pop_front();
@@ -243,11 +279,15 @@ impl Drop for Tickets {
 }
 
 fn pack(args: &[Vec<u8>]) -> Vec<u8> {
+    packed_cmd(args).get_packed_command()
+}
+
+fn packed_cmd(args: &[Vec<u8>]) -> redis::Cmd {
     let mut c = redis::Cmd::new();
     for a in args {
         c.arg(a.as_slice());
     }
-    c.get_packed_command()
+    c
 }
 
 fn io_err(what: &'static str, detail: String) -> RedisError {
@@ -258,17 +298,27 @@ fn io_err(what: &'static str, detail: String) -> RedisError {
 }
 
 impl Tickets {
-    /// Tickets for a single-server client, per `mode` (None for `Blocking`).
-    pub(crate) fn new(client: &redis::Client, mode: WaitMode) -> Option<Tickets> {
-        Self::with_channels(client, mode, false)
+    /// Tickets for a single-server client, per `mode` (None for `Blocking`), notified
+    /// under the client's `tag` where the server can.
+    pub(crate) fn new(client: &redis::Client, mode: WaitMode, tag: Arc<str>) -> Option<Tickets> {
+        Self::with_channels(client, mode, false, tag)
     }
 
     /// Tickets on one cluster node (`client`), heard on shard channels.
-    pub(crate) fn for_node(client: &redis::Client, mode: WaitMode) -> Option<Tickets> {
-        Self::with_channels(client, mode, true)
+    pub(crate) fn for_node(
+        client: &redis::Client,
+        mode: WaitMode,
+        tag: Arc<str>,
+    ) -> Option<Tickets> {
+        Self::with_channels(client, mode, true, tag)
     }
 
-    fn with_channels(client: &redis::Client, mode: WaitMode, shard: bool) -> Option<Tickets> {
+    fn with_channels(
+        client: &redis::Client,
+        mode: WaitMode,
+        shard: bool,
+        tag: Arc<str>,
+    ) -> Option<Tickets> {
         let start = match mode {
             WaitMode::Blocking => return None,
             WaitMode::Tickets => ON,
@@ -279,6 +329,7 @@ impl Tickets {
                 client: client.clone(),
                 state: Mutex::new(State {
                     shard,
+                    tag,
                     ..State::default()
                 }),
                 mode: AtomicU8::new(start),
@@ -338,7 +389,7 @@ impl Tickets {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
                 if *n == 1 && st.writer.is_some() {
-                    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), channel.clone()]);
+                    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), st.wire(&channel)]);
                     st.pending.push_back(Pending::Subscribe(1));
                     write_locked(&mut st, &packed);
                 }
@@ -387,14 +438,25 @@ impl Tickets {
     }
 
     /// Sends `args` for waiter `id`, connecting first if needed; the connection's
-    /// generation. A write error closes the connection: every waiter then gets `Lost`.
-    fn send(&self, id: &str, args: &[Vec<u8>]) -> RedisResult<u64> {
+    /// generation. A ticket (`ticketed`) goes with `NOTIFY tag` where this connection's
+    /// probe named `ticket-notify`: decided here, under the lock that also orders the
+    /// connection's subscriptions, so the ticket's messages go to the channel it
+    /// subscribed. A write error closes the connection: every waiter then gets `Lost`.
+    fn send(&self, id: &str, args: &[Vec<u8>], ticketed: bool) -> RedisResult<u64> {
         let mut st = lock_ignoring_poison(&self.shared.state);
         if st.writer.is_none() {
             connect_locked(&self.shared, &mut st)?;
         }
         st.pending.push_back(Pending::Reply(id.to_owned()));
-        write_locked(&mut st, &pack(args));
+        let packed = if ticketed && st.notify {
+            let tag = st.tag.clone();
+            let mut c = packed_cmd(args);
+            c.arg("NOTIFY").arg(tag.as_bytes());
+            c.get_packed_command()
+        } else {
+            pack(args)
+        };
+        write_locked(&mut st, &packed);
         Ok(st.gen)
     }
 
@@ -455,7 +517,8 @@ impl Tickets {
                             Err(e) => return Some(Err(io_err("connect", e.to_string()))),
                         }
                     }
-                    match self.send(member.id(), &args) {
+                    let ticketed = member.m.shape().is_ticketed(&args);
+                    match self.send(member.id(), &args, ticketed) {
                         Ok(gen) => {
                             member.m.sent(gen);
                             step = Step::Wait;
@@ -584,6 +647,12 @@ impl<'a> Member<'a> {
 
 impl Drop for Member<'_> {
     fn drop(&mut self) {
+        if self.m.held {
+            // Held on its grant message: the reader made the registration a confirming
+            // one in the same critical section that woke us, and settles it; taking the
+            // lock here would only wait behind the confirmation's write.
+            return;
+        }
         let shape = self.m.shape();
         let orphan = self.m.outstanding.then(|| (shape.look(), shape.latch));
         self.t.leave(shape.id(), orphan);
@@ -602,7 +671,7 @@ fn release_channel(st: &mut State, channel: &[u8]) {
                 } else {
                     b"UNSUBSCRIBE"
                 };
-                let packed = pack(&[verb.to_vec(), channel.to_vec()]);
+                let packed = pack(&[verb.to_vec(), st.wire(channel)]);
                 st.pending.push_back(Pending::Unsubscribe(1));
                 write_locked(st, &packed);
             }
@@ -662,6 +731,8 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     shared
         .holds
         .store(caps.has("ticket-holds"), Ordering::Relaxed);
+    // Before any subscription below: this connection's channels follow its answer.
+    st.notify = caps.has("ticket-notify");
     stream.set_read_timeout(None)?;
     // A new connection: a channel refused on the old one may be allowed now.
     *lock_ignoring_poison(&shared.refused) = None;
@@ -681,13 +752,14 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     }
     if st.shard {
         // One `SSUBSCRIBE` per channel: the channels of one command must share a slot.
-        for ch in st.channels.keys() {
-            stream.write_all(&pack(&[b"SSUBSCRIBE".to_vec(), ch.clone()]))?;
+        let wires: Vec<Vec<u8>> = st.channels.keys().map(|ch| st.wire(ch)).collect();
+        for w in wires {
+            stream.write_all(&pack(&[b"SSUBSCRIBE".to_vec(), w]))?;
             st.pending.push_back(Pending::Subscribe(1));
         }
     } else if !st.channels.is_empty() {
         let mut sub = vec![b"SUBSCRIBE".to_vec()];
-        sub.extend(st.channels.keys().cloned());
+        sub.extend(st.channels.keys().map(|ch| st.wire(ch)));
         stream.write_all(&pack(&sub))?;
         st.pending.push_back(Pending::Subscribe(st.channels.len()));
     }
@@ -738,8 +810,9 @@ fn reader_loop(
             } => {
                 if matches!(st.pending.front(), Some(Pending::Unsubscribe(_))) {
                     count_down(&mut st.pending, false);
-                } else if let Some(Value::BulkString(channel)) = data.first() {
-                    slot_left(&mut st, channel, gen);
+                } else if let Some(Value::BulkString(wire)) = data.first() {
+                    let channel = st.key_channel(wire).to_vec();
+                    slot_left(&mut st, &channel, gen);
                 }
             }
             Value::Push { .. } => {}
@@ -933,21 +1006,35 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
             // Held now (the machine reads the same reply from the same detail): wake the
             // holder first, then confirm on the same connection (the one that queued the
             // ticket, so the grant cannot be taken back before it).
+            //
+            // The holder's path from the grant message to its code (issue 40): one thread
+            // hop, this reader to the waiting thread (the blocking API polls the call on
+            // the caller's thread, so the sink's wake-up unparks it directly; the async
+            // API's task runs on the runtime's worker): the reader blocks on the socket
+            // so that no runtime thread must, and the waiter cannot read it itself without
+            // taking the reader's part in turn. Allocations before the wake-up: redis-rs's
+            // parse of the push (its array, the kind, channel and payload strings: four,
+            // about a tenth of a microsecond against a handoff's hundreds), none in
+            // `parse_message` for a lock (empty detail) nor in the sink (the channel's
+            // block was made with it). Everything below runs after the wake-up, and the
+            // holder does not take this lock on its way out (`Member`'s drop skips
+            // `leave` for a held grant), so the confirmation's write does not delay it.
             sink(Event::Note(note));
             let (look, confirm, _) = hold.take().expect("just seen");
-            let Some(Slot::Live { channel, .. }) = st.waiters.remove(id) else {
+            let Some((id, Slot::Live { channel, .. })) = st.waiters.remove_entry(id) else {
                 return;
             };
+            let packed = pack(&look);
+            st.pending.push_back(Pending::Reply(id.clone()));
             st.waiters.insert(
-                id.to_owned(),
+                id,
                 Slot::Confirming {
                     channel,
-                    look: look.clone(),
+                    look,
                     confirm,
                 },
             );
-            st.pending.push_back(Pending::Reply(id.to_owned()));
-            write_locked(st, &pack(&look));
+            write_locked(st, &packed);
         }
         Some(Slot::Live { sink, .. }) => sink(Event::Note(note)),
         Some(Slot::Confirming { .. }) => {}

@@ -304,7 +304,7 @@ fn a_retry_whose_late_grant_was_given_back_waits_under_a_new_id() {
     // as granted. The retry must not send "f" again: it would be told "granted" for
     // what was given back (one permit used twice).
     let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let t = Tickets::new(&client, WaitMode::Auto).unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
     let sink: Sink = Arc::new(|_| {});
     lock_ignoring_poison(&t.shared.state).gave_back("f");
     let mut retry = shape("k", "f");
@@ -323,7 +323,7 @@ fn a_retry_whose_late_grant_was_given_back_waits_under_a_new_id() {
 #[test]
 fn it_refcounts_channels_and_keeps_orphans_until_their_fate_is_known() {
     let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let t = Tickets::new(&client, WaitMode::Auto).unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
     let sink: Sink = Arc::new(|_| {});
     t.join(&mut shape("k", "a"), sink.clone(), None);
     t.join(&mut shape("k", "b"), sink.clone(), None);
@@ -443,4 +443,45 @@ fn a_late_confirmation_follows_moved_and_ask_and_stays_for_tryagain() {
     assert!(addr(&asked).starts_with("asked") && addr(&asked).contains("7002"));
     let stays = asked.after(&note_error("TRYAGAIN try later"), &home);
     assert!(addr(&stays).starts_with("asked") && addr(&stays).contains("7002"));
+}
+
+#[test]
+fn each_client_draws_its_own_sixteen_hex_digit_tag() {
+    let (a, b) = (
+        crate::proto::cmd::notify_tag(),
+        crate::proto::cmd::notify_tag(),
+    );
+    for t in [&a, &b] {
+        assert_eq!(t.len(), 16, "{t}");
+        assert!(
+            t.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+            "{t}"
+        );
+    }
+    assert_ne!(a, b);
+}
+
+#[test]
+fn a_connection_that_notifies_subscribes_the_tagged_channel_and_knows_it_back() {
+    let mut st = State {
+        tag: "c7f3a9e1".into(),
+        ..State::default()
+    };
+    let key = channel(b"{app}:lock");
+    assert_eq!(st.wire(&key), key, "no ticket-notify: the key channel");
+    assert_eq!(st.key_channel(&key), key.as_slice());
+    st.notify = true;
+    assert_eq!(st.wire(&key), b"rlock_ticket:{app}:lock:c7f3a9e1".to_vec());
+    assert_eq!(st.key_channel(&st.wire(&key)), key.as_slice());
+}
+
+#[test]
+fn only_a_ticketed_command_takes_notify() {
+    let s = shape("k", "a");
+    assert!(s.is_ticketed(&s.ticketed(100)));
+    assert!(!s.is_ticketed(&s.look()));
+    let mut latch = redis::cmd("RLATCH.AWAIT");
+    latch.arg("k").arg("WAIT").arg(1000);
+    let l = Shape::of(&latch).unwrap();
+    assert!(l.is_ticketed(&l.ticketed(5)) && !l.is_ticketed(&l.look()));
 }
