@@ -599,3 +599,72 @@ async fn async_api_waits_on_scripts_too() {
     let p = sem.acquire(1).await.unwrap();
     p.release().await.unwrap();
 }
+
+/// Subscribers of `channel` (PUBSUB NUMSUB).
+fn numsub(r: &mut redis::Connection, channel: &str) -> i64 {
+    redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query::<Vec<redis::Value>>(r)
+        .ok()
+        .and_then(|v| match v.get(1) {
+            Some(redis::Value::Int(n)) => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(-1)
+}
+
+/// A channel is unsubscribed after its last waiter, and a waiter that comes as the last
+/// one leaves is never left on an unsubscribed channel: threads taking turns on one lock
+/// (so that its waiters come and go all the time) each get every turn well before the
+/// holder's lease would have woken a waiter that missed its unlock message.
+#[test]
+fn a_channel_is_unsubscribed_after_its_last_waiter_and_no_waiter_misses_a_release() {
+    let s = Server::start_without_module();
+    let c = scripts_client(&s);
+    let mut r = s.conn();
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 100;
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let lock = c.lock("turns");
+            thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    // A missed unlock message would sleep until the 30 s lease's end.
+                    let g = lock
+                        .acquire_with(
+                            AcquireOptions::new()
+                                .with_lease(Duration::from_secs(30))
+                                .with_wait(Wait::Up(Duration::from_secs(10))),
+                        )
+                        .unwrap()
+                        .expect("a turn within 10 s");
+                    g.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(5), || numsub(
+        &mut r,
+        "redisson_lock__channel:{turns}"
+    ) == 0));
+    // And a later wait subscribes again.
+    let held = c.lock("turns").acquire().unwrap();
+    let w = {
+        let lock = c.lock("turns");
+        thread::spawn(move || lock.acquire().unwrap().release().unwrap())
+    };
+    assert!(wait_until(Duration::from_secs(5), || numsub(
+        &mut r,
+        "redisson_lock__channel:{turns}"
+    ) == 1));
+    held.release().unwrap();
+    w.join().unwrap();
+    assert!(wait_until(Duration::from_secs(5), || numsub(
+        &mut r,
+        "redisson_lock__channel:{turns}"
+    ) == 0));
+}

@@ -6,10 +6,12 @@
 //! task reads it and wakes the waiters of a channel when a message comes. As in Redisson
 //! (LockPubSub), a lock's unlock message (`0`) wakes one waiter of the client, and is kept
 //! for the next if none is asleep (a waiter between two tries must not miss it: tokio's
-//! `Notify::notify_one` stores that permit); every other message wakes all. A channel stays
-//! subscribed, once a wait has used it, for as long as the connection lives (one
-//! subscription per name waited on: unsubscribing as the last waiter left raced with a
-//! new waiter's subscribe under load, and lost its messages). If the connection breaks, every
+//! `Notify::notify_one` stores that permit); every other message wakes all. A channel is
+//! unsubscribed after its last waiter leaves ([`Subscription`]'s drop), by a task that
+//! takes the sink's lock and only then looks whether the channel is still unused: a new
+//! waiter either counted itself first (the channel stays) or finds the channel gone and
+//! subscribes again behind the `UNSUBSCRIBE` on the same lock, so no waiter is left on a
+//! channel the server no longer sends it. If the connection breaks, every
 //! waiter is woken (a release may have been missed), subscribes again on a new connection
 //! and tries again; the client is told (`on_break`: the mode is asked again, since a
 //! failover may have brought a server with the module).
@@ -216,8 +218,8 @@ impl Subscriber {
     }
 }
 
-/// One waiter's hold on a channel; dropping it gives the channel back (it stays
-/// subscribed: see the module's comment).
+/// One waiter's hold on a channel; dropping the last one unsubscribes the channel (see
+/// the module's comment).
 pub(crate) struct Subscription {
     inner: Arc<Inner>,
     channel: Vec<u8>,
@@ -268,9 +270,38 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut st = lock_ignoring_poison(&self.inner.state);
-        if let Some(c) = st.chans.get_mut(&self.channel) {
-            c.refs = c.refs.saturating_sub(1);
+        let last = {
+            let mut st = lock_ignoring_poison(&self.inner.state);
+            st.chans.get_mut(&self.channel).is_some_and(|c| {
+                c.refs = c.refs.saturating_sub(1);
+                c.refs == 0
+            })
+        };
+        // Outside a runtime (a future dropped elsewhere) the channel stays subscribed
+        // until a later waiter of it leaves: harmless, as before.
+        if let (true, Ok(rt)) = (last, tokio::runtime::Handle::try_current()) {
+            let (inner, channel) = (self.inner.clone(), std::mem::take(&mut self.channel));
+            rt.spawn(unsubscribe_idle(inner, channel));
+        }
+    }
+}
+
+/// Unsubscribes `channel` if it still has no waiter, deciding under the sink's lock (see
+/// the module's comment): a subscribe counted after the decision finds the channel gone
+/// and sends its `SUBSCRIBE` after this `UNSUBSCRIBE`, on the same lock.
+async fn unsubscribe_idle(inner: Arc<Inner>, channel: Vec<u8>) {
+    let mut sink = inner.sink.lock().await;
+    let on_gen = {
+        let mut st = lock_ignoring_poison(&inner.state);
+        match st.chans.get(&channel) {
+            Some(c) if c.refs == 0 => {}
+            _ => return,
+        }
+        st.chans.remove(&channel).map_or(0, |c| c.on_gen)
+    };
+    if let Some((gen, s)) = sink.as_mut() {
+        if *gen == on_gen && s.unsubscribe(&channel).await.is_err() {
+            *sink = None;
         }
     }
 }
