@@ -31,7 +31,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 .PHONY: test-pyclient bench-python bench-semaphore bench-rw
 .PHONY: bench-tickets bench-tax bench-turns
 .PHONY: test-java bench-java bench-java-jvms
-.PHONY: test-go bench-go
+.PHONY: test-go bench-go bench-rust
 .PHONY: faults test-faults faults-tools faults-scripts bench-scripts
 
 help: ## List the targets
@@ -229,6 +229,11 @@ GO_DIR := clients/go
 test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, every primitive (tickets, grant = hold, watchdog, lost signal, replica sync), a 3-master cluster, Redisson and Python-client interop, runnable examples
 	@./scripts/deps.sh --go
 	@$(PER_SERVER) RLOCK_PYTHON=$(abspath $(VENV))/bin/python sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
+
+# Not in `make test` (minutes long); BENCH_SECONDS per row.
+BENCH_SECONDS ?= 5
+bench-rust: release ## Rust client, contender processes (1, 8, 64) on one lock and on 4 permits: tickets (NOTIFY) vs blocked WAIT (the floor) vs Redisson's algorithm (scripts mode) vs polling SET NX, plus AOF-on rows; owner changes/s, acquisitions/s, p50/p99 wait, Jain, connections, server CPU/acq (REDIS_SERVER); writes its table into BENCHMARK.md
+	cargo run --release -q -p rlock-client --example contenders -- bench $(REDIS_SERVER) $(MODULE_RELEASE) $(BENCH_SECONDS) $(CURDIR)/BENCHMARK.md
 
 # Needs Go >= 1.22 (redsync v4.13.0); the bench is a module of its own (clients/go/bench).
 bench-go: release ## Go contention bench: 8 and 64 contender processes on one lock, rlock's Go client (tickets, and blocked waits) vs go-redsync/redsync and bsm/redislock (owner changes/s, p99 wait, Jain, connections, CPU per owner change; REDIS_SERVER); writes its table into BENCHMARK.md
