@@ -891,7 +891,9 @@ async fn two_clients_waiting_on_one_lock_hear_only_their_own_grants() {
         heard.iter().all(|(_, m)| m.starts_with("granted:")),
         "{heard:?}"
     );
-    // Each channel unsubscribed after its last waiter.
+    // Each channel unsubscribed after its last waiter (the spy's gone first).
+    drop(ps);
+    drop(spy);
     assert!(wait_until(LONG, || ticket_channels(&mut r) == (0, vec![])));
 }
 
