@@ -329,7 +329,8 @@ public final class JvmBench {
                         + " the machine), ").append(RUN_MS).append(" ms measured after ").append(WARM_MS)
                 .append(" ms of warm-up, contenders split evenly over the JVMs. Each contender loops take → give"
                         + " back with an empty critical section, no lease (both sides run their watchdog). rlock:"
-                        + " RlockClient's defaults (a ticket per wait; a lock holds on its grant message);"
+                        + " RlockClient's defaults (a ticket per wait, heard on the client's own tagged channel (NOTIFY);"
+                        + " a lock holds on its grant message);"
                         + " Redisson 4.7.0 with its defaults. Owner changes: acquisitions, put in one order by"
                         + " the wall-clock stamp each takes inside its hold, whose contender differs from the"
                         + " one before (for the semaphore: of 4 permits). Wait: asking to holding. Jain: over"
