@@ -28,7 +28,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 	REDIS_SERVER="$$bin"
 
 .PHONY: help deps venv build release run test check test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
-.PHONY: test-pyclient bench-python bench-semaphore bench-rw
+.PHONY: test-pyclient bench-python bench-python-procs bench-semaphore bench-rw
 .PHONY: bench-tickets bench-tax bench-turns
 .PHONY: test-java bench-java bench-java-jvms
 .PHONY: test-go bench-go bench-rust
@@ -103,7 +103,7 @@ bench: ## Benchmarks side by side (rlock vs Redisson's algorithms/scripts vs SET
 	@./scripts/deps.sh
 	cargo build --release -p rlock
 	cargo run --release -q -p rlock-bench -- --module $(MODULE_RELEASE) --report BENCHMARK.md --chart bench/contention.svg --notes bench/analysis.md
-	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python bench-scripts
+	$(MAKE) bench-rw bench-semaphore bench-tickets bench-python bench-python-procs bench-scripts
 
 # The Rust client is a feature of the bench crate of its own (scripts-bench): the main bench
 # and bench-quick build without it.
@@ -189,6 +189,11 @@ bench-python: $(PYC_VENV)/.ok ## Python benches: 200 threads of one client, rloc
 	cargo build --release -p rlock
 	$(PYC_PY) bench/python/waiting.py --module $(MODULE_RELEASE) --report bench/python/contention.md
 	$(PYC_PY) bench/python/contention.py --module $(MODULE_RELEASE) --report bench/python/contention-processes.md
+
+bench-python-procs: $(PYC_VENV)/.ok ## Python contenders in separate processes (1, 8, 64) on one lock and a 4-permit semaphore: rlock's tickets vs blocked WAIT vs Redisson's algorithm (scripts mode) vs polling SET NX; owner changes/s, acquisitions/s, p50/p99, Jain, connections, server CPU/acq; writes its table into BENCHMARK.md
+	@./scripts/deps.sh
+	cargo build --release -p rlock
+	$(PYC_PY) bench/python/processes.py --module $(MODULE_RELEASE) --report BENCHMARK.md
 
 clean: ## Remove build output and the virtualenv
 	cargo clean

@@ -31,6 +31,14 @@ and the server's grace ran out) or lost with a broken connection reports the hol
 through its watchdog; a message whose detail cannot be read (an older module) is
 collected before waking, as are the semaphore's.
 
+From a lock's ``granted`` message to its waiter running again (issue 40): threads, one
+hop (the reader thread wakes the waiting thread by releasing a lock; the socket is shared
+by every waiter of the client, so one thread reads it); asyncio, no hop and one loop turn
+(the reader task resolves the waiter's future). On the way the reader parses the message
+into a `Note`, packs and writes the confirmation (its reply slot: one lock, or one future,
+and the callback that settles the hold) and puts the note; no round trip is awaited. The
+confirmation is written before the wake, so it leaves before anything the holder sends.
+
 `SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
 task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
 cancelled task, KeyboardInterrupt, a client-side limit) stays registered as an orphan:
