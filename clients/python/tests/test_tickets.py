@@ -2,7 +2,10 @@
 of one client is a queued ticket on its one ticket connection. 1 000 threads waiting on
 one lock through `rlock.Lock` are served first come, first served over a constant number
 of connections (counted in CLIENT LIST); a killed ticket connection is replaced and its
-waiters queued again; `use_tickets=False` is the blocking `WAIT` fallback.
+waiters queued again; `use_tickets=False` is the blocking `WAIT` fallback. With
+``ticket-notify`` each client's tickets are answered on its own tagged channel (``NOTIFY
+tag``): two clients on one lock never hear each other's grants; without the word, the
+key channel as before.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import signal
 import threading
 import time
 
+import pytest
 import redis
 from conftest import blocked_clients, clients_named, stat, wait_until
 from rlock_server import RedisServer
@@ -407,3 +411,114 @@ def test_a_confirmation_redirected_to_the_slots_new_owner_is_confirmed_there(ser
     taken_back = Confirm()
     _settle(taken_back, ResponseError("TAKENBACK the grant was taken back"), look, elsewhere)
     assert taken_back.outcome is False
+
+
+# ---- NOTIFY: each client's tickets answered on its own channel ---------------------------
+
+
+def _without_ticket_notify(monkeypatch) -> None:
+    """A test double of the probe's answer: the server's RLOCK.HELLO as an older module
+    gives it, without the word ``ticket-notify`` (the module itself is the same)."""
+    import dataclasses
+
+    import rlock._tickets as t
+    probed = t._probed
+
+    def older(reply):
+        caps = probed(reply)
+        return dataclasses.replace(
+            caps, features=tuple(f for f in caps.features if f != "ticket-notify"))
+    monkeypatch.setattr(t, "_probed", older)
+
+
+def _numsub(r: redis.Redis, channel: bytes) -> int:
+    return int(dict(r.pubsub_numsub(channel))[channel])
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["ticket-notify", "older-module"])
+def test_two_clients_waiting_on_one_lock_hear_only_their_own_grants(server, r, monkeypatch,
+                                                                     notify):
+    """Two clients (separate redis.Redis, separate pools) queue on one lock. With
+    ``ticket-notify`` each subscribes its own tagged channel (the key channel has no
+    subscriber) and a handoff to one publishes nothing the other hears; against a server
+    that does not name the word both fall back to the key channel, where each handoff
+    reaches both (what NOTIFY removes: this case shows the count would catch it)."""
+    from rlock._proto import ticket_channel
+    if not notify:
+        _without_ticket_notify(monkeypatch)
+    assert rlock.capabilities(r).has("ticket-notify")  # the module names it
+    a, b = (redis.Redis(port=server.port, socket_timeout=5) for _ in range(2))
+    holder = rlock.Lock(r, "k", timeout=30)
+    assert holder.acquire(blocking=False)
+    got = {"a": threading.Event(), "b": threading.Event()}
+    go = {"a": threading.Event(), "b": threading.Event()}
+
+    def waiter(name: str, client: redis.Redis) -> None:
+        lock = rlock.Lock(client, "k", timeout=30)
+        assert lock.acquire(blocking_timeout=20)
+        got[name].set()
+        go[name].wait(20)
+        lock.release()
+
+    threads = [threading.Thread(target=waiter, args=("a", a)),
+               threading.Thread(target=waiter, args=("b", b))]
+    try:
+        threads[0].start()
+        wait_until(lambda: stat(r, "waiters") == 1, what="a queued")
+        threads[1].start()
+        wait_until(lambda: stat(r, "waiters") == 2, what="b queued")
+        (ca,), (cb,) = rlock._io.ticket_connections(a), rlock._io.ticket_connections(b)
+        assert ca.tag != cb.tag
+        key_channel = ticket_channel(b"k")
+        if notify:
+            assert _numsub(r, key_channel) == 0
+            assert _numsub(r, ticket_channel(b"k", ca.tag)) == 1
+            assert _numsub(r, ticket_channel(b"k", cb.tag)) == 1
+        else:
+            assert _numsub(r, key_channel) == 2
+        heard = (ca.book.heard, cb.book.heard)
+        holder.release()
+        assert got["a"].wait(10) and not got["b"].is_set()
+        go["a"].set()  # a hands it on to b
+        assert got["b"].wait(10)
+        go["b"].set()
+        for t in threads:
+            t.join(10)
+        # Each client heard its own grant; on the key channel, also the other's.
+        want = 1 if notify else 2
+        assert (ca.book.heard - heard[0], cb.book.heard - heard[1]) == (want, want)
+    finally:
+        for e in go.values():
+            e.set()
+        for c in (a, b):
+            rlock.close_tickets(c)  # a wait still queued fails: its thread ends
+        for t in threads:
+            if t.is_alive():
+                t.join(10)
+        for c in (a, b):
+            c.close()
+
+
+async def test_asyncio_waits_send_notify_on_their_own_channel(server, ar):
+    """The asyncio client draws its own tag and waits on its tagged channel too."""
+    import asyncio
+
+    import rlock.asyncio as arlock
+    from rlock._proto import ticket_channel
+    holder = arlock.Lock(ar, "ak", timeout=30)
+    assert await holder.acquire(blocking=False)
+    task = asyncio.create_task(arlock.Lock(ar, "ak", timeout=30).acquire(blocking_timeout=10))
+    admin = redis.Redis(port=server.port)
+    try:
+        deadline = time.monotonic() + 10
+        while int(admin.info("rlock")["rlock_waiters"]) < 1:
+            assert time.monotonic() < deadline, "queued"
+            await asyncio.sleep(0.005)
+        (conn,) = rlock._io.ticket_connections(ar)
+        assert _numsub(admin, ticket_channel(b"ak", conn.tag)) == 1
+        assert _numsub(admin, ticket_channel(b"ak")) == 0
+        await holder.release()
+        assert await asyncio.wait_for(task, 10) is True
+        assert conn.book.heard == 1
+    finally:
+        admin.close()

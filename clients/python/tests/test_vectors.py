@@ -1,13 +1,14 @@
 """The Python client's reader of the protocol contract, spec/vectors/ at the repository's
-root (its README: the format, and who reads what): the ticket channel, the reading of
-ticket messages and what a waiter does with each, and how the client classes the module's
-error texts; so that a vector changed by hand, or a client change the vectors do not
-follow, fails this suite. No server needed."""
+root (its README: the format, and who reads what): the ticket channel and its tagged
+form (``NOTIFY``), the reading of ticket messages and what a waiter does with each, and
+how the client classes the module's error texts; so that a vector changed by hand, or a
+client change the vectors do not follow, fails this suite. No server needed."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 import redis
@@ -16,7 +17,8 @@ from redis.exceptions import ResponseError
 import rlock.errors
 from rlock import _plan
 from rlock._plan import Wait
-from rlock._proto import new_request_id, note_action, parse_note, ticket_channel, waiting
+from rlock._proto import (new_notify_tag, new_request_id, note_action, parse_note,
+                          ticket_channel, waiting)
 from rlock.primitives import FencedLock, RwLockHalf
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "spec" / "vectors"
@@ -42,6 +44,33 @@ BUILDERS = load("commands.json", "builders")
 @pytest.mark.parametrize("case", CHANNELS, ids=ids(CHANNELS, "key"))
 def test_the_ticket_channel_is_the_vectors(case):
     assert ticket_channel(case["key"].encode()) == case["ticket"].encode()
+
+
+NOTIFY_TAG = json.loads((VECTORS / "channels.json").read_text(encoding="utf-8"))["notify_tag"]
+
+
+@pytest.mark.parametrize("case", CHANNELS, ids=ids(CHANNELS, "key"))
+def test_the_tagged_ticket_channel_is_the_vectors(case):
+    """The channel of a ticket queued with ``NOTIFY tag``: the one a client subscribes
+    when its server names ``ticket-notify``."""
+    assert ticket_channel(case["key"].encode(), NOTIFY_TAG) == case["ticket_notify"].encode()
+
+
+def test_a_clients_notify_tag_is_16_hex_characters_and_goes_after_async():
+    tags = {new_notify_tag() for _ in range(100)}
+    assert len(tags) == 100 and all(re.fullmatch(r"[0-9a-f]{16}", t) for t in tags)
+    shape = waiting(["RLOCK.ACQUIRE", "k", "o", 30000], 500, "r1")
+    assert words(shape.with_wait(500, True, "t1")) == [
+        "RLOCK.ACQUIRE", "k", "o", "30000", "WAIT", "500", "ID", "r1", "ASYNC", "NOTIFY", "t1"]
+    assert words(shape.with_wait(None, False)) == ["RLOCK.ACQUIRE", "k", "o", "30000",
+                                                   "ID", "r1"]
+
+
+def test_the_notify_refusals_are_argument_errors():
+    rows = [r for r in ERRORS if r["code"] == "BADNOTIFY"]
+    assert len(rows) == 2 and all(r["kind"] == "argument" for r in rows)
+    for r in rows:
+        assert rlock.errors.error_class(r["code"]) is rlock.errors.BadArgument
 
 
 @pytest.mark.parametrize("case", TICKETS, ids=ids(TICKETS, "message"))
