@@ -93,7 +93,7 @@ VARIANTS = {
     "tickets": "rlock, queued tickets (default)",
     "blocked": "rlock, blocked WAIT",
     "redisson": "Redisson's algorithm (scripts mode)",
-    "polling": "polling (SET NX, 0.1 s sleep)",
+    "polling": "polling, 0.1 s sleep (SET NX; semaphore: try-acquire)",
 }
 
 
@@ -207,7 +207,7 @@ def jain(counts: list) -> float:
 
 def table(rows: list, version: str, duration: float, loads: tuple) -> str:
     out = [
-        "### Python contenders in separate processes (`make bench-python-procs`)",
+        "## Python contenders in separate processes (`make bench-python-procs`)",
         "",
         f"One run of {duration:g} s per row on Redis {version} with the module's release "
         f"build, this machine's {os.cpu_count()} cores shared with other work (load average "
