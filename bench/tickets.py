@@ -8,10 +8,12 @@ connection per waiter costs and gains, side by side in one run on one module-loa
    waiter's (`WAIT` without `ASYNC`, one raw connection each) and the ratio; then the 10
    connections are killed: `tickets` must be 0 and the memory must come back (the residual
    is reported).
-2. Grant latency: a chain of handoffs over 50 waiters, blocked vs tickets, alternating
-   every 10 handoffs; the time from sending RLOCK.RELEASE until the next waiter holds the
-   lock (blocked: its WAIT reply; ticket: the `granted` message, design.md 5; also: until
-   the confirmation's reply, where a ticket held before issue 40).
+2. Grant latency, waiters in processes of their own: 1 and 64 waiting processes on one
+   lock, each blocked in WAIT, or a ticket told on the key's channel (every process
+   subscribed to it), or a ticket told on its own NOTIFY tag channel; the time from the
+   holder sending RLOCK.RELEASE until the next process holds (its WAIT reply, or its
+   `granted` message, design.md 5), with the waiting processes' and the server's CPU per
+   handoff.
 3. Handoffs/s: 1 000 asyncio tasks (redis.asyncio) on one lock over a pool of 10 command
    connections + 1 subscriber, rlock tickets vs Redisson's lock algorithm (its acquire
    script, a shared pub/sub connection whose unlock messages wake one waiting task, retry
@@ -195,103 +197,155 @@ def memory_blocked(port, n):
             "per_waiter": (blocked - held + idle - base) / n}
 
 
-# ---- 2. grant latency chain ------------------------------------------------------------
+# ---- 2. grant latency, waiters in processes of their own ----------------------------------
 
-class BlockedChain:
-    """`waiters` raw connections queued with WAIT 0 on one key, plus the holder."""
-
-    def __init__(self, port, key, waiters):
-        self.key = key
-        self.conns = [Raw(port) for _ in range(waiters + 1)]
-        self.queue = []  # indexes, head first
-        self.holder = 0
-        assert self.conns[0].call("RLOCK.ACQUIRE", key, owner(0, 0), LEASE) is None
-        for i in range(1, waiters + 1):
-            self.conns[i].send("RLOCK.ACQUIRE", key, owner(i, i), LEASE, "WAIT", 0)
-            self.queue.append(i)
-        ctl = self.conns[0]
-        wait_until("blocked chain queued", lambda: blocked_clients(ctl) >= waiters)
-
-    def step(self):
-        old, nxt = self.holder, self.queue.pop(0)
-        c_old, c_next = self.conns[old], self.conns[nxt]
-        t0 = time.perf_counter()
-        c_old.send("RLOCK.RELEASE", self.key, owner(old, old))
-        got = c_next.read()
-        t1 = time.perf_counter()
-        assert got is None, got
-        assert c_old.read() == 1
-        c_old.send("RLOCK.ACQUIRE", self.key, owner(old, old), LEASE, "WAIT", 0)
-        self.queue.append(old)
-        self.holder = nxt
-        return t1 - t0
-
-    def close(self):
-        for c in self.conns:
-            c.close()
+# How a waiting process waits: blocked in WAIT on its connection, or as a ticket told on the
+# key's channel (every waiting process subscribed to it), or on its own NOTIFY tag channel.
+MODES = ("blocked", "key", "tag")
 
 
-class TicketChain:
-    """`waiters` tickets on one key from one command connection, one subscriber."""
+def _chain_member(port, key, mode, i, t0, n, target, ready, waiting):
+    """One process of a handoff chain on `key`: it waits, holds when told (blocked: its
+    WAIT reply; a ticket: its `granted` message, which means held), records the time since
+    the releaser stamped `t0` just before sending its RLOCK.RELEASE, then (once the
+    previous holder is queued again: `waiting` others wait) stamps `t0` itself, releases,
+    and waits again at the back. Once `target` handoffs are recorded it
+    releases without queueing again and exits. Only the holder touches `t0` and `n` (the
+    lock itself orders them)."""
+    gc.disable()
+    me = owner(i, i)
+    cmd = Raw(port, timeout=120)
+    tag = uuid.UUID(int=i + 1).hex[-16:]
+    sub, seq = None, 0
+    if mode != "blocked":
+        sub = Raw(port, timeout=120)
+        ch = ticket_channel(key) + (f":{tag}" if mode == "tag" else "")
+        assert sub.call("SUBSCRIBE", ch)[0] == b"subscribe"
 
-    def __init__(self, port, key, waiters):
-        self.key, self.seq = key, 0
-        self.cmd = Raw(port)
-        self.sub = Raw(port)
-        assert self.sub.call("SUBSCRIBE", ticket_channel(key))[0] == b"subscribe"
-        self.rid = {}
-        self.queue = []
-        self.holder = 0
-        assert self.cmd.call("RLOCK.ACQUIRE", key, owner(0, 0), LEASE) is None
-        for i in range(1, waiters + 1):
-            self.enqueue(i)
+    def queue():
+        nonlocal seq
+        seq += 1
+        if mode == "blocked":
+            cmd.send("RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0)
+            return None
+        rid = f"{i:03d}-{seq:09d}"
+        notify = ("NOTIFY", tag) if mode == "tag" else ()
+        got = cmd.call("RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0, "ASYNC", "ID", rid,
+                       *notify)
+        if got is None:  # the lock was free: only once the chain winds down
+            assert int(n[0]) >= target
+            assert cmd.call("RLOCK.RELEASE", key, me) == 1
+            return None
+        assert got == b"QUEUED", got
+        return rid.encode()
 
-    def enqueue(self, i):
-        self.seq += 1
-        rid = f"{self.key}-{i:04d}-{self.seq:012d}"[-30:]
-        self.rid[i] = rid
-        assert self.cmd.call("RLOCK.ACQUIRE", self.key, owner(i, i), LEASE, "WAIT", 0,
-                             "ASYNC", "ID", rid) == b"QUEUED"
-        self.queue.append(i)
+    rid = queue()
+    ready.release()
+    while True:
+        if mode == "blocked":
+            got = cmd.read()
+            t1 = time.perf_counter()
+            assert got is None, got
+        else:
+            while True:  # on the key's channel, every other waiter's message too
+                msg = sub.read()
+                t1 = time.perf_counter()
+                kind, mid, _, _ = parse_ticket(msg[2])
+                if mid == rid:
+                    break
+            assert kind == b"granted", msg
+            # Confirmed off the holder's path, as the clients do (read after the release).
+            cmd.send("RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0, "ASYNC", "ID", rid)
+        k = int(n[0])
+        done = k >= target
+        if not done:
+            n[k + 1] = t1 - t0.value
+            n[0] = k + 1
+        if mode != "blocked":
+            assert cmd.read() is None  # the confirmation's replay
+        # The one who released to us must be queued again before we release (with one
+        # waiting process it would otherwise find the lock free: no handoff to measure).
+        while not done and rlock_waiters(cmd, key) < waiting:
+            pass
+        t0.value = time.perf_counter()
+        cmd.send("RLOCK.RELEASE", key, me)
+        assert cmd.read() == 1
+        if done:
+            break
+        rid = queue()
+        if rid is None and mode != "blocked":
+            break
+    cmd.close()
+    if sub:
+        sub.close()
 
-    def step(self):
-        old, nxt = self.holder, self.queue.pop(0)
-        t0 = time.perf_counter()
-        self.cmd.send("RLOCK.RELEASE", self.key, owner(old, old))
-        msg = self.sub.read()
-        t1 = time.perf_counter()
-        assert self.cmd.read() == 1
-        kind, rid, who, _ = parse_ticket(msg[2])
-        assert (kind, rid, who) == (b"granted", self.rid[nxt].encode(), owner(nxt, nxt).encode()), msg
-        assert self.cmd.call("RLOCK.ACQUIRE", self.key, owner(nxt, nxt), LEASE, "WAIT", 0,
-                             "ASYNC", "ID", self.rid[nxt]) is None
-        t2 = time.perf_counter()
-        self.enqueue(old)
-        self.holder = nxt
-        return t1 - t0, t2 - t0
 
-    def close(self):
-        self.cmd.close()
-        self.sub.close()
+def chain_round(port, key, mode, waiting, target):
+    """`waiting` + 1 processes hand `key` around (one holds, `waiting` wait) until `target`
+    handoffs are recorded; returns the latencies (s), the waiting processes' CPU seconds
+    per handoff and the server's."""
+    ctx = multiprocessing.get_context("fork")
+    t0 = ctx.RawValue("d", 0.0)
+    n = ctx.RawArray("d", target + 1)  # n[0]: how many recorded; then the latencies
+    ready = ctx.Semaphore(0)
+    ctl = Raw(port)
+    assert ctl.call("RLOCK.ACQUIRE", key, "bench-holder", LEASE) is None
+    before = os.times()
+    cpu0 = server_cpu(ctl)
+    procs = [ctx.Process(target=_chain_member, args=(port, key, mode, i, t0, n, target, ready, waiting))
+             for i in range(waiting + 1)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        assert ready.acquire(timeout=60), "a chain member did not start"
+    wait_until("chain queued", lambda: rlock_waiters(ctl, key) == waiting + 1)
+    t0.value = time.perf_counter()
+    assert ctl.call("RLOCK.RELEASE", key, "bench-holder") == 1
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0, f"chain member exit {p.exitcode}"
+    cpu = server_cpu(ctl) - cpu0
+    after = os.times()
+    ctl.close()
+    got = int(n[0])
+    handoffs = got + waiting + 1  # the ones after the target, as each process leaves
+    children = (after.children_user + after.children_system
+                - before.children_user - before.children_system)
+    return list(n[1:got + 1]), children / handoffs, cpu / handoffs
 
 
-def latency(port, waiters, rounds, per_round):
-    blocked, ticket = BlockedChain(port, "lat:b", waiters), TicketChain(port, "lat:t", waiters)
-    b, t_msg, t_col = [], [], []
+def server_cpu(ctl):
+    info = ctl.call("INFO", "cpu").decode()
+    f = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    return float(f["used_cpu_user"]) + float(f["used_cpu_sys"])
+
+
+def rlock_waiters(ctl, key):
+    raw = ctl.call("RLOCK.INFO", key)
+    return 0 if raw is None else dict(zip(raw[::2], raw[1::2]))[b"waiters"]
+
+
+def latency(port, sizes, rounds, per_round):
+    """Every (waiting processes, mode) chain, `rounds` rounds of `per_round` handoffs each,
+    the modes' order rotating from round to round so that the machine's load falls on all
+    alike. {(waiting, mode): (latencies, waiters' CPU s per handoff, server CPU s per
+    handoff)}."""
+    out = {}
     gc.disable()  # a collection pause would land on whichever side happened to be running
     try:
-        for _ in range(rounds):
-            for _ in range(per_round):
-                b.append(blocked.step())
-            for _ in range(per_round):
-                m, c = ticket.step()
-                t_msg.append(m)
-                t_col.append(c)
+        for rnd in range(rounds):
+            for waiting in sizes:
+                order = MODES[rnd % 3:] + MODES[:rnd % 3]
+                for mode in order:
+                    lat, wcpu, scpu = chain_round(port, f"lat:{mode}:{waiting}:{rnd}", mode,
+                                                  waiting, per_round)
+                    got = out.setdefault((waiting, mode), ([], [], []))
+                    got[0].extend(lat)
+                    got[1].append(wcpu)
+                    got[2].append(scpu)
     finally:
         gc.enable()
-        blocked.close()
-        ticket.close()
-    return b, t_msg, t_col
+    return {k: (v[0], statistics.mean(v[1]), statistics.mean(v[2])) for k, v in out.items()}
 
 
 # ---- 3. handoffs/s, 1 000 tasks over 10 connections ------------------------------------
@@ -602,6 +656,52 @@ def fmt_ms(v):
     return f"{1000 * v:.3f}"
 
 
+def latency_report(port, cfg, say):
+    sizes = cfg["chain_sizes"]
+    say("#### Grant latency: blocked `WAIT` vs tickets (key channel, `NOTIFY` tag), waiters "
+        "in processes of their own")
+    say()
+    say(f"One lock; {' and '.join(str(w) for w in sizes)} waiting processes plus the holder, "
+        f"each a Python process with its own connections (raw sockets, garbage collector "
+        f"off). The holder stamps the time just before sending `RLOCK.RELEASE`; the next "
+        f"waiter, a separate process, records the time its wait ended: blocked, its `WAIT` "
+        f"reply; a ticket, its `granted` message, which means held (design.md 5; its "
+        f"confirmation is sent after, off the path). Once the previous holder is queued "
+        f"again (it polls `RLOCK.INFO`: with one waiting process the lock would otherwise be "
+        f"found free), it releases to the next one and queues again at the back. Tickets are told either on the key's channel, to which "
+        f"every waiting process subscribes (each handoff's message reaches them all), or on "
+        f"each process's own `NOTIFY` tag channel. {cfg['lat_rounds']} rounds of "
+        f"{cfg['lat_per_round']} handoffs per row, the rows' order rotating from round to "
+        f"round, so the machine's load falls on all alike; CPU = the waiting processes' "
+        f"(user + system, all of them) and the server's, per handoff.")
+    say()
+    lat = latency(port, sizes, cfg["lat_rounds"], cfg["lat_per_round"])
+    names = {"blocked": "blocked `WAIT`: reply", "key": "ticket, key channel: `granted`",
+             "tag": "ticket, `NOTIFY` tag: `granted`"}
+    say("| waiting processes | waiting | samples | p50 ms | p90 ms | p99 ms | p50 / blocked "
+        "| p99 / blocked | waiters' CPU µs per handoff | server CPU µs per handoff |")
+    say("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for waiting in sizes:
+        b = lat[(waiting, "blocked")][0]
+        for mode in MODES:
+            v, wcpu, scpu = lat[(waiting, mode)]
+            say(f"| {waiting} | {names[mode]} | {len(v)} | {fmt_ms(pct(v, 0.5))} | "
+                f"{fmt_ms(pct(v, 0.9))} | {fmt_ms(pct(v, 0.99))} | "
+                f"**{pct(v, 0.5) / pct(b, 0.5):.2f}×** | **{pct(v, 0.99) / pct(b, 0.99):.2f}×** | "
+                f"{1e6 * wcpu:.0f} | {1e6 * scpu:.0f} |")
+    say()
+    verdicts = []
+    for waiting in sizes:
+        b = lat[(waiting, "blocked")][0]
+        t = lat[(waiting, "tag")][0]
+        r50, r99 = pct(t, 0.5) / pct(b, 0.5), pct(t, 0.99) / pct(b, 0.99)
+        verdicts.append(f"{waiting} waiting: p50 {r50:.2f}×, p99 {r99:.2f}× "
+                        f"(**{'met' if max(r50, r99) <= 1.10 else 'missed'}**)")
+    say("`NOTIFY` tag ticket / blocked `WAIT` (goal: within 10 %, p50 and p99): "
+        + "; ".join(verdicts) + ".")
+    say()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--module", required=True)
@@ -611,6 +711,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     ap.add_argument("--report", help="also write the markdown here")
     ap.add_argument("--block", help="replace the bench-tickets block in this file (BENCHMARK.md)")
+    ap.add_argument("--only-latency", action="store_true",
+                    help="only the grant latency section (with --block: its own block there)")
     a = ap.parse_args()
     servers = a.server or [os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
                            or "/usr/bin/redis-server"]
@@ -618,7 +720,7 @@ def main():
     cfg = {
         "tickets": 5_000 if q else 100_000, "conns": 10, "keys": 100,
         "blocked": 50 if q else 500,
-        "chain": 50, "rounds": 20 if q else 500, "per_round": 10,
+        "chain_sizes": (1, 64), "lat_rounds": 2 if q else 3, "lat_per_round": 30 if q else 400,
         "tasks": 100 if q else 1000, "seconds": 1.0 if q else 5.0, "pool": 10,
         "tp_rounds": 2 if q else 6,
         "fleet_procs": 10, "fleet_rounds": 2 if q else 4, "fleet_seconds": 1.0 if q else 5.0,
@@ -629,6 +731,27 @@ def main():
         print(line, flush=True)
         out.append(line)
 
+    if a.only_latency:
+        for server in servers:
+            workdir = tempfile.mkdtemp(prefix="rlock-tickets-bench-")
+            srv = start_server(server, os.path.abspath(a.module), workdir)
+            port = srv.port
+            try:
+                say(f"On `{subprocess.run([server, '--version'], capture_output=True, text=True).stdout.strip()}`; "
+                    f"load average at start `{open('/proc/loadavg').read().strip()}`")
+                say()
+                latency_report(port, cfg, say)
+                say(f"Load average at end `{open('/proc/loadavg').read().strip()}`.")
+                say()
+            finally:
+                srv.stop()
+                shutil.rmtree(workdir, ignore_errors=True)
+        if a.block:
+            write_block(a.block, "bench-tickets-latency",
+                        "## Ticket grant latency across processes (`make bench-tickets-latency`)"
+                        "\n\nGenerated by `bench/tickets.py --only-latency` (also section 2 "
+                        "of `make bench-tickets`).\n\n" + "\n".join(out).rstrip() + "\n")
+        return
     for server in servers:
         version = subprocess.run([server, "--version"], capture_output=True, text=True).stdout.strip()
         say(f"### On {version.split(' sha=')[0]}")
@@ -648,7 +771,8 @@ def main():
 
 def run_one(server, version, module, cfg, q, say):
     workdir = tempfile.mkdtemp(prefix="rlock-tickets-bench-")
-    proc, port = start_server(server, module, workdir)
+    srv = start_server(server, module, workdir)
+    port = srv.port
     started = time.monotonic()
     try:
         say(f"Server: `{version}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
@@ -694,38 +818,7 @@ def run_one(server, version, module, cfg, q, say):
             f"**{'met' if worst <= 256 else 'missed'}**).")
         say()
 
-        say(f"#### Grant latency: chain of handoffs over {cfg['chain']} waiters, blocked vs tickets")
-        say()
-        say(f"A holder sends `RLOCK.RELEASE`; measured until the next waiter holds the lock "
-            f"(blocked: its `WAIT` reply on its own connection; ticket: the `granted` message on "
-            f"the subscriber connection, which means held since issue 40 (design.md 5), and, "
-            f"for comparison, until the reply of the confirmation sent right after it, where a "
-            f"ticket held before); it then releases to the next, the old holder queues again at the "
-            f"back. Raw sockets, one Python thread (garbage collector off), the two chains "
-            f"alternating every {cfg['per_round']} handoffs ({cfg['rounds']} rounds), so load "
-            f"from the rest of the machine falls on both alike.")
-        say()
-        bl, tm, tc = latency(port, cfg["chain"], cfg["rounds"], cfg["per_round"])
-        say("| waiting | samples | p50 ms | p90 ms | p99 ms | max ms | over 1 ms |")
-        say("|---|---:|---:|---:|---:|---:|---:|")
-        for name, v in (("blocked (`WAIT`): reply arrived", bl),
-                        ("ticket: `granted` message arrived (holds)", tm),
-                        ("ticket: confirmation reply arrived (held here before)", tc)):
-            say(f"| {name} | {len(v)} | {fmt_ms(pct(v, 0.5))} | {fmt_ms(pct(v, 0.9))} | "
-                f"{fmt_ms(pct(v, 0.99))} | {fmt_ms(max(v))} | "
-                f"{100 * sum(1 for x in v if x > 0.001) / len(v):.1f} % |")
-        d_msg = pct(tm, 0.99) - pct(bl, 0.99)
-        d_col = pct(tc, 0.99) - pct(bl, 0.99)
-        say()
-        r50, r99 = pct(tm, 0.5) / pct(bl, 0.5), pct(tm, 0.99) / pct(bl, 0.99)
-        say(f"p99 ticket − p99 blocked: **{1000 * d_msg:+.3f} ms** until the message, "
-            f"{1000 * d_col:+.3f} ms until the confirmation's reply (goal: within 1 ms: "
-            f"**{'met' if d_msg <= 0.001 else 'missed'}**). Ticket / blocked: p50 "
-            f"**{r50:.2f}×**, p99 **{r99:.2f}×** (goal: within 10 %: "
-            f"**{'met' if max(r50, r99) <= 1.10 else 'missed'}**); before issue 40 (held at "
-            f"the confirmation's reply) p50 {pct(tc, 0.5) / pct(bl, 0.5):.2f}×, p99 "
-            f"{pct(tc, 0.99) / pct(bl, 0.99):.2f}×.")
-        say()
+        latency_report(port, cfg, say)
 
         say(f"#### Handoffs/s: {cfg['tasks']} tasks on one lock over {cfg['pool']} connections")
         say()
@@ -794,8 +887,7 @@ def run_one(server, version, module, cfg, q, say):
             f"{time.monotonic() - started:.0f} s; load average at end "
             f"`{open('/proc/loadavg').read().strip()}`.")
     finally:
-        proc.terminate()
-        proc.wait(10)
+        srv.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -37,6 +37,8 @@ const FILTER_BITS: u32 = 17;
 /// event of the server, and a thread-local in a shared library costs a call to find.
 /// Only Redis's main thread touches them (Relaxed loads and stores are plain moves).
 static FILTER: [AtomicU8; 1 << FILTER_BITS] = [const { AtomicU8::new(0) }; 1 << FILTER_BITS];
+/// Set when a counter saturates (it never goes down then): the next clear zeroes them all.
+static SATURATED: AtomicBool = AtomicBool::new(false);
 /// How many keys are tracked: zero turns every event away before the key is hashed.
 static TRACKED_KEYS: AtomicUsize = AtomicUsize::new(0);
 /// Whether new locks are tracked (while the module watches; main thread only).
@@ -60,7 +62,11 @@ impl Tracked {
     fn insert(&mut self, db: i32, key: &[u8]) {
         if self.dbs.entry(db).or_default().insert(key.into()) {
             let c = &FILTER[quick_hash(key)];
-            c.store(c.load(Relaxed).saturating_add(1), Relaxed);
+            let n = c.load(Relaxed);
+            if n == u8::MAX - 1 {
+                SATURATED.store(true, Relaxed);
+            }
+            c.store(n.saturating_add(1), Relaxed);
             TRACKED_KEYS.fetch_add(1, Relaxed);
         }
     }
@@ -88,11 +94,24 @@ impl Tracked {
         self.dbs.get(&db).is_some_and(|keys| keys.contains(key))
     }
 
+    /// Forgets every key. Each counter is the number of tracked keys with its hash until
+    /// one saturates, so zeroing the tracked keys' counters zeroes the filter: a few
+    /// hundred instructions when the module stops watching with a lock or two tracked
+    /// (the last waiter of a queue left, on every handoff to a lone waiter), where zeroing
+    /// all 2^17 counters cost 180 000. Only after a saturation, or with many keys, is the
+    /// whole filter zeroed.
     fn clear(&mut self) {
-        self.dbs.clear();
-        for c in &FILTER {
-            c.store(0, Relaxed);
+        if SATURATED.load(Relaxed) || TRACKED_KEYS.load(Relaxed) > (1 << FILTER_BITS) / 64 {
+            for c in &FILTER {
+                c.store(0, Relaxed);
+            }
+            SATURATED.store(false, Relaxed);
+        } else {
+            for key in self.dbs.values().flatten() {
+                FILTER[quick_hash(key)].store(0, Relaxed);
+            }
         }
+        self.dbs.clear();
         TRACKED_KEYS.store(0, Relaxed);
     }
 }
@@ -210,5 +229,44 @@ impl OwnWrite {
 impl Drop for OwnWrite {
     fn drop(&mut self) {
         OWN_WRITES.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter_is_zero() -> bool {
+        FILTER.iter().all(|c| c.load(Relaxed) == 0)
+    }
+
+    // The only test that touches the process-wide filter.
+    #[test]
+    fn clearing_zeroes_the_filter_with_few_keys_many_keys_and_after_a_saturation() {
+        let mut t = Tracked::default();
+        // A few keys: only their counters are zeroed, and that is all of them.
+        for k in ["a", "b", "{app}:lock"] {
+            t.insert(0, k.as_bytes());
+        }
+        t.insert(3, b"a");
+        assert!(might_be_tracked(b"a") && any_tracked());
+        t.clear();
+        assert!(filter_is_zero() && !any_tracked() && !t.contains(0, b"a"));
+        // A saturated counter never goes down: the next clear zeroes everything.
+        for db in 0..300 {
+            t.insert(db, b"same");
+        }
+        for db in 0..300 {
+            t.remove(db, b"same");
+        }
+        assert!(!any_tracked() && might_be_tracked(b"same"), "saturated");
+        t.clear();
+        assert!(filter_is_zero());
+        // Many keys: the whole filter.
+        for n in 0..5000 {
+            t.insert(0, format!("k{n}").as_bytes());
+        }
+        t.clear();
+        assert!(filter_is_zero() && !any_tracked());
     }
 }
