@@ -18,6 +18,7 @@ from ._hello import NO_MODULE, PROTOCOL_VERSION, Capabilities
 from ._io import capabilities, close_tickets, set_blocking_waits, ticket_connections
 from ._mode import get_mode, set_mode
 from . import errors
+from .errors import OutcomeUnknown
 from ._replicas import ReplicaSync, ReplicaSyncError
 from .lock import Lock
 from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit, RwLock,
@@ -25,7 +26,7 @@ from .primitives import (CountDownLatch, ExpirableSemaphore, FencedLock, Permit,
 
 __all__ = ["Lock", "RwLock", "RwLockHalf", "FencedLock", "Semaphore", "ExpirableSemaphore",
            "Permit", "CountDownLatch", "LockError", "LockNotOwnedError",
-           "ReplicaSync", "ReplicaSyncError",
+           "ReplicaSync", "ReplicaSyncError", "OutcomeUnknown",
            "DEFAULT_WATCHDOG_TIMEOUT", "Capabilities", "NO_MODULE", "PROTOCOL_VERSION",
            "capabilities", "close_tickets", "set_blocking_waits", "ticket_connections",
            "TICKET_CONNECTION_NAME", "set_mode", "get_mode", "errors"]

@@ -27,8 +27,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
-from .errors import module_error
-from ._proto import Call, Listen, Pipe, Shape, Sleep, Subscribe, Wait, Watch, new_notify_tag
+from .errors import OutcomeUnknown, module_error
+from ._proto import (Call, Listen, Pipe, Shape, Sleep, Subscribe, Wait, Watch, new_notify_tag,
+                     to_bytes)
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
 log = logging.getLogger("rlock")
@@ -285,6 +286,8 @@ class SyncIO:
             return self.run(_mode.dispatch(_mode.backend(self.redis), effect,
                                            _is_cluster(self.redis)), stop)
         if isinstance(effect, Call):
+            if effect.once:
+                return _send_once(self.redis, effect)
             if effect.at is not None and _is_cluster(self.redis):
                 node = self.redis.get_node_from_key(effect.at)
                 return self.redis.execute_command(*effect.args, target_nodes=node)
@@ -412,6 +415,8 @@ class AsyncIO:
             return await self.run(_mode.dispatch(_mode.backend(self.redis), effect,
                                                  _is_cluster(self.redis)))
         if isinstance(effect, Call):
+            if effect.once:
+                return await _asend_once(self.redis, effect)
             if effect.at is not None and _is_cluster(self.redis):
                 await self.redis.initialize()  # an asyncio cluster client maps its nodes lazily
                 node = self.redis.get_node_from_key(effect.at)
@@ -497,6 +502,69 @@ class AsyncIO:
 
         handle.task = asyncio.get_running_loop().create_task(run())
         return handle
+
+
+def _unknown(effect: Call, error: BaseException) -> OutcomeUnknown:
+    return OutcomeUnknown(f"{to_bytes(effect.args[0]).decode()} of {effect.at!r}: the "
+                          f"connection failed after the command was sent ({error}); it may "
+                          "or may not have been applied, and is not sent again")
+
+
+def _send_once(redis: Any, effect: Call) -> Any:
+    """A `Call` with ``once``: on one connection of the pool, with no retry. redis-py's
+    pool connects (and reconnects a stale connection) before handing it out: a failure
+    there is before the write and raised as is; one from the write on is `OutcomeUnknown`.
+    On a cluster the node's own command, which the cluster client does not retry (it
+    cannot tell before from after the write, so every failure is `OutcomeUnknown`)."""
+    if _is_cluster(redis):
+        node = redis.get_node_from_key(effect.at)
+        try:
+            return redis.execute_command(*effect.args, target_nodes=node)
+        except (ConnectionError, RedisTimeoutError) as e:
+            raise _unknown(effect, e) from e
+    pool = redis.connection_pool
+    conn = pool.get_connection(to_bytes(effect.args[0]).decode())
+    try:
+        try:
+            conn.send_command(*effect.args)
+            return conn.read_response()
+        except (ConnectionError, RedisTimeoutError) as e:
+            conn.disconnect()
+            raise _unknown(effect, e) from e
+        except ResponseError:
+            raise  # the reply was read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: not reusable
+            raise
+    finally:
+        pool.release(conn)
+
+
+async def _asend_once(redis: Any, effect: Call) -> Any:
+    """`_send_once` for asyncio."""
+    if _is_cluster(redis):
+        await redis.initialize()
+        node = redis.get_node_from_key(effect.at)
+        try:
+            return await redis.execute_command(*effect.args, target_nodes=node)
+        except (ConnectionError, RedisTimeoutError) as e:
+            raise _unknown(effect, e) from e
+    pool = redis.connection_pool
+    conn = await pool.get_connection(to_bytes(effect.args[0]).decode())
+    try:
+        try:
+            await conn.send_command(*effect.args)
+            return await conn.read_response()
+        except (ConnectionError, RedisTimeoutError) as e:
+            await conn.disconnect()
+            raise _unknown(effect, e) from e
+        except ResponseError:
+            raise  # the reply was read: the connection is clean
+        except BaseException:
+            await conn.disconnect()  # interrupted mid-reply: not reusable
+            raise
+    finally:
+        await pool.release(conn)
 
 
 async def _node_pipe(redis: Any, effect: Pipe) -> list:

@@ -24,6 +24,7 @@ from ._ops import Op, Result
 from ._plan import Number
 from ._proto import Call, Sleep, Watch
 from ._replicas import ReplicaSync
+from .errors import OutcomeUnknown
 
 log = logging.getLogger("rlock")
 
@@ -124,6 +125,8 @@ class LockOps:
                     reply = yield Call(tuple(args))
                 else:
                     reply = yield _proto.Wait(_proto.waiting(args[:4], wait.ms, request_id))
+            except OutcomeUnknown:
+                raise  # scripts mode: the acquire script may have run (no request id)
             except (ConnectionError, RedisTimeoutError):
                 # Retried with the same request id (and what is left of the wait): if the
                 # lost call did take the lock, the server answers nil again.

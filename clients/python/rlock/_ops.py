@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _plan, _replicas
 from ._replicas import ReplicaSync
 from ._proto import Call, Shape, Sleep, Wait, Watch, new_request_id, waiting
+from .errors import OutcomeUnknown
 
 log = logging.getLogger("rlock")
 
@@ -46,11 +47,15 @@ def new_owner() -> str:
 
 def call(*args: Any) -> Op:
     """One command; connection errors are retried (3 attempts) with the same arguments,
-    which carry the same request id where the command changes something."""
+    which carry the same request id where the command changes something. Not
+    `OutcomeUnknown`: scripts mode's answer that a script that must not run twice may
+    have run (no request id makes its retry safe)."""
     attempts = 0
     while True:
         try:
             return (yield Call(tuple(args)))
+        except OutcomeUnknown:
+            raise
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
             if attempts >= _plan.ACQUIRE_ATTEMPTS:
@@ -83,6 +88,8 @@ def attempt(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
     while True:
         try:
             return (yield Wait(shape))
+        except OutcomeUnknown:
+            raise
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
             if attempts >= _plan.ACQUIRE_ATTEMPTS:

@@ -246,11 +246,15 @@ class Call:
     """Run one command on the client (redis-py's ``execute_command``); the reply is sent
     back into the generator, a server error is thrown into it. ``direct``: sent as is,
     already routed (`rlock._mode.dispatch`). ``at``: on a cluster, send it to the node
-    owning this key (a command whose arguments name no key: the mode probe)."""
+    owning this key (a command whose arguments name no key: the mode probe). ``once``: sent
+    at most once (no retry of redis-py's, none of the cluster client's): a failure after
+    the write raises `rlock.OutcomeUnknown`, one before it (no connection) is raised as
+    is (scripts mode's scripts that must not run twice, `rlock._scripts.MAY_RETRY`)."""
 
     args: Tuple[Any, ...]
     direct: bool = False
     at: Optional[bytes] = None
+    once: bool = False
 
 
 @dataclass(frozen=True)

@@ -75,13 +75,60 @@ def script(name: str) -> _Script:
     return found
 
 
+#: Whether a script may be sent again after a failure that may have come after the server
+#: received it (a broken connection, a timeout after the write). Without the module no
+#: request id makes a re-run safe, so only a script whose second run after an applied
+#: first run changes nothing and answers the same may: the others are sent once
+#: (`Call.once`) and such a failure raises `rlock.OutcomeUnknown`. A failure before the
+#: write (no connection) is retried as before. The same table in every client
+#: (docs/scripts-mode.md, "Retries").
+MAY_RETRY: Dict[str, bool] = {
+    "lock_acquire": False,          # HINCRBY: a second run is a second hold
+    "fenced_acquire": False,        # INCR of the token, HINCRBY
+    "fenced_acquire_token": False,
+    "read_acquire": False,          # HINCRBY
+    "write_acquire": False,
+    "lock_unlock": True,            # the unlock latch key (the release's request id)
+    "read_unlock": True,            # answers a re-run what the first run answered
+    "write_unlock": True,
+    "lock_renew": True,             # PEXPIRE
+    "read_renew": True,
+    "lock_force_unlock": False,     # a re-run answers 0 where the first deleted
+    "read_force_unlock": False,
+    "write_force_unlock": False,
+    "semaphore_try_set": False,     # a re-run answers 0 where the first set
+    "semaphore_try_set_ttl": False,
+    "semaphore_add": False,         # INCRBY
+    "semaphore_release": False,     # INCRBY: permits beyond the count
+    "semaphore_release_if_exists": False,
+    "semaphore_try_acquire": False,  # DECRBY
+    "semaphore_drain": False,       # a re-run answers 0: the drained count is lost
+    "pes_try_acquire": False,       # DECRBY + ZADD
+    "pes_add": False,               # INCRBY
+    "pes_release": False,           # a re-run answers 0 (not held) where the first released
+    "pes_release_many": False,
+    "pes_set_permits": True,        # sets to a target: a re-run finds it set
+    "pes_update_lease": True,       # ZADD of the same id's expiry
+    "pes_available": True,          # reads (reclaiming expired ids happens once)
+    "pes_get_permits": True,
+    "pes_acquired": True,
+    "pes_lease_time": True,
+    "latch_try_set": False,         # a re-run answers 0 where the first set
+    "latch_count_down": False,      # DECR: awaiters released early
+    "latch_delete": False,          # a re-run answers 0 where the first deleted
+}
+
+
 def evaluate(name: str, keys: List[Any], args: List[Any]) -> Op:
-    """EVALSHA of the script ``name``; EVAL (which caches it again) on NOSCRIPT."""
+    """EVALSHA of the script ``name``; EVAL (which caches it again) on NOSCRIPT (the
+    script did not run). Sent once where `MAY_RETRY` says so."""
     s = script(name)
+    once = not MAY_RETRY[name]
+    at = to_bytes(keys[0]) if once and keys else None
     try:
-        return (yield Call(("EVALSHA", s.sha, len(keys), *keys, *args)))
+        return (yield Call(("EVALSHA", s.sha, len(keys), *keys, *args), at=at, once=once))
     except NoScriptError:
-        return (yield Call(("EVAL", s.text, len(keys), *keys, *args)))
+        return (yield Call(("EVAL", s.text, len(keys), *keys, *args), at=at, once=once))
 
 
 # ---- Redisson's names (RedissonObject.prefixName / suffixName) --------------------------

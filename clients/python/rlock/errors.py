@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Type
 
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError, ResponseError
+
+
+class OutcomeUnknown(ConnectionError):
+    """Scripts mode: a script that must not run twice was sent, and the connection broke
+    (or timed out) before its reply came: the script may or may not have been applied, and
+    it is not sent again (`rlock._scripts.MAY_RETRY`; docs/scripts-mode.md). A redis-py
+    ``ConnectionError``, which rlock's own retries never retry."""
 
 
 class RlockError(ResponseError):
