@@ -9,7 +9,11 @@ import io.lettuce.core.RedisConnectionStateListener;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.api.async.BaseRedisAsyncCommands;
 import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.protocol.AsyncCommand;
+import io.lettuce.core.protocol.Command;
 import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.protocol.ProtocolKeyword;
+import io.netty.buffer.ByteBuf;
 import io.lettuce.core.pubsub.RedisPubSubAdapter;
 import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
 import io.lettuce.core.resource.ClientResources;
@@ -54,6 +58,22 @@ final class LettuceTransport implements Transport {
                     hooks.forEach(Runnable::run);
                 }
             }
+
+            @Override
+            public void onRedisDisconnected(RedisChannelHandler<?, ?> c) {
+                // On the channel's event loop, before the reconnect that would write the
+                // stack's commands again: an at-most-once command already written fails
+                // (done, Lettuce does not write it again); one not yet written waits.
+                if (c == conn) {
+                    for (Once o : once) {
+                        if (o.written) {
+                            o.result.completeExceptionally(new RlockOutcomeUnknownException(
+                                    "the connection closed after " + o.getType() + " was sent: it may or may"
+                                            + " not have run, and is not sent again", null));
+                        }
+                    }
+                }
+            }
         };
         redis.addListener(reconnects);
     }
@@ -81,6 +101,63 @@ final class LettuceTransport implements Transport {
     @Override
     public CompletableFuture<Object> send(List<String> args) {
         return send(conn.async(), args);
+    }
+
+    /** At-most-once commands under way on the command connection (see {@link #sendOnce}). */
+    private final Set<Once> once = ConcurrentHashMap.newKeySet();
+
+    /** A command that knows whether it was written (encoded onto the connection). */
+    private static final class Once extends Command<String, String, Object> {
+        volatile boolean written;
+        volatile AsyncCommand<String, String, Object> result;
+
+        Once(ProtocolKeyword type, CommandArgs<String, String> args) {
+            super(type, new Reply(), args);
+        }
+
+        @Override
+        public void encode(ByteBuf buf) {
+            written = true;
+            super.encode(buf);
+        }
+    }
+
+    /**
+     * Lettuce is at-least-once: after a reconnect it writes again the commands whose reply
+     * the broken connection lost. A command sent here is failed instead, with
+     * {@link RlockOutcomeUnknownException}, when its connection breaks after it was written.
+     */
+    @Override
+    public CompletableFuture<Object> sendOnce(List<String> args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        for (int i = 1; i < args.size(); i++) {
+            a.add(args.get(i));
+        }
+        return dispatchOnce(Wire.keyword(args.get(0)), a);
+    }
+
+    @Override
+    public CompletableFuture<Object> sendBytesOnce(List<byte[]> args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        for (int i = 1; i < args.size(); i++) {
+            a.add(args.get(i));
+        }
+        return dispatchOnce(Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)), a);
+    }
+
+    private CompletableFuture<Object> dispatchOnce(ProtocolKeyword type, CommandArgs<String, String> a) {
+        Once cmd = new Once(type, a);
+        AsyncCommand<String, String, Object> async = new AsyncCommand<>(cmd);
+        cmd.result = async;
+        once.add(cmd);
+        async.whenComplete((v, e) -> once.remove(cmd));
+        try {
+            conn.dispatch(async);
+        } catch (RuntimeException e) {
+            once.remove(cmd);
+            return CompletableFuture.failedFuture(e);
+        }
+        return async.toCompletableFuture();
     }
 
     /** Bytes as they are: a raw permit id (scripts mode) is not text. */

@@ -26,6 +26,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.function.Function;
 
 final class Scripts {
     /** How long an unlock's reply is remembered for its retries (Redisson's unlock latch). */
@@ -60,6 +61,51 @@ final class Scripts {
             return new Outcome(reply, null);
         }
     }
+
+    /**
+     * Whether a script may be sent again after a failure that may have come after the
+     * server received it (a broken connection, a timeout after the write). Without the
+     * module no request id makes a re-run safe, so only a script whose second run after an
+     * applied first run changes nothing and answers the same may: the others go out at
+     * most once (Wire.atMostOnce), and such a failure fails the call with
+     * RlockOutcomeUnknownException. A failure before the write is retried as before. The
+     * same table in every client (docs/scripts-mode.md, "Retries"; Python's
+     * _scripts.MAY_RETRY).
+     */
+    static final Map<String, Boolean> MAY_RETRY = Map.ofEntries(
+            Map.entry("lock_acquire", false),          // HINCRBY: a second run is a second hold
+            Map.entry("fenced_acquire", false),        // INCR of the token, HINCRBY
+            Map.entry("fenced_acquire_token", false),
+            Map.entry("read_acquire", false),          // HINCRBY
+            Map.entry("write_acquire", false),
+            Map.entry("lock_unlock", true),            // the unlock latch key (the release's request id)
+            Map.entry("read_unlock", true),            //   answers a re-run what the first run answered
+            Map.entry("write_unlock", true),
+            Map.entry("lock_renew", true),             // PEXPIRE
+            Map.entry("read_renew", true),
+            Map.entry("lock_force_unlock", false),     // a re-run answers 0 where the first deleted
+            Map.entry("read_force_unlock", false),
+            Map.entry("write_force_unlock", false),
+            Map.entry("semaphore_try_set", false),     // a re-run answers 0 where the first set
+            Map.entry("semaphore_try_set_ttl", false),
+            Map.entry("semaphore_add", false),         // INCRBY
+            Map.entry("semaphore_release", false),     // INCRBY: permits beyond the count
+            Map.entry("semaphore_release_if_exists", false),
+            Map.entry("semaphore_try_acquire", false), // DECRBY
+            Map.entry("semaphore_drain", false),       // a re-run answers 0: the drained count is lost
+            Map.entry("pes_try_acquire", false),       // DECRBY + ZADD
+            Map.entry("pes_add", false),               // INCRBY
+            Map.entry("pes_release", false),           // a re-run answers 0 (not held) where the first released
+            Map.entry("pes_release_many", false),
+            Map.entry("pes_set_permits", true),        // sets to a target: a re-run finds it set
+            Map.entry("pes_update_lease", true),       // ZADD of the same id's expiry
+            Map.entry("pes_available", true),          // reads (reclaiming expired ids happens once)
+            Map.entry("pes_get_permits", true),
+            Map.entry("pes_acquired", true),
+            Map.entry("pes_lease_time", true),
+            Map.entry("latch_try_set", false),         // a re-run answers 0 where the first set
+            Map.entry("latch_count_down", false),      // DECR: awaiters released early
+            Map.entry("latch_delete", false));         // a re-run answers 0 where the first deleted
 
     private final Wire wire;
     /** The lease a reentrant release sets again (Redisson's internalLockLeaseTime). */
@@ -98,7 +144,9 @@ final class Scripts {
         sha.add("EVALSHA");
         sha.add(s.sha());
         sha.addAll(tail);
-        return wire.retrying(sha).exceptionallyCompose(e -> {
+        Function<List<String>, CompletableFuture<Object>> send =
+                MAY_RETRY.get(name) ? wire::retrying : wire::atMostOnce;
+        return send.apply(sha).exceptionallyCompose(e -> {
             String m = Wire.serverError(e);
             if (m == null || !m.startsWith("NOSCRIPT")) {
                 return CompletableFuture.failedFuture(Wire.unwrap(e));
@@ -107,7 +155,7 @@ final class Scripts {
             text.add("EVAL");
             text.add(s.text());
             text.addAll(tail);
-            return wire.retrying(text);
+            return send.apply(text);
         });
     }
 
@@ -126,14 +174,16 @@ final class Scripts {
         argv.forEach(a -> tail.add(a instanceof byte[] b ? b : utf8((String) a)));
         List<byte[]> sha = new ArrayList<>(List.of(utf8("EVALSHA"), utf8(s.sha())));
         sha.addAll(tail);
-        return wire.retryingBytes(sha).exceptionallyCompose(e -> {
+        Function<List<byte[]>, CompletableFuture<Object>> send =
+                MAY_RETRY.get(name) ? wire::retryingBytes : wire::atMostOnceBytes;
+        return send.apply(sha).exceptionallyCompose(e -> {
             String m = Wire.serverError(e);
             if (m == null || !m.startsWith("NOSCRIPT")) {
                 return CompletableFuture.failedFuture(Wire.unwrap(e));
             }
             List<byte[]> text = new ArrayList<>(List.of(utf8("EVAL"), utf8(s.text())));
             text.addAll(tail);
-            return wire.retryingBytes(text);
+            return send.apply(text);
         });
     }
 

@@ -52,6 +52,22 @@ public interface Transport extends AutoCloseable {
     }
 
     /**
+     * Sends one command at most once (scripts mode's scripts that must not run twice,
+     * Scripts.MAY_RETRY): where the driver would send it again after a reconnect
+     * (Lettuce's at-least-once), it fails it instead with {@link RlockOutcomeUnknownException}
+     * once it was written. The default is {@link #send}: a driver that replays commands on
+     * its own then still may (rlock-spring's transport).
+     */
+    default CompletableFuture<Object> sendOnce(List<String> args) {
+        return send(args);
+    }
+
+    /** {@link #sendOnce} of a command whose arguments are bytes ({@link #sendBytes}). */
+    default CompletableFuture<Object> sendBytesOnce(List<byte[]> args) {
+        return sendBytes(args);
+    }
+
+    /**
      * Where notification messages go: `(channel, message)` of every subscribed channel, on
      * whatever thread the driver delivers them. Called once, before any subscribe.
      */

@@ -134,19 +134,63 @@ final class Wire {
         return out;
     }
 
+    /**
+     * Scripts mode's script that must not run twice (Scripts.MAY_RETRY): sent at most once
+     * ({@link Transport#sendOnce}); retried only after a failure that came before the write
+     * (no connection, a server that refused it unrun); a failure that may have come after
+     * it fails the call with {@link RlockOutcomeUnknownException}.
+     */
+    CompletableFuture<Object> atMostOnce(List<String> args) {
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        attempt(() -> transport.sendOnce(args), 1, out, true);
+        return out;
+    }
+
+    /** {@link #atMostOnce} of a command whose arguments are bytes. */
+    CompletableFuture<Object> atMostOnceBytes(List<byte[]> args) {
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        attempt(() -> transport.sendBytesOnce(args), 1, out, true);
+        return out;
+    }
+
     private void attempt(Supplier<CompletableFuture<Object>> call, int n, CompletableFuture<Object> out) {
+        attempt(call, n, out, false);
+    }
+
+    private void attempt(Supplier<CompletableFuture<Object>> call, int n, CompletableFuture<Object> out, boolean once) {
         sendOnce(call).whenComplete((v, e) -> {
+            boolean unknown = once && mayHaveRun(e);
             if (e == null) {
                 out.complete(v);
-            } else if (n < options.retryAttempts() && isTransient(e) && !out.isDone()) {
+            } else if (n < options.retryAttempts() && isTransient(e) && !unknown && !out.isDone()) {
                 long cap = options.retryMaxDelay().toMillis();
                 long base = Math.min(cap, options.retryBaseDelay().toMillis() << Math.min(n - 1, 20));
                 long delay = base / 2 + ThreadLocalRandom.current().nextLong(base / 2 + 1);
-                scheduler.schedule(() -> attempt(call, n + 1, out), delay, TimeUnit.MILLISECONDS);
+                scheduler.schedule(() -> attempt(call, n + 1, out, once), delay, TimeUnit.MILLISECONDS);
+            } else if (unknown && !(unwrap(e) instanceof RlockOutcomeUnknownException)) {
+                out.completeExceptionally(new RlockOutcomeUnknownException("the connection failed after a script"
+                        + " that must not run twice was sent (" + unwrap(e) + "): it may or may not have run,"
+                        + " and is not sent again", unwrap(e)));
             } else {
                 out.completeExceptionally(unwrap(e));
             }
         });
+    }
+
+    /**
+     * A failure after which a sent command may have run: a reply lost with its connection
+     * or timed out. Not: a connection that could not be made, a server error (the server
+     * refused it: LOADING, BUSY...).
+     */
+    static boolean mayHaveRun(Throwable e) {
+        if (e == null) {
+            return false;
+        }
+        e = unwrap(e);
+        return e instanceof RlockOutcomeUnknownException || e instanceof RedisCommandTimeoutException
+                || e instanceof IOException
+                || (isTransient(e) && !(e instanceof RedisConnectionException)
+                    && !(e instanceof RedisCommandExecutionException));
     }
 
     static Throwable unwrap(Throwable e) {
@@ -159,6 +203,9 @@ final class Wire {
     /** Failures worth a retry: the command may not have run, or ran and lost its reply. */
     static boolean isTransient(Throwable e) {
         e = unwrap(e);
+        if (e instanceof RlockOutcomeUnknownException) {
+            return false;
+        }
         if (e instanceof RedisConnectionException || e instanceof RedisCommandTimeoutException
                 || e instanceof IOException) {
             return true;
