@@ -118,6 +118,12 @@ type Client struct {
 	modeNow modeState
 	sub     *subHub       // scripts mode's subscriber, made on the first wait
 	subNode *redis.Client // its own connection
+	// once sends scripts mode's scripts that must not run twice: a copy of the
+	// application's *redis.Client without go-redis's own retries (which re-send a
+	// command whose reply was lost), made on first use; nil on a cluster (go-redis's
+	// retries stay: see docs/scripts-mode.md).
+	once     *redis.Client
+	onceMade bool
 
 	mu       sync.Mutex
 	hubs     map[string]*hub // by node address
@@ -169,7 +175,12 @@ func (c *Client) Close() error {
 	c.hubs = map[string]*hub{}
 	sub, subNode := c.sub, c.subNode
 	c.sub, c.subNode = nil, nil
+	once := c.once
+	c.once = nil
 	c.mu.Unlock()
+	if once != nil {
+		_ = once.Close()
+	}
 	for _, h := range hubs {
 		h.close()
 	}
@@ -250,7 +261,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 // transient tells whether err is worth a retry: the connection broke, or the server
 // is loading, failing over or reshaping. The caller's own context ending is not.
 func transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, ErrOutcomeUnknown) {
 		return false
 	}
 	var re redis.Error

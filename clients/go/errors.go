@@ -31,7 +31,30 @@ var (
 	ErrUnexpectedReply = proto.ErrUnexpected
 	// ErrClosed: the Client was closed.
 	ErrClosed = errors.New("rlock: client closed")
+	// ErrOutcomeUnknown (scripts mode only): the connection broke, or the reply timed
+	// out, after a script that must not run twice (a semaphore release, a latch
+	// count-down, an acquire...) was sent, so it may or may not have been applied, and it
+	// was not sent again: without the module there is no request id to make a second run
+	// harmless (docs/scripts-mode.md). Also when such a script was applied and the read
+	// that gives the call's answer failed. Not retried by the client; the error is an
+	// *OutcomeUnknownError.
+	ErrOutcomeUnknown = errors.New("rlock: outcome unknown")
 )
+
+// OutcomeUnknownError is ErrOutcomeUnknown with the script and the failure.
+type OutcomeUnknownError struct {
+	Script string // its file name in lua/, without .lua
+	Err    error  // the failure that left the outcome unknown
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	return fmt.Sprintf("rlock: outcome unknown: the script %s may or may not have been applied "+
+		"(not sent again: it must not run twice): %v", e.Script, e.Err)
+}
+
+// Is makes errors.Is(err, ErrOutcomeUnknown) true; the cause is not unwrapped, so that
+// nothing takes the error for the transient failure it came from.
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
 
 // The kinds of a server's error reply (a *ServerError): errors.Is(err, ErrArgument) and
 // so on. The code words and their kinds are spec/vectors/errors.json's.

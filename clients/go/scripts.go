@@ -15,8 +15,10 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -137,12 +139,12 @@ func (c *Client) doScriptHint(ctx context.Context, args []any) (any, int64, erro
 	}
 	var v any
 	if sc.Name != "" && sc.Then != proto.One {
-		v, err = scripts[sc.Name].Run(ctx, c.rdb, sc.Keys, sc.Argv...).Result()
+		v, err = scripts[sc.Name].Run(ctx, c.scriptRunner(sc.Name), sc.Keys, sc.Argv...).Result()
 		if errors.Is(err, redis.Nil) {
 			v, err = nil, nil
 		}
 		if err != nil {
-			return nil, -1, err
+			return nil, -1, once(sc.Name, err)
 		}
 	}
 	hint := sc.Hint(v)
@@ -150,7 +152,8 @@ func (c *Client) doScriptHint(ctx context.Context, args []any) (any, int64, erro
 	case proto.Permits:
 		return sc.PermitReply(v), hint, nil
 	case proto.ThenAvailable:
-		return c.doScriptHint(ctx, proto.PesAvailableArgs(sc.Keys[0]))
+		r, hint, err := c.doScriptHint(ctx, proto.PesAvailableArgs(sc.Keys[0]))
+		return r, hint, once(sc.Name, err) // the read after must not make it run again
 	}
 	if sc.Then == proto.ReadHeld && v != nil {
 		// Only this owner changes its own read field: looking after the script is no race.
@@ -169,11 +172,52 @@ func (c *Client) doScriptHint(ctx context.Context, args []any) (any, int64, erro
 			v, err = nil, nil
 		}
 		if err != nil {
-			return nil, -1, err
+			return nil, -1, once(sc.Name, err) // the read after must not make it run again
 		}
 	}
 	r, err := sc.Then.Reply(v)
 	return r, hint, err
+}
+
+// once is err from a call that ran (or may have run) the script name: an
+// *OutcomeUnknownError if the script must not run twice (proto.MayResend) and the failure
+// may have come after the server received it (a broken connection, a timeout); as is
+// otherwise (a dial that failed, a server's error reply: the script did not run).
+func once(name string, err error) error {
+	if err == nil || name == "" || proto.MayResend(name) || !afterWrite(err) {
+		return err
+	}
+	return &OutcomeUnknownError{Script: name, Err: err}
+}
+
+// afterWrite tells whether a transient failure may have come after the command was
+// written: any connection failure but a dial's (connection refused, no route...).
+func afterWrite(err error) bool {
+	var re redis.Error
+	if errors.As(err, &re) || !transient(err) {
+		return false
+	}
+	var op *net.OpError
+	return !(errors.As(err, &op) && op.Op == "dial") && !errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// scriptRunner is where the script name goes: a script that must not run twice goes on
+// c.once (no go-redis retries), any other on the application's client.
+func (c *Client) scriptRunner(name string) redis.Scripter {
+	if proto.MayResend(name) || c.single == nil {
+		return c.rdb
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.onceMade && !c.closed {
+		o := *c.single.Options()
+		o.MaxRetries = -1 // go-redis: -1 is none
+		c.once, c.onceMade = redis.NewClient(&o), true
+	}
+	if c.once == nil {
+		return c.rdb
+	}
+	return c.once
 }
 
 // scriptTry is one try of a scripts-mode wait, with doRetry's retries of transient

@@ -307,18 +307,39 @@ func CheckSemaphore(h *History, permits int) *Result {
 }
 
 // CheckLatch: an awaiter released (await ok) only after at least `count` count-downs
-// of its latch had been invoked (the count cannot reach zero with fewer).
+// of its latch had been invoked (the count cannot reach zero with fewer). Only latches
+// some set of which answered (ok: set now, or already set) are judged: where every set's
+// outcome is unknown (scripts mode answers "outcome unknown" rather than re-send it) the
+// latch may never have been set, and a latch never set is open (info latches_unset).
 func CheckLatch(h *History, count int) *Result {
 	r := newResult(h)
 	r.Anomalies["released-early"] = 0
 	downs := map[int64][]int64{}
+	set := map[int64]bool{}
+	seen := map[int64]bool{}
 	for _, op := range h.Ops {
 		if op.F == "countdown" && op.Inv.Latch != nil {
 			downs[*op.Inv.Latch] = append(downs[*op.Inv.Latch], op.Call)
 		}
+		if op.F == "set" && op.Inv.Latch != nil {
+			seen[*op.Inv.Latch] = true
+			if op.Status == "ok" {
+				set[*op.Inv.Latch] = true
+			}
+		}
 	}
+	unset := int64(0)
+	for l := range seen {
+		if !set[l] {
+			unset++
+		}
+	}
+	r.Info["latches_unset"] = unset
 	for _, op := range h.Ops {
 		if op.F != "await" || op.Status != "ok" || op.Inv.Latch == nil {
+			continue
+		}
+		if seen[*op.Inv.Latch] && !set[*op.Inv.Latch] {
 			continue
 		}
 		n := 0

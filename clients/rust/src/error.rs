@@ -58,6 +58,19 @@ pub enum Error {
     InvalidArgument(&'static str),
     /// A connection or transport error that outlived the retries.
     Redis(redis::RedisError),
+    /// Scripts mode only: the connection broke (or the reply timed out) after a script
+    /// that must not run twice (a semaphore release, a latch count-down, an acquire...)
+    /// was sent, so it may or may not have been applied, and it was not sent again:
+    /// without the module there is no request id to make a second run harmless
+    /// (docs/scripts-mode.md). Also when such a script was applied and the read that
+    /// gives the call's answer failed. Not transient: retrying blindly is the caller's
+    /// choice, knowing that the first try may have counted.
+    OutcomeUnknown {
+        /// The script (its file name in the crate's `lua/`).
+        script: &'static str,
+        /// The failure that left the outcome unknown.
+        cause: redis::RedisError,
+    },
 }
 
 /// What a refusal of the module means, read from the code word its error reply starts
@@ -193,6 +206,11 @@ impl fmt::Display for Error {
             Error::UnexpectedReply(m) => write!(f, "unexpected reply: {m}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::Redis(e) => write!(f, "redis: {e}"),
+            Error::OutcomeUnknown { script, cause } => write!(
+                f,
+                "outcome unknown: the script {script} may or may not have been applied \
+                 (not sent again: it must not run twice): {cause}"
+            ),
         }
     }
 }
@@ -200,7 +218,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Redis(e) => Some(e),
+            Error::Redis(e) | Error::OutcomeUnknown { cause: e, .. } => Some(e),
             _ => None,
         }
     }

@@ -663,3 +663,136 @@ fn a_channel_is_unsubscribed_after_its_last_waiter_and_no_waiter_misses_a_releas
         "redisson_lock__channel:{turns}"
     ) == 0));
 }
+
+/// The SHA1 that EVALSHA names for the crate's copy of `lua/<name>.lua`: the marker of
+/// that script's request for the proxy. Loaded first, so that the marked EVALSHA runs
+/// (not a NOSCRIPT answer, after which the EVAL would not carry the marker).
+fn sha_of(s: &Server, text: &str) -> String {
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(text)
+        .query(&mut s.conn())
+        .unwrap();
+    redis::Script::new(text).get_hash().to_owned()
+}
+
+/// A scripts-mode client through `proxy`, with quick retries.
+fn lossy_scripts_client(proxy: &support::LossyProxy) -> Client {
+    Client::open_with(
+        proxy.url(),
+        support::quick_retries().with_mode(Mode::Scripts),
+    )
+    .unwrap()
+}
+
+/// Issue 39: a release whose connection broke after Redisson's release script (an
+/// INCRBY) reached the server is not sent again, which would add its permits twice: the
+/// call answers that its outcome is unknown, and the count is up by exactly one.
+#[test]
+fn a_release_whose_reply_was_lost_is_not_sent_again() {
+    let s = Server::start_without_module();
+    let proxy = support::LossyProxy::start(s.port);
+    let c = lossy_scripts_client(&proxy);
+    let sem = c.semaphore("s");
+    assert!(sem.try_set_permits(1).unwrap());
+    let p = sem.acquire(1).unwrap();
+    proxy.lose_next_reply_to(&sha_of(&s, include_str!("../lua/semaphore_release.lua")));
+    let err = p.release().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutcomeUnknown {
+                script: "semaphore_release",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+    assert_eq!(proxy.lost.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let n: i64 = s.conn().get("s").unwrap();
+    assert_eq!(n, 1, "the release was applied exactly once");
+    // The client goes on, on a new connection.
+    assert_eq!(sem.available().unwrap(), 1);
+}
+
+/// The same for a latch's count-down (a DECR): counted once, and the caller told.
+#[test]
+fn a_count_down_whose_reply_was_lost_is_not_sent_again() {
+    let s = Server::start_without_module();
+    let proxy = support::LossyProxy::start(s.port);
+    let c = lossy_scripts_client(&proxy);
+    let latch = c.latch("l");
+    assert!(latch.try_set_count(3).unwrap());
+    proxy.lose_next_reply_to(&sha_of(&s, include_str!("../lua/latch_count_down.lua")));
+    let err = latch.count_down().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutcomeUnknown {
+                script: "latch_count_down",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let n: i64 = s.conn().get("l").unwrap();
+    assert_eq!(n, 2, "counted down exactly once");
+}
+
+/// A script whose second run is harmless is still retried: a lock release (Redisson's
+/// unlock latch answers the retry, under the release's one request id).
+#[test]
+fn a_release_of_a_lock_whose_reply_was_lost_is_retried() {
+    let s = Server::start_without_module();
+    let proxy = support::LossyProxy::start(s.port);
+    let c = lossy_scripts_client(&proxy);
+    let g = c.lock("k").acquire().unwrap();
+    proxy.lose_next_reply_to(&sha_of(&s, include_str!("../lua/lock_unlock.lua")));
+    g.release().unwrap();
+    assert_eq!(proxy.lost.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(!exists(&mut s.conn(), "k"));
+}
+
+/// A failure before the script was written (the connection refused) is retried as
+/// before: nothing can have been applied. The server is reachable only after the first
+/// tries were refused.
+#[test]
+fn a_release_refused_before_the_write_is_retried() {
+    let s = Server::start_without_module();
+    assert!(Client::open(s.url())
+        .unwrap()
+        .semaphore("s")
+        .try_set_permits(0)
+        .unwrap());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // closed again: connections are refused until the forwarder binds it
+    let opts = ClientOptions::new().with_mode(Mode::Scripts).with_retry(
+        rlock_client::RetryPolicy::new()
+            .with_max_attempts(30)
+            .with_base_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_millis(50)),
+    );
+    let c = Client::open_with(format!("redis://127.0.0.1:{port}/"), opts).unwrap();
+    let upstream = s.port;
+    // The forwarder: relays every connection to the server once it listens (a thread
+    // per direction; they end with the test process).
+    thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        for client in l.incoming() {
+            let Ok(client) = client else { return };
+            let server = std::net::TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+            let (mut cr, mut sw) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            thread::spawn(move || std::io::copy(&mut cr, &mut sw));
+            let (mut sr, mut cw) = (server, client);
+            thread::spawn(move || std::io::copy(&mut sr, &mut cw));
+        }
+    });
+    assert_eq!(c.semaphore("s").release(1).unwrap(), 1);
+    let n: i64 = s.conn().get("s").unwrap();
+    assert_eq!(n, 1);
+}

@@ -4,8 +4,10 @@ package proto
 
 import (
 	"errors"
+	"os"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -82,5 +84,19 @@ func TestTheLockCommandsBecomeRedissonsScripts(t *testing.T) {
 	}
 	if LeaseLeftMs(int64(100)) != 100+LeaseEndMarginMs || LeaseLeftMs(nil) != -1 {
 		t.Error("LeaseLeftMs")
+	}
+}
+
+// Every embedded script has a row in the "may retry" table (resend.go).
+func TestEveryScriptHasAResendDecision(t *testing.T) {
+	entries, err := os.ReadDir("../../lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".lua")
+		if _, ok := mayResend[name]; !ok {
+			t.Errorf("lua/%s has no row in mayResend", e.Name())
+		}
 	}
 }

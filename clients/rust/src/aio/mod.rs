@@ -447,7 +447,7 @@ impl ClientInner {
     /// After a module command: on a connection error, drop the connection and, in
     /// `Auto`, ask again at the next one (a failover may have changed the server).
     async fn after(&self, r: Result<Value>) -> Result<Value> {
-        if let Err(Error::Redis(e)) = &r {
+        if let Err(Error::Redis(e) | Error::OutcomeUnknown { cause: e, .. }) = &r {
             if poisons_connection(e) {
                 *self.cmd_conn.lock().await = None;
                 self.backend.forget();

@@ -16,25 +16,56 @@ use redis::{RedisResult, Value};
 use crate::error::{Error, Result};
 use crate::net::pubsub::{Heard, Subscriber};
 use crate::proto::cmd::request_id;
-use crate::proto::scripts::{self as s, renew_reply, renew_script, Args, Script};
+use crate::proto::scripts::{self as s, renew_reply, renew_script, Args, Resend, Script};
 
-/// EVALSHA of `script`; EVAL (which caches it again) on NOSCRIPT.
+/// EVALSHA of `script`; EVAL (which caches it again) on NOSCRIPT. A script that must not
+/// run twice (`Resend::No`) whose connection failed after the write comes back as
+/// `Error::OutcomeUnknown`, which is not transient: the caller's retries stop there.
 async fn eval<C: ConnectionLike + Send>(
     conn: &mut C,
     script: &Script,
     keys: &[&[u8]],
     args: &[&[u8]],
-) -> RedisResult<Value> {
+) -> Result<Value> {
     let mut c = redis::cmd("EVALSHA");
     c.arg(script.sha()).arg(keys.len()).arg(keys).arg(args);
-    match c.query_async::<Value>(conn).await {
+    let r = match c.query_async::<Value>(conn).await {
         Err(e) if e.code() == Some("NOSCRIPT") => {
             let mut c = redis::cmd("EVAL");
             c.arg(script.text).arg(keys.len()).arg(keys).arg(args);
             c.query_async(conn).await
         }
         r => r,
+    };
+    r.map_err(|e| once(script, e))
+}
+
+/// `e` as the error of a call that ran (or may have run) `script`: `OutcomeUnknown` if
+/// the script must not run twice and the failure may have come after the server received
+/// it (a broken connection, a timeout); as is otherwise (a refusal before the write, or a
+/// server's error reply: the script did not run).
+fn once(script: &Script, e: redis::RedisError) -> Error {
+    let after_write = (e.is_io_error() || e.is_timeout() || e.is_connection_dropped())
+        && !e.is_connection_refusal();
+    if script.resend == Resend::No && after_write {
+        Error::OutcomeUnknown {
+            script: script.name,
+            cause: e,
+        }
+    } else {
+        e.into()
     }
+}
+
+/// The read that answers a call after `script` ran: its failure must not make the caller
+/// run the script again.
+async fn get_int_after<C: ConnectionLike + Send>(
+    conn: &mut C,
+    key: &[u8],
+    script: &Script,
+) -> Result<i64> {
+    let v: RedisResult<Value> = redis::cmd("GET").arg(key).query_async(conn).await;
+    Ok(int_of(&v.map_err(|e| once(script, e))?))
 }
 
 fn num(n: impl ToString) -> Vec<u8> {
@@ -261,7 +292,9 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
             let a = a(2);
             let keys = [a.at(0), &s::semaphore_channel(a.at(0))];
             eval(conn, &s::SEMAPHORE_ADD, &keys, &[a.at(1), p]).await?;
-            none(Value::Int(get_int(conn, a.at(0)).await?))
+            none(Value::Int(
+                get_int_after(conn, a.at(0), &s::SEMAPHORE_ADD).await?,
+            ))
         }
         b"RSEMAPHORE.ACQUIRE" => {
             let a = a(2);
@@ -275,6 +308,9 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
             if a.int(1) != Some(0) {
                 let keys = [a.at(0), &s::semaphore_channel(a.at(0))];
                 eval(conn, &s::SEMAPHORE_RELEASE, &keys, &[a.at(1), p]).await?;
+                return none(Value::Int(
+                    get_int_after(conn, a.at(0), &s::SEMAPHORE_RELEASE).await?,
+                ));
             }
             none(Value::Int(get_int(conn, a.at(0)).await?))
         }
@@ -297,7 +333,12 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
             let a = a(2);
             let keys = [a.at(0), &s::semaphore_channel(a.at(0))];
             eval(conn, &s::PES_ADD, &keys, &[a.at(1), p]).await?;
-            none(Value::Int(pes_available(conn, a.at(0), p).await?))
+            // The read after it must not make the caller add again.
+            let left = pes_available(conn, a.at(0), p).await.map_err(|e| match e {
+                Error::Redis(e) => once(&s::PES_ADD, e),
+                e => e,
+            })?;
+            none(Value::Int(left))
         }
         b"RPSEMAPHORE.AVAILABLEPERMITS" => {
             none(Value::Int(pes_available(conn, a(1).at(0), p).await?))
@@ -384,7 +425,8 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
             let keys = [a.at(0), &s::latch_channel(a.at(0))];
             let msg = num(s::ZERO_COUNT_MESSAGE);
             eval(conn, &s::LATCH_COUNT_DOWN, &keys, &[&msg, p]).await?;
-            none(Value::Int(get_int(conn, a.at(0)).await?.max(0)))
+            let left = get_int_after(conn, a.at(0), &s::LATCH_COUNT_DOWN).await?;
+            none(Value::Int(left.max(0)))
         }
         b"RLATCH.GETCOUNT" => none(Value::Int(get_int(conn, a(1).at(0)).await?.max(0))),
         b"RLATCH.DELETE" => {

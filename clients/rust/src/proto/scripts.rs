@@ -11,11 +11,26 @@
 
 use redis::Value;
 
-/// One of Redisson's scripts: its file name, text and SHA1 (what EVALSHA names).
+/// One of Redisson's scripts: its file name, text and SHA1 (what EVALSHA names), and
+/// whether it may be sent again after a failure that may have come after the server
+/// received it (`resend`, the table below).
 pub(crate) struct Script {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) name: &'static str,
     pub(crate) text: &'static str,
+    pub(crate) resend: Resend,
+}
+
+/// Whether a script may be re-sent when its connection broke (or its reply timed out)
+/// after the write: without the module there is no request id to make a second run
+/// harmless, so only a script whose second run, after an applied first, changes nothing
+/// and answers the same may go again (issue 39, docs/scripts-mode.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// A second run is harmless: retried like any transient failure.
+    Yes,
+    /// Never re-sent after the write: the call fails with `Error::OutcomeUnknown`.
+    No,
 }
 
 impl Script {
@@ -26,10 +41,11 @@ impl Script {
 }
 
 macro_rules! scripts {
-    ($($id:ident = $file:literal;)*) => {
+    ($($id:ident = $file:literal, $resend:ident;)*) => {
         $(pub(crate) const $id: Script = Script {
             name: $file,
             text: include_str!(concat!("../../lua/", $file, ".lua")),
+            resend: Resend::$resend,
         };)*
         /// Every script the crate embeds (for the tests).
         #[cfg(test)]
@@ -37,35 +53,39 @@ macro_rules! scripts {
     };
 }
 
+// The "may retry" table, the same decisions in every client
+// (docs/scripts-mode.md, "Retries").
 scripts! {
-    LOCK_ACQUIRE = "lock_acquire";
-    LOCK_UNLOCK = "lock_unlock";
-    LOCK_RENEW = "lock_renew";
-    LOCK_FORCE_UNLOCK = "lock_force_unlock";
-    FENCED_ACQUIRE_TOKEN = "fenced_acquire_token";
-    READ_ACQUIRE = "read_acquire";
-    READ_UNLOCK = "read_unlock";
-    READ_RENEW = "read_renew";
-    READ_FORCE_UNLOCK = "read_force_unlock";
-    WRITE_ACQUIRE = "write_acquire";
-    WRITE_UNLOCK = "write_unlock";
-    WRITE_FORCE_UNLOCK = "write_force_unlock";
-    SEMAPHORE_TRY_SET = "semaphore_try_set";
-    SEMAPHORE_TRY_SET_TTL = "semaphore_try_set_ttl";
-    SEMAPHORE_ADD = "semaphore_add";
-    SEMAPHORE_TRY_ACQUIRE = "semaphore_try_acquire";
-    SEMAPHORE_RELEASE = "semaphore_release";
-    SEMAPHORE_DRAIN = "semaphore_drain";
-    PES_AVAILABLE = "pes_available";
-    PES_ACQUIRED = "pes_acquired";
-    PES_SET_PERMITS = "pes_set_permits";
-    PES_ADD = "pes_add";
-    PES_TRY_ACQUIRE = "pes_try_acquire";
-    PES_RELEASE = "pes_release";
-    PES_UPDATE_LEASE = "pes_update_lease";
-    LATCH_TRY_SET = "latch_try_set";
-    LATCH_COUNT_DOWN = "latch_count_down";
-    LATCH_DELETE = "latch_delete";
+    LOCK_ACQUIRE = "lock_acquire", No; // HINCRBY: a second run is a second hold
+    // Redisson's unlock latch key (named by the release's request id, which every retry
+    // sends again) answers a second run what the first answered.
+    LOCK_UNLOCK = "lock_unlock", Yes;
+    LOCK_RENEW = "lock_renew", Yes; // PEXPIRE only
+    LOCK_FORCE_UNLOCK = "lock_force_unlock", No; // a second run answers "was not held"
+    FENCED_ACQUIRE_TOKEN = "fenced_acquire_token", No; // INCR of the token, HINCRBY
+    READ_ACQUIRE = "read_acquire", No; // HINCRBY, one more timeout key
+    READ_UNLOCK = "read_unlock", Yes; // the unlock latch, as LOCK_UNLOCK
+    READ_RENEW = "read_renew", Yes; // PEXPIRE only
+    READ_FORCE_UNLOCK = "read_force_unlock", No; // a second run answers "was not held"
+    WRITE_ACQUIRE = "write_acquire", No; // HINCRBY
+    WRITE_UNLOCK = "write_unlock", Yes; // the unlock latch, as LOCK_UNLOCK
+    WRITE_FORCE_UNLOCK = "write_force_unlock", No; // a second run answers "was not held"
+    SEMAPHORE_TRY_SET = "semaphore_try_set", No; // a second run answers "already set"
+    SEMAPHORE_TRY_SET_TTL = "semaphore_try_set_ttl", No; // the same
+    SEMAPHORE_ADD = "semaphore_add", No; // SET value + n
+    SEMAPHORE_TRY_ACQUIRE = "semaphore_try_acquire", No; // DECRBY
+    SEMAPHORE_RELEASE = "semaphore_release", No; // INCRBY
+    SEMAPHORE_DRAIN = "semaphore_drain", No; // a second run answers 0: the count is lost
+    PES_AVAILABLE = "pes_available", Yes; // a read; expired ids are reclaimed once
+    PES_ACQUIRED = "pes_acquired", Yes; // the same
+    PES_SET_PERMITS = "pes_set_permits", Yes; // sets to a target: a second run finds it
+    PES_ADD = "pes_add", No; // SET value + n
+    PES_TRY_ACQUIRE = "pes_try_acquire", No; // DECRBY and ZADD of fresh ids
+    PES_RELEASE = "pes_release", No; // a second run answers "not held"
+    PES_UPDATE_LEASE = "pes_update_lease", Yes; // ZADD of the same id's expiry
+    LATCH_TRY_SET = "latch_try_set", No; // a second run answers "already set"
+    LATCH_COUNT_DOWN = "latch_count_down", No; // DECR
+    LATCH_DELETE = "latch_delete", No; // a second run answers "was not there"
 }
 
 /// How long an unlock's reply is remembered for its retries (Redisson's unlock latch).
