@@ -74,6 +74,11 @@ pub(crate) const CONNECTION_NAME: &str = "rlock-tickets";
 /// How long connecting and the handshake of the ticket connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a wait without a limit keeps connecting again after its command went out and
+/// the server refused the connection (long enough for a restart that reloads an AOF):
+/// past it the refusal is the wait's answer.
+const UNTIMED_RECONNECT: Duration = Duration::from_secs(5);
+
 mod machine;
 mod stream;
 pub(crate) use machine::*;
@@ -497,6 +502,11 @@ impl Tickets {
             let _ = tx.send(ev);
         });
         let (mut member, mut step) = Member::join(self, shape, started, sink, confirm);
+        // Pause before connecting again after a refused connection (a restarting server),
+        // and how long to keep trying when the wait itself has no limit.
+        let mut backoff = Duration::from_millis(10);
+        let reconnect_until =
+            until.unwrap_or_else(|| tokio::time::Instant::now() + UNTIMED_RECONNECT);
         loop {
             match step {
                 Step::Send(args) => {
@@ -513,6 +523,22 @@ impl Tickets {
                         .await;
                         match r {
                             Ok(Ok(())) => {}
+                            // A command of this wait already went out (`known`): the
+                            // server may have granted it under its request id while the
+                            // connection was away (a restart reloads the grant from the
+                            // AOF). Giving up now would leave that hold unknown to its
+                            // owner, so connect again until the wait's own limit; the
+                            // same id then answers the grant, or queues the ticket again.
+                            Ok(Err(e))
+                                if member.m.known
+                                    && e.is_connection_refusal()
+                                    && tokio::time::Instant::now() + backoff < reconnect_until =>
+                            {
+                                tokio::time::sleep(backoff).await;
+                                backoff = (backoff * 2).min(Duration::from_millis(200));
+                                step = Step::Send(args);
+                                continue;
+                            }
                             Ok(Err(e)) => return self.send_failed(&member, e),
                             Err(e) => return Some(Err(io_err("connect", e.to_string()))),
                         }
