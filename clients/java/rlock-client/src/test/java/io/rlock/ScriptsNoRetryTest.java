@@ -110,36 +110,36 @@ class ScriptsNoRetryTest {
      * it; its reply is lost). A NOSCRIPT answer is passed on and the arm kept for the EVAL.
      */
     static final class LossyProxy implements AutoCloseable {
-        volatile ServerSocket listener;
+        final ServerSocket listener;
         final int target;
+        volatile boolean paused;
         final AtomicInteger runs = new AtomicInteger();
         final List<Socket> sockets = new CopyOnWriteArrayList<>();
         volatile String[] armed;
-        int port;
+        final int port;
 
         LossyProxy(int target) throws IOException {
             this.target = target;
-            listen(0);
+            // One listener for the proxy's life: closing it and binding the port again races
+            // with anything else on the machine that takes the freed port (a client's own
+            // reconnect can even connect to itself on it).
+            listener = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
             port = listener.getLocalPort();
-        }
-
-        private void listen(int port) throws IOException {
-            ServerSocket l = new ServerSocket();
-            l.setReuseAddress(true);
-            l.bind(new java.net.InetSocketAddress(InetAddress.getLoopbackAddress(), port), 50);
-            listener = l;
-            Thread t = new Thread(() -> accept(l), "lossy-proxy");
+            Thread t = new Thread(() -> accept(listener), "lossy-proxy");
             t.setDaemon(true);
             t.start();
         }
 
-        /** Refuses new connections (the port closed) until {@link #resume}. */
-        void pause() throws IOException {
-            listener.close();
+        /**
+         * Until {@link #resume}, closes every new connection before it reaches the server:
+         * the client's handshake fails, so nothing it holds back is written.
+         */
+        void pause() {
+            paused = true;
         }
 
-        void resume() throws IOException {
-            listen(port);
+        void resume() {
+            paused = false;
         }
 
         int port() {
@@ -167,6 +167,10 @@ class ScriptsNoRetryTest {
             while (!l.isClosed()) {
                 try {
                     Socket client = l.accept();
+                    if (paused) {
+                        client.close();
+                        continue;
+                    }
                     Socket upstream = new Socket(InetAddress.getLoopbackAddress(), target);
                     sockets.add(client);
                     sockets.add(upstream);
@@ -190,7 +194,10 @@ class ScriptsNoRetryTest {
                         return false; // the reply is lost with the connection
                     });
                 } catch (IOException e) {
-                    return;
+                    if (l.isClosed()) {
+                        return;
+                    }
+                    // one connection failed; keep serving the next
                 }
             }
         }
