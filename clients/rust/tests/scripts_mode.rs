@@ -765,11 +765,14 @@ fn a_release_refused_before_the_write_is_retried() {
         .semaphore("s")
         .try_set_permits(0)
         .unwrap());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port(); // closed again: connections are refused until the forwarder binds it
+    // Bound but not listening: connections are refused, and the port stays ours until the
+    // forwarder listens on it (closing it and binding again would race with anything that
+    // takes the freed port, the client's own refused connects included).
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let port = socket.local_addr().unwrap().as_socket().unwrap().port();
     let opts = ClientOptions::new().with_mode(Mode::Scripts).with_retry(
         rlock_client::RetryPolicy::new()
             .with_max_attempts(30)
@@ -782,7 +785,8 @@ fn a_release_refused_before_the_write_is_retried() {
     // per direction; they end with the test process).
     thread::spawn(move || {
         thread::sleep(Duration::from_millis(300));
-        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        socket.listen(128).unwrap();
+        let l: std::net::TcpListener = socket.into();
         for client in l.incoming() {
             let Ok(client) = client else { return };
             let server = std::net::TcpStream::connect(("127.0.0.1", upstream)).unwrap();
