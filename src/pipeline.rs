@@ -65,6 +65,11 @@ pub fn request_key(name: &RedisString, id: Option<&[u8]>) -> Option<RedisString>
 fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisResult> {
     let request = request?;
     match store::record(ctx, request)? {
+        // A grant whose grace ended is taken back by the sweep that follows the take-back
+        // timer; in between its record still holds the grant's reply.
+        store::Record::Reply(_) if engine::taking_back(request.as_slice()) => {
+            Some(Err(err(errors::ERR_TAKEN_BACK)))
+        }
         store::Record::Reply(first) => {
             engine::collected(request.as_slice());
             Some(Ok(ffi::value(first)))

@@ -53,6 +53,18 @@ fn on_take_back_timer(ctx: &Context) {
     }
 }
 
+/// Whether the ticket grant remembered under `request_key` (its request id's record) is
+/// being taken back: its grace ended (the take-back timer fired) and the sweep that takes
+/// it back has not run yet. Its record still replays the grant until then, and a client
+/// that collected it in that gap would hold a grant about to be passed on; it must hear
+/// `TAKENBACK` instead, as it will from the record once the sweep has run.
+pub fn taking_back(request_key: &[u8]) -> bool {
+    TICKET_REVOKES.with(|r| {
+        let r = r.borrow();
+        !r.is_empty() && r.iter().any(|(k, _)| &**k == request_key)
+    })
+}
+
 /// Puts a key on the pending list, served by a post-notification job where the server
 /// has them, else by a zero-delay timer.
 pub fn schedule(ctx: &Context, db: i32, key: &[u8]) {
