@@ -14,15 +14,10 @@ import re
 import secrets
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 #: The name the ticket connection gives itself (CLIENT LIST shows it).
 CONNECTION_NAME = "rlock-py-tickets"
-
-#: How long past the server's own deadline a waiter waits for the ``timeout`` message
-#: before it gives up on its ticket (a message lost in a broken connection is otherwise
-#: noticed by the reader; this bounds a wait whatever happens).
-NOTE_GRACE = 2.0
 
 
 def ticket_channel(key: bytes, tag: Optional[str] = None) -> bytes:
@@ -148,6 +143,14 @@ class Shape:
         (an older module wrote no detail, or one this client cannot read)."""
         return held_reply(self.verb, self.many, detail)
 
+    def ran_out(self) -> Any:
+        """The command's "not now" reply, for a timed wait the client ended at its own
+        deadline (`rlock._tickets.ticket_wait`): what the server answers a wait that ran
+        out, with ``-1`` where that reply carries the holder's PTTL (not known without
+        asking; no caller reads it, and ``-2`` would ask the lock to try again)."""
+        return list(_RAN_OUT[self.verb]) if self.verb == b"RFENCED.ACQUIRE" \
+            else _RAN_OUT[self.verb]
+
     @property
     def many(self) -> bool:
         """``PERMITS n`` given: an expirable semaphore's acquire answers an array."""
@@ -184,6 +187,17 @@ class Shape:
 
 #: The acquires whose grant is held on its ``granted`` message (see `held_reply`).
 _HOLDS = (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE", b"RFENCED.ACQUIRE", b"RPSEMAPHORE.ACQUIRE")
+
+#: Each waiting command's reply to a wait that ran out (docs/commands/tickets.md, "not
+#: now"), as `Shape.ran_out` gives it.
+_RAN_OUT: Dict[bytes, Any] = {
+    b"RLOCK.ACQUIRE": -1,
+    b"RRWLOCK.ACQUIRE": -1,
+    b"RFENCED.ACQUIRE": (-1, None),
+    b"RSEMAPHORE.ACQUIRE": 0,
+    b"RPSEMAPHORE.ACQUIRE": None,
+    b"RLATCH.AWAIT": 0,
+}
 
 _TOKEN = re.compile(r"[0-9]{1,19}")
 _PERMIT = re.compile(r"(?:[0-9a-fA-F]{2})+")

@@ -41,9 +41,9 @@ confirmation is written before the wake, so it leaves before anything the holder
 
 `SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
 task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
-cancelled task, KeyboardInterrupt, a client-side limit) stays registered as an orphan:
-if its grant comes after all, it is collected and given back (`_proto.undo_args`);
-a ticket that times out or errs is simply forgotten.
+cancelled task, KeyboardInterrupt, its deadline come on the client's clock first) stays
+registered as an orphan: if its grant comes after all, it is collected and given back
+(`_proto.undo_args`); a ticket that times out or errs is simply forgotten.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
-from ._proto import (CONNECTION_NAME, LOST, NOTE_GRACE, Note, Shape, may_be_grant, note_action,
+from ._proto import (CONNECTION_NAME, LOST, Note, Shape, may_be_grant, note_action,
                      parse_note, redirected, ticket_channel, undo_args)
 
 log = logging.getLogger("rlock")
@@ -157,6 +157,16 @@ class TCollect:
 
 
 @dataclass(frozen=True)
+class RanOut:
+    """What `ticket_wait` ends with when the client's deadline came before any message:
+    ``reply``, the command's "not now" reply. Its ticket may still be queued (or its
+    grant on its way), so the waiter leaves as an orphan: a late grant is collected and
+    given back, never left held by a caller that was told no."""
+
+    reply: Any
+
+
+@dataclass(frozen=True)
 class TNote:
     """The next message for ``id`` (a `Note`), or None after ``timeout`` seconds."""
 
@@ -167,9 +177,10 @@ class TNote:
 def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
     """One ticketed wait, from subscription to the command's ordinary reply.
 
-    Raises `Fallback` when the key's slot left the node (the connection raises it when
-    its capability probe names no tickets), a server error as ``ResponseError``, and
-    ``TimeoutError`` when no message came within the wait plus `NOTE_GRACE`.
+    A timed wait ends at its own deadline (``started`` plus the wait) on this client's
+    clock: with a `RanOut` if no message came by then. Raises `Fallback` when the key's
+    slot left the node (the connection raises it when its capability probe names no
+    tickets), and a server error as ``ResponseError``.
     """
     attempts = 0
     while True:
@@ -199,11 +210,15 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             raise
         if reply not in (b"QUEUED", "QUEUED"):
             return reply
-        guard = None if left == 0 else left / 1000 + NOTE_GRACE
-        note = yield TNote(shape.id, guard)
+        # The server's `timeout` message, and the collect that follows it, come after the
+        # server's deadline, which is already later than ours by the command's trip; each
+        # hop on the way (server, reader, collect, waiter) waits for a CPU on a loaded
+        # machine. So the wait ends at our deadline, by our clock, whatever has been heard.
+        until = None if left == 0 else started + shape.wait_ms / 1000
+        note = yield TNote(shape.id, None if until is None
+                           else max(0.0, until - time.monotonic()))
         if note is None:
-            raise RedisTimeoutError(f"no ticket message for request {shape.id} "
-                                    f"within {guard} s")
+            return RanOut(shape.ran_out())
         if note.kind == "lost":
             attempts += 1
             if attempts >= TICKET_ATTEMPTS:
@@ -279,6 +294,8 @@ class Book:
                 if box is not None:
                     if note_action(note) != "fail" and box.look is not None:
                         # The shell sends box.look, then delivers (a holder: at once).
+                        # Heard already, for a waiter whose deadline comes meanwhile.
+                        box.heard = note
                         return box, note
                     box.put(note)
                     return None
@@ -597,6 +614,8 @@ class _SyncMailbox:
         self.look = look
         self.hold: Optional[Confirm] = hold
         self.collect: Optional[_SyncSlot] = None
+        #: The message whose collect the reader sent (delivered when its reply is in).
+        self.heard: Optional[Note] = None
 
     def put(self, note: Note) -> None:
         self.queue.append(note)
@@ -606,7 +625,8 @@ class _SyncMailbox:
             pass  # signalled already, and not taken yet
 
     def items(self) -> List[Note]:
-        return list(self.queue)
+        """The notes heard: delivered, or waiting for their collect's reply."""
+        return list(self.queue) + ([self.heard] if self.heard is not None else [])
 
     def get(self, timeout: Optional[float]) -> Optional[Note]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -814,6 +834,8 @@ class SyncTicketConn:
                 try:
                     effect = gen.throw(error) if error is not None else gen.send(value)
                 except StopIteration as stop:
+                    if isinstance(stop.value, RanOut):
+                        return stop.value.reply  # still queued, maybe: leaves as an orphan
                     queued = False
                     return stop.value
                 value, error = None, None
@@ -871,6 +893,8 @@ class _AsyncMailbox:
         self.look = look
         self.hold: Optional[Confirm] = hold
         self.collect: Optional[_AsyncSlot] = None
+        #: The message whose collect the reader sent (delivered when its reply is in).
+        self.heard: Optional[Note] = None
 
     def put(self, note: Note) -> None:
         self.queue.append(note)
@@ -878,7 +902,8 @@ class _AsyncMailbox:
             self.waiter.set_result(None)
 
     def items(self) -> List[Note]:
-        return list(self.queue)
+        """The notes heard: delivered, or waiting for their collect's reply."""
+        return list(self.queue) + ([self.heard] if self.heard is not None else [])
 
     async def get(self, timeout: Optional[float]) -> Optional[Note]:
         if not self.queue:
@@ -1100,6 +1125,8 @@ class AsyncTicketConn:
                 try:
                     effect = gen.throw(error) if error is not None else gen.send(value)
                 except StopIteration as stop:
+                    if isinstance(stop.value, RanOut):
+                        return stop.value.reply  # still queued, maybe: leaves as an orphan
                     queued = False
                     return stop.value
                 value, error = None, None

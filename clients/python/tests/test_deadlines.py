@@ -1,0 +1,166 @@
+"""A timed wait ends by its own deadline, on the client's clock, and a grant that races
+that deadline is taken or given back, never left held by a caller that was told no.
+
+redis-py's asyncio `test_blocking_timeout` (redis_py_suite) failed on a loaded machine:
+the ticket's wait used to end when the server's `timeout` message, and the collect that
+followed it, had made their way back, each hop waiting for a CPU. Here the server is
+frozen (`DEBUG SLEEP`) across the waiter's deadline, so that everything the server sends
+comes late by the whole freeze: a client that ends its wait by its own clock is on time
+regardless. The races are swept: a release lands at offsets around the waiter's
+deadline, for the lock (held on its `granted` message) and the semaphore (collected
+before the waiter wakes), threads and asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import redis
+from conftest import stat, wait_until
+
+import rlock
+import rlock.asyncio as arlock
+
+pytestmark = pytest.mark.module_only
+
+#: redis-py's test_blocking_timeout: a wait of BT with SLEEP, which must end within
+#: (BT - SLEEP, BT] (redis-py's Lock gives up at its last poll before the deadline).
+BT, SLEEP = 0.2, 0.05
+
+
+def _freeze_once_queued(port: int, at: float, seconds: float) -> threading.Thread:
+    """`DEBUG SLEEP seconds` on a connection of its own, `at` seconds after a ticket is
+    queued: the server runs nothing meanwhile (no timer, no reply, no message)."""
+    def run() -> None:
+        c = redis.Redis(port=port, socket_timeout=10)
+        try:
+            wait_until(lambda: int(c.info("rlock")["rlock_waiters"]) >= 1, what="queued")
+            time.sleep(at)
+            c.execute_command("DEBUG", "SLEEP", seconds)
+        finally:
+            c.close()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_timed_wait_ends_by_its_deadline_while_the_server_is_frozen(server, r):
+    holder = r.lock("k", timeout=30, lock_class=rlock.Lock)
+    assert holder.acquire(blocking=False)
+    waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
+    freeze = _freeze_once_queued(server.port, 0.05, 0.4)
+    start = time.monotonic()
+    assert waiter.acquire() is False
+    elapsed = time.monotonic() - start
+    freeze.join(10)
+    assert BT >= elapsed > BT - SLEEP, elapsed
+    # The server's own timeout comes after its freeze, to the orphan the waiter left.
+    wait_until(lambda: stat(r, "waiters") == 0, what="the ticket timed out in the server")
+    assert holder.owned()
+
+
+async def test_an_asyncio_timed_wait_ends_by_its_deadline_while_the_server_is_frozen(
+        server, ar):
+    holder = arlock.Lock(ar, "k", timeout=30)
+    assert await holder.acquire(blocking=False)
+    waiter = arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
+    freeze = _freeze_once_queued(server.port, 0.05, 0.4)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await waiter.acquire() is False
+    elapsed = loop.time() - start
+    await loop.run_in_executor(None, freeze.join, 10)
+    assert BT >= elapsed > BT - SLEEP, elapsed
+    assert await holder.owned()
+
+
+def test_a_grant_made_while_the_waiter_left_at_its_deadline_is_given_back(server, r):
+    """The holder's release reaches the frozen server before the waiter's deadline and
+    runs when it wakes, after that deadline: the waiter has answered False, so the grant
+    its ticket gets is collected and released by the client, not left held."""
+    holder = r.lock("k", timeout=30, thread_local=False, lock_class=rlock.Lock)
+    assert holder.acquire(blocking=False)
+    waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
+    handoffs = stat(r, "handoffs")
+    freeze = _freeze_once_queued(server.port, 0.02, 0.4)
+    release = threading.Timer(0.1, holder.release)
+    release.start()
+    assert waiter.acquire() is False
+    freeze.join(10)
+    release.join(10)
+    wait_until(lambda: r.exists("k") == 0, what="the lock free")
+    assert waiter.local.token is None
+    # Granted to the ticket (the release ran before its deadline's timer) or timed out
+    # first: either way nobody holds it.
+    assert stat(r, "handoffs") - handoffs in (0, 1)
+    wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
+
+
+def _sweep_offsets(n: int, wait: float) -> List[float]:
+    """Release times around a wait's end: from 10 ms before to 10 ms after."""
+    return [wait - 0.01 + 0.02 * i / (n - 1) for i in range(n)]
+
+
+def test_a_lock_released_around_a_waiters_deadline_is_taken_or_given_back(r):
+    outcomes = {True: 0, False: 0}
+    wait = 0.05
+    for offset in _sweep_offsets(21, wait):
+        holder = rlock.Lock(r, "k", timeout=30, thread_local=False)
+        assert holder.acquire(blocking=False)
+        waiter = rlock.Lock(r, "k", timeout=30, sleep=0.002)
+        release = threading.Timer(offset, holder.release)
+        release.start()
+        took = waiter.acquire(blocking_timeout=wait)
+        release.join(10)
+        outcomes[took] += 1
+        if took:
+            assert waiter.owned()
+            waiter.release()
+        # Told no: the lock is free, or held only until its late grant is given back.
+        wait_until(lambda: r.exists("k") == 0, what=f"the lock free (offset {offset})")
+    wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
+    assert outcomes[True] + outcomes[False] == 21
+
+
+def test_a_permit_added_around_a_waiters_deadline_is_taken_or_given_back(r):
+    sem = rlock.Semaphore(r, "s")
+    assert sem.try_set_permits(0)
+    wait = 0.05
+    for offset in _sweep_offsets(21, wait):
+        add = threading.Timer(offset, sem.add_permits, (1,))
+        add.start()
+        took = sem.acquire(blocking_timeout=wait)
+        add.join(10)
+        if took:
+            assert sem.available_permits() == 0
+            sem.release()
+        wait_until(lambda: sem.available_permits() == 1, what=f"the permit back ({offset})")
+        assert sem.acquire(blocking=False)  # none left for the next round
+    wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
+
+
+async def test_asyncio_a_lock_released_around_a_deadline_is_taken_or_given_back(ar):
+    loop = asyncio.get_running_loop()
+    wait = 0.05
+    for offset in _sweep_offsets(21, wait):
+        holder = arlock.Lock(ar, "k", timeout=30)
+        assert await holder.acquire(blocking=False)
+        waiter = arlock.Lock(ar, "k", timeout=30, sleep=0.002)
+
+        async def release_later(h: Any = holder, at: float = offset) -> None:
+            await asyncio.sleep(at)
+            await h.release()
+        release = loop.create_task(release_later())
+        took = await waiter.acquire(blocking_timeout=wait)
+        await release
+        if took:
+            assert await waiter.owned()
+            await waiter.release()
+        deadline = loop.time() + 5
+        while await ar.exists("k"):
+            assert loop.time() < deadline, f"the lock free (offset {offset})"
+            await asyncio.sleep(0.002)
