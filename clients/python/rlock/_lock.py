@@ -124,7 +124,11 @@ class LockOps:
                 if wait.ms is None:
                     reply = yield Call(tuple(args))
                 else:
-                    reply = yield _proto.Wait(_proto.waiting(args[:4], wait.ms, request_id))
+                    shape = _proto.waiting(args[:4], wait.ms, request_id)
+                    # The server's wait ends sooner than ours (its timeout then comes back
+                    # in time), but still within redis-py's envelope: the last `sleep`.
+                    shape.lead_ms = int(sleep * 1000 / 4)
+                    reply = yield _proto.Wait(shape)
             except OutcomeUnknown:
                 raise  # scripts mode: the acquire script may have run (no request id)
             except (ConnectionError, RedisTimeoutError):

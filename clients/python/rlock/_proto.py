@@ -121,6 +121,9 @@ class Shape:
     #: confirmation's outcome (`rlock._tickets.Confirm`), which the driver hands to the
     #: hold's watchdog (a grant taken back is a lost hold).
     confirm: Any = None
+    #: How much sooner than the client's deadline the server's wait ends (None: the
+    #: ticket connection's default, `rlock._tickets.TIMEOUT_LEAD_MS`).
+    lead_ms: Optional[int] = None
 
     @property
     def key(self) -> bytes:

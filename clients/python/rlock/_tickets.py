@@ -71,6 +71,11 @@ TICKET_ATTEMPTS = 3
 #: Ticket channels kept subscribed after their last waiter left, per ticket connection.
 IDLE_CHANNELS = 256
 
+#: How much sooner than the client's own deadline a timed ticket's wait ends in the
+#: server (at most a quarter of the wait), so that its `timeout` message is normally in
+#: before that deadline: the client then knows its ticket gone, and leaves no orphan.
+TIMEOUT_LEAD_MS = 10
+
 
 class Fallback(Exception):
     """Wait the blocking way instead: the server's capability probe names no tickets
@@ -197,7 +202,9 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             if left is None:  # the wait is over: one look (a grant may be remembered)
                 return (yield TSend(tuple(shape.with_wait(None, False))))
             look = None if shape.latch else tuple(shape.with_wait(None, False))
-            reply = yield TSend(tuple(shape.with_wait(left, True, tag)), shape.id, look,
+            lead = TIMEOUT_LEAD_MS if shape.lead_ms is None else shape.lead_ms
+            server_ms = left - min(lead, left // 4)
+            reply = yield TSend(tuple(shape.with_wait(server_ms, True, tag)), shape.id, look,
                                 shape.confirm)
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
@@ -210,10 +217,10 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             raise
         if reply not in (b"QUEUED", "QUEUED"):
             return reply
-        # The server's `timeout` message, and the collect that follows it, come after the
-        # server's deadline, which is already later than ours by the command's trip; each
-        # hop on the way (server, reader, collect, waiter) waits for a CPU on a loaded
-        # machine. So the wait ends at our deadline, by our clock, whatever has been heard.
+        # The server counts its wait from the command's arrival, and its `timeout` message
+        # takes hops back (server, reader, waiter), each waiting for a CPU on a loaded
+        # machine: it ends TIMEOUT_LEAD_MS sooner, and the wait ends at our deadline, by
+        # our clock, whatever has been heard by then.
         until = None if left == 0 else started + shape.wait_ms / 1000
         note = yield TNote(shape.id, None if until is None
                            else max(0.0, until - time.monotonic()))
@@ -224,6 +231,11 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             if attempts >= TICKET_ATTEMPTS:
                 raise ConnectionError("the ticket connection broke while waiting")
             continue  # resubscribe and queue again with the same id (a grant is replayed)
+        if note.kind == "timeout" and attempts == 0:
+            # Removed, nothing granted: the reply of a wait that ran out, without a
+            # collect's round trip. (After a broken connection the same id may have been
+            # granted on the old one: the collect below replays that.)
+            return shape.ran_out()
         action = note_action(note)
         if action == "granted" and shape.latch:
             return 1
@@ -292,8 +304,11 @@ class Book:
                     return None
                 box = self.notes.get(note.id)
                 if box is not None:
-                    if note_action(note) != "fail" and box.look is not None:
+                    if note_action(note) != "fail" and box.look is not None \
+                            and note.kind != "timeout":
                         # The shell sends box.look, then delivers (a holder: at once).
+                        # A timeout is delivered as it is (`ticket_wait` collects only
+                        # after a broken connection).
                         # Heard already, for a waiter whose deadline comes meanwhile.
                         box.heard = note
                         return box, note
