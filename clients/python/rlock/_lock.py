@@ -125,9 +125,9 @@ class LockOps:
                     reply = yield Call(tuple(args))
                 else:
                     shape = _proto.waiting(args[:4], wait.ms, request_id)
-                    # The server's wait ends sooner than ours (its timeout then comes back
-                    # in time), but still within redis-py's envelope: the last `sleep`.
-                    shape.lead_ms = int(sleep * 1000 / 4)
+                    # The server's wait ends sooner than ours, so that its timeout is
+                    # normally in by our deadline (`_plan.plan_wait`).
+                    shape.lead_ms = _plan.lead_ms(sleep)
                     reply = yield _proto.Wait(shape)
             except OutcomeUnknown:
                 raise  # scripts mode: the acquire script may have run (no request id)

@@ -62,21 +62,36 @@ class Wait:
     ms: Optional[int]
 
 
+#: A bounded wait of the Lock ends this many ``sleep`` before its deadline, on the client's
+#: clock (`plan_wait`).
+CUTOFF_SLEEPS = 0.25
+#: ... and in the server this many ``sleep`` before that (`lead_ms`): at most
+#: 0.85 ``sleep`` before the deadline, still inside redis-py's last ``sleep``.
+LEAD_SLEEPS = 0.6
+
+
+def lead_ms(sleep: Number) -> int:
+    """How much sooner than the client's wait the Lock's server-side wait ends."""
+    return int(sleep * LEAD_SLEEPS * 1000)
+
+
 def plan_wait(blocking: bool, stop_at: Optional[float], sleep: Number, now: float) -> Wait:
-    """The server-side wait of the next ACQUIRE, given the caller's deadline ``stop_at``.
+    """The wait of the next ACQUIRE, given the caller's deadline ``stop_at``.
 
     redis-py's Lock polls every ``sleep`` seconds and gives up at its last try before
     ``blocking_timeout``, so it returns somewhere in the last ``sleep`` before the
     deadline, never after it; with ``sleep > blocking_timeout`` it tries exactly once.
-    rlock waits in the server instead and keeps that envelope: the server wait ends half a
-    ``sleep`` before the deadline (leaving room for the reply's trip back), and when less
-    than that is left the ACQUIRE is sent without WAIT, a single try.
+    rlock waits in the server instead and keeps that envelope: the client's wait ends a
+    quarter of a ``sleep`` before the deadline (`CUTOFF_SLEEPS`: room for the waiter to
+    get a CPU again), the server's `LEAD_SLEEPS` of a ``sleep`` sooner (`lead_ms`: room
+    for its answer to come back by then), and when less than that quarter is left the
+    ACQUIRE is sent without WAIT, a single try.
     """
     if not blocking:
         return Wait(None)
     if stop_at is None:
         return Wait(0)
-    budget_ms = int((stop_at - now - sleep / 2) * 1000)
+    budget_ms = int((stop_at - now - sleep * CUTOFF_SLEEPS) * 1000)
     return Wait(budget_ms) if budget_ms >= 1 else Wait(None)
 
 

@@ -27,9 +27,10 @@ import rlock.asyncio as arlock
 
 pytestmark = pytest.mark.module_only
 
-#: redis-py's test_blocking_timeout: a wait of BT with SLEEP, which must end within
-#: (BT - SLEEP, BT] (redis-py's Lock gives up at its last poll before the deadline).
-BT, SLEEP = 0.2, 0.05
+#: As redis-py's test_blocking_timeout: a wait of BT with SLEEP, which must end within
+#: (BT - SLEEP, BT] (redis-py's Lock gives up at its last poll before the deadline); its
+#: 0.2 and 0.05 leave 12.5 ms to get a CPU after the client's own deadline, these 50 ms.
+BT, SLEEP = 0.4, 0.2
 
 
 def _freeze_once_queued(port: int, at: float, seconds: float) -> threading.Thread:
@@ -52,7 +53,7 @@ def test_a_timed_wait_ends_by_its_deadline_while_the_server_is_frozen(server, r)
     holder = r.lock("k", timeout=30, lock_class=rlock.Lock)
     assert holder.acquire(blocking=False)
     waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
-    freeze = _freeze_once_queued(server.port, 0.05, 0.4)
+    freeze = _freeze_once_queued(server.port, 0.05, 0.6)
     start = time.monotonic()
     assert waiter.acquire() is False
     elapsed = time.monotonic() - start
@@ -68,7 +69,7 @@ async def test_an_asyncio_timed_wait_ends_by_its_deadline_while_the_server_is_fr
     holder = arlock.Lock(ar, "k", timeout=30)
     assert await holder.acquire(blocking=False)
     waiter = arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
-    freeze = _freeze_once_queued(server.port, 0.05, 0.4)
+    freeze = _freeze_once_queued(server.port, 0.05, 0.6)
     loop = asyncio.get_running_loop()
     start = loop.time()
     assert await waiter.acquire() is False
@@ -86,7 +87,7 @@ def test_a_grant_made_while_the_waiter_left_at_its_deadline_is_given_back(server
     assert holder.acquire(blocking=False)
     waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
     handoffs = stat(r, "handoffs")
-    freeze = _freeze_once_queued(server.port, 0.02, 0.4)
+    freeze = _freeze_once_queued(server.port, 0.02, 0.6)
     release = threading.Timer(0.1, holder.release)
     release.start()
     assert waiter.acquire() is False

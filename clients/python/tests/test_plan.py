@@ -12,16 +12,22 @@ from rlock._plan import Wait
     (False, 5.0, 0.1, 0.0, Wait(None)),
     # No deadline: wait in the server without limit.
     (True, None, 0.1, 0.0, Wait(0)),
-    # A deadline: the wait ends half a sleep before it.
-    (True, 0.4, 0.05, 0.0, Wait(375)),
-    (True, 10.0, 0.1, 4.0, Wait(5950)),
-    # Less than half a sleep left (redis-py's "sleep > blocking_timeout"): one try.
+    # A deadline: the client's wait ends a quarter of a sleep before it.
+    (True, 0.4, 0.05, 0.0, Wait(387)),
+    (True, 10.0, 0.1, 4.0, Wait(5975)),
+    # Less than a quarter of a sleep left (redis-py's "sleep > blocking_timeout"): one try.
     (True, 1.0, 60, 0.0, Wait(None)),
-    (True, 0.04, 0.1, 0.0, Wait(None)),
+    (True, 0.02, 0.1, 0.0, Wait(None)),
     (True, 1.0, 0.1, 2.0, Wait(None)),
 ])
-def test_it_plans_the_server_wait_within_the_deadline(blocking, stop_at, sleep, now, expected):
+def test_it_plans_the_wait_within_the_deadline(blocking, stop_at, sleep, now, expected):
     assert _plan.plan_wait(blocking, stop_at, sleep, now) == expected
+
+
+def test_the_servers_wait_ends_inside_redis_pys_last_sleep():
+    # redis-py's test_blocking_timeout: bt 0.2, sleep 0.05, an answer in (0.15, 0.2].
+    wait = _plan.plan_wait(True, 0.2, 0.05, 0.0).ms
+    assert wait == 187 and 150 < wait - _plan.lead_ms(0.05) < wait
 
 
 @pytest.mark.parametrize("timeout, watchdog, expected", [
