@@ -143,9 +143,10 @@ bench-turns: venv ## What script-side waiters' turns (design.md 1.8) cost a rele
 	cargo build --release -p rlock
 	@$(PER_SERVER) $(PY) bench/instr_turns.py --module $(MODULE_RELEASE) --server "$$bin"; done
 
-bench-tickets: venv ## Queued tickets (each server in SERVERS): memory per ticket (100 000 from 10 connections) vs a blocked waiter, grant latency vs WAIT across processes (key channel and NOTIFY tags, 1 and 64 waiting), handoffs/s of 1 000 tasks over 10 connections vs Redisson's algorithm; writes bench/tickets.md
+bench-tickets: venv ## Queued tickets (each server in SERVERS): memory per ticket (100 000 from 10 connections) vs a blocked waiter, grant latency vs WAIT across processes (key channel and NOTIFY tags, 1 and 64 waiting), handoffs/s of 1 000 tasks over 10 connections vs Redisson's algorithm; writes bench/tickets.md (QUICK=1: a smoke run, printed only)
 	cargo build --release -p rlock
-	$(PY) bench/tickets.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) --report bench/tickets.md --block BENCHMARK.md
+	$(PY) bench/tickets.py --module $(MODULE_RELEASE) $(INSTR_SERVERS) \
+		$(if $(QUICK),--quick,--report bench/tickets.md --block BENCHMARK.md)
 
 bench-tickets-latency: venv ## Only the ticket grant latency (each server in SERVERS): blocked WAIT vs tickets on the key channel vs NOTIFY tags, 1 and 64 waiting processes on one lock; writes its block in BENCHMARK.md
 	cargo build --release -p rlock

@@ -645,11 +645,18 @@ def fleet(port, cfg, say, names):
         say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
             f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
             f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
-    ratio = tot["rlock"]["handoffs_s"] / tot["redisson"]["handoffs_s"]
+    handoffs = ratio(tot["rlock"]["handoffs_s"], tot["redisson"]["handoffs_s"])
     say()
-    say(f"rlock tickets / Redisson, {procs} processes: handoffs/s **{ratio:.2f}×**, "
-        f"p99 wait {tot['rlock']['p99_ms'] / tot['redisson']['p99_ms']:.2f}×, server CPU per "
-        f"acquisition {tot['rlock']['cpu_us_per_acq'] / tot['redisson']['cpu_us_per_acq']:.2f}×.")
+    say(f"rlock tickets / Redisson, {procs} processes: handoffs/s **{handoffs:.2f}×**, "
+        f"p99 wait {ratio(tot['rlock']['p99_ms'], tot['redisson']['p99_ms']):.2f}×, server CPU "
+        f"per acquisition "
+        f"{ratio(tot['rlock']['cpu_us_per_acq'], tot['redisson']['cpu_us_per_acq']):.2f}×.")
+
+
+def ratio(a, b):
+    """a / b, or nan when b is 0: a quick run's one-second round may see no handoff on a
+    side (a loaded machine), and its report still comes out, saying so ("nan")."""
+    return a / b if b else float("nan")
 
 
 def fmt_ms(v):
@@ -687,14 +694,15 @@ def latency_report(port, cfg, say):
             v, wcpu, scpu = lat[(waiting, mode)]
             say(f"| {waiting} | {names[mode]} | {len(v)} | {fmt_ms(pct(v, 0.5))} | "
                 f"{fmt_ms(pct(v, 0.9))} | {fmt_ms(pct(v, 0.99))} | "
-                f"**{pct(v, 0.5) / pct(b, 0.5):.2f}×** | **{pct(v, 0.99) / pct(b, 0.99):.2f}×** | "
+                f"**{ratio(pct(v, 0.5), pct(b, 0.5)):.2f}×** | "
+                f"**{ratio(pct(v, 0.99), pct(b, 0.99)):.2f}×** | "
                 f"{1e6 * wcpu:.0f} | {1e6 * scpu:.0f} |")
     say()
     verdicts = []
     for waiting in sizes:
         b = lat[(waiting, "blocked")][0]
         t = lat[(waiting, "tag")][0]
-        r50, r99 = pct(t, 0.5) / pct(b, 0.5), pct(t, 0.99) / pct(b, 0.99)
+        r50, r99 = ratio(pct(t, 0.5), pct(b, 0.5)), ratio(pct(t, 0.99), pct(b, 0.99))
         verdicts.append(f"{waiting} waiting: p50 {r50:.2f}×, p99 {r99:.2f}× "
                         f"(**{'met' if max(r50, r99) <= 1.10 else 'missed'}**)")
     say("`NOTIFY` tag ticket / blocked `WAIT` (goal: within 10 %, p50 and p99): "
@@ -813,7 +821,7 @@ def run_one(server, version, module, cfg, q, say):
             f"{b['per_conn_idle']:.0f} B, blocking in the module {b['per_blocked_only']:.0f} B, "
             f"**a blocked waiter with its connection {b['per_waiter']:.0f} B**.")
         say()
-        say(f"Blocked waiter / ticket: **{b['per_waiter'] / worst:.0f}×** (against the larger "
+        say(f"Blocked waiter / ticket: **{ratio(b['per_waiter'], worst):.0f}×** (against the larger "
             f"ticket figure, {worst:.0f} B; goal ≤ 256 B per ticket: "
             f"**{'met' if worst <= 256 else 'missed'}**).")
         say()
@@ -862,15 +870,16 @@ def run_one(server, version, module, cfg, q, say):
             say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
                 f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
                 f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
-        pairs = sorted(a["handoffs_s"] / b["handoffs_s"]
+        pairs = sorted(ratio(a["handoffs_s"], b["handoffs_s"])
                        for a, b in zip(res["rlock"], res["redisson"]))
-        ratio = tot["rlock"]["handoffs_s"] / tot["redisson"]["handoffs_s"]
+        handoffs = ratio(tot["rlock"]["handoffs_s"], tot["redisson"]["handoffs_s"])
         say()
-        say(f"rlock tickets / Redisson: handoffs/s **{ratio:.2f}×** "
+        say(f"rlock tickets / Redisson: handoffs/s **{handoffs:.2f}×** "
             f"over all rounds (per round, sorted: {', '.join(f'{x:.2f}' for x in pairs)}; "
             f"median {statistics.median(pairs):.2f}×), acquisitions/s "
-            f"{tot['rlock']['acq_s'] / tot['redisson']['acq_s']:.2f}×, server CPU per acquisition "
-            f"{tot['rlock']['cpu_us_per_acq'] / tot['redisson']['cpu_us_per_acq']:.2f}×. Server "
+            f"{ratio(tot['rlock']['acq_s'], tot['redisson']['acq_s']):.2f}×, server CPU per "
+            f"acquisition "
+            f"{ratio(tot['rlock']['cpu_us_per_acq'], tot['redisson']['cpu_us_per_acq']):.2f}×. Server "
             f"commands count the scripts' inner `redis.call`s; server and client CPU are shares "
             f"of one core over the round (the client is the one Python process running all the "
             f"tasks; on this shared machine neither reaches a whole core, so the rates follow "
