@@ -225,7 +225,9 @@ def test_a_latch_with_a_ttl_releases_its_awaiters_at_expiry(server):
     instead of waiting for Redis's sampling expiry."""
     r = server.client()
     latch(r, "RLATCH.TRYSETCOUNT", "l", 5)
-    r.pexpire("l", 80)
+    # The TTL must outlast queueing the awaiters (a loaded machine took longer than 80 ms,
+    # and an awaiter arriving after the expiry is answered at once, never queued).
+    r.pexpire("l", 1000)
     conns = start_awaiters(server, "l", 3)
     assert replies(conns) == [1, 1, 1]
     assert r.exists("l") == 0
