@@ -27,9 +27,14 @@ final class Backend {
     private final ScriptWaits scriptWaits;
     /** True: scripts; false: the module; null: ask at the next module command (AUTO). */
     private volatile CompletableFuture<Boolean> found;
+    private final Transport transport;
+    /** On a cluster in scripts mode: whether it has sharded pub/sub, asked once (null: not yet). */
+    private volatile CompletableFuture<Void> sharded;
 
-    private Backend(RlockOptions.Mode setting, Wire wire, Waits waits, Scripts scripts, ScriptWaits scriptWaits) {
+    private Backend(RlockOptions.Mode setting, Transport transport, Wire wire, Waits waits, Scripts scripts,
+                    ScriptWaits scriptWaits) {
         this.setting = setting;
+        this.transport = transport;
         this.wire = wire;
         this.waits = waits;
         this.scripts = scripts;
@@ -41,7 +46,7 @@ final class Backend {
                            Executor executor, RlockOptions options, RlockStats stats) {
         Scripts scripts = new Scripts(wire, options.watchdogTimeout().toMillis());
         ScriptWaits sw = new ScriptWaits(transport, scripts, wire, scheduler, executor, stats);
-        Backend b = new Backend(options.mode(), wire, waits, scripts, sw);
+        Backend b = new Backend(options.mode(), transport, wire, waits, scripts, sw);
         transport.onReconnect(b::forget);
         wire.route(b);
         waits.route(b);
@@ -98,6 +103,53 @@ final class Backend {
         }
     }
 
+    /**
+     * Scripts mode's readiness for `key`: on a cluster, whether it has sharded pub/sub,
+     * asked once of the key's node (Redisson's choice: its scripts then SPUBLISH, and
+     * waiters SSUBSCRIBE on the key's node; else PUBLISH and SUBSCRIBE). Off a cluster,
+     * nothing to ask. SPUBLISH without arguments changes nothing: a wrong number of
+     * arguments means it is there.
+     */
+    private CompletableFuture<Void> shardedKnown(String key) {
+        if (!transport.cluster()) {
+            return CompletableFuture.completedFuture(null);
+        }
+        CompletableFuture<Void> f = sharded;
+        if (f != null) {
+            return f;
+        }
+        synchronized (this) {
+            if (sharded == null) {
+                CompletableFuture<Void> asked = transport.sendTo(key, List.of("SPUBLISH"))
+                        .handle((v, e) -> {
+                            if (e != null && Wire.serverError(e) == null) {
+                                throw new java.util.concurrent.CompletionException(Wire.unwrap(e)); // not an answer: ask again
+                            }
+                            return e == null || !noSuchCommand(e);
+                        })
+                        .thenAccept(has -> {
+                            transport.shardedPubSub(has);
+                            scripts.publishWith(has ? "spublish" : "publish");
+                        });
+                sharded = asked;
+                asked.whenComplete((v, e) -> {
+                    if (e != null) {
+                        synchronized (this) {
+                            if (sharded == asked) {
+                                sharded = null;
+                            }
+                        }
+                    }
+                });
+            }
+            return sharded;
+        }
+    }
+
+    private CompletableFuture<Object> viaScripts(List<String> args) {
+        return shardedKnown(args.get(1)).thenCompose(x -> scripts.command(args)).thenApply(Scripts.Outcome::reply);
+    }
+
     /** The server has no such command, or this user may not run it: the module cannot be used. */
     static boolean noSuchCommand(Throwable e) {
         String m = Wire.serverError(e);
@@ -106,7 +158,7 @@ final class Backend {
 
     /** A module command, answered as the module would (retries of transient failures included). */
     CompletableFuture<Object> send(List<String> args) {
-        return scripts().thenCompose(s -> s ? scripts.command(args).thenApply(Scripts.Outcome::reply) : module(args, true));
+        return scripts().thenCompose(s -> s ? viaScripts(args) : module(args, true));
     }
 
     private CompletableFuture<Object> module(List<String> args, boolean again) {
@@ -115,8 +167,7 @@ final class Backend {
                 // The module went (a failover to a server without it): ask again, once.
                 forget();
                 waits.forgetCapabilities();
-                return scripts().thenCompose(s -> s ? scripts.command(args).thenApply(Scripts.Outcome::reply)
-                        : module(args, false));
+                return scripts().thenCompose(s -> s ? viaScripts(args) : module(args, false));
             }
             return CompletableFuture.failedFuture(Wire.unwrap(e));
         });
@@ -158,7 +209,35 @@ final class Backend {
 
     private CompletableFuture<Object> route(boolean scriptsMode, List<String> args,
                                             Function<Object, List<List<String>>> undo, Waits.Confirm confirm) {
-        return scriptsMode ? scriptWaits.await(args, undo) : waits.awaitModule(args, undo, confirm);
+        if (!scriptsMode) {
+            return waits.awaitModule(args, undo, confirm);
+        }
+        CompletableFuture<Void> ready = shardedKnown(args.get(1));
+        if (ready.isDone() && !ready.isCompletedExceptionally()) {
+            return scriptWaits.await(args, undo);
+        }
+        // The first wait on a cluster: asked first, then waited (a cancel reaches the wait).
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        ready.whenComplete((x, e) -> {
+            if (e != null) {
+                out.completeExceptionally(Wire.unwrap(e));
+                return;
+            }
+            CompletableFuture<Object> inner = scriptWaits.await(args, undo);
+            out.whenComplete((v, y) -> {
+                if (out.isCancelled()) {
+                    inner.cancel(true);
+                }
+            });
+            inner.whenComplete((v, y) -> {
+                if (y != null) {
+                    out.completeExceptionally(Wire.unwrap(y));
+                } else {
+                    out.complete(v);
+                }
+            });
+        });
+        return out;
     }
 
     /** A message on a channel that is not a ticket channel: Redisson's, for scripts-mode waits. */

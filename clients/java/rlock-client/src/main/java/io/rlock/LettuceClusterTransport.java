@@ -4,6 +4,11 @@
 // collected there) and one sharded pub/sub connection (SSUBSCRIBE: the module SPUBLISHes in
 // cluster mode). A ticket channel shares its key's slot (Waits.channel keeps the hash tag), so
 // both go to one node. The Go client's hubs (clients/go/tickets.go) are the same design.
+// Scripts mode (docs/scripts-mode.md) rides on the same: a script goes to its first key's
+// node (its KEYS share a slot), a script that must not run twice goes out on that node's
+// connection at most once (sendOnce), and Redisson's channels are heard on the node's
+// sharded pub/sub connection, or with classic SUBSCRIBE on a cluster without sharded
+// pub/sub (before Redis 7), where Redisson's scripts PUBLISH.
 package io.rlock;
 
 import io.lettuce.core.RedisChannelHandler;
@@ -15,11 +20,19 @@ import io.lettuce.core.cluster.api.StatefulRedisClusterConnection;
 import io.lettuce.core.cluster.models.partitions.RedisClusterNode;
 import io.lettuce.core.cluster.pubsub.StatefulRedisClusterPubSubConnection;
 import io.lettuce.core.codec.StringCodec;
+import io.lettuce.core.output.StatusOutput;
+import io.lettuce.core.protocol.AsyncCommand;
+import io.lettuce.core.protocol.Command;
+import io.lettuce.core.protocol.CommandArgs;
+import io.lettuce.core.protocol.CommandType;
+import io.lettuce.core.protocol.ProtocolKeyword;
+import io.lettuce.core.protocol.RedisCommand;
 import io.lettuce.core.pubsub.RedisPubSubAdapter;
 import io.lettuce.core.pubsub.StatefulRedisPubSubConnection;
 import io.lettuce.core.resource.ClientResources;
 
 import java.net.SocketAddress;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
 import java.util.Map;
@@ -52,6 +65,14 @@ final class LettuceClusterTransport implements Transport {
     private final Set<Object> seen = ConcurrentHashMap.newKeySet();
     private final RedisConnectionStateListener reconnects;
     private final Object connecting = new Object();
+    /** At-most-once commands under way, each with the node connection it went out on. */
+    private final Map<LettuceTransport.Once, Object> once = new ConcurrentHashMap<>();
+    /** Channels subscribed with classic SUBSCRIBE (a cluster without sharded pub/sub). */
+    private final Set<String> classic = ConcurrentHashMap.newKeySet();
+    /** False on a cluster without sharded pub/sub (Backend asks in scripts mode). */
+    private volatile boolean sharded = true;
+    /** How many redirects an at-most-once command follows (each means it did not run). */
+    private static final int ONCE_REDIRECTS = 5;
 
     LettuceClusterTransport(RedisClusterClient redis, boolean ownsRedis, ClientResources ownResources) {
         this.redis = redis;
@@ -69,6 +90,18 @@ final class LettuceClusterTransport implements Transport {
                 if (ours.contains(c) && !seen.add(c)) {
                     hooks.forEach(Runnable::run);
                 }
+            }
+
+            @Override
+            public void onRedisDisconnected(RedisChannelHandler<?, ?> c) {
+                // As LettuceTransport's: on the node connection's event loop, before its
+                // reconnect would write its commands again, an at-most-once command written
+                // on it fails (done: Lettuce does not write it again); one not written waits.
+                once.forEach((o, on) -> {
+                    if (on == c && o.written) {
+                        o.result.completeExceptionally(LettuceTransport.lostAfterWrite(o));
+                    }
+                });
             }
         };
         redis.addListener(reconnects);
@@ -91,6 +124,85 @@ final class LettuceClusterTransport implements Transport {
         // Keyed: Lettuce routes by the key's slot and follows MOVED and ASK. Keyless
         // (RLOCK.HELLO): any node; every node has the module.
         return LettuceTransport.send(conn.async(), args);
+    }
+
+    /** Keyed by the first of KEYS for a script (LettuceTransport.keyIndex), bytes as they are. */
+    @Override
+    public CompletableFuture<Object> sendBytes(List<byte[]> args) {
+        return LettuceTransport.sendBytes(conn.async(), args);
+    }
+
+    /**
+     * At most once, as LettuceTransport's: on the connection of the key's node itself (the
+     * cluster connection's routing would hide which node connection wrote it), failed with
+     * RlockOutcomeUnknownException when that connection breaks after the write. A MOVED
+     * or ASK (the script did not run) is followed here, to a bound.
+     */
+    @Override
+    public CompletableFuture<Object> sendOnce(List<String> args) {
+        return once(LettuceTransport.keyOf(args), Wire.keyword(args.get(0)), LettuceTransport.commandArgs(args),
+                null, false, 0);
+    }
+
+    @Override
+    public CompletableFuture<Object> sendBytesOnce(List<byte[]> args) {
+        return once(LettuceTransport.keyOf(args), Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)),
+                LettuceTransport.bytesArgs(args), null, false, 0);
+    }
+
+    /** `at`: the node (host:port) a redirect named, else null (the key's node); `asking`: an ASK's. */
+    private CompletableFuture<Object> once(String key, ProtocolKeyword type, CommandArgs<String, String> a,
+                                           String at, boolean asking, int redirects) {
+        CompletableFuture<StatefulRedisConnection<String, String>> to;
+        if (at != null) {
+            int colon = at.lastIndexOf(':');
+            to = conn.getConnectionAsync(at.substring(0, colon), Integer.parseInt(at.substring(colon + 1)))
+                    .thenApply(c -> {
+                        if (ours.add(c)) {
+                            seen.add(c);
+                        }
+                        return c;
+                    });
+        } else {
+            to = key == null ? CompletableFuture.completedFuture(null) : node(nodeId(key));
+        }
+        return to.thenCompose(c -> {
+            if (c == null) { // keyless (no script of scripts mode is): any node, as send does
+                return conn.async().dispatch(type, new Reply(), a).toCompletableFuture();
+            }
+            LettuceTransport.Once cmd = new LettuceTransport.Once(type, a);
+            AsyncCommand<String, String, Object> async = new AsyncCommand<>(cmd);
+            cmd.result = async;
+            once.put(cmd, c);
+            async.whenComplete((v, e) -> once.remove(cmd));
+            try {
+                if (asking) {
+                    // ASKING and the command in one write: nothing else comes between them.
+                    AsyncCommand<String, String, String> askingCmd =
+                            new AsyncCommand<>(new Command<>(CommandType.ASKING, new StatusOutput<>(StringCodec.UTF8)));
+                    c.dispatch(List.<RedisCommand<String, String, ?>>of(askingCmd, async));
+                } else {
+                    c.dispatch(async);
+                }
+            } catch (RuntimeException e) {
+                once.remove(cmd);
+                return CompletableFuture.<Object>failedFuture(e);
+            }
+            return async.toCompletableFuture();
+        }).exceptionallyCompose(e -> {
+            String m = Wire.serverError(e);
+            if (!Wire.isRedirect(m) || redirects >= ONCE_REDIRECTS) {
+                return CompletableFuture.failedFuture(Wire.unwrap(e));
+            }
+            // MOVED: the slot is served there now (and the layout is learnt again for the
+            // next command); ASK: there, this once, after ASKING (a slot being migrated).
+            String[] f = m.split(" ");
+            boolean ask = f[0].equals("ASK");
+            if (!ask) {
+                relearn();
+            }
+            return once(key, type, a, f[2], ask, redirects + 1);
+        });
     }
 
     private CompletableFuture<StatefulRedisConnection<String, String>> node(String id) {
@@ -197,6 +309,13 @@ final class LettuceClusterTransport implements Transport {
         if (id == null) {
             return CompletableFuture.failedFuture(new io.lettuce.core.RedisException("no master serves the slot of " + channel));
         }
+        if (!sharded) {
+            // Before Redis 7: a classic PUBLISH reaches every node's subscribers; the
+            // channel's node is as good as any.
+            classic.add(channel);
+            return pubsubOf(id).thenCompose(p -> p.async().subscribe(channel).toCompletableFuture())
+                    .thenRun(() -> subscribedOn.put(channel, id));
+        }
         // Lettuce completes SSUBSCRIBE on the server's confirmation (a MOVED if the slot
         // is elsewhere: Waits learns the layout again).
         return pubsubOf(id).thenCompose(p -> p.async().ssubscribe(channel).toCompletableFuture())
@@ -204,10 +323,24 @@ final class LettuceClusterTransport implements Transport {
     }
 
     @Override
+    public void shardedPubSub(boolean has) {
+        this.sharded = has;
+    }
+
+    @Override
+    public boolean cluster() {
+        return true;
+    }
+
+    @Override
     public void unsubscribe(String channel) {
         String id = subscribedOn.remove(channel);
         if (id == null) {
             return; // never confirmed, or the server dropped it already
+        }
+        if (classic.remove(channel)) {
+            pubsubOf(id).thenAccept(p -> p.async().unsubscribe(channel));
+            return;
         }
         leaving.computeIfAbsent(id + " " + channel, k -> new AtomicInteger()).incrementAndGet();
         pubsubOf(id).thenAccept(p -> p.async().sunsubscribe(channel));

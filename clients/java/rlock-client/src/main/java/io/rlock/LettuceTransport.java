@@ -67,9 +67,7 @@ final class LettuceTransport implements Transport {
                 if (c == conn) {
                     for (Once o : once) {
                         if (o.written) {
-                            o.result.completeExceptionally(new RlockOutcomeUnknownException(
-                                    "the connection closed after " + o.getType() + " was sent: it may or may"
-                                            + " not have run, and is not sent again", null));
+                            o.result.completeExceptionally(lostAfterWrite(o));
                         }
                     }
                 }
@@ -82,15 +80,62 @@ final class LettuceTransport implements Transport {
         return conn;
     }
 
-    static CompletableFuture<Object> send(BaseRedisAsyncCommands<String, String> c, List<String> args) {
+    /**
+     * Where a command's key is in `args` (-1: none): after the command, or, for EVAL and
+     * EVALSHA, the first of KEYS. Marked as a key, it routes the command on a cluster
+     * connection (Lettuce routes by the first key) and nowhere else matters.
+     */
+    static int keyIndex(List<?> args, java.util.function.Function<Object, String> text) {
+        if (args.size() < 2) {
+            return -1;
+        }
+        String cmd = text.apply(args.get(0)).toUpperCase(java.util.Locale.ROOT);
+        if (cmd.equals("EVAL") || cmd.equals("EVALSHA")) {
+            return args.size() > 3 && !"0".equals(text.apply(args.get(2))) ? 3 : -1;
+        }
+        return 1;
+    }
+
+    static String text(Object a) {
+        return a instanceof byte[] b ? new String(b, StandardCharsets.UTF_8) : (String) a;
+    }
+
+    /** `args` after the command, their key marked ({@link #keyIndex}). */
+    static CommandArgs<String, String> commandArgs(List<String> args) {
         CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        int key = keyIndex(args, LettuceTransport::text);
         for (int i = 1; i < args.size(); i++) {
-            if (i == 1) {
+            if (i == key) {
                 a.addKey(args.get(i));
             } else {
                 a.add(args.get(i));
             }
         }
+        return a;
+    }
+
+    /** {@link #commandArgs} of byte arguments: the key as text (it is), the others as they are. */
+    static CommandArgs<String, String> bytesArgs(List<byte[]> args) {
+        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
+        int key = keyIndex(args, LettuceTransport::text);
+        for (int i = 1; i < args.size(); i++) {
+            if (i == key) {
+                a.addKey(text(args.get(i)));
+            } else {
+                a.add(args.get(i));
+            }
+        }
+        return a;
+    }
+
+    /** The key `args` name (the one that routes them), or null. */
+    static String keyOf(List<?> args) {
+        int key = keyIndex(args, LettuceTransport::text);
+        return key < 0 ? null : text(args.get(key));
+    }
+
+    static CompletableFuture<Object> send(BaseRedisAsyncCommands<String, String> c, List<String> args) {
+        CommandArgs<String, String> a = commandArgs(args);
         try {
             return c.dispatch(Wire.keyword(args.get(0)), new Reply(), a).toCompletableFuture();
         } catch (RuntimeException e) {
@@ -107,7 +152,7 @@ final class LettuceTransport implements Transport {
     private final Set<Once> once = ConcurrentHashMap.newKeySet();
 
     /** A command that knows whether it was written (encoded onto the connection). */
-    private static final class Once extends Command<String, String, Object> {
+    static final class Once extends Command<String, String, Object> {
         volatile boolean written;
         volatile AsyncCommand<String, String, Object> result;
 
@@ -129,20 +174,18 @@ final class LettuceTransport implements Transport {
      */
     @Override
     public CompletableFuture<Object> sendOnce(List<String> args) {
-        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
-        for (int i = 1; i < args.size(); i++) {
-            a.add(args.get(i));
-        }
-        return dispatchOnce(Wire.keyword(args.get(0)), a);
+        return dispatchOnce(Wire.keyword(args.get(0)), commandArgs(args));
     }
 
     @Override
     public CompletableFuture<Object> sendBytesOnce(List<byte[]> args) {
-        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
-        for (int i = 1; i < args.size(); i++) {
-            a.add(args.get(i));
-        }
-        return dispatchOnce(Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)), a);
+        return dispatchOnce(Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)), bytesArgs(args));
+    }
+
+    /** The failure of an at-most-once command whose connection closed after it was written. */
+    static RlockOutcomeUnknownException lostAfterWrite(Once o) {
+        return new RlockOutcomeUnknownException("the connection closed after " + o.getType() + " was sent: it may"
+                + " or may not have run, and is not sent again", null);
     }
 
     private CompletableFuture<Object> dispatchOnce(ProtocolKeyword type, CommandArgs<String, String> a) {
@@ -163,12 +206,13 @@ final class LettuceTransport implements Transport {
     /** Bytes as they are: a raw permit id (scripts mode) is not text. */
     @Override
     public CompletableFuture<Object> sendBytes(List<byte[]> args) {
-        CommandArgs<String, String> a = new CommandArgs<>(StringCodec.UTF8);
-        for (int i = 1; i < args.size(); i++) {
-            a.add(args.get(i));
-        }
+        return sendBytes(conn.async(), args);
+    }
+
+    static CompletableFuture<Object> sendBytes(BaseRedisAsyncCommands<String, String> c, List<byte[]> args) {
+        CommandArgs<String, String> a = bytesArgs(args);
         try {
-            return conn.async().dispatch(Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)), new Reply(), a)
+            return c.dispatch(Wire.keyword(new String(args.get(0), StandardCharsets.US_ASCII)), new Reply(), a)
                     .toCompletableFuture();
         } catch (RuntimeException e) {
             return CompletableFuture.failedFuture(e);

@@ -100,6 +100,39 @@ final class ScriptWaits {
         // A message published while the notification connection was away is lost: every
         // waiter tries again (the driver subscribes its channels again itself).
         transport.onReconnect(this::wakeAll);
+        // On a cluster, a shard channel whose slot left its node is dropped by the server:
+        // subscribed again on the new owner, and its waiters try again meanwhile.
+        transport.onChannelDropped(this::dropped);
+    }
+
+    private void dropped(String channel) {
+        synchronized (this) {
+            Chan c = chans.get(channel);
+            if (c == null) {
+                return;
+            }
+            CompletableFuture<Void> again = transport.relearn().handle((v, e) -> null)
+                    .thenCompose(v -> transport.subscribe(channel));
+            c.ready = again;
+        }
+        wake(channel);
+    }
+
+    private void wake(String channel) {
+        List<Waiter> wake = new ArrayList<>();
+        synchronized (this) {
+            Chan c = chans.get(channel);
+            if (c == null) {
+                return;
+            }
+            c.events++;
+            wake.addAll(c.asleep);
+            c.asleep.clear();
+            wake.forEach(this::cancelTimer);
+        }
+        for (Waiter w : wake) {
+            executor.execute(() -> attempt(w));
+        }
     }
 
     /**

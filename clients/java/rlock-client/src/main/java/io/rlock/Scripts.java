@@ -110,12 +110,24 @@ final class Scripts {
     private final Wire wire;
     /** The lease a reentrant release sets again (Redisson's internalLockLeaseTime). */
     private final long releaseLeaseMs;
-    /** The scripts' publish command (Redisson's on a server without sharded pub/sub). */
-    private final String publish = "publish";
+    /**
+     * The scripts' publish command, Redisson's choice: "spublish" on a cluster that has
+     * sharded pub/sub (Backend asks a node once), else "publish".
+     */
+    private volatile String publish = "publish";
 
     Scripts(Wire wire, long releaseLeaseMs) {
         this.wire = wire;
         this.releaseLeaseMs = releaseLeaseMs;
+    }
+
+    /** Sets the scripts' publish command ("publish" or "spublish"). */
+    void publishWith(String command) {
+        this.publish = command;
+    }
+
+    String publish() {
+        return publish;
     }
 
     static Script script(String name) {

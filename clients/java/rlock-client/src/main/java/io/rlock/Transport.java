@@ -130,6 +130,18 @@ public interface Transport extends AutoCloseable {
     default void onChannelDropped(Consumer<String> hook) {
     }
 
+    /** Whether this is a cluster's transport (scripts mode then asks for sharded pub/sub). */
+    default boolean cluster() {
+        return false;
+    }
+
+    /**
+     * Whether the cluster has sharded pub/sub (SSUBSCRIBE; Redis 7 and later, Valkey):
+     * without it subscriptions are classic ones. Ignored off a cluster.
+     */
+    default void shardedPubSub(boolean has) {
+    }
+
     /** Learns again which server holds which key (after a redirect). */
     default CompletableFuture<Void> relearn() {
         return CompletableFuture.completedFuture(null);

@@ -1,7 +1,8 @@
-// Test support (clients/java tests): a real local Redis Cluster of 3 module-loaded masters
-// on free ports of 127.0.0.1, built as tests/support/cluster_helpers.py builds one: cluster-enabled
-// servers, a third of the slots each (CLUSTER ADDSLOTSRANGE), CLUSTER MEET, then wait for
-// cluster_state:ok everywhere. Slots can be moved the classic way (SETSLOT, MIGRATE).
+// Test support (clients/java tests): a real local Redis Cluster of 3 masters, module-loaded
+// or (scripts mode) not, on free ports of 127.0.0.1, built as tests/support/cluster_helpers.py
+// builds one: cluster-enabled servers, a third of the slots each (CLUSTER ADDSLOTSRANGE),
+// CLUSTER MEET, then wait for cluster_state:ok everywhere. Slots can be moved the classic
+// way (SETSLOT, MIGRATE).
 package io.rlock;
 
 import java.time.Duration;
@@ -13,10 +14,16 @@ public final class TestCluster implements AutoCloseable {
     static final int[][] RANGES = {{0, 5460}, {5461, 10922}, {10923, 16383}};
 
     public TestCluster() {
+        this(true);
+    }
+
+    /** `module` false: module-less nodes, as a managed service's cluster (scripts mode). */
+    public TestCluster(boolean module) {
         try {
+            String[] conf = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "2000"};
             for (int i = 0; i < 3; i++) {
-                masters.add(new TestServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                        "--cluster-node-timeout", "2000"));
+                masters.add(module ? new TestServer(conf) : TestServer.withoutModule(conf));
             }
             for (int i = 0; i < 3; i++) {
                 masters.get(i).call("CLUSTER", "ADDSLOTSRANGE", Integer.toString(RANGES[i][0]), Integer.toString(RANGES[i][1]));
