@@ -202,7 +202,7 @@ class ScriptsClusterTest {
     void an_acquire_written_before_its_connection_broke_is_not_written_again() throws Exception {
         String n = spread("once", 1).get(0);
         TestServer node = cluster.ownerOf(n);
-        // A client of its own: its node connection's last command is this acquire's.
+        // A client of its own, so that no other script runs on its connections meanwhile.
         try (RlockClient c = RlockClient.createCluster(List.of(cluster.masters.get(0).restrictedUri()),
                 RlockOptions.defaults().withMode(RlockOptions.Mode.SCRIPTS))) {
             once(c, n, node);
@@ -218,8 +218,10 @@ class ScriptsClusterTest {
         node.call("CLIENT", "PAUSE", "5000", "WRITE");
         try {
             CompletableFuture<Boolean> acquire = lock.tryLockAsync(1);
+            // Held: a connection of the client blocked (flags b) on an EVALSHA.
             TestServer.waitUntil(Duration.ofSeconds(5), "the acquire held by the pause", () -> node.redis().clientList()
-                    .lines().anyMatch(l -> l.contains(" name=" + RlockClient.CONNECTION_NAME + " ") && l.contains("cmd=evalsha")));
+                    .lines().anyMatch(l -> l.contains(" name=" + RlockClient.CONNECTION_NAME + " ")
+                            && l.contains(" flags=b ") && l.contains(" cmd=evalsha ")));
             node.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes");
             ExecutionException e = assertThrows(ExecutionException.class, () -> acquire.get(10, TimeUnit.SECONDS));
             assertInstanceOf(RlockOutcomeUnknownException.class, Wire.unwrap(e), String.valueOf(e.getCause()));
