@@ -5,8 +5,10 @@
 // three nodes (scripts routed to their key's node, SPUBLISH, SSUBSCRIBE on the key's node,
 // one notification connection per node); a waiter whose pub/sub connection was killed
 // subscribed again and woken; a script that must not run twice not written again after
-// its node connection broke; the real Redisson 4.7 in cluster mode and rlock waking each
-// other. One cluster for the class.
+// its node connection broke; a waiter following its channel through classic resharding; on
+// a cluster that answers the probe as one without sharded pub/sub (before Redis 7), PUBLISH
+// and classic SUBSCRIBE; the real Redisson 4.7 in cluster mode and rlock waking each other.
+// One cluster for the class.
 package io.rlock;
 
 import org.junit.jupiter.api.AfterAll;
@@ -233,6 +235,85 @@ class ScriptsClusterTest {
         assertEquals(0L, node.redis().exists(n));
         assertTrue(lock.tryLockAsync(1).get(), "the next acquire goes");
         lock.unlockAsync(1).get();
+    }
+
+    @Test
+    void a_waiter_follows_its_channel_when_the_slot_moves() throws Exception {
+        String n = spread("reshard", 1).get(0);
+        String channel = Scripts.lockChannel(n);
+        RlockLock bl = b.getLock(n);
+        assertTrue(bl.tryLockAsync(-1, 30_000, TimeUnit.MILLISECONDS, 1).get());
+        CompletableFuture<Boolean> w = a.getLock(n).tryLockAsync(30, 30, TimeUnit.SECONDS, 1);
+        TestServer.waitUntil(Duration.ofSeconds(5), "the waiter asleep", () -> a.scriptsAsleep() >= 1);
+        TestServer src = cluster.ownerOf(n), dst = cluster.other(src);
+        int slot = cluster.slot(n);
+        // Classic resharding: the old owner drops the slot's shard subscriptions when it
+        // gives the slot up; the waiter subscribes again on the new owner.
+        cluster.beginMigration(slot, src, dst);
+        cluster.finishMigration(slot, src, dst);
+        assertSame(dst, cluster.ownerOf(n));
+        assertTrue(wokenBy(w, channel, () -> bl.unlockAsync(1).join()));
+        a.getLock(n).unlockAsync(1).get();
+    }
+
+    /** A cluster transport that answers the probe as a cluster without sharded pub/sub (before Redis 7). */
+    static Transport withoutShardedPubSub(Transport t) {
+        return new Transport() {
+            public CompletableFuture<Object> send(List<String> args) { return t.send(args); }
+            public CompletableFuture<Object> sendBytes(List<byte[]> args) { return t.sendBytes(args); }
+            public CompletableFuture<Object> sendOnce(List<String> args) { return t.sendOnce(args); }
+            public CompletableFuture<Object> sendBytesOnce(List<byte[]> args) { return t.sendBytesOnce(args); }
+            public void listen(java.util.function.BiConsumer<String, String> l) { t.listen(l); }
+            public CompletableFuture<Void> subscribe(String channel) { return t.subscribe(channel); }
+            public void unsubscribe(String channel) { t.unsubscribe(channel); }
+            public void onReconnect(Runnable hook) { t.onReconnect(hook); }
+            public Dedicated dedicated() { return t.dedicated(); }
+            public String nodeOf(String key) { return t.nodeOf(key); }
+            public CompletableFuture<Object> sendTicket(String channel, List<String> args) { return t.sendTicket(channel, args); }
+            public void onChannelDropped(java.util.function.Consumer<String> hook) { t.onChannelDropped(hook); }
+            public CompletableFuture<Void> relearn() { return t.relearn(); }
+            public boolean cluster() { return t.cluster(); }
+            public void shardedPubSub(boolean has) { t.shardedPubSub(has); }
+            public void close() { t.close(); }
+
+            public CompletableFuture<Object> sendTo(String key, List<String> args) {
+                return args.get(0).equals("SPUBLISH")
+                        ? CompletableFuture.failedFuture(new io.lettuce.core.RedisCommandExecutionException(
+                                "ERR unknown command 'SPUBLISH', with args beginning with: "))
+                        : t.sendTo(key, args);
+            }
+        };
+    }
+
+    static long plainSubscribers(String channel) {
+        long n = 0;
+        for (TestServer node : cluster.masters) {
+            n += node.redis().pubsubNumsub(channel).getOrDefault(channel, 0L);
+        }
+        return n;
+    }
+
+    @Test
+    void without_sharded_pub_sub_the_scripts_publish_and_waiters_subscribe_classic() throws Exception {
+        io.lettuce.core.cluster.RedisClusterClient redis =
+                io.lettuce.core.cluster.RedisClusterClient.create(List.of(cluster.masters.get(0).restrictedUri()));
+        try (RlockClient c = RlockClient.create(withoutShardedPubSub(new LettuceClusterTransport(redis, true, null)),
+                RlockOptions.defaults().withMode(RlockOptions.Mode.SCRIPTS))) {
+            String n = spread("classic", 1).get(0);
+            String channel = Scripts.lockChannel(n);
+            RlockLock lock = c.getLock(n);
+            assertTrue(lock.tryLockAsync(-1, 30_000, TimeUnit.MILLISECONDS, 1).get());
+            CompletableFuture<Boolean> w = lock.tryLockAsync(30, 30, TimeUnit.SECONDS, 2);
+            TestServer.waitUntil(Duration.ofSeconds(5), "subscribed (classic)", () -> plainSubscribers(channel) >= 1);
+            TestServer.waitUntil(Duration.ofSeconds(5), "the waiter asleep", () -> c.scriptsAsleep() >= 1);
+            assertEquals(0, shardSubscribers(channel));
+            long t0 = System.nanoTime();
+            lock.unlockAsync(1).get();
+            assertTrue(w.get(10, TimeUnit.SECONDS));
+            assertTrue(ms(t0) < WAKE_LIMIT_MS, "woke after " + ms(t0) + " ms: not by the message");
+            lock.unlockAsync(2).get();
+            TestServer.waitUntil(Duration.ofSeconds(2), "unsubscribed", () -> plainSubscribers(channel) == 0);
+        }
     }
 
     @Test
