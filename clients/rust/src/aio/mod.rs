@@ -47,9 +47,13 @@ pub use crate::fenced::aio_fenced::{FencedGuard, FencedLock};
 // Semaphores (RSEMAPHORE.*, RPSEMAPHORE.*), async.
 pub use crate::aio::semaphore::{ExpirablePermit, ExpirableSemaphore, Semaphore, SemaphorePermit};
 
-/// The publish command scripts mode's scripts get: classic pub/sub, which reaches the
-/// subscribers of every node of a cluster too.
+/// The publish command scripts mode's scripts get: classic pub/sub on a single server
+/// and on a cluster without sharded pub/sub (it reaches every node's subscribers).
 const PUBLISH: &str = "publish";
+
+/// On a cluster that has sharded pub/sub (Redis 7+, Valkey), as Redisson 4.7 publishes
+/// there: a Redisson waiter listens with `SSUBSCRIBE` and would not hear a `PUBLISH`.
+const SPUBLISH: &str = "spublish";
 
 /// Whether `c` is one of the module's commands (what scripts mode does otherwise).
 fn is_module(c: &redis::Cmd) -> bool {
@@ -127,8 +131,11 @@ pub(crate) struct ClientInner {
     replica_counts: tokio::sync::Mutex<crate::proto::replicas::ReplicaCounts>,
     // Module or Redisson's scripts (docs/scripts-mode.md): what the probe found.
     backend: Arc<Backend>,
-    // Scripts mode's one subscriber connection (opened at the first wait).
-    subscriber: crate::net::pubsub::Subscriber,
+    // Scripts mode's subscriber connection (opened at the first wait; on a cluster with
+    // sharded pub/sub, one per node with waiters).
+    subscriber: crate::net::pubsub::Subscribers,
+    // A cluster's scripts' publish command, once asked (Python's `detect` alike).
+    publish: Mutex<Option<&'static str>>,
 }
 
 /// What a client's probe found, and when (scripts mode asks again every `REPROBE`).
@@ -275,15 +282,21 @@ impl Client {
                 backend.clone(),
             ))
             .abort_handle();
-        // Classic pub/sub reaches a cluster's every node, so one subscriber serves it.
-        // (A cluster client made from a redis-rs ClusterClient has no node address to
-        // give it: its scripts-mode waits fail, saying so.)
-        let sub_client = match &target {
+        // A single server's one subscriber; a cluster's, per node (sharded pub/sub) or one
+        // (classic pub/sub reaches every node). A cluster client made from a redis-rs
+        // ClusterClient has no node address to give them: its scripts-mode waits fail,
+        // saying so.
+        let single = match &target {
             Target::Single(c) => Some(c.clone()),
-            Target::Cluster(_) => template.clone().and_then(|i| redis::Client::open(i).ok()),
+            Target::Cluster(_) => None,
         };
         let forget = backend.clone();
-        let subscriber = crate::net::pubsub::Subscriber::new(sub_client, move || forget.forget());
+        let subscriber = crate::net::pubsub::Subscribers::new(
+            single,
+            target.is_cluster(),
+            template.clone(),
+            move || forget.forget(),
+        );
         // One tag per client (design.md 5): its tickets' messages reach it alone.
         let tag: Arc<str> = crate::proto::cmd::notify_tag().into();
         let tickets = match &target {
@@ -308,6 +321,7 @@ impl Client {
                 replica_counts: Default::default(),
                 backend,
                 subscriber,
+                publish: Mutex::new(None),
                 wait_pool: WaitPool::new(opts.idle_wait_connections),
                 watchdog,
                 worker,
@@ -429,8 +443,9 @@ impl ClientInner {
         for attempt in 0..2 {
             if self.mode().await? == Mode::Scripts {
                 let words = scripts::words(c);
+                let publish = self.publish().await?;
                 let mut conn = self.conn().await?;
-                let r = crate::net::scripts::command(&mut conn, &words, PUBLISH).await;
+                let r = crate::net::scripts::command(&mut conn, &words, publish).await;
                 return self.after(r.map(|(v, _)| v)).await;
             }
             match self.run_raw(c).await {
@@ -500,6 +515,29 @@ impl ClientInner {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The scripts' publish command: on a cluster, asked once whether it has sharded pub/sub
+    /// (`SPUBLISH` to a channel nobody hears; "unknown command" or `NOPERM`: it has not).
+    async fn publish(&self) -> Result<&'static str> {
+        if !self.target.is_cluster() {
+            return Ok(PUBLISH);
+        }
+        if let Some(p) = *lock_ignoring_poison(&self.publish) {
+            return Ok(p);
+        }
+        let probe = redis::cmd("SPUBLISH")
+            .arg("rlock:probe:spublish")
+            .arg("")
+            .to_owned();
+        let found = match self.run_raw(&probe).await {
+            Ok(_) => SPUBLISH,
+            Err(e) if no_module(&e) => PUBLISH,
+            Err(Error::Server { .. }) => SPUBLISH,
+            Err(e) => return Err(e),
+        };
+        *lock_ignoring_poison(&self.publish) = Some(found);
+        Ok(found)
     }
 
     /// One command as it is, on the shared multiplexed connection.
@@ -584,8 +622,9 @@ impl ClientInner {
     ) -> Result<Value> {
         if is_module(cmd) && self.mode().await? == Mode::Scripts {
             let words = scripts::words(cmd);
+            let publish = self.publish().await?;
             let mut conn = self.conn().await?;
-            let r = crate::net::scripts::wait(&mut conn, &self.subscriber, &words, limit, PUBLISH);
+            let r = crate::net::scripts::wait(&mut conn, &self.subscriber, &words, limit, publish);
             return self.after(r.await).await;
         }
         let r = self

@@ -44,20 +44,25 @@ const MAX_REDIRECTS: usize = 5;
 const SLOTS: usize = 16384;
 const UNKNOWN: u16 = u16::MAX;
 
+/// A slot map: which master serves each slot, as far as known (also the sharded
+/// subscribers' of scripts mode, `net::pubsub`).
 #[derive(Default)]
-struct Map {
+pub(crate) struct Map {
     /// Slot -> index in `addrs` (`UNKNOWN`: not known); empty until first read.
     slots: Vec<u16>,
     addrs: Vec<(String, u16)>,
 }
 
+/// The slot map's name outside this file.
+pub(crate) type SlotMap = Map;
+
 impl Map {
-    fn node(&self, slot: u16) -> Option<(String, u16)> {
+    pub(crate) fn node(&self, slot: u16) -> Option<(String, u16)> {
         let i = *self.slots.get(usize::from(slot))?;
         self.addrs.get(usize::from(i)).cloned()
     }
 
-    fn set(&mut self, lo: u16, hi: u16, addr: (String, u16)) {
+    pub(crate) fn set(&mut self, lo: u16, hi: u16, addr: (String, u16)) {
         if self.slots.is_empty() {
             self.slots = vec![UNKNOWN; SLOTS];
         }
@@ -257,7 +262,7 @@ impl ClusterTickets {
 }
 
 /// The slot and new address of a `MOVED`.
-fn moved(e: &RedisError) -> Option<(u16, (String, u16))> {
+pub(crate) fn moved(e: &RedisError) -> Option<(u16, (String, u16))> {
     let (addr, slot) = e.redirect_node()?;
     let (host, port) = addr.rsplit_once(':')?;
     Some((slot, (host.to_owned(), port.parse().ok()?)))

@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 
 use crate::error::{Error, Result};
-use crate::net::pubsub::{Heard, Subscriber};
+use crate::net::pubsub::{Heard, Subscribers};
 use crate::proto::cmd::request_id;
 use crate::proto::scripts::{self as s, renew_reply, renew_script, Args, Resend, Script};
 
@@ -485,10 +485,11 @@ async fn pes_available<C: ConnectionLike + Send>(
 /// A waiting command, Redisson's way: subscribe the primitive's channel first (so no
 /// release is missed), try, and until the wait ends sleep until a message on the channel
 /// or the holder's lease end (the PTTL, or the first permit's expiry) before trying again.
-/// `limit`: how long the whole wait may take (None: no limit). The module's reply.
+/// `limit`: how long the whole wait may take (None: no limit). The module's reply. With
+/// `publish` "spublish" (a cluster with sharded pub/sub) the subscription is the node's.
 pub(crate) async fn wait<C: ConnectionLike + Send>(
     conn: &mut C,
-    subscriber: &Subscriber,
+    subscribers: &Subscribers,
     words: &[Vec<u8>],
     limit: Option<Duration>,
     publish: &str,
@@ -503,7 +504,8 @@ pub(crate) async fn wait<C: ConnectionLike + Send>(
     let try_words = without_wait(words);
     let channel = s::channel_of(&try_words)
         .ok_or_else(|| refused("ERR", "rlock scripts mode: this command does not wait"))?;
-    let mut sub = subscriber.subscribe(&channel).await?;
+    let sharded = publish.eq_ignore_ascii_case("spublish");
+    let mut sub = subscribers.subscribe(conn, &channel, sharded).await?;
     loop {
         let seen = sub.mark();
         let (reply, hint) = command(conn, &try_words, publish).await?;
@@ -526,9 +528,10 @@ pub(crate) async fn wait<C: ConnectionLike + Send>(
             (l, w) => l.or(w),
         };
         if let Heard::Broken = sub.listen(seen, sleep).await {
-            // The connection broke (a release may have been missed): subscribe again,
-            // on a new connection, before the next try.
-            sub = subscriber.subscribe(&channel).await?;
+            // The connection broke, or the slot left its node (a release may have been
+            // missed): subscribe again, on a new connection or the slot's new node,
+            // before the next try.
+            sub = subscribers.subscribe(conn, &channel, sharded).await?;
         }
     }
 }

@@ -413,17 +413,29 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Self::launch(true)
+    }
+
+    /// A cluster without the module, as a managed service's is (scripts mode).
+    pub fn start_without_module() -> Cluster {
+        Self::launch(false)
+    }
+
+    fn launch(with_module: bool) -> Cluster {
         let nodes: Vec<Server> = (0..3)
             .map(|_| {
                 // nodes.conf lands in the server's own temp dir (--dir).
-                Server::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                ])
+                Server::launch(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "5000",
+                    ],
+                    with_module,
+                )
             })
             .collect();
         let ranges = [(0, 5460), (5461, 10922), (10923, 16383)];
