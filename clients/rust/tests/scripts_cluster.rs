@@ -468,3 +468,58 @@ fn interop_with_redissons_scripts_over_sharded_pub_sub() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn an_acquire_whose_connection_broke_after_the_write_is_not_sent_again_on_a_cluster() {
+    let cluster = Cluster::start_without_module();
+    let c = scripts_client(&cluster);
+    let key = cluster.key_on(1, "once");
+    let node = &cluster.nodes[1];
+    // Warm: the probes asked, the script cached on the node, the connections open.
+    let warm = cluster.key_on(1, "warm");
+    drop(c.lock(warm.as_str()).try_acquire().unwrap());
+    // The node holds writes back: the acquire's EVALSHA is written and waits there.
+    let mut admin = node.conn();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .arg("WRITE")
+        .query(&mut admin)
+        .unwrap();
+    let (c2, k2) = (c.clone(), key.clone());
+    let acquire = thread::spawn(move || c2.lock(k2).try_acquire().map(|g| g.is_some()));
+    assert!(wait_until(LONG, || calls_pending(node)));
+    // Its connection breaks after the write; redis-rs's cluster connection with its
+    // retries would connect again and write it again (run at the unpause).
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("USER")
+        .arg("app")
+        .query(&mut admin)
+        .unwrap();
+    let r = acquire.join().unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut admin)
+        .unwrap();
+    assert!(
+        matches!(r, Err(rlock_client::Error::OutcomeUnknown { .. })),
+        "{r:?}"
+    );
+    thread::sleep(Duration::from_millis(200));
+    let held: bool = redis::cmd("EXISTS")
+        .arg(&key)
+        .query(&mut node.conn())
+        .unwrap();
+    assert!(!held, "the acquire was not sent again");
+}
+
+/// Whether the restricted user's command waits behind the node's CLIENT PAUSE.
+fn calls_pending(n: &Server) -> bool {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut n.conn())
+        .unwrap();
+    list.lines()
+        .any(|l| l.contains("user=app") && (l.contains("cmd=evalsha") || l.contains("flags=P")))
+}

@@ -120,6 +120,10 @@ pub(crate) struct ClientInner {
     jitter: Jitter,
     pub(crate) runtime: Handle,
     cmd_conn: tokio::sync::Mutex<Option<AConn>>,
+    // A cluster opened by this crate: scripts mode's connection, without redis-rs's own
+    // retries (None: scripts go on `cmd_conn`).
+    scripts_target: Option<Target>,
+    scripts_conn: tokio::sync::Mutex<Option<AConn>>,
     wait_pool: WaitPool<AConn>,
     watchdog: Arc<Watchdog>,
     worker: tokio::task::AbortHandle,
@@ -233,12 +237,14 @@ impl Client {
             .map(|n| n.into_connection_info())
             .collect::<redis::RedisResult<Vec<_>>>()?;
         let template = nodes.first().cloned();
+        // Scripts mode's connection: without redis-rs's retries, which would send a script
+        // again after a failure past the write (docs/scripts-mode.md, Retries).
+        let once = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+            .retries(0)
+            .build()?;
         let c = redis::cluster::ClusterClient::new(nodes)?;
-        Ok(Self::new_with_template(
-            Target::Cluster(Box::new(c)),
-            opts,
-            template,
-        ))
+        let client = Self::new_with_template(Target::Cluster(Box::new(c)), opts, template);
+        Ok(client.with_scripts_target(Target::Cluster(Box::new(once))))
     }
 
     /// A client over an existing redis-rs client. Must be called inside a tokio runtime.
@@ -260,6 +266,14 @@ impl Client {
 
     fn new(target: Target, opts: ClientOptions) -> Self {
         Self::new_with_template(target, opts, None)
+    }
+
+    /// Scripts mode's commands go to `target` (just made: nothing shares the client yet).
+    fn with_scripts_target(mut self, target: Target) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.scripts_target = Some(target);
+        }
+        self
     }
 
     /// `template`: the settings of a cluster's nodes (for its ticket connections).
@@ -318,6 +332,8 @@ impl Client {
                 jitter: Jitter::new(),
                 runtime,
                 cmd_conn: tokio::sync::Mutex::new(None),
+                scripts_target: None,
+                scripts_conn: tokio::sync::Mutex::new(None),
                 replica_counts: Default::default(),
                 backend,
                 subscriber,
@@ -434,6 +450,21 @@ impl ClientInner {
         Ok(c)
     }
 
+    /// Scripts mode's connection: the shared one, or on a cluster this crate opened, one
+    /// without redis-rs's retries.
+    async fn scripts_conn(&self) -> RedisResult<AConn> {
+        let Some(target) = &self.scripts_target else {
+            return self.conn().await;
+        };
+        let mut slot = self.scripts_conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = target.connect_async(self.opts.response_timeout).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
     /// One quick command on the shared multiplexed connection; a module command goes
     /// as Redisson's scripts where the module is absent (docs/scripts-mode.md).
     pub(crate) async fn run(&self, c: &redis::Cmd) -> Result<Value> {
@@ -444,7 +475,7 @@ impl ClientInner {
             if self.mode().await? == Mode::Scripts {
                 let words = scripts::words(c);
                 let publish = self.publish().await?;
-                let mut conn = self.conn().await?;
+                let mut conn = self.scripts_conn().await?;
                 let r = crate::net::scripts::command(&mut conn, &words, publish).await;
                 return self.after(r.map(|(v, _)| v)).await;
             }
@@ -465,6 +496,7 @@ impl ClientInner {
         if let Err(Error::Redis(e) | Error::OutcomeUnknown { cause: e, .. }) = &r {
             if poisons_connection(e) {
                 *self.cmd_conn.lock().await = None;
+                *self.scripts_conn.lock().await = None;
                 self.backend.forget();
             }
         }
@@ -623,7 +655,7 @@ impl ClientInner {
         if is_module(cmd) && self.mode().await? == Mode::Scripts {
             let words = scripts::words(cmd);
             let publish = self.publish().await?;
-            let mut conn = self.conn().await?;
+            let mut conn = self.scripts_conn().await?;
             let r = crate::net::scripts::wait(&mut conn, &self.subscriber, &words, limit, publish);
             return self.after(r.await).await;
         }

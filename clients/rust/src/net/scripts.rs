@@ -18,6 +18,34 @@ use crate::net::pubsub::{Heard, Subscribers};
 use crate::proto::cmd::request_id;
 use crate::proto::scripts::{self as s, renew_reply, renew_script, Args, Resend, Script};
 
+/// How many times a command a cluster refused before running it (`MOVED`, `ASK`,
+/// `TRYAGAIN`, `CLUSTERDOWN`) is sent again: scripts mode's cluster connection does not
+/// follow them itself (it has no redis-rs retries, which would also re-send a script
+/// whose reply was lost), so this does, pausing 1 ms doubling (a slot in migration).
+const REFUSED_ATTEMPTS: u32 = 9;
+
+/// `c` on `conn`, sent again while a cluster refuses it before running it (see
+/// [`REFUSED_ATTEMPTS`]); on a connection that follows redirections itself, one send.
+async fn query<T: redis::FromRedisValue, C: ConnectionLike + Send>(
+    conn: &mut C,
+    c: &redis::Cmd,
+) -> RedisResult<T> {
+    let mut attempt = 0;
+    loop {
+        match c.query_async::<Value>(conn).await {
+            Err(e)
+                if attempt < REFUSED_ATTEMPTS
+                    && matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")) =>
+            {
+                // (After a MOVED, redis-rs reads the slot map again meanwhile.)
+                tokio::time::sleep(Duration::from_millis(1 << attempt)).await;
+                attempt += 1;
+            }
+            r => return Ok(redis::from_redis_value(r?)?),
+        }
+    }
+}
+
 /// EVALSHA of `script`; EVAL (which caches it again) on NOSCRIPT. A script that must not
 /// run twice (`Resend::No`) whose connection failed after the write comes back as
 /// `Error::OutcomeUnknown`, which is not transient: the caller's retries stop there.
@@ -29,11 +57,11 @@ async fn eval<C: ConnectionLike + Send>(
 ) -> Result<Value> {
     let mut c = redis::cmd("EVALSHA");
     c.arg(script.sha()).arg(keys.len()).arg(keys).arg(args);
-    let r = match c.query_async::<Value>(conn).await {
+    let r = match query::<Value, _>(conn, &c).await {
         Err(e) if e.code() == Some("NOSCRIPT") => {
             let mut c = redis::cmd("EVAL");
             c.arg(script.text).arg(keys.len()).arg(keys).arg(args);
-            c.query_async(conn).await
+            query(conn, &c).await
         }
         r => r,
     };
@@ -64,7 +92,7 @@ async fn get_int_after<C: ConnectionLike + Send>(
     key: &[u8],
     script: &Script,
 ) -> Result<i64> {
-    let v: RedisResult<Value> = redis::cmd("GET").arg(key).query_async(conn).await;
+    let v: RedisResult<Value> = query(conn, redis::cmd("GET").arg(key)).await;
     Ok(int_of(&v.map_err(|e| once(script, e))?))
 }
 
@@ -89,7 +117,7 @@ fn int_of(v: &Value) -> i64 {
 }
 
 async fn get_int<C: ConnectionLike + Send>(conn: &mut C, key: &[u8]) -> Result<i64> {
-    let v: Value = redis::cmd("GET").arg(key).query_async(conn).await?;
+    let v: Value = query(conn, redis::cmd("GET").arg(key)).await?;
     Ok(int_of(&v))
 }
 
@@ -191,10 +219,7 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
         }
         b"RFENCED.GETTOKEN" => {
             let name = a(1).pos.first().cloned().unwrap_or_default();
-            let v: Value = redis::cmd("GET")
-                .arg(s::token_key(&name))
-                .query_async(conn)
-                .await?;
+            let v: Value = query(conn, redis::cmd("GET").arg(s::token_key(&name))).await?;
             none(match v {
                 Value::Nil => Value::Nil,
                 v => Value::Int(int_of(&v)),
@@ -214,12 +239,13 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
                     // the owner wait for itself until its own read leases end. Only this
                     // owner changes its own read field, so looking after the script is
                     // not a race.
-                    let (mode, reads): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("HMGET")
+                    let hmget = redis::cmd("HMGET")
                         .arg(name)
                         .arg("mode")
                         .arg(owner)
-                        .query_async(conn)
-                        .await?;
+                        .to_owned();
+                    let (mode, reads): (Option<Vec<u8>>, Option<Vec<u8>>) =
+                        query(conn, &hmget).await?;
                     if mode.as_deref() == Some(b"read") && reads.is_some() {
                         return Err(refused(
                             "READHELD",
@@ -258,11 +284,8 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
         }
         b"RRWLOCK.FORCERELEASE" => {
             let name = a(1).pos.first().cloned().unwrap_or_default();
-            let mode: Option<Vec<u8>> = redis::cmd("HGET")
-                .arg(&name)
-                .arg("mode")
-                .query_async(conn)
-                .await?;
+            let mode: Option<Vec<u8>> =
+                query(conn, redis::cmd("HGET").arg(&name).arg("mode")).await?;
             let Some(mode) = mode else {
                 return none(Value::Int(0));
             };
