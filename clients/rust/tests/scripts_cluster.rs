@@ -2,9 +2,10 @@
 //! as a user restricted like a managed service's: every primitive's waiter is woken by the
 //! other side's release message, published with `SPUBLISH` as Redisson 4.7 does on a
 //! cluster with sharded pub/sub, and heard on the key's node (`SSUBSCRIBE`); one subscriber
-//! connection per node however many wait; a waiter whose slot moves (classic migration)
-//! follows it; and Redisson's transcribed scripts (the Python client's files) on the same
-//! names, both ways.
+//! connection per node however many wait, subscribed again after it breaks; a waiter whose
+//! slot moves (classic migration) follows it; Redisson's transcribed scripts (the Python
+//! client's files) on the same names, both ways; and an acquire whose connection broke
+//! after the write is not sent again (no redis-rs cluster retries).
 
 mod support;
 
@@ -67,9 +68,9 @@ fn subscriber_conns(n: &Server) -> usize {
         .count()
 }
 
-/// Runs `wait` on a thread once `hold` holds `name`, waits until the waiter's channel is
-/// subscribed on `name`'s node, then runs the release `hold` returned: how long after
-/// the release the waiter got through (it must, `wait` returns true).
+/// With `name` held, runs `wait` on a thread, waits until the waiter's channel is
+/// subscribed on `name`'s node, then runs `release`: how long after the release the
+/// waiter got through (it must: `wait` returns true).
 fn woken_after_release(
     cluster: &Cluster,
     name: &str,
@@ -285,6 +286,30 @@ fn one_subscriber_connection_per_node_however_many_wait() {
         vec![1, 1, 1],
         "twelve waits, one subscriber per node"
     );
+    // Node 0's subscriber connection is killed: its four waiters subscribe again on a
+    // new one and are still woken by the releases (the holders' watchdog renews: a
+    // waiter that missed its message would time out).
+    let mut admin = cluster.nodes[0].conn();
+    let old = client_list(&mut admin)
+        .into_iter()
+        .find(|(_, n)| n == "rlock-rs-subscriber")
+        .unwrap()
+        .0;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(old)
+        .query(&mut admin)
+        .unwrap();
+    assert!(wait_until(LONG, || {
+        let list = client_list(&mut cluster.nodes[0].conn());
+        list.iter()
+            .any(|(id, n)| n == "rlock-rs-subscriber" && *id != old)
+            && names
+                .iter()
+                .all(|n| shard_subscribed(&cluster.nodes[node_of(&cluster, n)], n))
+    }));
+    assert_eq!(subscriber_conns(&cluster.nodes[0]), 1);
     for g in held {
         g.release().unwrap();
     }
