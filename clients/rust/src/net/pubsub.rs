@@ -1,4 +1,5 @@
-//! Scripts mode's one subscriber connection per client (docs/scripts-mode.md).
+//! Scripts mode's subscriber connections: one per client, or on a cluster with sharded
+//! pub/sub one per node (docs/scripts-mode.md).
 //!
 //! Redisson waits without the module by subscribing the primitive's channel and sleeping
 //! until a message or the holder's lease end; every wait of one client shares one
