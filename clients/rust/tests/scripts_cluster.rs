@@ -539,12 +539,15 @@ fn an_acquire_whose_connection_broke_after_the_write_is_not_sent_again_on_a_clus
     assert!(!held, "the acquire was not sent again");
 }
 
-/// Whether the restricted user's command waits behind the node's CLIENT PAUSE.
+/// Whether the restricted user's `EVALSHA` waits behind the node's CLIENT PAUSE (flag `b`:
+/// blocked; not any connection whose last command was a script, which the warm-up's is).
 fn calls_pending(n: &Server) -> bool {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query(&mut n.conn())
         .unwrap();
-    list.lines()
-        .any(|l| l.contains("user=app") && (l.contains("cmd=evalsha") || l.contains("flags=P")))
+    list.lines().any(|l| {
+        let field = |f: &str| l.split(' ').find_map(|kv| kv.strip_prefix(f)).unwrap_or("");
+        field("user=") == "app" && field("cmd=") == "evalsha" && field("flags=").contains('b')
+    })
 }
