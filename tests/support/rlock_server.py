@@ -173,9 +173,11 @@ class RedisServer:
         if self._owns_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def restart(self) -> "RedisServer":
-        """Stops (SIGTERM) and starts again on the same directory."""
-        self._end_process(False)
+    def restart(self, sig_kill: bool = False, down: float = 0.0) -> "RedisServer":
+        """Stops (SIGTERM; SIGKILL with ``sig_kill``: nothing more is written), keeps the
+        port closed for ``down`` seconds, and starts again on the same port and directory."""
+        self._end_process(sig_kill)
+        time.sleep(down)
         return self.start()
 
     def assert_alive(self) -> None:

@@ -20,7 +20,8 @@ What is written once here, for both front ends:
 * `Book`: the routing state (replies pending in order, waiters by id, channel counts,
   orphans) and what each incoming frame means;
 * `ticket_wait`: one ticketed wait as a generator over `TSub`/`TSend`/`TNote` effects
-  (subscribe, send, collect the grant, resend after a broken connection).
+  (subscribe, send, collect the grant, resend after a broken connection, and `TPause`
+  between connecting again through an outage of the server once its ticket went out).
 
 A lock, RW lock, fenced lock or expirable semaphore wait holds on its ``granted``
 message (design.md 5), its reply read from the message (nil; the token or the permit ids
@@ -68,6 +69,14 @@ log = logging.getLogger("rlock")
 #: Attempts of one ticketed wait whose ticket connection breaks (the first included).
 TICKET_ATTEMPTS = 3
 
+#: A wait whose ticket went out keeps connecting through an outage of its server (a
+#: restart that reloads the AOF keeps a grant made before it, and only the same request id
+#: sent again finds it): pauses from AWAY_FIRST doubling to AWAY_MAX seconds, until the
+#: wait's own limit, or AWAY_UNTIMED seconds after the outage began for a wait without one.
+AWAY_FIRST = 0.01
+AWAY_MAX = 0.2
+AWAY_UNTIMED = 5.0
+
 #: Ticket channels kept subscribed after their last waiter left, per ticket connection.
 IDLE_CHANNELS = 256
 
@@ -99,6 +108,13 @@ class TSub:
     channel)."""
 
     key: bytes
+
+
+@dataclass(frozen=True)
+class TPause:
+    """Sleep ``seconds`` before connecting again: the server is away."""
+
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,13 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
     tickets), and a server error as ``ResponseError``.
     """
     attempts = 0
+    # A command of ours went out (a ticket may be queued or granted); while the server is
+    # away, until when the wait connects again, and its next pause.
+    out = False
+    away_until: Optional[float] = None
+    pause = AWAY_FIRST
+    total = shape.wait_left(0)
+    limit = started + total / 1000 if total else 0.0
     while True:
         try:
             # Asked again after a broken connection: the new one's probe decides.
@@ -196,16 +219,29 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
             if redirected(str(e)):
                 raise Fallback(refused=False) from e
             raise
+        except (ConnectionError, RedisTimeoutError):
+            if not out:
+                raise
+            now = time.monotonic()
+            if away_until is None:
+                away_until, pause = limit or now + AWAY_UNTIMED, AWAY_FIRST
+            if now + pause >= away_until:
+                raise
+            yield TPause(pause)
+            pause = min(2 * pause, AWAY_MAX)
+            continue
         # After the subscription: a first wait's connecting counts against its wait.
         left = shape.wait_left(time.monotonic() - started)
         try:
             if left is None:  # the wait is over: one look (a grant may be remembered)
                 return (yield TSend(tuple(shape.with_wait(None, False))))
             look = None if shape.latch else tuple(shape.with_wait(None, False))
+            out = True
             lead = TIMEOUT_LEAD_MS if shape.lead_ms is None else shape.lead_ms
             server_ms = left - min(lead, left // 4)
             reply = yield TSend(tuple(shape.with_wait(server_ms, True, tag)), shape.id, look,
                                 shape.confirm)
+            away_until = None  # answered: the server is back
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
             if attempts >= TICKET_ATTEMPTS:
@@ -865,6 +901,8 @@ class SyncTicketConn:
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TNote):
                         value = self.note(effect.id, effect.timeout)
+                    elif isinstance(effect, TPause):
+                        time.sleep(effect.seconds)
                     elif isinstance(effect, TCollect):
                         value = self.collected(effect.id, effect.args)
                         queued = False
@@ -1157,6 +1195,8 @@ class AsyncTicketConn:
                     elif isinstance(effect, TCollect):
                         value = await self.collected(effect.id, effect.args)
                         queued = False
+                    elif isinstance(effect, TPause):
+                        await asyncio.sleep(effect.seconds)
                     elif isinstance(effect, TNote):
                         box = self.book.notes.get(effect.id)
                         value = await box.get(effect.timeout) if box is not None else None

@@ -2,7 +2,8 @@
 of one client is a queued ticket on its one ticket connection. 1 000 threads waiting on
 one lock through `rlock.Lock` are served first come, first served over a constant number
 of connections (counted in CLIENT LIST); a killed ticket connection is replaced and its
-waiters queued again; `use_tickets=False` is the blocking `WAIT` fallback. With
+waiters queued again, and a wait rides out a restart of the server (AOF on) to find the
+grant made before it; `use_tickets=False` is the blocking `WAIT` fallback. With
 ``ticket-notify`` each client's tickets are answered on its own tagged channel (``NOTIFY
 tag``): two clients on one lock never hear each other's grants; without the word, the
 key channel as before.
@@ -304,6 +305,48 @@ def test_waiters_queue_again_when_the_ticket_connection_is_killed(r):
     t.join(10)
     assert t_result == [True] and waiter.token > holder.token
     waiter.release()
+
+
+@pytest.mark.module_only
+def test_a_wait_rides_out_a_restart_and_finds_the_grant_made_before_it():
+    """The lock is granted to a queued ticket, and the server dies before the waiter heard
+    of it (its message gone with the ticket connection, its collect held by a pause); it
+    comes back on the same port from its AOF, which kept the grant and its request id's
+    reply. The wait connects again until then and finds the grant under the same id;
+    giving up at the first refused connection left the lock held by an owner that did not
+    know it."""
+    s = RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    try:
+        admin = s.client(socket_timeout=5)
+        r = s.client(socket_timeout=5)
+        rlock.set_blocking_waits(r, 0)
+        admin.execute_command("RLOCK.ACQUIRE", "k", "outside", 30000)
+        lock = rlock.Lock(r, "k", timeout=30, thread_local=False)
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(lock.acquire(blocking_timeout=30)),
+                             daemon=True)
+        t.start()
+        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+        # The grant is in the AOF (fsync always) before EXEC answers.
+        p = admin.pipeline(transaction=True)
+        p.execute_command("RLOCK.RELEASE", "k", "outside")
+        p.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        p.execute()
+        owners = admin.hkeys("k")
+        assert len(owners) == 1 and owners != [b"outside"], owners
+        # Down for 2 s: a wait that gives up at the first refused connection fails.
+        s.restart(sig_kill=True, down=2.0)
+        t.join(20)
+        assert got == [True]
+        assert owners == [lock.local.token]
+        admin = s.client(socket_timeout=5)
+        assert admin.hgetall("k") == {owners[0]: b"1"}
+        lock.release()
+        assert admin.exists("k") == 0
+    finally:
+        rlock.close_tickets(r)
+        s.stop(sig_kill=True)
 
 
 def hello_calls(r: redis.Redis) -> int:

@@ -47,7 +47,9 @@ type Server struct {
 	Port int
 	Addr string
 	Dir  string
-	cmd  *exec.Cmd
+	// cmdline: the server's arguments, for Restart.
+	cmdline []string
+	cmd     *exec.Cmd
 	// exited gets the process's exit once.
 	exited   chan error
 	stopOnce sync.Once
@@ -157,20 +159,42 @@ func launchWith(module bool, port func() int, tempDir func() string, args ...str
 		if module {
 			cmdline = append(cmdline, "--loadmodule", Module())
 		}
-		s.cmd = exec.Command(Binary(), cmdline...)
-		if err := s.cmd.Start(); err != nil {
-			return nil, fmt.Errorf("starting %s: %v", Binary(), err)
-		}
-		s.exited = make(chan error, 1)
-		go func() { s.exited <- s.cmd.Wait() }()
-		if err := s.waitPing(s.exited); err != nil {
+		s.cmdline = cmdline
+		if err := s.run(); err != nil {
 			lastErr = err
-			_ = s.cmd.Process.Kill()
 			continue // most likely the port was taken meanwhile
 		}
 		return s, nil
 	}
 	return nil, lastErr
+}
+
+// run starts the server's process with its arguments and waits for its PING.
+func (s *Server) run() error {
+	s.cmd = exec.Command(Binary(), s.cmdline...)
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %v", Binary(), err)
+	}
+	s.exited = make(chan error, 1)
+	go func() { s.exited <- s.cmd.Wait() }()
+	if err := s.waitPing(s.exited); err != nil {
+		_ = s.cmd.Process.Kill()
+		return err
+	}
+	return nil
+}
+
+// Restart kills the server (SIGKILL: nothing more is written), keeps its port closed for
+// down, and starts it again on the same port, directory and arguments (so with
+// `--appendonly yes` it reloads what it had written), answering PING once loaded.
+func (s *Server) Restart(t testing.TB, down time.Duration) {
+	t.Helper()
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	time.Sleep(down)
+	if err := s.run(); err != nil {
+		t.Fatalf("the server did not start again on port %d: %v", s.Port, err)
+	}
 }
 
 // Stop kills the server and waits for it to exit.

@@ -39,6 +39,54 @@ class ReconnectTest {
         return Long.parseLong(s.info("rlock", "rlock_waiters"));
     }
 
+    /**
+     * The lock is granted to the queued ticket and the server dies before the waiter heard
+     * of it (its message gone with the subscriber, its ask again held by a pause); it comes
+     * back on the same port from its AOF, which kept the grant and its request id's reply.
+     * The wait must reconnect until then and find the grant under the same id, not give up
+     * and leave the lock held by an owner that does not know it.
+     */
+    @Test
+    void a_wait_rides_out_a_restart_and_finds_the_grant_made_before_it() throws Exception {
+        try (TestServer own = new TestServer("--appendonly", "yes", "--appendfsync", "always");
+             RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults())) {
+            String name = "java:restart:lock:" + System.nanoTime();
+            assertNull(own.call("RLOCK.ACQUIRE", name, "outside", "30000"));
+            RlockLock lock = c.getLock(name);
+            CompletableFuture<Boolean> held = new CompletableFuture<>();
+            CompletableFuture<Void> release = new CompletableFuture<>();
+            Thread t = new Thread(() -> {
+                try {
+                    boolean ok = lock.tryLock(30, TimeUnit.SECONDS);
+                    held.complete(ok);
+                    release.get(30, TimeUnit.SECONDS);
+                    lock.unlock();
+                } catch (Throwable e) {
+                    held.completeExceptionally(e);
+                }
+            });
+            t.setDaemon(true);
+            t.start();
+            TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued", () -> waiters(own) == 1);
+            // The grant is in the AOF (fsync always) before EXEC answers.
+            var conn = own.redis();
+            conn.multi();
+            conn.dispatch(Wire.keyword("RLOCK.RELEASE"), new Reply(), args(name, "outside"));
+            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("KILL", "TYPE", "pubsub"));
+            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("PAUSE", "60000", "WRITE"));
+            conn.exec();
+            List<String> owners = conn.hkeys(name);
+            assertEquals(1, owners.size(), "granted before the restart: " + owners);
+            assertNotEquals("outside", owners.get(0));
+            // Down for 3 s: longer than a wait that gave up at the first refused reconnect.
+            own.restart(Duration.ofSeconds(3));
+            assertTrue(held.get(20, TimeUnit.SECONDS), "the wait ended holding");
+            assertEquals(java.util.Map.of(owners.get(0), "1"), own.redis().hgetall(name));
+            release.complete(null);
+            TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
+        }
+    }
+
     @Test
     void an_untimed_lock_whose_grant_message_was_lost_still_ends_holding() throws Exception {
         try (TestServer own = new TestServer();

@@ -26,7 +26,9 @@ import java.util.function.BooleanSupplier;
 public final class TestServer implements AutoCloseable {
     public final int port;
     public final Path dir;
-    private final Process proc;
+    private Process proc;
+    /** The server's command line, for {@link #restart}. */
+    private final List<String> cmd;
     private final RedisClient admin;
     private final StatefulRedisConnection<String, String> adminConn;
 
@@ -84,7 +86,7 @@ public final class TestServer implements AutoCloseable {
         this.port = freePort();
         try {
             this.dir = Files.createTempDirectory("rlock-java-" + port + "-");
-            List<String> cmd = new ArrayList<>(List.of(serverBinary(), "--port", Integer.toString(port),
+            this.cmd = new ArrayList<>(List.of(serverBinary(), "--port", Integer.toString(port),
                     "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir.toString(),
                     "--logfile", dir.resolve("redis.log").toString(), "--enable-module-command", "yes",
                     "--enable-debug-command", "yes"));
@@ -92,12 +94,22 @@ public final class TestServer implements AutoCloseable {
                 cmd.addAll(List.of("--loadmodule", module().toString()));
             }
             cmd.addAll(List.of(extra));
-            this.proc = new ProcessBuilder(cmd).redirectErrorStream(true)
-                    .redirectOutput(dir.resolve("stdout.log").toFile()).start();
         } catch (IOException e) {
             throw new IllegalStateException("cannot start " + serverBinary() + ": " + e, e);
         }
         this.admin = RedisClient.create(uri());
+        run();
+        this.adminConn = admin.connect(StringCodec.UTF8);
+    }
+
+    /** Starts the process and waits (bounded) until it answers PING (loaded). */
+    private void run() {
+        try {
+            this.proc = new ProcessBuilder(cmd).redirectErrorStream(true)
+                    .redirectOutput(ProcessBuilder.Redirect.appendTo(dir.resolve("stdout.log").toFile())).start();
+        } catch (IOException e) {
+            throw new IllegalStateException("cannot start " + serverBinary() + ": " + e, e);
+        }
         waitUntil(Duration.ofSeconds(10), "the server answers PING", () -> {
             if (!proc.isAlive()) {
                 throw new IllegalStateException("the server exited: " + log());
@@ -108,7 +120,17 @@ public final class TestServer implements AutoCloseable {
                 return false;
             }
         });
-        this.adminConn = admin.connect(StringCodec.UTF8);
+    }
+
+    /**
+     * Kills the server (SIGKILL: nothing more is written), keeps its port closed for
+     * `down`, and starts it again on the same port, directory and arguments (so with
+     * `--appendonly yes` it reloads what it had written).
+     */
+    public void restart(Duration down) throws InterruptedException {
+        proc.destroyForcibly().waitFor();
+        Thread.sleep(down.toMillis());
+        run();
     }
 
     /** Stops (SIGSTOP) or resumes (SIGCONT) the server process: a replica that stops answering. */

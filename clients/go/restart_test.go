@@ -1,0 +1,78 @@
+// Integration test of a ticket wait through a restart of its server (the fault harness's
+// restart cells, in one test): the lock is granted to the waiting ticket, the server dies
+// before the waiter heard of it, and comes back on the same port from its AOF, which kept
+// the grant and its request id's reply. The wait must connect again until it is back and
+// find the grant under the same id; giving up would leave the lock held by an owner that
+// does not know it. (The client does so already: a lost session is queued again up to
+// the client's retry attempts, each a connect with go-redis's own retries, about 10 s in
+// all; this keeps it so.)
+
+package rlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	rlock "github.com/rlock/rlock/clients/go"
+	"github.com/rlock/rlock/clients/go/internal/testserver"
+)
+
+func TestAWaitRidesOutARestartAndFindsTheGrantMadeBeforeIt(t *testing.T) {
+	s := testserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	rdb := s.Client(t)
+	c := rlock.New(rdb)
+	infoMu.Lock()
+	infoServer[t] = rdb
+	infoMu.Unlock()
+	t.Cleanup(func() {
+		c.Close()
+		infoMu.Lock()
+		delete(infoServer, t)
+		infoMu.Unlock()
+	})
+	ctx := context.Background()
+	takeOutside(t, rdb, "k")
+	m := c.NewMutex("k")
+	got := within(m.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "k") == 1
+	})
+	// The grant, written to the AOF (fsync always) before EXEC answers; its message dies
+	// with the pub/sub connection, and the waiter's collect is held by the pause until
+	// the server goes away.
+	t.Cleanup(func() { rdb.Do(context.Background(), "CLIENT", "UNPAUSE") })
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "RLOCK.RELEASE", "k", "outside")
+		p.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+		p.Do(ctx, "CLIENT", "PAUSE", 60000, "WRITE")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if owners := rdb.HKeys(ctx, "k").Val(); len(owners) != 1 || owners[0] != m.Owner() {
+		t.Fatalf("the lock's owners before the restart: %v, want %s", owners, m.Owner())
+	}
+	// Down for longer than one connect of the hub takes to fail (go-redis's own retries
+	// of a refused dial, about 2 s), so the wait connects again at least once.
+	s.Restart(t, 3*time.Second)
+	select {
+	case err := <-got:
+		must(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the wait did not end after the server came back")
+	}
+	if m.Held() != 1 || m.Err() != nil {
+		t.Fatalf("Held = %d, Err = %v; want held once", m.Held(), m.Err())
+	}
+	if holds := rdb.HGetAll(ctx, "k").Val(); len(holds) != 1 || holds[m.Owner()] != "1" {
+		t.Fatalf("the lock after the restart: %v, want %s holding once", holds, m.Owner())
+	}
+	free, err := m.Unlock()
+	must(t, err)
+	if !free || rdb.Exists(ctx, "k").Val() != 0 {
+		t.Fatalf("Unlock = %v, key exists = %d; want the lock free", free, rdb.Exists(ctx, "k").Val())
+	}
+}
