@@ -177,6 +177,54 @@ fn publish_end(ctx: &Context, key: &[u8], request: &Request, tag: Option<&Tag>, 
     store::publish_here(ctx, &channel, &message);
 }
 
+thread_local! {
+    /// Grant messages to publish in the server's before-sleep: (channel, message), in
+    /// grant order.
+    static GRANT_MESSAGES: RefCell<Vec<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Publishes a ticket's grant message as the server's before-sleep runs, after the
+/// command (or timer) that granted it, rather than from inside it (design.md 5).
+///
+/// Why: the server writes the turn's replies in the order their clients first got output,
+/// the last one first (Redis's pending-write list is pushed at its head). Published from
+/// inside a `RLOCK.RELEASE`, the message would reach the new holder's connection before
+/// the releaser's reply does, so it would be written after it, and the releasing process
+/// woken first; a blocked waiter's reply is added in the before-sleep, after the command,
+/// so it goes out first (`make bench-tickets-latency` shows both orders and what they
+/// cost, design.md 5). From the before-sleep, the message goes out first too. The grant
+/// itself is written, and kept as the ticket connection's, at once: only the message
+/// waits, and for nothing but the rest of the turn.
+///
+/// It goes out now where nobody else waits (the queue just emptied: the idle check that
+/// follows would drop the hook at once), where the server has no before-sleep event
+/// (before 7.0), and inside a server event's callback (no listener is added while the
+/// server walks its listeners).
+fn publish_grant(ctx: &Context, key: &[u8], request: &Request, tag: Option<&Tag>, detail: &[u8]) {
+    let deferred = anyone_waits()
+        && (ffi::hooked(Hook::BeforeSleep)
+            || (!ffi::in_event() && ffi::hook(ctx, Hook::BeforeSleep)));
+    if !deferred {
+        return publish_end(ctx, key, request, tag, ticket::End::Granted(detail));
+    }
+    let (owner, id) = request.names();
+    let message = ticket::message(ticket::End::Granted(detail), id.unwrap_or_default(), owner);
+    let channel = ticket::tagged_channel(key, tag.map(|t| &t[..]));
+    GRANT_MESSAGES.with(|m| m.borrow_mut().push((channel, message)));
+}
+
+/// The server's before-sleep: the turn's grant messages go out (see [`publish_grant`]);
+/// also the idle check, before it drops the hook.
+pub fn publish_grants(ctx: &Context) {
+    if GRANT_MESSAGES.with(|m| m.borrow().is_empty()) {
+        return; // most turns
+    }
+    let messages = GRANT_MESSAGES.with(|m| std::mem::take(&mut *m.borrow_mut()));
+    for (channel, message) in &messages {
+        store::publish_here(ctx, channel, message);
+    }
+}
+
 /// A ticket at the head whose request id was granted already (a retried ASYNC call whose
 /// first ticket was granted): dropped, never granted twice. True if it was.
 fn head_is_spent_ticket(ctx: &Context, db: i32, name: &RedisString) -> bool {
@@ -218,13 +266,7 @@ fn granted_ticket(
     } else {
         Vec::new() // no allocation: the lock's path
     };
-    publish_end(
-        ctx,
-        name.as_slice(),
-        &request,
-        tag.as_ref(),
-        ticket::End::Granted(&detail),
-    );
+    publish_grant(ctx, name.as_slice(), &request, tag.as_ref(), &detail);
     if !request.grant_is_written() {
         return;
     }
