@@ -29,7 +29,7 @@ PER_SERVER = set -e; for s in $(SERVERS); do \
 
 .PHONY: help deps venv build release run test check test-unit test-py test-long test-client lint bench bench-instr bench-quick clean
 .PHONY: test-pyclient bench-python bench-python-procs bench-semaphore bench-rw
-.PHONY: bench-tickets bench-tickets-latency bench-tax bench-turns
+.PHONY: bench-tickets bench-tickets-latency bench-tickets-handoffs bench-tax bench-turns
 .PHONY: test-java bench-java bench-java-jvms
 .PHONY: test-go bench-go bench-rust
 .PHONY: faults test-faults faults-tools faults-scripts bench-scripts
@@ -151,6 +151,10 @@ bench-tickets: venv ## Queued tickets (each server in SERVERS): memory per ticke
 bench-tickets-latency: venv ## Only the ticket grant latency (each server in SERVERS): blocked WAIT vs tickets on the key channel vs NOTIFY tags, 1 and 64 waiting processes on one lock; writes its block in BENCHMARK.md
 	cargo build --release -p rlock
 	$(PY) bench/tickets.py --only-latency --module $(MODULE_RELEASE) $(INSTR_SERVERS) --block BENCHMARK.md
+
+bench-tickets-handoffs: venv ## Only the ticket handoffs/s (each server in SERVERS): 1 000 tasks on one lock, in one process over 10 connections and as 10 processes, tickets (NOTIFY tag, held on the grant) vs Redisson's algorithm; writes its block in BENCHMARK.md
+	cargo build --release -p rlock
+	$(PY) bench/tickets.py --only-handoffs --module $(MODULE_RELEASE) $(INSTR_SERVERS) --block BENCHMARK.md
 
 bench-rw: ## RW lock contention, 64 clients (every 8th a writer): RRWLOCK WAIT vs Redisson's RW scripts + channel + retry, handoffs/s (REDIS_SERVER)
 	cargo build --release -p rlock -p rlock-bench

@@ -15,7 +15,8 @@ connection per waiter costs and gains, side by side in one run on one module-loa
    `granted` message, design.md 5), with the waiting processes' and the server's CPU per
    handoff.
 3. Handoffs/s: 1 000 asyncio tasks (redis.asyncio) on one lock over a pool of 10 command
-   connections + 1 subscriber, rlock tickets vs Redisson's lock algorithm (its acquire
+   connections + 1 subscriber, rlock tickets (a `NOTIFY` tag per process, held on the
+   `granted` message, confirmed off the holder's path) vs Redisson's lock algorithm (its acquire
    script, a shared pub/sub connection whose unlock messages wake one waiting task, retry
    after the message or the TTL), alternating rounds; connections counted from CLIENT LIST.
 4. The same 1 000 tasks as 10 processes of 100 (a service of 10 JVMs): 1 command connection
@@ -204,14 +205,16 @@ def memory_blocked(port, n):
 MODES = ("blocked", "key", "tag")
 
 
-def _chain_member(port, key, mode, i, t0, n, target, ready, waiting):
+def _chain_member(port, key, mode, i, t0, n, target, ready, waiting, replied):
     """One process of a handoff chain on `key`: it waits, holds when told (blocked: its
     WAIT reply; a ticket: its `granted` message, which means held), records the time since
     the releaser stamped `t0` just before sending its RLOCK.RELEASE, then (once the
     previous holder is queued again: `waiting` others wait) stamps `t0` itself, releases,
     and waits again at the back. Once `target` handoffs are recorded it
     releases without queueing again and exits. Only the holder touches `t0` and `n` (the
-    lock itself orders them)."""
+    lock itself orders them); `replied[j]` is when the releaser of handoff j (n's index)
+    read its RELEASE reply, since its `t0`: which of the two processes the server woke
+    first."""
     gc.disable()
     me = owner(i, i)
     cmd = Raw(port, timeout=120)
@@ -272,6 +275,7 @@ def _chain_member(port, key, mode, i, t0, n, target, ready, waiting):
         assert cmd.read() == 1
         if done:
             break
+        replied[k + 2] = time.perf_counter() - t0.value  # the handoff it starts
         rid = queue()
         if rid is None and mode != "blocked":
             break
@@ -283,16 +287,19 @@ def _chain_member(port, key, mode, i, t0, n, target, ready, waiting):
 def chain_round(port, key, mode, waiting, target):
     """`waiting` + 1 processes hand `key` around (one holds, `waiting` wait) until `target`
     handoffs are recorded; returns the latencies (s), the waiting processes' CPU seconds
-    per handoff and the server's."""
+    per handoff, the server's, and per handoff whether the new holder held before the
+    releaser read its reply."""
     ctx = multiprocessing.get_context("fork")
     t0 = ctx.RawValue("d", 0.0)
     n = ctx.RawArray("d", target + 1)  # n[0]: how many recorded; then the latencies
+    replied = ctx.RawArray("d", target + 2)
     ready = ctx.Semaphore(0)
     ctl = Raw(port)
     assert ctl.call("RLOCK.ACQUIRE", key, "bench-holder", LEASE) is None
     before = os.times()
     cpu0 = server_cpu(ctl)
-    procs = [ctx.Process(target=_chain_member, args=(port, key, mode, i, t0, n, target, ready, waiting))
+    procs = [ctx.Process(target=_chain_member, args=(port, key, mode, i, t0, n, target, ready,
+                                                            waiting, replied))
              for i in range(waiting + 1)]
     for p in procs:
         p.start()
@@ -311,7 +318,9 @@ def chain_round(port, key, mode, waiting, target):
     handoffs = got + waiting + 1  # the ones after the target, as each process leaves
     children = (after.children_user + after.children_system
                 - before.children_user - before.children_system)
-    return list(n[1:got + 1]), children / handoffs, cpu / handoffs
+    # Handoff j: the new holder held at n[j], the releaser read its reply at replied[j].
+    first = [n[j] < replied[j] for j in range(2, got + 1) if replied[j] > 0]
+    return list(n[1:got + 1]), children / handoffs, cpu / handoffs, first
 
 
 def server_cpu(ctl):
@@ -329,7 +338,8 @@ def latency(port, sizes, rounds, per_round):
     """Every (waiting processes, mode) chain, `rounds` rounds of `per_round` handoffs each,
     the modes' order rotating from round to round so that the machine's load falls on all
     alike. {(waiting, mode): (latencies, waiters' CPU s per handoff, server CPU s per
-    handoff)}."""
+    handoff, share of handoffs where the new holder held before the releaser read its
+    reply)}."""
     out = {}
     gc.disable()  # a collection pause would land on whichever side happened to be running
     try:
@@ -337,15 +347,17 @@ def latency(port, sizes, rounds, per_round):
             for waiting in sizes:
                 order = MODES[rnd % 3:] + MODES[:rnd % 3]
                 for mode in order:
-                    lat, wcpu, scpu = chain_round(port, f"lat:{mode}:{waiting}:{rnd}", mode,
-                                                  waiting, per_round)
-                    got = out.setdefault((waiting, mode), ([], [], []))
+                    lat, wcpu, scpu, first = chain_round(port, f"lat:{mode}:{waiting}:{rnd}",
+                                                         mode, waiting, per_round)
+                    got = out.setdefault((waiting, mode), ([], [], [], []))
                     got[0].extend(lat)
                     got[1].append(wcpu)
                     got[2].append(scpu)
+                    got[3].extend(first)
     finally:
         gc.enable()
-    return {k: (v[0], statistics.mean(v[1]), statistics.mean(v[2])) for k, v in out.items()}
+    return {k: (v[0], statistics.mean(v[1]), statistics.mean(v[2]),
+                sum(v[3]) / max(len(v[3]), 1)) for k, v in out.items()}
 
 
 # ---- 3. handoffs/s, 1 000 tasks over 10 connections ------------------------------------
@@ -404,10 +416,16 @@ def command_client(port, connections):
 
 
 async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
+    """What the clients do (design.md 5, clients/python/rlock/_tickets.py): every wait is a
+    ticket with this process's own `NOTIFY` tag, so a grant reaches only the process whose
+    ticket it is; the subscriber sends the confirmation as it reads the `granted` message
+    and wakes the task at once, which holds on the message; the confirmation's reply is
+    checked after the critical section."""
     r = command_client(port, pool_size)
+    tag = f"{node:02d}{uuid.uuid4().hex[:14]}"  # one per client instance, no braces
     sub = aredis.Redis(port=port).pubsub()
-    await sub.subscribe(ticket_channel(key))
-    waiting = {}  # request id -> future
+    await sub.subscribe(f"{ticket_channel(key)}:{tag}")
+    waiting = {}  # request id -> (future, owner)
     run = Run(tasks)
 
     async def dispatch():
@@ -417,9 +435,10 @@ async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
             kind, rid, _, detail = parse_ticket(m["data"])
             if kind != b"granted":
                 raise RuntimeError(f"ticket {rid!r} ended {kind!r} {detail!r}")
-            fut = waiting.pop(rid, None)
-            if fut is not None:  # else another process's ticket (the channel is the key's)
-                fut.set_result(None)
+            fut, me = waiting.pop(rid)
+            # The confirmation goes out before the holder runs, off its path.
+            fut.set_result(asyncio.ensure_future(r.execute_command(
+                "RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0, "ASYNC", "ID", rid)))
 
     async def worker(i):
         me = owner(node, i)
@@ -429,25 +448,22 @@ async def rlock_side(port, key, tasks, stop_at, pool_size, done, node=0):
             seq += 1
             rid = f"t{node:02d}{i:04d}-{seq:017d}"  # 24 bytes
             fut = loop.create_future()
-            waiting[rid.encode()] = fut
+            waiting[rid.encode()] = (fut, me)
             t0 = time.monotonic()
             got = await r.execute_command("RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0,
-                                          "ASYNC", "ID", rid)
+                                          "ASYNC", "ID", rid, "NOTIFY", tag)
+            confirm = None
             if got is None:
                 waiting.pop(rid.encode(), None)
             else:
                 assert got == b"QUEUED", got
-                await fut
-                # Held on the message (design.md 5); the confirmation runs beside the
-                # critical section and is checked after it.
-                confirm = asyncio.ensure_future(r.execute_command(
-                    "RLOCK.ACQUIRE", key, me, LEASE, "WAIT", 0, "ASYNC", "ID", rid))
+                confirm = await fut  # held on the message (design.md 5)
             t_acq = time.monotonic()
             run.waits.append(t_acq - t0)
             run.counts[i] += 1  # the critical section
             run.log.append((t_acq, time.monotonic(), (node, i)))
             assert await r.execute_command("RLOCK.RELEASE", key, me) == 1
-            if got is not None:
+            if confirm is not None:
                 assert await confirm is None
 
     d = asyncio.create_task(dispatch())
@@ -659,6 +675,70 @@ def ratio(a, b):
     return a / b if b else float("nan")
 
 
+def handoffs_report(port, cfg, say):
+    """Sections 3 and 4: handoffs/s of 1 000 tasks, in one process and as 10 processes."""
+    say(f"#### Handoffs/s: {cfg['tasks']} tasks on one lock over {cfg['pool']} connections")
+    say()
+    say(f"redis.asyncio in one process, {cfg['tasks']} tasks, a `BlockingConnectionPool` of "
+        f"{cfg['pool']} command connections + 1 subscriber connection per side; each task "
+        f"loops acquire → tiny critical section (no I/O) → release for {cfg['seconds']:.0f} s; "
+        f"{cfg['tp_rounds']} rounds, each running both sides one after the other, the order "
+        f"alternating from round to round.")
+    say("- **rlock tickets**, as the clients wait (design.md 5): `RLOCK.ACQUIRE … WAIT 0 "
+        "ASYNC ID id NOTIFY tag`, one tag per process, so only its own grants reach its "
+        "subscriber; `QUEUED` → the task awaits its `granted` message (the subscriber "
+        "dispatches by request id, sends the confirmation, the same command, and wakes the "
+        "task at once) → holds on the message; `RLOCK.RELEASE`; the confirmation's reply is "
+        "checked after.")
+    say("- **Redisson's algorithm**: its acquire script; on a TTL, wait on the lock entry's "
+        "latch (a semaphore each unlock message on the shared subscriber releases one permit "
+        "of, as LockPubSub does) up to the TTL, retry; its unlock script (PUBLISH).")
+    say()
+    say("Handoffs = owner changes; Jain over the tasks' acquisition counts; wait = from the "
+        "first acquire call to holding; connections = CLIENT LIST (minus the counting "
+        "connection) every 250 ms after the first second, min-max.")
+    say()
+    say("| round | side | handoffs/s | acquisitions/s | connections | mutual exclusion "
+        "violations | server CPU | client CPU |")
+    say("|---|---|---:|---:|---:|---:|---:|---:|")
+    res = {}
+    names = {"rlock": "rlock tickets", "redisson": "Redisson algorithm"}
+    for rnd in range(cfg["tp_rounds"]):
+        for side in ("rlock", "redisson") if rnd % 2 == 0 else ("redisson", "rlock"):
+            g = asyncio.run(throughput_round(port, side, f"tp:{side}:{rnd}", cfg["tasks"],
+                                             cfg["seconds"], cfg["pool"]))
+            res.setdefault(side, []).append(g)
+            say(f"| {rnd + 1} | {names[side]} | {g['handoffs_s']:.0f} | {g['acq_s']:.0f} | "
+                f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
+                f"{100 * g['server_busy']:.0f} % | {100 * g['client_busy']:.0f} % |")
+    say()
+    say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
+        "| tasks that never held | server commands per acquisition | server CPU µs per "
+        "acquisition |")
+    say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    tot = {}
+    for side in ("rlock", "redisson"):
+        t = tot[side] = summary(res[side])
+        say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
+            f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
+            f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
+    pairs = sorted(ratio(a["handoffs_s"], b["handoffs_s"])
+                   for a, b in zip(res["rlock"], res["redisson"]))
+    handoffs = ratio(tot["rlock"]["handoffs_s"], tot["redisson"]["handoffs_s"])
+    say()
+    say(f"rlock tickets / Redisson: handoffs/s **{handoffs:.2f}×** "
+        f"over all rounds (per round, sorted: {', '.join(f'{x:.2f}' for x in pairs)}; "
+        f"median {statistics.median(pairs):.2f}×), acquisitions/s "
+        f"{ratio(tot['rlock']['acq_s'], tot['redisson']['acq_s']):.2f}×, server CPU per "
+        f"acquisition "
+        f"{ratio(tot['rlock']['cpu_us_per_acq'], tot['redisson']['cpu_us_per_acq']):.2f}×. Server "
+        f"commands count the scripts' inner `redis.call`s; server and client CPU are shares "
+        f"of one core over the round (the client is the one Python process running all the "
+        f"tasks; on this shared machine neither reaches a whole core, so the rates follow "
+        f"the machine's load from round to round: read the ratios).")
+    fleet(port, cfg, say, names)
+
+
 def fmt_ms(v):
     return f"{1000 * v:.3f}"
 
@@ -680,23 +760,30 @@ def latency_report(port, cfg, say):
         f"each process's own `NOTIFY` tag channel. {cfg['lat_rounds']} rounds of "
         f"{cfg['lat_per_round']} handoffs per row, the rows' order rotating from round to "
         f"round, so the machine's load falls on all alike; CPU = the waiting processes' "
-        f"(user + system, all of them) and the server's, per handoff.")
+        f"(user + system, all of them) and the server's, per handoff. \"Held before the "
+        f"releaser read its reply\": the share of handoffs in which the new holder's wait "
+        f"ended before the releasing process had read its `RLOCK.RELEASE` reply, i.e. which "
+        f"of the two the server wrote to and woke first (it writes a turn's replies "
+        f"last-first; the module publishes a ticket's grant in the server's before-sleep so "
+        f"that, like a blocked waiter's reply, it goes out before the releaser's, design.md 5). "
+        f"On this 2-core machine the process woken second waits for a core.")
     say()
     lat = latency(port, sizes, cfg["lat_rounds"], cfg["lat_per_round"])
     names = {"blocked": "blocked `WAIT`: reply", "key": "ticket, key channel: `granted`",
              "tag": "ticket, `NOTIFY` tag: `granted`"}
     say("| waiting processes | waiting | samples | p50 ms | p90 ms | p99 ms | p50 / blocked "
-        "| p99 / blocked | waiters' CPU µs per handoff | server CPU µs per handoff |")
-    say("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        "| p99 / blocked | held before the releaser read its reply | waiters' CPU µs per "
+        "handoff | server CPU µs per handoff |")
+    say("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for waiting in sizes:
         b = lat[(waiting, "blocked")][0]
         for mode in MODES:
-            v, wcpu, scpu = lat[(waiting, mode)]
+            v, wcpu, scpu, first = lat[(waiting, mode)]
             say(f"| {waiting} | {names[mode]} | {len(v)} | {fmt_ms(pct(v, 0.5))} | "
                 f"{fmt_ms(pct(v, 0.9))} | {fmt_ms(pct(v, 0.99))} | "
                 f"**{ratio(pct(v, 0.5), pct(b, 0.5)):.2f}×** | "
                 f"**{ratio(pct(v, 0.99), pct(b, 0.99)):.2f}×** | "
-                f"{1e6 * wcpu:.0f} | {1e6 * scpu:.0f} |")
+                f"{100 * first:.0f} % | {1e6 * wcpu:.0f} | {1e6 * scpu:.0f} |")
     say()
     verdicts = []
     for waiting in sizes:
@@ -721,6 +808,9 @@ def main():
     ap.add_argument("--block", help="replace the bench-tickets block in this file (BENCHMARK.md)")
     ap.add_argument("--only-latency", action="store_true",
                     help="only the grant latency section (with --block: its own block there)")
+    ap.add_argument("--only-handoffs", action="store_true",
+                    help="only the handoffs/s sections (1 000 tasks in one process and in 10; "
+                         "with --block: their own block there)")
     a = ap.parse_args()
     servers = a.server or [os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
                            or "/usr/bin/redis-server"]
@@ -739,7 +829,13 @@ def main():
         print(line, flush=True)
         out.append(line)
 
-    if a.only_latency:
+    only = ("latency" if a.only_latency else "handoffs" if a.only_handoffs else None)
+    if only:
+        report, title, section = {
+            "latency": (latency_report, "Ticket grant latency across processes", "section 2"),
+            "handoffs": (handoffs_report, "Ticket handoffs/s, 1 000 tasks on one lock",
+                         "sections 3 and 4"),
+        }[only]
         for server in servers:
             workdir = tempfile.mkdtemp(prefix="rlock-tickets-bench-")
             srv = start_server(server, os.path.abspath(a.module), workdir)
@@ -748,16 +844,17 @@ def main():
                 say(f"On `{subprocess.run([server, '--version'], capture_output=True, text=True).stdout.strip()}`; "
                     f"load average at start `{open('/proc/loadavg').read().strip()}`")
                 say()
-                latency_report(port, cfg, say)
+                report(port, cfg, say)
+                say()
                 say(f"Load average at end `{open('/proc/loadavg').read().strip()}`.")
                 say()
             finally:
                 srv.stop()
                 shutil.rmtree(workdir, ignore_errors=True)
         if a.block:
-            write_block(a.block, "bench-tickets-latency",
-                        "## Ticket grant latency across processes (`make bench-tickets-latency`)"
-                        "\n\nGenerated by `bench/tickets.py --only-latency` (also section 2 "
+            write_block(a.block, f"bench-tickets-{only}",
+                        f"## {title} (`make bench-tickets-{only}`)"
+                        f"\n\nGenerated by `bench/tickets.py --only-{only}` (also {section} "
                         "of `make bench-tickets`).\n\n" + "\n".join(out).rstrip() + "\n")
         return
     for server in servers:
@@ -828,63 +925,7 @@ def run_one(server, version, module, cfg, q, say):
 
         latency_report(port, cfg, say)
 
-        say(f"#### Handoffs/s: {cfg['tasks']} tasks on one lock over {cfg['pool']} connections")
-        say()
-        say(f"redis.asyncio in one process, {cfg['tasks']} tasks, a `BlockingConnectionPool` of "
-            f"{cfg['pool']} command connections + 1 subscriber connection per side; each task "
-            f"loops acquire → tiny critical section (no I/O) → release for {cfg['seconds']:.0f} s; "
-            f"{cfg['tp_rounds']} rounds, each running both sides one after the other, the order "
-            f"alternating from round to round.")
-        say("- **rlock tickets**: `RLOCK.ACQUIRE … WAIT 0 ASYNC ID`; `QUEUED` → the task awaits "
-            "its `granted` message (one subscriber dispatches by request id) → holds, its "
-            "confirmation (the same command) sent beside the critical section; `RLOCK.RELEASE`.")
-        say("- **Redisson's algorithm**: its acquire script; on a TTL, wait on the lock entry's "
-            "latch (a semaphore each unlock message on the shared subscriber releases one permit "
-            "of, as LockPubSub does) up to the TTL, retry; its unlock script (PUBLISH).")
-        say()
-        say("Handoffs = owner changes; Jain over the tasks' acquisition counts; wait = from the "
-            "first acquire call to holding; connections = CLIENT LIST (minus the counting "
-            "connection) every 250 ms after the first second, min-max.")
-        say()
-        say("| round | side | handoffs/s | acquisitions/s | connections | mutual exclusion "
-            "violations | server CPU | client CPU |")
-        say("|---|---|---:|---:|---:|---:|---:|---:|")
-        res = {}
-        names = {"rlock": "rlock tickets", "redisson": "Redisson algorithm"}
-        for rnd in range(cfg["tp_rounds"]):
-            for side in ("rlock", "redisson") if rnd % 2 == 0 else ("redisson", "rlock"):
-                g = asyncio.run(throughput_round(port, side, f"tp:{side}:{rnd}", cfg["tasks"],
-                                                 cfg["seconds"], cfg["pool"]))
-                res.setdefault(side, []).append(g)
-                say(f"| {rnd + 1} | {names[side]} | {g['handoffs_s']:.0f} | {g['acq_s']:.0f} | "
-                    f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
-                    f"{100 * g['server_busy']:.0f} % | {100 * g['client_busy']:.0f} % |")
-        say()
-        say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
-            "| tasks that never held | server commands per acquisition | server CPU µs per "
-            "acquisition |")
-        say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        tot = {}
-        for side in ("rlock", "redisson"):
-            t = tot[side] = summary(res[side])
-            say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
-                f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
-                f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
-        pairs = sorted(ratio(a["handoffs_s"], b["handoffs_s"])
-                       for a, b in zip(res["rlock"], res["redisson"]))
-        handoffs = ratio(tot["rlock"]["handoffs_s"], tot["redisson"]["handoffs_s"])
-        say()
-        say(f"rlock tickets / Redisson: handoffs/s **{handoffs:.2f}×** "
-            f"over all rounds (per round, sorted: {', '.join(f'{x:.2f}' for x in pairs)}; "
-            f"median {statistics.median(pairs):.2f}×), acquisitions/s "
-            f"{ratio(tot['rlock']['acq_s'], tot['redisson']['acq_s']):.2f}×, server CPU per "
-            f"acquisition "
-            f"{ratio(tot['rlock']['cpu_us_per_acq'], tot['redisson']['cpu_us_per_acq']):.2f}×. Server "
-            f"commands count the scripts' inner `redis.call`s; server and client CPU are shares "
-            f"of one core over the round (the client is the one Python process running all the "
-            f"tasks; on this shared machine neither reaches a whole core, so the rates follow "
-            f"the machine's load from round to round: read the ratios).")
-        fleet(port, cfg, say, names)
+        handoffs_report(port, cfg, say)
         ctl = redis.Redis(port=port)
         wait_until("tickets gone", lambda: rstats(ctl)["tickets"] == 0, timeout=10)
         s = rstats(ctl)
