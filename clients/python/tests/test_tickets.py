@@ -102,7 +102,11 @@ def test_a_thousand_waiting_threads_are_served_fifo_over_a_constant_number_of_co
     served_in = time.monotonic() - started
     assert order == list(range(N)), "served first come, first served"
     assert stat(r, "handoffs") - handoffs == N  # each handed over, never freed between
-    assert len(r.client_list()) - before <= 4  # releases reused pool connections
+    # Releases reuse pool connections. A thread whose release reply has come back but that
+    # has not yet run to return its connection (1 000 threads share the GIL) makes the next
+    # holder's release open another, so the count follows the scheduler's lag, never N:
+    # 7 was seen on a loaded machine.
+    assert len(r.client_list()) - before <= 16
     print(f"{N} threads: queued in {queued_in:.1f} s, served in {served_in:.2f} s "
           f"({N / served_in:.0f} handoffs/s), {connections - before} connections")
     rlock.close_tickets(client)
