@@ -174,11 +174,15 @@ def test_rpsemaphore_waiters_leave_and_leased_permits_hold_no_timer(server):
     r = server.client()
     assert r.execute_command("RPSEMAPHORE.TRYSETPERMITS", "p", 2) == 1
     held = r.execute_command("RPSEMAPHORE.ACQUIRE", "p", LONG)
-    # A short lease that ends while a client waits: the lease timer hands it over.
-    short = r.execute_command("RPSEMAPHORE.ACQUIRE", "p", 300)
-    assert held and short
+    blocker = r.execute_command("RPSEMAPHORE.ACQUIRE", "p", LONG)
+    assert held and blocker
     wait = lambda t: ["RPSEMAPHORE.ACQUIRE", "p", LONG, "WAIT", t]  # noqa: E731
     leave_every_way(server, r, wait)
+    # A short lease that ends while a client waits: the lease timer hands it over. Taken
+    # only now, so that it cannot end while the waits above run (on a loaded machine they
+    # outlasted a 300 ms lease), and long enough for the waiter to queue first.
+    assert r.execute_command("RPSEMAPHORE.RELEASE", "p", blocker) == 1
+    assert r.execute_command("RPSEMAPHORE.ACQUIRE", "p", 1000)
     g = Waiter(server, *wait(LONG))
     queued(r, 1)
     assert stat(r, "key_timers") == 1, "with a waiter, the lease timer is armed"
