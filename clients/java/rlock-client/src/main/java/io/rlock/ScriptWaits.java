@@ -125,11 +125,20 @@ final class ScriptWaits {
             if (c == null) {
                 return;
             }
-            c.events++;
-            wake.addAll(c.asleep);
-            c.asleep.clear();
-            wake.forEach(this::cancelTimer);
+            takeAsleep(c, wake);
         }
+        attemptAll(wake);
+    }
+
+    /** Under the lock: the channel's sleepers, their timers cancelled; counted as an event. */
+    private void takeAsleep(Chan c, List<Waiter> into) {
+        c.events++;
+        c.asleep.forEach(this::cancelTimer);
+        into.addAll(c.asleep);
+        c.asleep.clear();
+    }
+
+    private void attemptAll(List<Waiter> wake) {
         for (Waiter w : wake) {
             executor.execute(() -> attempt(w));
         }
@@ -273,15 +282,10 @@ final class ScriptWaits {
         List<Waiter> wake = new ArrayList<>();
         synchronized (this) {
             for (Chan c : chans.values()) {
-                c.events++;
-                wake.addAll(c.asleep);
-                c.asleep.clear();
+                takeAsleep(c, wake);
             }
-            wake.forEach(this::cancelTimer);
         }
-        for (Waiter w : wake) {
-            executor.execute(() -> attempt(w));
-        }
+        attemptAll(wake);
     }
 
     private void cancelTimer(Waiter w) {
