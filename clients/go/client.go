@@ -61,6 +61,9 @@ type options struct {
 	// probeFilter rewrites each ticket hub's probe answer: a test double of a server
 	// that names less (export_test.go); nil everywhere else.
 	probeFilter func(proto.Capabilities) proto.Capabilities
+	// confirmHook is told each held grant's confirmation outcome once settled (tests,
+	// export_test.go); nil everywhere else.
+	confirmHook func(ok bool)
 }
 
 // Option configures a Client.

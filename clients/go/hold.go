@@ -70,7 +70,7 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 			if wait < 0 {
 				w = 0
 			}
-			reply, err = h.c.waitCall(withConfirmSlot(ctx, &cf), h.words.Key, w, forever, build, satisfied)
+			reply, err = h.c.waitCall(withConfirmSlot(ctx, &cf, lease), h.words.Key, w, forever, build, satisfied)
 		}
 		if err != nil {
 			return opErr(op, h.words.Key, err)

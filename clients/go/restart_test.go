@@ -1,11 +1,12 @@
-// Integration test of a ticket wait through a restart of its server (the fault harness's
-// restart cells, in one test): the lock is granted to the waiting ticket, the server dies
-// before the waiter heard of it, and comes back on the same port from its AOF, which kept
-// the grant and its request id's reply. The wait must connect again until it is back and
-// find the grant under the same id; giving up would leave the lock held by an owner that
-// does not know it. (The client does so already: a lost session is queued again up to
-// the client's retry attempts, each a connect with go-redis's own retries, about 10 s in
-// all; this keeps it so.)
+// Integration tests of a ticket wait through a restart of its server (the fault harness's
+// restart cells): the lock is granted to the waiting ticket, the server dies before the
+// waiter heard of it (or before the holder's confirmation of the grant got through), and
+// comes back on the same port from its AOF, which kept the grant and its request id's
+// reply. The wait (the confirmation) must connect again until it is back and find the
+// grant under the same id; giving up would leave the lock held by an owner that does not
+// know it, or report lost a lock its owner still holds. (A lost session is queued again
+// up to the client's retry attempts, each a connect with go-redis's own retries, about
+// 10 s in all; a confirmation is sent again for up to 5 s.)
 
 package rlock_test
 
@@ -66,6 +67,79 @@ func TestAWaitRidesOutARestartAndFindsTheGrantMadeBeforeIt(t *testing.T) {
 	}
 	if m.Held() != 1 || m.Err() != nil {
 		t.Fatalf("Held = %d, Err = %v; want held once", m.Held(), m.Err())
+	}
+	if holds := rdb.HGetAll(ctx, "k").Val(); len(holds) != 1 || holds[m.Owner()] != "1" {
+		t.Fatalf("the lock after the restart: %v, want %s holding once", holds, m.Owner())
+	}
+	free, err := m.Unlock()
+	must(t, err)
+	if !free || rdb.Exists(ctx, "k").Val() != 0 {
+		t.Fatalf("Unlock = %v, key exists = %d; want the lock free", free, rdb.Exists(ctx, "k").Val())
+	}
+}
+
+// A wait that heard its grant holds on it and confirms off its path (design.md 5); the
+// server dies after the grant message went out and before the confirmation got through
+// (held by CLIENT PAUSE WRITE, which the restart forgets), and stays down for longer than
+// the server's grace (rlock.ticket-confirm-ms, 1 s). The restarted server kept the grant
+// (AOF, fsync always) and has no ticket connection left to take it back from, so the
+// confirmation, sent again under the same request id, finds it: the holder keeps the lock
+// (no lost signal) and its unlock frees it. (Before, the client gave up confirming after
+// 800 ms and reported a lock it still held lost.)
+func TestAHeldGrantIsConfirmedAfterARestartLongerThanTheGrace(t *testing.T) {
+	s := testserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	rdb := s.Client(t)
+	confirmed := make(chan bool, 1)
+	c := rlock.New(rdb, rlock.WithConfirmHook(func(ok bool) { confirmed <- ok }))
+	infoMu.Lock()
+	infoServer[t] = rdb
+	infoMu.Unlock()
+	t.Cleanup(func() {
+		c.Close()
+		infoMu.Lock()
+		delete(infoServer, t)
+		infoMu.Unlock()
+	})
+	ctx := context.Background()
+	takeOutside(t, rdb, "k")
+	m := c.NewMutex("k")
+	got := within(m.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "k") == 1
+	})
+	// The grant (written to the AOF before EXEC answers) and its message go out; the
+	// pause, in force from the end of the EXEC, holds the confirmation the message sets
+	// off until the server goes away.
+	t.Cleanup(func() { rdb.Do(context.Background(), "CLIENT", "UNPAUSE") })
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "RLOCK.RELEASE", "k", "outside")
+		p.Do(ctx, "CLIENT", "PAUSE", 60000, "WRITE")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		must(t, err) // held on the grant message
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not hold on its grant message")
+	}
+	select {
+	case ok := <-confirmed:
+		t.Fatalf("the confirmation settled (%v) through the pause", ok)
+	default:
+	}
+	s.Restart(t, 1500*time.Millisecond)
+	select {
+	case ok := <-confirmed:
+		if !ok {
+			t.Fatal("the confirmation after the restart settled the grant taken back")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the confirmation did not settle after the server came back")
+	}
+	if m.Held() != 1 || m.Err() != nil {
+		t.Fatalf("Held = %d, Err = %v; want held once, not lost", m.Held(), m.Err())
 	}
 	if holds := rdb.HGetAll(ctx, "k").Val(); len(holds) != 1 || holds[m.Owner()] != "1" {
 		t.Fatalf("the lock after the restart: %v, want %s holding once", holds, m.Owner())

@@ -19,8 +19,8 @@
 // holds on its granted note (the fenced token and the permit ids read from its detail):
 // the reader sends the confirmation (the same command and id, without WAIT) off the
 // holder's path and wakes the waiter at once; the confirmation's reply settles the hold's
-// confirm, and one answered TAKENBACK (or lost with its connection past the server's
-// grace) reports the hold lost. Other waiters (the semaphore; a detail this client cannot
+// confirm, and one answered TAKENBACK (or left unanswered past confirmBound or the lease)
+// reports the hold lost. Other waiters (the semaphore; a detail this client cannot
 // read) collect first. Tickets live as long as the command connection
 // that queued them; when either connection breaks, both are closed (the server drops the
 // tickets and takes back uncollected grants), and every waiter re-sends with the same
@@ -121,6 +121,8 @@ type waiter struct {
 // holder's path: confirmed, or taken back (the hold is lost), whichever comes first, and
 // the hook that reports the loss.
 type confirm struct {
+	// within bounds the confirmation's retries (confirmBound, or the lease if shorter).
+	within  time.Duration
 	mu      sync.Mutex
 	settled bool
 	ok      bool
@@ -159,17 +161,37 @@ func (c *confirm) settle(ok bool) {
 }
 
 // confirmSlot is the context key under which a hold asks waitCall for the confirm of a
-// wait that held on its grant (a **confirm; nil when the wait collected or did not wait).
+// wait that held on its grant (slot: a **confirm, nil when the wait collected or did not
+// wait; lease: the hold's, which bounds its confirmation).
 type confirmSlot struct{}
 
-func withConfirmSlot(ctx context.Context, slot **confirm) context.Context {
-	return context.WithValue(ctx, confirmSlot{}, slot)
+type confirmAsk struct {
+	slot  **confirm
+	lease time.Duration
 }
 
-// confirmRetryFor bounds the confirmation of a held grant whose ticket connection broke
-// before its reply: it is sent again on the application's connections within the server's
-// default grace (`rlock.ticket-confirm-ms`, 1 s), after which the grant is taken back.
-const confirmRetryFor = 800 * time.Millisecond
+func withConfirmSlot(ctx context.Context, slot **confirm, lease time.Duration) context.Context {
+	return context.WithValue(ctx, confirmSlot{}, confirmAsk{slot, lease})
+}
+
+// confirmBound bounds the confirmation of a held grant whose ticket connection broke
+// before its reply (or the hold's lease, if shorter: past it the lock is gone whatever the
+// answer). The confirmation is sent again (same request id) until a definite answer: the
+// grant's reply (held), or TAKENBACK (the server took the grant back
+// `rlock.ticket-confirm-ms` after the ticket connection closed). A server that restarted
+// from its AOF kept the grant and has no ticket connection to take it back from, so the
+// wait rides out an outage shorter than this; unanswered by then, the hold is lost.
+const confirmBound = 5 * time.Second
+
+// confirmRetry: the pause before the n-th (from 0) retry of a confirmation, 10 ms
+// doubling to 200 ms.
+func confirmRetry(n int) time.Duration {
+	d := 10 * time.Millisecond
+	for i := 0; i < n && d < 200*time.Millisecond; i++ {
+		d *= 2
+	}
+	return min(d, 200*time.Millisecond)
+}
 
 func newHub(c *Client, node *redis.Client, shard bool) *hub {
 	return &hub{c: c, node: node, shard: shard, chans: map[string]*chanState{}, waiters: map[string]*waiter{}}
@@ -606,13 +628,19 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 // without WAIT) on the session's command connection, which replays the grant's reply
 // (held: nil, the fenced lock's [nil, token], the permit ids). A reply that is not that
 // one (TAKENBACK, or the lock found held by another) settles it taken back. With no
-// reply (the connection broke) it is sent again on the application's connections until
-// confirmRetryFor has passed; the server keeps the grant that long after the connection
-// closed (rlock.ticket-confirm-ms) and takes it back after. A redirection (the grant's
-// slot moved on before the confirmation came: the migration carried the lock and its
-// request id's record) or TRYAGAIN is followed the same way, through the application's
-// client, which routes by key in a cluster.
+// reply (the connection broke, the server restarts) it is sent again on the
+// application's connections, backing off (confirmRetry), until a definite answer or
+// cf.within has passed (then lost). A redirection (the grant's slot moved on before the
+// confirmation came: the migration carried the lock and its request id's record),
+// TRYAGAIN or LOADING (a restarted server reading its AOF) is followed the same way,
+// through the application's client, which routes by key in a cluster.
 func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
+	settle := func(ok bool) {
+		cf.settle(ok)
+		if f := h.c.opts.confirmHook; f != nil {
+			f(ok)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	s.sendMu.Lock()
 	reply, err := s.conn.Do(ctx, look...).Result()
@@ -623,17 +651,17 @@ func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
 	}
 	var re redis.Error
 	if err == nil || (errors.As(err, &re) && !elsewhere(err)) {
-		cf.settle(err == nil && reflect.DeepEqual(reply, held))
+		settle(err == nil && reflect.DeepEqual(reply, held))
 		return
 	}
 	if !errors.As(err, &re) {
 		h.broken(s.gen)
 	}
-	until := time.Now().Add(confirmRetryFor)
-	for {
+	until := time.Now().Add(cf.within)
+	for n := 0; ; n++ {
 		left := time.Until(until)
 		if left <= 0 {
-			cf.settle(false)
+			settle(false)
 			return
 		}
 		// go-redis bounds a read by its ReadTimeout, not by the context: the wait for
@@ -657,24 +685,25 @@ func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
 				r.v, r.err = nil, nil
 			}
 			if r.err == nil || (errors.As(r.err, &re) && !elsewhere(r.err)) {
-				cf.settle(r.err == nil && reflect.DeepEqual(r.v, held))
+				settle(r.err == nil && reflect.DeepEqual(r.v, held))
 				return
 			}
 			if h.c.cluster != nil && redirected(r.err) {
 				h.c.cluster.ReloadState(context.Background())
 			}
-			_ = sleep(context.Background(), 20*time.Millisecond)
+			_ = sleep(context.Background(), min(confirmRetry(n), time.Until(until)))
 		case <-t.C:
-			cf.settle(false)
+			settle(false)
 			return
 		}
 	}
 }
 
 // elsewhere tells whether a confirmation's error reply sends it to another node (MOVED,
-// ASK) or asks for it again (TRYAGAIN) rather than settling it.
+// ASK) or asks for it again (TRYAGAIN; LOADING: a restarted server still reading its
+// AOF) rather than settling it.
 func elsewhere(err error) bool {
-	return redirected(err) || strings.HasPrefix(err.Error(), "TRYAGAIN")
+	return redirected(err) || strings.HasPrefix(err.Error(), "TRYAGAIN") || strings.HasPrefix(err.Error(), "LOADING")
 }
 
 // ping checks the command connection while anyone waits.
@@ -732,10 +761,13 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, asked := ctx.Value(confirmSlot{}).(**confirm); asked && shape.Holds() {
+	if ask, asked := ctx.Value(confirmSlot{}).(confirmAsk); asked && shape.Holds() {
 		// The caller takes the hold's confirm (and reports a take-back): it may hold on
 		// the granted message. Any other caller collects.
-		w.confirm = &confirm{}
+		w.confirm = &confirm{within: confirmBound}
+		if ask.lease > 0 && ask.lease < confirmBound {
+			w.confirm.within = ask.lease
+		}
 	}
 	started := time.Now()
 	m := proto.NewMachine(shape, started)
@@ -756,8 +788,8 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 		case step.Done:
 			h.leave(w)
 			if step.Held {
-				if slot, ok := ctx.Value(confirmSlot{}).(**confirm); ok {
-					*slot = w.confirm
+				if ask, ok := ctx.Value(confirmSlot{}).(confirmAsk); ok {
+					*ask.slot = w.confirm
 				}
 			}
 			return step.Reply, step.Err
