@@ -57,8 +57,8 @@ fn it_names_every_ticket_channel_as_the_vectors_do() {
 }
 
 /// What the waiter of a `RLOCK.ACQUIRE ... WAIT` does with a note: `granted` and
-/// `collect` both send the command without `WAIT` (the latch's `granted` returns 1),
-/// `fail` ends the call with the detail.
+/// `collect` both send the command without `WAIT` (the latch's `granted` returns 1; a
+/// `timeout` answers what that collect would), `fail` ends the call with the detail.
 fn then(note: &Note, latch: bool) -> &'static str {
     let mut c = redis::cmd("RLATCH.AWAIT");
     if !latch {
@@ -75,6 +75,10 @@ fn then(note: &Note, latch: bool) -> &'static str {
         (Step::Send(_), true) => "collect",
         (Step::Send(_), false) if matches!(note, Note::Granted(_)) => "granted",
         (Step::Send(_), false) => "collect",
+        // A timeout on the connection that queued the ticket: the reply its collect
+        // would get (the wait's "not now") is known without the round trip, given at the
+        // wait's deadline.
+        (Step::Wait, _) if matches!(note, Note::Timeout) => "collect",
         (Step::Done(Err(_)), _) => "fail",
         (other, _) => panic!("{note:?}: {other:?}"),
     }

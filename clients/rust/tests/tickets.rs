@@ -915,3 +915,112 @@ async fn without_ticket_notify_tickets_use_the_key_channel() {
     tokio::time::timeout(LONG, t).await.unwrap().unwrap();
     assert!(wait_until(LONG, || ticket_channels(&mut r) == (0, vec![])));
 }
+
+/// `DEBUG SLEEP seconds` on a connection of its own, `after` a ticket is queued on `key`:
+/// the server runs nothing meanwhile (no timer, no reply, no message). Returns when the
+/// freeze is over; the instant it was sent.
+fn freeze_once_queued(
+    url: String,
+    key: &'static str,
+    after: Duration,
+    seconds: f64,
+) -> thread::JoinHandle<Instant> {
+    thread::spawn(move || {
+        let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+        assert!(wait_until(LONG, || info_waiters(&mut c, "RLOCK.INFO", key) >= 1));
+        thread::sleep(after);
+        let sent = Instant::now();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(seconds)
+            .query(&mut c)
+            .unwrap();
+        sent
+    })
+}
+
+/// How late past its deadline a timed wait may return on a loaded machine: a CPU for the
+/// waiter's timer and thread (the server's answers come a whole freeze late).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(150);
+
+/// A timed wait ends at its own deadline on the client's clock: a server frozen across
+/// it answers (its `timeout` message, or a collect's reply) only after the freeze, and
+/// the caller is told no on time regardless, its ticket left as an orphan.
+#[test]
+fn a_timed_wait_ends_at_its_deadline_while_the_server_is_frozen() {
+    let s = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut r = s.conn();
+    let c = rlock_client::Client::open(s.url()).unwrap();
+    warm_ticket_connection(&c, &mut r);
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let wait = Duration::from_millis(400);
+    let freeze = freeze_once_queued(s.url(), "k", Duration::from_millis(50), 1.5);
+    let lock = c.lock("k");
+    let t = Instant::now();
+    let got = lock.acquire_timeout(wait).unwrap();
+    let took = t.elapsed();
+    let frozen_at = freeze.join().unwrap();
+    assert!(frozen_at < t + wait, "the freeze began before the deadline");
+    assert!(got.is_none());
+    assert!(took >= wait && took <= wait + DEADLINE_MARGIN, "{took:?}");
+    // The server's own timeout comes after the freeze, to the orphan the waiter left.
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 0));
+    assert!(exists(&mut r, "k"), "still the other owner's");
+}
+
+/// The holder's release reaches the frozen server after the waiter's deadline and runs
+/// when it wakes: the waiter has been told no, so a grant its ticket gets is collected
+/// and given back by the client, not left held (async API: the same machinery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_made_after_the_waiter_left_at_its_deadline_is_given_back() {
+    let s = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut r = s.conn();
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::aio::Client::open(s.url()).await.unwrap();
+    let wait = Duration::from_millis(300);
+    let freeze = freeze_once_queued(s.url(), "k", Duration::from_millis(50), 1.5);
+    let t = Instant::now();
+    let release = thread::spawn({
+        let url = s.url();
+        move || {
+            let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+            // During the freeze, after the waiter's deadline: it runs when the server wakes.
+            thread::sleep(
+                (t + wait + Duration::from_millis(100)).saturating_duration_since(Instant::now()),
+            );
+            let sent = Instant::now();
+            let _: Value = redis::cmd("RLOCK.RELEASE")
+                .arg("k")
+                .arg("someone-else")
+                .query(&mut c)
+                .unwrap();
+            sent
+        }
+    });
+    let got = tokio::time::timeout(LONG, c.lock("k").acquire_timeout(wait))
+        .await
+        .unwrap()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(got.is_none(), "told no");
+    assert!(took >= wait && took <= wait + DEADLINE_MARGIN, "{took:?}");
+    let released_at = release.join().unwrap();
+    let frozen_at = freeze.join().unwrap();
+    assert!(
+        frozen_at < t + wait && released_at < frozen_at + Duration::from_millis(1500),
+        "released during the freeze"
+    );
+    // Granted to the orphan (the release ran before the ticket's timer) or timed out
+    // first: either way nobody holds it, long before a 30 s lease would end.
+    assert!(eventually(Duration::from_secs(10), || !exists(&mut r, "k")).await);
+    assert!(
+        eventually(Duration::from_secs(10), || info_waiters(
+            &mut r,
+            "RLOCK.INFO",
+            "k"
+        ) == 0)
+        .await
+    );
+    let g = c.lock("k").try_acquire().await.unwrap();
+    assert!(g.is_some(), "free again");
+}

@@ -199,7 +199,10 @@ impl<'a> Acquiring<'a> {
                 let left = self
                     .until
                     .map_or(Duration::ZERO, |u| u.saturating_duration_since(sent));
-                (!left.is_zero()).then(|| millis(left))
+                // Rounded up: the ticket's wait ends at the call's start plus this, on
+                // the client's clock, and must not end before the caller's deadline.
+                (!left.is_zero())
+                    .then(|| u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX))
             }
         };
         let command = cmd::acquire_named(
@@ -496,9 +499,10 @@ mod tests {
                 take(&c, &s, AcquireOptions::new());
             }
             let opts = AcquireOptions::new().with_wait(wait);
-            let now = Instant::now();
             let run = Acquiring::new(&s, opts, &client, &jitter).unwrap();
-            assert_eq!(run.attempt(&s, now).1, want, "{held} {wait:?}");
+            // Sent at the deadline minus the whole wait: exactly `up` left.
+            let sent = run.until.map_or_else(Instant::now, |u| u - up);
+            assert_eq!(run.attempt(&s, sent).1, want, "{held} {wait:?}");
         }
     }
 

@@ -289,6 +289,29 @@ impl Shape {
         c
     }
 
+    /// The command's "not now" reply (docs/commands/tickets.md), for a timed wait the
+    /// client ended at its own deadline or whose `timeout` message came: what the server
+    /// answers a wait that ran out, with `-1` where that reply carries the holder's PTTL
+    /// (not known without asking; no caller reads it, and `-2` would ask to try again).
+    pub(crate) fn ran_out(&self) -> Value {
+        let is = |name: &[u8]| self.args[0].eq_ignore_ascii_case(name);
+        if is(b"RFENCED.ACQUIRE") {
+            Value::Array(vec![Value::Int(-1), Value::Nil])
+        } else if is(b"RLOCK.ACQUIRE") || is(b"RRWLOCK.ACQUIRE") {
+            Value::Int(-1)
+        } else if is(b"RPSEMAPHORE.ACQUIRE") {
+            Value::Nil
+        } else {
+            // RSEMAPHORE.ACQUIRE, RLATCH.AWAIT.
+            Value::Int(0)
+        }
+    }
+
+    /// When a timed wait that began at `started` ends, on this client's clock.
+    pub(crate) fn deadline(&self, started: Instant) -> Option<Instant> {
+        (self.wait_ms > 0).then(|| started + Duration::from_millis(self.wait_ms))
+    }
+
     /// The wait left after `elapsed`: `Some(0)` for no limit, `None` when it is over.
     pub(super) fn wait_left(&self, elapsed: Duration) -> Option<u64> {
         if self.wait_ms == 0 {
@@ -297,6 +320,31 @@ impl Shape {
         let spent = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         self.wait_ms.checked_sub(spent).filter(|&l| l > 0)
     }
+}
+
+/// How much sooner than the client's own deadline a timed ticket's wait ends in the
+/// server (at most a quarter of the wait): the server counts from the command's arrival
+/// and its `timeout` message takes hops back (server, reader, waiter), each waiting for a
+/// CPU on a loaded machine, so that message is then normally in before the deadline and
+/// the waiter knows its ticket gone: it leaves no orphan.
+pub(crate) const TIMEOUT_LEAD_MS: u64 = 10;
+
+/// The server's part of a wait of `left` ms (0: no limit), [`TIMEOUT_LEAD_MS`] sooner.
+pub(crate) fn server_wait(left: u64) -> u64 {
+    left - TIMEOUT_LEAD_MS.min(left / 4)
+}
+
+/// What a waiter whose deadline came first leaves behind ([`Machine::expire`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Leaves {
+    /// Nothing: its ticket is known gone (or went with its connection).
+    Nothing,
+    /// A ticket that may still be queued, or a collect in flight: an orphan, whose late
+    /// grant is collected and given back.
+    Orphan,
+    /// A `granted` (or unknown) message heard and not collected: collect it and give it
+    /// back now.
+    Undo,
 }
 
 /// What happened to a waiter.
@@ -337,6 +385,12 @@ pub(crate) struct Machine {
     pub(crate) held: bool,
     /// The last error, kept as a `RedisError` for the caller ([`Machine::take_error`]).
     error: Option<RedisError>,
+    /// Sent again after a broken connection: a `timeout` message may then hide a grant
+    /// made under the same id on the old connection, which a collect replays.
+    resent: bool,
+    /// Its `timeout` message came before its deadline: nothing is queued any more, and
+    /// the wait ends, not granted, at the deadline (a timed wait never ends sooner).
+    gone: bool,
 }
 
 impl Machine {
@@ -350,6 +404,8 @@ impl Machine {
             hold_on_grant: false,
             held: false,
             error: None,
+            resent: false,
+            gone: false,
         }
     }
 
@@ -378,9 +434,41 @@ impl Machine {
             .shape
             .wait_left(now.saturating_duration_since(self.started))
         {
-            Some(left) => Step::Send(self.shape.ticketed(left)),
+            Some(left) => Step::Send(self.shape.ticketed(server_wait(left))),
             None => Step::Send(self.shape.look()),
         }
+    }
+
+    /// When the wait ends on the client's clock (`None`: no limit).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.shape.deadline(self.started)
+    }
+
+    /// The deadline came first: the call's outcome, given the events `heard` but not yet
+    /// read (taken under the ticket connection's lock, so no more can come), and what the
+    /// waiter leaves behind. An answer among them is the outcome (a grant held on its
+    /// message, or any reply); otherwise the "not now" reply, and a grant whose collect
+    /// is not done is given back, never left held by a caller that was told no.
+    pub(crate) fn expire(&mut self, heard: Vec<Event>, now: Instant) -> (Step, Leaves) {
+        let mut undo = false;
+        for ev in heard {
+            let from_note = matches!(ev, Event::Note(_));
+            match self.on(ev, now) {
+                done @ Step::Done(_) => return (done, Leaves::Nothing),
+                Step::Send(_) if from_note => undo = true,
+                // A resend after a lost connection, or waiting on.
+                Step::Send(_) | Step::Wait => {}
+            }
+        }
+        let leaves = if undo {
+            self.outstanding = false;
+            Leaves::Undo
+        } else if self.outstanding {
+            Leaves::Orphan
+        } else {
+            Leaves::Nothing
+        };
+        (Step::Done(Ok(self.shape.ran_out())), leaves)
     }
 
     pub(crate) fn on(&mut self, ev: Event, now: Instant) -> Step {
@@ -416,6 +504,19 @@ impl Machine {
                     _ => Step::Send(self.shape.look()),
                 }
             }
+            // Removed, nothing granted: the reply of a wait that ran out, without a
+            // collect's round trip. After a broken connection the same id may have been
+            // granted on the old one: the collect replays that.
+            Event::Note(Note::Timeout) if !self.resent => {
+                self.outstanding = false;
+                match self.deadline() {
+                    Some(d) if now < d => {
+                        self.gone = true;
+                        Step::Wait // until the deadline: see `expire`
+                    }
+                    _ => Step::Done(Ok(self.shape.ran_out())),
+                }
+            }
             // The ordinary reply of a timed-out wait: look once.
             Event::Note(Note::Timeout | Note::Other) => Step::Send(self.shape.look()),
             Event::Note(Note::Error(detail)) => {
@@ -423,8 +524,11 @@ impl Machine {
                 self.error = Some(note_error(&detail));
                 Step::Done(Err(detail))
             }
+            // Its ticket is gone already: nothing to send again.
+            Event::Lost(_) if self.gone => Step::Wait,
             Event::Lost(gen) if gen == self.gen => {
                 self.outstanding = false;
+                self.resent = true;
                 self.resend(now)
             }
             // A connection our last command never went on.

@@ -35,9 +35,12 @@
 //! server's grace (`rlock.ticket-confirm-ms`); a message whose detail cannot be read (an
 //! older module's) is collected first.
 //!
-//! A waiter that leaves while its ticket may still be queued (a dropped future, a
-//! client-side limit) stays registered as an *orphan*: if its grant comes after all, a
-//! helper thread collects it and releases what was granted (`undo_commands`).
+//! A timed wait ends at its own deadline on the client's clock ([`Machine::deadline`]),
+//! whatever the server has answered by then; the server's wait is asked to end a little
+//! sooner ([`TIMEOUT_LEAD_MS`]), so its `timeout` message is normally in first. A waiter
+//! that leaves while its ticket may still be queued (its deadline come first, a dropped
+//! future) stays registered as an *orphan*: if its grant comes after all, a helper
+//! thread collects it and releases what was granted (`undo_commands`).
 //!
 //! On a Redis Cluster each node that has waiters gets a ticket connection of its own
 //! ([`Tickets::for_node`], made and routed by `cluster_tickets`): the same machinery on
@@ -418,28 +421,7 @@ impl Tickets {
     /// Unregisters waiter `id`; with `orphan` (its ticket may still be queued) it stays
     /// registered until its ticket's fate is known.
     fn leave(&self, id: &str, orphan: Option<(Vec<Vec<u8>>, bool)>) {
-        let mut st = lock_ignoring_poison(&self.shared.state);
-        let Some(slot) = st.waiters.remove(id) else {
-            return;
-        };
-        if let Slot::Confirming { .. } = slot {
-            st.waiters.insert(id.to_owned(), slot); // its confirmation's reply routes it
-            return;
-        }
-        match orphan {
-            Some((look, latch)) if st.writer.is_some() => {
-                let channel = slot.channel().to_vec();
-                st.waiters.insert(
-                    id.to_owned(),
-                    Slot::Orphan {
-                        channel,
-                        look,
-                        latch,
-                    },
-                );
-            }
-            _ => release_channel(&mut st, slot.channel()),
-        }
+        leave_locked(&mut lock_ignoring_poison(&self.shared.state), id, orphan);
     }
 
     /// Sends `args` for waiter `id`, connecting first if needed; the connection's
@@ -553,23 +535,66 @@ impl Tickets {
                     }
                 }
                 Step::Wait => {
-                    let ev = match until {
-                        None => rx.recv().await,
-                        Some(u) => tokio::time::timeout_at(u, rx.recv()).await.ok().flatten(),
+                    // A timed wait ends at its own deadline on this client's clock, not
+                    // when the server's answer comes back (a frozen or loaded server's
+                    // comes late): whatever has been heard by then.
+                    let deadline = member.m.deadline().map(tokio::time::Instant::from_std);
+                    let ev = match (deadline, until) {
+                        (None, None) => rx.recv().await.ok_or(false),
+                        (d, u) => {
+                            let at = d.into_iter().chain(u).min().expect("one is set");
+                            match tokio::time::timeout_at(at, rx.recv()).await {
+                                Ok(ev) => ev.ok_or(false),
+                                Err(_) => Err(deadline.is_some_and(|d| d <= at)),
+                            }
+                        }
                     };
                     match ev {
-                        Some(ev) => {
+                        Ok(ev) => {
                             if let (Event::Lost(_), Some(out)) = (&ev, self.refusal()) {
                                 return out;
                             }
                             step = member.m.on(ev, Instant::now());
                         }
-                        None => return Some(Err(no_reply())),
+                        Err(true) => step = self.expire(&mut member, &mut rx),
+                        Err(false) => return Some(Err(no_reply())),
                     }
                 }
                 Step::Done(r) => return Some(member.finish(r)),
             }
         }
+    }
+
+    /// The deadline of `member`'s wait came first: its outcome ([`Machine::expire`]),
+    /// from the events already sent to it (`rx`), read under the state lock so that no
+    /// more can come; under the same lock it leaves its ticket as an orphan, or gives
+    /// back a grant heard and not collected.
+    fn expire(
+        &self,
+        member: &mut Member<'_>,
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+    ) -> Step {
+        let mut st = lock_ignoring_poison(&self.shared.state);
+        let mut heard = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            heard.push(ev);
+        }
+        let (step, leaves) = member.m.expire(heard, Instant::now());
+        let shape = member.m.shape();
+        let id = shape.id().to_owned();
+        match leaves {
+            Leaves::Nothing => {}
+            // As `Member`'s drop would, but now: a message after this goes to the orphan.
+            Leaves::Orphan => leave_locked(&mut st, &id, Some((shape.look(), shape.latch))),
+            Leaves::Undo => {
+                leave_locked(&mut st, &id, None);
+                if !shape.latch {
+                    st.gave_back(&id);
+                    undo_later(&self.shared, shape.look(), None);
+                }
+            }
+        }
+        step
     }
 
     /// After a `Lost`: when the server refused a ticket channel (ACL), the wait's
@@ -682,6 +707,31 @@ impl Drop for Member<'_> {
         let shape = self.m.shape();
         let orphan = self.m.outstanding.then(|| (shape.look(), shape.latch));
         self.t.leave(shape.id(), orphan);
+    }
+}
+
+/// [`Tickets::leave`], under the state lock.
+fn leave_locked(st: &mut State, id: &str, orphan: Option<(Vec<Vec<u8>>, bool)>) {
+    let Some(slot) = st.waiters.remove(id) else {
+        return;
+    };
+    if let Slot::Confirming { .. } = slot {
+        st.waiters.insert(id.to_owned(), slot); // its confirmation's reply routes it
+        return;
+    }
+    match orphan {
+        Some((look, latch)) if st.writer.is_some() => {
+            let channel = slot.channel().to_vec();
+            st.waiters.insert(
+                id.to_owned(),
+                Slot::Orphan {
+                    channel,
+                    look,
+                    latch,
+                },
+            );
+        }
+        _ => release_channel(st, slot.channel()),
     }
 }
 

@@ -155,10 +155,38 @@ fn it_takes_an_ordinary_reply_at_once() {
 }
 
 #[test]
-fn it_looks_once_after_a_timeout() {
+fn it_takes_a_timeout_message_as_the_reply_of_a_wait_that_ran_out() {
     let (mut m, now) = machine(500, true);
     m.start(now);
     m.sent(1);
+    m.on(Event::Reply(Ok(Value::SimpleString("QUEUED".into()))), now);
+    // It came a little before the deadline (the server's wait is shorter): the wait
+    // still lasts until then, and nothing is sent again if the connection breaks.
+    assert_eq!(m.on(Event::Note(Note::Timeout), now), Step::Wait);
+    assert!(!m.outstanding, "no orphan: the ticket is known gone");
+    assert_eq!(m.on(Event::Lost(1), now), Step::Wait);
+    assert_eq!(
+        m.expire(Vec::new(), now + Duration::from_millis(500)),
+        (Step::Done(Ok(Value::Int(-1))), Leaves::Nothing)
+    );
+    // At or after the deadline it is the answer at once.
+    let (mut late, now) = machine(500, true);
+    late.start(now);
+    late.sent(1);
+    assert_eq!(
+        late.on(Event::Note(Note::Timeout), now + Duration::from_millis(500)),
+        Step::Done(Ok(Value::Int(-1)))
+    );
+}
+
+#[test]
+fn it_looks_once_after_a_timeout_on_a_connection_sent_again() {
+    let (mut m, now) = machine(500, true);
+    m.start(now);
+    m.sent(1);
+    // The old connection may have granted the same id: the collect replays that.
+    m.on(Event::Lost(1), now);
+    m.sent(2);
     m.on(Event::Reply(Ok(Value::SimpleString("QUEUED".into()))), now);
     let look = sent(&m.on(Event::Note(Note::Timeout), now));
     assert!(!look.contains(&"WAIT".to_owned()) && !look.contains(&"ASYNC".to_owned()));
@@ -188,7 +216,7 @@ fn it_resends_after_its_connection_is_lost_with_the_wait_left() {
     // A connection it never used: nothing of ours was lost.
     assert_eq!(m.on(Event::Lost(2), t0), Step::Wait);
     let again = sent(&m.on(Event::Lost(3), t0 + Duration::from_millis(300)));
-    assert_eq!(again[5], "700");
+    assert_eq!(again[5], "690", "the wait left, TIMEOUT_LEAD_MS sooner");
     assert_eq!(again[7], "r1", "the same id");
     // The wait ran out while disconnected: look once.
     m.sent(4);
@@ -484,4 +512,93 @@ fn only_a_ticketed_command_takes_notify() {
     latch.arg("k").arg("WAIT").arg(1000);
     let l = Shape::of(&latch).unwrap();
     assert!(l.is_ticketed(&l.ticketed(5)) && !l.is_ticketed(&l.look()));
+}
+
+#[test]
+fn it_asks_the_server_to_end_its_wait_a_little_before_the_clients_deadline() {
+    // Table: the wait left (ms) -> the server's wait: 10 ms sooner, at most a quarter.
+    for (left, server) in [(0, 0), (1, 1), (3, 3), (20, 15), (40, 30), (1000, 990)] {
+        assert_eq!(server_wait(left), server, "left {left}");
+    }
+    let (mut m, now) = machine(300, true);
+    assert_eq!(sent(&m.start(now))[5], "290");
+    assert_eq!(m.deadline(), Some(now + Duration::from_millis(300)));
+    let (mut forever, now) = machine(0, true);
+    assert_eq!(sent(&forever.start(now))[5], "0");
+    assert_eq!(forever.deadline(), None);
+}
+
+#[test]
+fn it_answers_each_commands_not_now_when_its_deadline_comes_first() {
+    let cmd = |name: &str| {
+        let mut c = redis::cmd(name);
+        c.arg("k").arg("o").arg("WAIT").arg(100).arg("ID").arg("r");
+        Shape::of(&c).unwrap().ran_out()
+    };
+    // Table: the command -> its "not now" reply (docs/commands/tickets.md).
+    for (name, want) in [
+        ("RLOCK.ACQUIRE", Value::Int(-1)),
+        ("RRWLOCK.ACQUIRE", Value::Int(-1)),
+        (
+            "RFENCED.ACQUIRE",
+            Value::Array(vec![Value::Int(-1), Value::Nil]),
+        ),
+        ("RSEMAPHORE.ACQUIRE", Value::Int(0)),
+        ("RPSEMAPHORE.ACQUIRE", Value::Nil),
+        ("RLATCH.AWAIT", Value::Int(0)),
+    ] {
+        assert_eq!(cmd(name), want, "{name}");
+    }
+}
+
+#[test]
+fn it_leaves_an_orphan_when_its_deadline_comes_with_the_ticket_queued() {
+    let queued = Event::Reply(Ok(Value::SimpleString("QUEUED".into())));
+    // Table: the events heard but not read at the deadline -> outcome, what it leaves.
+    let cases: Vec<(Vec<Event>, Step, Leaves)> = vec![
+        // Nothing heard: still queued.
+        (vec![queued], Step::Done(Ok(Value::Int(-1))), Leaves::Orphan),
+        // The grant heard, not collected: given back.
+        (
+            vec![Event::Note(Note::Granted(Vec::new()))],
+            Step::Done(Ok(Value::Int(-1))),
+            Leaves::Undo,
+        ),
+        // Its timeout message: nothing left.
+        (
+            vec![Event::Note(Note::Timeout)],
+            Step::Done(Ok(Value::Int(-1))),
+            Leaves::Nothing,
+        ),
+        // An answer heard in time is the answer.
+        (
+            vec![Event::Reply(Ok(Value::Nil))],
+            Step::Done(Ok(Value::Nil)),
+            Leaves::Nothing,
+        ),
+    ];
+    for (heard, step, leaves) in cases {
+        let (mut m, now) = machine(300, true);
+        m.start(now);
+        m.sent(1);
+        assert_eq!(m.expire(heard, now), (step, leaves));
+    }
+    // A grant held on its message is the caller's, heard just before the deadline.
+    let (mut h, now) = machine(300, true);
+    h.hold_on_grant = true;
+    h.start(now);
+    h.sent(1);
+    let (step, leaves) = h.expire(vec![Event::Note(Note::Granted(Vec::new()))], now);
+    assert_eq!(
+        (step, leaves),
+        (Step::Done(Ok(Value::Nil)), Leaves::Nothing)
+    );
+    assert!(h.held);
+    // A collect in flight when the deadline comes: its reply goes to the orphan.
+    let (mut c, now) = machine(300, true);
+    c.start(now);
+    c.sent(1);
+    c.on(Event::Note(Note::Granted(Vec::new())), now);
+    c.sent(1);
+    assert_eq!(c.expire(Vec::new(), now).1, Leaves::Orphan);
 }
