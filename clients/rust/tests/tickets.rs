@@ -1024,3 +1024,46 @@ async fn a_grant_made_after_the_waiter_left_at_its_deadline_is_given_back() {
     let g = c.lock("k").try_acquire().await.unwrap();
     assert!(g.is_some(), "free again");
 }
+
+/// A user whose ACL allows the keys' ticket channels but not the tagged ones (written
+/// before `NOTIFY`): the refused tagged SUBSCRIBE makes the client wait with tickets on
+/// the key's channel, as with a module without `ticket-notify`, not blocked.
+#[test]
+fn a_user_refused_the_tagged_channels_waits_on_the_keys_channel() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("waiter")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("+@all")
+        .arg("resetchannels")
+        .arg("&rlock_ticket:{*}")
+        .query(&mut r)
+        .unwrap();
+    let url = format!("redis://waiter:pw@127.0.0.1:{}/", s.port);
+    write_lock(&mut r, "k", "someone-else", 60_000);
+    let c = rlock_client::Client::open(url.as_str()).unwrap();
+    let lock = c.lock("k");
+    let t = thread::spawn(move || {
+        lock.acquire_with(lease())
+            .unwrap()
+            .unwrap()
+            .release()
+            .unwrap();
+    });
+    // Queued as a ticket, heard on the key's channel; nothing blocked.
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    let numsub: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("rlock_ticket:{k}")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(numsub.get(1), Some(&Value::Int(1)));
+    assert_eq!(blocked_clients(&mut r), 0);
+    let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
+    t.join().unwrap();
+    assert!(!exists(&mut r, "k"));
+}

@@ -17,7 +17,8 @@
 //! (`rlock_ticket:{key}:<tag>`), which only this client subscribes to: a handoff wakes its
 //! new holder's client alone, where the key channel woke every waiting client to read a
 //! message for one (the fan-out that bounded tickets at 64 processes). Otherwise (an older
-//! module) the key channel, as before. Refcounting is per key either way.
+//! module, or a server whose ACL refuses the tagged channel: from the next connection on)
+//! the key channel, as before. Refcounting is per key either way.
 //!
 //! Tickets live as long as that connection: when it breaks, the server drops them. Every
 //! waiter is then told `Lost` and re-sends its command with the same request id on a new
@@ -271,6 +272,10 @@ pub(crate) struct Shared {
     holds: std::sync::atomic::AtomicBool,
     /// Why the server refused a ticket channel (`SUBSCRIBE` answered an error).
     refused: Mutex<Option<RedisError>>,
+    /// The server refused a tagged channel (an ACL that allows the key's channel only,
+    /// design.md 5): tickets go without `NOTIFY`, heard on the key's channel, from the
+    /// next connection on.
+    untagged: std::sync::atomic::AtomicBool,
 }
 
 /// One client's ticket connection and waiters. Dropping it closes the connection.
@@ -344,6 +349,7 @@ impl Tickets {
                 forced: mode == WaitMode::Tickets,
                 holds: std::sync::atomic::AtomicBool::new(false),
                 refused: Mutex::new(None),
+                untagged: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -808,7 +814,7 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
         .holds
         .store(caps.has("ticket-holds"), Ordering::Relaxed);
     // Before any subscription below: this connection's channels follow its answer.
-    st.notify = caps.has("ticket-notify");
+    st.notify = caps.has("ticket-notify") && !shared.untagged.load(Ordering::Relaxed);
     stream.set_read_timeout(None)?;
     // A new connection: a channel refused on the old one may be allowed now.
     *lock_ignoring_poison(&shared.refused) = None;
@@ -901,12 +907,18 @@ fn reader_loop(
                 Some(Pending::Subscribe(_)) if st.shard && redirected(&other) => {}
                 Some(Pending::Subscribe(_)) => {
                     // A channel we may not hear: no waiter on it could ever be told of
-                    // its grant. Close the connection; every waiter is told `Lost` and
-                    // finds the refusal (see `Tickets::refusal`).
-                    let e = other.extract_error().err().unwrap_or_else(|| {
-                        io_err("ticket channel", "SUBSCRIBE refused".to_owned())
-                    });
-                    *lock_ignoring_poison(&shared.refused) = Some(e);
+                    // its grant. Close the connection; every waiter is told `Lost`. A
+                    // tagged channel refused: they send again on a new connection that
+                    // uses the key's channel, as before `NOTIFY`. The key's channel
+                    // refused: they find the refusal (see `Tickets::refusal`).
+                    if st.notify {
+                        shared.untagged.store(true, Ordering::Relaxed);
+                    } else {
+                        let e = other.extract_error().err().unwrap_or_else(|| {
+                            io_err("ticket channel", "SUBSCRIBE refused".to_owned())
+                        });
+                        *lock_ignoring_poison(&shared.refused) = Some(e);
+                    }
                     if let Some(w) = st.writer.as_ref() {
                         w.shutdown();
                     }
