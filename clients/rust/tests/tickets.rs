@@ -1067,3 +1067,57 @@ fn a_user_refused_the_tagged_channels_waits_on_the_keys_channel() {
     t.join().unwrap();
     assert!(!exists(&mut r, "k"));
 }
+
+/// A grant whose message reached its holder while the confirmation could not (the
+/// server paused its writes, then went down for longer than the confirmation grace and
+/// came back from its AOF, `appendfsync always`): the holder keeps confirming under the
+/// same request id until the restarted server answers, and keeps the lock, which the AOF
+/// kept for it (it used to give up within the grace and report the lock lost while the
+/// server still held it for that owner).
+#[test]
+fn a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace() {
+    let mut s = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let mut r = s.conn();
+    let _: Value = redis::cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("holder:1")
+        .arg(30_000)
+        .query(&mut r)
+        .unwrap();
+    let client = rlock_client::Client::open(s.url()).unwrap();
+    warm_ticket_connection(&client, &mut r);
+    let waiter = {
+        let c = client.clone();
+        thread::spawn(move || c.lock("k").acquire())
+    };
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    // The release grants the waiter and its message goes out; the pause holds back the
+    // confirmation that message sends (a write) until the server goes down.
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("RLOCK.RELEASE")
+        .arg("k")
+        .arg("holder:1")
+        .cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query(&mut r)
+        .unwrap();
+    let guard = waiter.join().unwrap().expect("held on the grant message");
+    let owner = guard.owner().to_owned();
+    s.restart(Duration::from_millis(1500));
+    assert_eq!(guard.lost_reason(), None, "not lost across the restart");
+    let mut r = s.conn();
+    let holds: Option<i64> = redis::cmd("HGET")
+        .arg("k")
+        .arg(&owner)
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(holds, Some(1), "the AOF kept the grant");
+    assert_eq!(
+        guard.release().unwrap(),
+        rlock_client::ReleaseOutcome::Freed
+    );
+    assert!(!exists(&mut r, "k"));
+}

@@ -86,6 +86,15 @@ fn server_bin() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+fn spawn_server(args: &[std::ffi::OsString]) -> Child {
+    Command::new(server_bin())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("cannot start redis-server (set REDIS_SERVER)")
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -171,6 +180,8 @@ pub struct Server {
     child: Child,
     pub port: u16,
     dir: TempDir,
+    /// What it was started with, for [`Server::restart`].
+    args: Vec<std::ffi::OsString>,
 }
 
 impl Server {
@@ -211,37 +222,58 @@ impl Server {
             let dir = TempDir::new();
             let port = free_port();
             let log = dir.0.join("redis.log");
-            let child = Command::new(server_bin())
-                .arg("--port")
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                // A replica's first sync starts at once, not after the default 5 s.
-                .args(["--repl-diskless-sync-delay", "0"])
-                .arg("--dir")
-                .arg(&dir.0)
-                .arg("--logfile")
-                .arg(&log)
-                .args(&load)
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("cannot start redis-server (set REDIS_SERVER)");
-            let mut s = Server { child, port, dir };
-            let up = wait_until(Duration::from_secs(10), || {
-                if matches!(s.child.try_wait(), Ok(Some(_))) {
-                    return true;
-                }
-                s.try_conn()
-                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
-                    .is_some()
-            });
-            if up && s.child.try_wait().ok().flatten().is_none() {
+            let mut args: Vec<std::ffi::OsString> = vec!["--port".into(), port.to_string().into()];
+            args.extend(
+                ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+                    .iter()
+                    .map(Into::into),
+            );
+            // A replica's first sync starts at once, not after the default 5 s.
+            args.extend(["--repl-diskless-sync-delay", "0"].iter().map(Into::into));
+            args.extend(["--dir".into(), dir.0.clone().into_os_string()]);
+            args.extend(["--logfile".into(), log.clone().into_os_string()]);
+            args.extend(load.iter().map(|a| a.to_os_string()));
+            args.extend(extra.iter().map(Into::into));
+            let child = spawn_server(&args);
+            let mut s = Server {
+                child,
+                port,
+                dir,
+                args,
+            };
+            if s.wait_up() {
                 return s;
             }
             last_log = std::fs::read_to_string(&log).unwrap_or_default();
         }
         panic!("redis-server did not start; last log:\n{last_log}");
+    }
+
+    /// True once it answers PING (not while it loads its data); false if it exited or
+    /// did not answer within 10 s.
+    fn wait_up(&mut self) -> bool {
+        let up = wait_until(Duration::from_secs(10), || {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            self.try_conn()
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
+                .is_some()
+        });
+        up && self.child.try_wait().ok().flatten().is_none()
+    }
+
+    /// Kills the server (SIGKILL), keeps it down for `down`, and starts it again on the
+    /// same port and directory with the same arguments (with an AOF, it reloads it).
+    pub fn restart(&mut self, down: Duration) {
+        self.kill();
+        thread::sleep(down);
+        self.child = spawn_server(&self.args);
+        assert!(
+            self.wait_up(),
+            "redis-server did not restart; log:\n{}",
+            self.log()
+        );
     }
 
     pub fn url(&self) -> String {

@@ -1148,15 +1148,25 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
 }
 
 /// How long a confirmation whose connection broke is tried again on connections of its
-/// own: within the server's default grace (`rlock.ticket-confirm-ms`, 1 s), after which
-/// an unconfirmed grant is taken back; not confirmed by then, the hold is reported lost.
-const CONFIRM_RETRY_FOR: Duration = Duration::from_millis(800);
+/// own, until a definite answer: the grant (kept) or `TAKENBACK` (lost); past it, the
+/// hold is reported lost. Longer than the server's grace (`rlock.ticket-confirm-ms`,
+/// 1 s) on purpose: a server that took the grant back answers `TAKENBACK` from then on,
+/// so trying longer never keeps a hold the server gave away, and a server that restarted
+/// (down for longer than the grace) reloads the grant from its AOF and answers it.
+const CONFIRM_RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// The first pause between a late confirmation's tries (doubled up to
+/// [`CONFIRM_RETRY_MAX_PAUSE`]): a broken connection is usually back at once, a
+/// restarting server takes a while.
+const CONFIRM_RETRY_PAUSE: Duration = Duration::from_millis(10);
+const CONFIRM_RETRY_MAX_PAUSE: Duration = Duration::from_millis(200);
 
 /// On a thread of its own (rare: the ticket connection broke between a grant and its
 /// confirmation's reply, or the grant's slot moved to another node before the
 /// confirmation arrived, `redirect`): confirms with `look` on a new connection, to the
-/// node a `MOVED`/`ASK` names, retrying within [`CONFIRM_RETRY_FOR`]; `TAKENBACK`,
-/// another error or no answer in time settle it lost.
+/// node a `MOVED`/`ASK` names, retrying within [`CONFIRM_RETRY_FOR`] while the server
+/// is unreachable or still loading; `TAKENBACK`, another error or no answer in time
+/// settle it lost.
 fn confirm_later(
     shared: &Arc<Shared>,
     look: Vec<Vec<u8>>,
@@ -1178,6 +1188,11 @@ fn confirm_later(
                 if let Some(e) = redirect {
                     target = target.after(&e, &home);
                 }
+                let mut pause = CONFIRM_RETRY_PAUSE;
+                let mut backoff = |left: Duration| {
+                    std::thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(CONFIRM_RETRY_MAX_PAUSE);
+                };
                 loop {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -1204,9 +1219,12 @@ fn confirm_later(
                             }
                             target = target.after(&e, &home);
                         }
+                        // A restarted server still reading its AOF: the grant may be
+                        // in it.
+                        Err(e) if e.code() == Some("LOADING") => backoff(left),
                         // The server answered: taken back, or a refusal.
                         Err(e) if e.code().is_some() => return confirm.settle(false),
-                        Err(_) => std::thread::sleep(Duration::from_millis(20).min(left)),
+                        Err(_) => backoff(left),
                     }
                 }
             }
