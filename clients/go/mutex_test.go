@@ -24,7 +24,13 @@ import (
 // setup starts a server and returns a raw go-redis client and an rlock Client on it.
 func setup(t *testing.T, opts ...rlock.Option) (*testserver.Server, *redis.Client, *rlock.Client) {
 	t.Helper()
-	s := testserver.Start(t)
+	return setupServer(t, nil, opts...)
+}
+
+// setupServer is setup with extra server arguments (an AOF for the restart tests).
+func setupServer(t *testing.T, serverArgs []string, opts ...rlock.Option) (*testserver.Server, *redis.Client, *rlock.Client) {
+	t.Helper()
+	s := testserver.Start(t, serverArgs...)
 	rdb := s.Client(t)
 	c := rlock.New(rdb, opts...)
 	infoMu.Lock()

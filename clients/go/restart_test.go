@@ -22,25 +22,8 @@ import (
 )
 
 func TestAWaitRidesOutARestartAndFindsTheGrantMadeBeforeIt(t *testing.T) {
-	s := testserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	rdb := s.Client(t)
-	c := rlock.New(rdb)
-	infoMu.Lock()
-	infoServer[t] = rdb
-	infoMu.Unlock()
-	t.Cleanup(func() {
-		c.Close()
-		infoMu.Lock()
-		delete(infoServer, t)
-		infoMu.Unlock()
-	})
+	s, rdb, m, got := queuedBehindOutsideWithAOF(t)
 	ctx := context.Background()
-	takeOutside(t, rdb, "k")
-	m := c.NewMutex("k")
-	got := within(m.LockContext)
-	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
-		return infoWaiters(t, "RLOCK.INFO", "k") == 1
-	})
 	// The grant, written to the AOF (fsync always) before EXEC answers; its message dies
 	// with the pub/sub connection, and the waiter's collect is held by the pause until
 	// the server goes away.
@@ -87,26 +70,9 @@ func TestAWaitRidesOutARestartAndFindsTheGrantMadeBeforeIt(t *testing.T) {
 // (no lost signal) and its unlock frees it. (Before, the client gave up confirming after
 // 800 ms and reported a lock it still held lost.)
 func TestAHeldGrantIsConfirmedAfterARestartLongerThanTheGrace(t *testing.T) {
-	s := testserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	rdb := s.Client(t)
 	confirmed := make(chan bool, 1)
-	c := rlock.New(rdb, rlock.WithConfirmHook(func(ok bool) { confirmed <- ok }))
-	infoMu.Lock()
-	infoServer[t] = rdb
-	infoMu.Unlock()
-	t.Cleanup(func() {
-		c.Close()
-		infoMu.Lock()
-		delete(infoServer, t)
-		infoMu.Unlock()
-	})
+	s, rdb, m, got := queuedBehindOutsideWithAOF(t, rlock.WithConfirmHook(func(ok bool) { confirmed <- ok }))
 	ctx := context.Background()
-	takeOutside(t, rdb, "k")
-	m := c.NewMutex("k")
-	got := within(m.LockContext)
-	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
-		return infoWaiters(t, "RLOCK.INFO", "k") == 1
-	})
 	// The grant (written to the AOF before EXEC answers) and its message go out; the
 	// pause, in force from the end of the EXEC, holds the confirmation the message sets
 	// off until the server goes away.
@@ -149,4 +115,19 @@ func TestAHeldGrantIsConfirmedAfterARestartLongerThanTheGrace(t *testing.T) {
 	if !free || rdb.Exists(ctx, "k").Val() != 0 {
 		t.Fatalf("Unlock = %v, key exists = %d; want the lock free", free, rdb.Exists(ctx, "k").Val())
 	}
+}
+
+// queuedBehindOutsideWithAOF starts a server with an AOF (fsync always), holds "k" as
+// "outside" and queues a mutex's LockContext behind it: the server, a raw client, the
+// waiting mutex and its result.
+func queuedBehindOutsideWithAOF(t *testing.T, opts ...rlock.Option) (*testserver.Server, *redis.Client, *rlock.Mutex, <-chan error) {
+	t.Helper()
+	s, rdb, c := setupServer(t, []string{"--appendonly", "yes", "--appendfsync", "always"}, opts...)
+	takeOutside(t, rdb, "k")
+	m := c.NewMutex("k")
+	got := within(m.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool {
+		return infoWaiters(t, "RLOCK.INFO", "k") == 1
+	})
+	return s, rdb, m, got
 }
