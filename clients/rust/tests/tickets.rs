@@ -693,13 +693,13 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
         .collect()
 }
 
-/// A user whose ACL denies the ticket channels (Redis 7's default for new users,
-/// `resetchannels`): the refused SUBSCRIBE must not be taken for a waiter's reply; the
-/// client waits the old way from then on, or, with tickets forced, reports the refusal.
-#[test]
-fn a_user_without_the_ticket_channels_waits_the_old_way() {
-    let s = Server::start();
-    let mut r = s.conn();
+/// A client logged in as a new user `waiter` allowed every key and command but only the
+/// pub/sub `channels` given (ACL patterns; none: Redis 7's default for new users).
+fn client_as_user_with_channels(
+    s: &Server,
+    r: &mut redis::Connection,
+    channels: &[&str],
+) -> rlock_client::Client {
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("waiter")
@@ -708,19 +708,37 @@ fn a_user_without_the_ticket_channels_waits_the_old_way() {
         .arg("~*")
         .arg("+@all")
         .arg("resetchannels")
-        .query(&mut r)
+        .arg(channels)
+        .query(r)
         .unwrap();
-    let url = format!("redis://waiter:pw@127.0.0.1:{}/", s.port);
-    write_lock(&mut r, "k", "someone-else", 60_000);
-    let c = rlock_client::Client::open(url.as_str()).unwrap();
+    rlock_client::Client::open(format!("redis://waiter:pw@127.0.0.1:{}/", s.port)).unwrap()
+}
+
+/// "k" held by someone else; a thread of `c` acquires it (with a lease) and releases it.
+fn acquire_release_behind_someone_else(
+    c: &rlock_client::Client,
+    r: &mut redis::Connection,
+) -> thread::JoinHandle<()> {
+    write_lock(r, "k", "someone-else", 60_000);
     let lock = c.lock("k");
-    let t = thread::spawn(move || {
+    thread::spawn(move || {
         lock.acquire_with(lease())
             .unwrap()
             .unwrap()
             .release()
             .unwrap();
-    });
+    })
+}
+
+/// A user whose ACL denies the ticket channels (Redis 7's default for new users,
+/// `resetchannels`): the refused SUBSCRIBE must not be taken for a waiter's reply; the
+/// client waits the old way from then on, or, with tickets forced, reports the refusal.
+#[test]
+fn a_user_without_the_ticket_channels_waits_the_old_way() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = client_as_user_with_channels(&s, &mut r, &[]);
+    let t = acquire_release_behind_someone_else(&c, &mut r);
     // It fell back: a blocked WAIT.
     assert!(wait_until(LONG, || blocked_clients(&mut r) == 1));
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
@@ -728,7 +746,9 @@ fn a_user_without_the_ticket_channels_waits_the_old_way() {
 
     write_lock(&mut r, "k", "someone-else", 60_000);
     let opts = ClientOptions::new().with_wait_mode(WaitMode::Tickets);
-    let forced = rlock_client::Client::open_with(url.as_str(), opts).unwrap();
+    let forced =
+        rlock_client::Client::open_with(format!("redis://waiter:pw@127.0.0.1:{}/", s.port), opts)
+            .unwrap();
     let got = forced
         .lock("k")
         .acquire_timeout(Duration::from_secs(5))
@@ -1032,28 +1052,8 @@ async fn a_grant_made_after_the_waiter_left_at_its_deadline_is_given_back() {
 fn a_user_refused_the_tagged_channels_waits_on_the_keys_channel() {
     let s = Server::start();
     let mut r = s.conn();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("waiter")
-        .arg("on")
-        .arg(">pw")
-        .arg("~*")
-        .arg("+@all")
-        .arg("resetchannels")
-        .arg("&rlock_ticket:{*}")
-        .query(&mut r)
-        .unwrap();
-    let url = format!("redis://waiter:pw@127.0.0.1:{}/", s.port);
-    write_lock(&mut r, "k", "someone-else", 60_000);
-    let c = rlock_client::Client::open(url.as_str()).unwrap();
-    let lock = c.lock("k");
-    let t = thread::spawn(move || {
-        lock.acquire_with(lease())
-            .unwrap()
-            .unwrap()
-            .release()
-            .unwrap();
-    });
+    let c = client_as_user_with_channels(&s, &mut r, &["&rlock_ticket:{*}"]);
+    let t = acquire_release_behind_someone_else(&c, &mut r);
     // Queued as a ticket, heard on the key's channel; nothing blocked.
     assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
     let numsub: Vec<Value> = redis::cmd("PUBSUB")
