@@ -549,6 +549,23 @@ async def throughput_round(port, side, key, tasks, seconds, pool_size):
             "server_busy": (after[1] - before[1]) / elapsed, "client_busy": (cpu1 - cpu0) / elapsed}
 
 
+def say_totals(say, res, names):
+    """Says the all-rounds table of a handoff section (each side's rounds summed, see
+    summary) and returns the totals by side."""
+    say()
+    say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
+        "| tasks that never held | server commands per acquisition | server CPU µs per "
+        "acquisition |")
+    say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    tot = {}
+    for side in ("rlock", "redisson"):
+        t = tot[side] = summary(res[side])
+        say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
+            f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
+            f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
+    return tot
+
+
 def summary(rounds):
     """One side's rounds together: rates over the summed time, fairness over each task's
     acquisitions summed over the rounds, waits of every round."""
@@ -650,17 +667,7 @@ def fleet(port, cfg, say, names):
             say(f"| {rnd + 1} | {names[side]} | {g['handoffs_s']:.0f} | {g['acq_s']:.0f} | "
                 f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
                 f"{100 * g['server_busy']:.0f} % |")
-    say()
-    say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
-        "| tasks that never held | server commands per acquisition | server CPU µs per "
-        "acquisition |")
-    say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    tot = {}
-    for side in ("rlock", "redisson"):
-        t = tot[side] = summary(res[side])
-        say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
-            f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
-            f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
+    tot = say_totals(say, res, names)
     handoffs = ratio(tot["rlock"]["handoffs_s"], tot["redisson"]["handoffs_s"])
     say()
     say(f"rlock tickets / Redisson, {procs} processes: handoffs/s **{handoffs:.2f}×**, "
@@ -711,17 +718,7 @@ def handoffs_report(port, cfg, say):
             say(f"| {rnd + 1} | {names[side]} | {g['handoffs_s']:.0f} | {g['acq_s']:.0f} | "
                 f"{g['conns'][0]}-{g['conns'][1]} | {g['violations']} | "
                 f"{100 * g['server_busy']:.0f} % | {100 * g['client_busy']:.0f} % |")
-    say()
-    say("| side, all rounds | handoffs/s | acquisitions/s | Jain | p50 wait ms | p99 wait ms "
-        "| tasks that never held | server commands per acquisition | server CPU µs per "
-        "acquisition |")
-    say("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    tot = {}
-    for side in ("rlock", "redisson"):
-        t = tot[side] = summary(res[side])
-        say(f"| {names[side]} | **{t['handoffs_s']:.0f}** | {t['acq_s']:.0f} | "
-            f"{t['jain']:.4f} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['idle_tasks']} | "
-            f"{t['cmds_per_acq']:.2f} | {t['cpu_us_per_acq']:.0f} |")
+    tot = say_totals(say, res, names)
     pairs = sorted(ratio(a["handoffs_s"], b["handoffs_s"])
                    for a, b in zip(res["rlock"], res["redisson"]))
     handoffs = ratio(tot["rlock"]["handoffs_s"], tot["redisson"]["handoffs_s"])
