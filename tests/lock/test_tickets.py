@@ -15,7 +15,7 @@ import redis
 
 import errors
 from conftest import wait_until
-from hostile_helpers import settle_memory, used_memory
+from hostile_helpers import Raw, settle_memory, used_memory
 
 LEASE = 30_000
 ERR_ASYNC = errors.text(errors.ASYNC)
@@ -672,6 +672,40 @@ def test_untagged_and_tagged_tickets_share_one_fifo_each_on_its_channel(server, 
     assert r.execute_command("RLOCK.RELEASE", "k", "plain") == 1
     assert tagged.next()[1:4] == ("granted", "r2", "own")
     key_channel.none()
+
+
+def test_a_grant_message_follows_the_releasers_reply_while_others_wait(server, r):
+    """A ticket's `granted` message is published in the server's before-sleep, after the
+    command that granted it (design.md 5): the server writes a turn's output last-first,
+    so a message published inside `RLOCK.RELEASE` would reach the new holder after the
+    releaser's reply and wake the releasing process first. Seen on one RESP3 connection
+    that both releases and listens on the ticket's channel, where the order is the order
+    of its output: the reply, then the message. This tells the two apart on Redis 7.0
+    only: Redis 7.2+ and Valkey hold a command's pushes to its own caller until after its
+    reply, so there one connection shows the same order either way. The last waiter's
+    message still goes out from inside the command (nobody else waits: no before-sleep
+    hook is kept for it); it arrives all the same."""
+    c = Raw(server.port)
+    c.call("HELLO", "3")
+    assert c.call("SUBSCRIBE", f"{channel('k')}:{TAG1}")[0] == b"subscribe"
+    assert c.call("RLOCK.ACQUIRE", "k", "h", LEASE) is None
+    t = server.client()
+    assert ticket(t, "k", "w1", "r1", tag=TAG1) == b"QUEUED"
+    assert ticket(t, "k", "w2", "r2", tag=TAG2) == b"QUEUED"
+    c.send("RLOCK.RELEASE", "k", "h")
+    assert c.read() == 1, "the release's reply first"
+    message = c.read()
+    assert message[0] == b"message" and parse(message[2])[:2] == ("granted", "r1")
+    assert owners(r, "k") == {"w1": 1}
+    assert r.execute_command("RLOCK.RELEASE", "k", "w1") == 1  # w2 granted; none waits
+    assert owners(r, "k") == {"w2": 1}
+    assert ticket(t, "k", "w3", "r3", tag=TAG1) == b"QUEUED"
+    c.send("RLOCK.RELEASE", "k", "w2")
+    got = [c.read(), c.read()]
+    assert 1 in got, got
+    message = next(m for m in got if m != 1)
+    assert message[0] == b"message" and parse(message[2])[:2] == ("granted", "r3")
+    c.close()
 
 
 def test_a_braced_keys_tagged_channel_appends_the_tag(server, r):
