@@ -28,9 +28,11 @@ message (design.md 5), its reply read from the message (nil; the token or the pe
 in its detail): the reader sends the confirmation (the same command and id without
 ``WAIT``) and wakes the waiter at once, without waiting for its reply, which settles the
 wait's `Confirm` later. A confirmation answered ``TAKENBACK`` (the connection had closed
-and the server's grace ran out) or lost with a broken connection reports the hold lost
-through its watchdog; a message whose detail cannot be read (an older module) is
-collected before waking, as are the semaphore's.
+and the server's grace ran out) reports the hold lost through its watchdog; one left
+unanswered (a broken connection, a restarting or loading server, a moved slot) is tried
+again under the same request id until a definite answer or `CONFIRM_RETRY_S`
+(`confirm_later`). A message whose detail cannot be read (an older module) is collected
+before waking, as are the semaphore's.
 
 From a lock's ``granted`` message to its waiter running again (issue 40): threads, one
 hop (the reader thread wakes the waiting thread by releasing a lock; the socket is shared
@@ -487,19 +489,21 @@ def _conn_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _elsewhere(kwargs: Dict[str, Any], connection_class: Any) -> Callable[[str, int], Any]:
-    """Makes a plain (threads) connection to another node with this connection's
-    settings, for a confirmation a redirection sent there."""
-    import redis
-    allowed = ("username", "password", "db", "socket_timeout", "socket_connect_timeout",
-               "client_name")
-    base = {k: v for k, v in kwargs.items() if k in allowed and v is not None}
-    base.setdefault("socket_timeout", CONFIRM_RETRY_S)
-    ssl = "SSL" in getattr(connection_class, "__name__", "")
+def _confirm_conns(kwargs: Dict[str, Any], connection_class: Any,
+                   parser: Any) -> Callable[[Optional[Tuple[str, int, bool]], float], Any]:
+    """Makes the connections of a late confirmation (`confirm_later`): to ``target``
+    (host, port, asking), or to the ticket connection's own server when it is None, with
+    this connection's settings and its socket timeouts cut to ``timeout`` seconds (what
+    is left of the confirmation's time)."""
+    base = _conn_kwargs(kwargs)
+    read_s, connect_s = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
 
-    def make(host: str, port: int) -> Any:
-        cls = redis.SSLConnection if ssl else redis.Connection
-        return cls(host=host, port=port, **base)
+    def make(target: Optional[Tuple[str, int, bool]], timeout: float) -> Any:
+        over = dict(base, socket_timeout=min(timeout, read_s or timeout),
+                    socket_connect_timeout=min(timeout, connect_s or timeout))
+        if target is not None:
+            over.update(host=target[0], port=target[1])
+        return connection_class(parser_class=parser, **over)
     return make
 
 
@@ -540,28 +544,26 @@ def _may_hold(shape: Shape, caps: Optional[Capabilities]) -> None:
         shape.confirm = Confirm(shape)
 
 
-def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any],
-             redirected_to: Callable[[str, int], Any]) -> None:
-    """A holder's grant (threads; the reader, under the lock): the confirmation is
-    written first (a socket write, no round trip), then the holder woken; its reply
-    settles ``box.hold`` later. Not sent (a broken connection): reported lost."""
-    hold = box.hold
-    try:
-        slot = send(box.look)
-    except Exception:  # noqa: BLE001 - unconfirmed: the server may take it back
-        hold.settle(False)
-    else:
-        slot.then = lambda: _settle(hold, slot.value, box.look, redirected_to)
-    box.put(note)
+#: How long a grant held on its message is confirmed once the first confirmation went
+#: unanswered (its connection broke, the server restarting or still loading, the grant's
+#: slot moved on): until a definite answer (the grant: kept; ``TAKENBACK`` or another
+#: refusal: lost) or this many seconds (lost). Longer than the server's grace
+#: (``rlock.ticket-confirm-ms``, 1 s) on purpose: a server that took the grant back
+#: answers ``TAKENBACK`` from then on, so trying longer never keeps a hold the server gave
+#: away, and a server down for longer than the grace reloads the grant from its AOF and
+#: answers it. Between tries of one place: AWAY_FIRST doubling to AWAY_MAX seconds.
+CONFIRM_RETRY_S = 5.0
 
 
-# ---- threads ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CTry:
+    """One try of a late confirmation: ``args`` on a new connection to ``target`` (host,
+    port, asking; None: the ticket connection's server), bounded by ``timeout`` seconds;
+    its reply, or the error it raised, comes back."""
 
-
-#: How long a confirmation the server redirected (the grant's slot moved on) is tried on
-#: the slot's new owner: within the server's default grace (``rlock.ticket-confirm-ms``,
-#: 1 s), after which an unconfirmed grant is taken back.
-CONFIRM_RETRY_S = 0.8
+    target: Optional[Tuple[str, int, bool]]
+    args: Tuple[Any, ...]
+    timeout: float
 
 
 def _redirect(reply: Any) -> Optional[Tuple[str, int, bool]]:
@@ -579,49 +581,121 @@ def _redirect(reply: Any) -> Optional[Tuple[str, int, bool]]:
     return None
 
 
-def _settle(hold: Any, reply: Any, look: Tuple[Any, ...],
-            redirected_to: Callable[[str, int], Any]) -> None:
-    """Settles a holder's confirmation from its reply; a redirection (the grant's slot
-    moved to another node, carrying the lock and its request id's record) is followed
-    on a thread of its own instead of reporting a hold that still stands lost."""
-    if _redirect(reply) is None:
-        hold.settle(not isinstance(reply, Exception))
-        return
-    threading.Thread(target=_confirm_elsewhere, args=(hold, reply, look, redirected_to),
-                     daemon=True, name="rlock-tickets-confirm").start()
+def _again(reply: Any) -> Optional[Tuple[str, int, bool]]:
+    """Where a confirmation's reply says to try again (as `_redirect`), also when it was
+    no answer (a broken or refused connection, a timeout) or ``LOADING`` (a restarted
+    server still reading its AOF, where the grant may be): the same place, after a pause.
+    None: the reply is definite."""
+    if isinstance(reply, (ConnectionError, RedisTimeoutError)):  # BusyLoadingError too
+        return "", 0, False
+    if isinstance(reply, ResponseError) and str(reply).startswith("LOADING"):
+        return "", 0, False
+    return _redirect(reply)
 
 
-def _confirm_elsewhere(hold: Any, reply: Any, look: Tuple[Any, ...],
-                       redirected_to: Callable[[str, int], Any]) -> None:
+def confirm_later(reply: Any, look: Tuple[Any, ...]) -> Generator[Any, Any, bool]:
+    """A held grant's confirmation that ``reply`` left unsettled (see `_again`), as a
+    generator over `CTry`/`TPause` effects: the same command and request id (``look``),
+    sent again on connections of its own, to the node a ``MOVED``/``ASK`` names, within
+    `CONFIRM_RETRY_S`. Returns whether the grant stands."""
     deadline = time.monotonic() + CONFIRM_RETRY_S
     target: Optional[Tuple[str, int, bool]] = None
-    while time.monotonic() < deadline:
-        where = _redirect(reply)
+    pause = AWAY_FIRST
+    tried = False
+    while True:
+        where = _again(reply)
         if where is None:
-            hold.settle(not isinstance(reply, Exception))
-            return
+            return not isinstance(reply, Exception)
         if where[0]:
             target = where
-        else:
-            time.sleep(0.02)
-        if target is None:
-            break
-        conn = redirected_to(target[0], target[1])
+        elif tried:  # the same place again: a broken connection is usually back at
+            # once, a restarting server takes a while
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            yield TPause(min(pause, left))
+            pause = min(2 * pause, AWAY_MAX)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        reply = yield CTry(target, look, left)
+        tried = True
+
+
+def _settle(hold: Any, reply: Any, look: Tuple[Any, ...],
+            later: Callable[[Any, Any, Tuple[Any, ...]], None]) -> None:
+    """Settles a holder's confirmation from its reply; one that leaves it open (see
+    `_again`) is tried again off the reader's path (``later``: a thread, or a task),
+    rather than reporting a hold that may still stand lost."""
+    if _again(reply) is None:
+        hold.settle(not isinstance(reply, Exception))
+    else:
+        later(hold, reply, look)
+
+
+def _confirm(box: Any, note: Note, send: Callable[[Tuple[Any, ...]], Any],
+             later: Callable[[Any, Any, Tuple[Any, ...]], None]) -> None:
+    """A holder's grant (threads; the reader, under the lock): the confirmation is
+    written first (a socket write, no round trip), then the holder woken; its reply
+    settles ``box.hold`` later. Not sent (a broken connection): tried again (`_settle`)."""
+    hold = box.hold
+    try:
+        slot = send(box.look)
+    except Exception as e:  # noqa: BLE001 - unconfirmed: tried on a new connection
+        _settle(hold, e, box.look, later)
+    else:
+        slot.then = lambda: _settle(hold, slot.value, box.look, later)
+    box.put(note)
+
+
+# ---- threads ------------------------------------------------------------------------
+
+
+def _sync_confirmer(make: Callable[[Optional[Tuple[str, int, bool]], float], Any]
+                    ) -> Callable[[Any, Any, Tuple[Any, ...]], None]:
+    """Runs `confirm_later` on a thread of its own (rare), with connections from ``make``
+    (`_confirm_conns`)."""
+    def run(hold: Any, reply: Any, look: Tuple[Any, ...]) -> None:
+        gen = confirm_later(reply, look)
+        value: Any = None
         try:
-            conn.connect()
-            if target[2]:
-                conn.send_command("ASKING")
-                conn.read_response()
-            conn.send_command(*look)
-            try:
-                reply = conn.read_response()
-            except ResponseError as e:
-                reply = e
-        except Exception:  # noqa: BLE001 - try again within the grace
-            time.sleep(0.02)
-        finally:
-            conn.disconnect()
-    hold.settle(False)
+            while True:
+                effect = gen.send(value)
+                if isinstance(effect, TPause):
+                    time.sleep(effect.seconds)
+                    value = None
+                else:
+                    value = _try_sync(make(effect.target, effect.timeout), effect)
+        except StopIteration as done:
+            hold.settle(done.value)
+        except Exception:  # noqa: BLE001 - unsettled: reported lost
+            log.exception("rlock: a late ticket confirmation failed")
+            hold.settle(False)
+
+    def later(hold: Any, reply: Any, look: Tuple[Any, ...]) -> None:
+        threading.Thread(target=run, args=(hold, reply, look), daemon=True,
+                         name="rlock-tickets-confirm").start()
+    return later
+
+
+def _try_sync(conn: Any, effect: CTry) -> Any:
+    """One `CTry`: the reply, or the error (a server's, or no answer)."""
+    try:
+        conn.connect()
+        if effect.target is not None and effect.target[2]:
+            conn.send_command("ASKING")
+            conn.read_response()
+        conn.send_command(*effect.args)
+        try:
+            return conn.read_response()
+        except ResponseError as e:
+            return e
+    except (ConnectionError, RedisTimeoutError) as e:
+        return e
+    except Exception as e:  # noqa: BLE001 - no answer: tried again
+        return ConnectionError(str(e))
+    finally:
+        conn.disconnect()
 
 
 class _SyncSlot:
@@ -700,7 +774,8 @@ class SyncTicketConn:
         from redis._parsers import _RESP3Parser
         self.make = lambda: connection_class(parser_class=_RESP3Parser,
                                              **_conn_kwargs(kwargs))
-        self.elsewhere = _elsewhere(kwargs, connection_class)
+        #: Where a confirmation its connection left unanswered is tried again.
+        self.later = _sync_confirmer(_confirm_conns(kwargs, connection_class, _RESP3Parser))
         self.shard = shard
         self.tag = tag
         self.lock = threading.Lock()
@@ -772,7 +847,7 @@ class SyncTicketConn:
                     box, note = orphan
                     orphan = None
                     if box.hold is not None and box.hold.holds_on(note):
-                        _confirm(box, note, self._send_locked, self.elsewhere)
+                        _confirm(box, note, self._send_locked, self.later)
                         continue
                     try:
                         # The waiter is woken once, when the collect's reply is in.
@@ -979,6 +1054,26 @@ def _wake(waiter: "asyncio.Future") -> None:
         waiter.set_result(None)
 
 
+async def _try_async(conn: Any, effect: CTry) -> Any:
+    """As `_try_sync`."""
+    try:
+        await conn.connect()
+        if effect.target is not None and effect.target[2]:
+            await conn.send_command("ASKING")
+            await conn.read_response()
+        await conn.send_command(*effect.args)
+        try:
+            return await conn.read_response()
+        except ResponseError as e:
+            return e
+    except (ConnectionError, RedisTimeoutError) as e:
+        return e
+    except Exception as e:  # noqa: BLE001 - no answer: tried again
+        return ConnectionError(str(e))
+    finally:
+        await conn.disconnect()
+
+
 async def _async_push(frame: List[Any]) -> _Push:
     return _Push(frame)
 
@@ -992,7 +1087,7 @@ class AsyncTicketConn:
         from redis._parsers import _AsyncRESP3Parser
         self.make = lambda: connection_class(parser_class=_AsyncRESP3Parser,
                                              **_conn_kwargs(kwargs))
-        self.elsewhere = _elsewhere(kwargs, connection_class)
+        self.confirm_conns = _confirm_conns(kwargs, connection_class, _AsyncRESP3Parser)
         self.shard = shard
         self.tag = tag
         self.lock = asyncio.Lock()
@@ -1065,11 +1160,11 @@ class AsyncTicketConn:
                     try:
                         async with self.lock:
                             slot = await self._send_locked(box.look)
-                    except Exception:  # noqa: BLE001 - unconfirmed: reported lost
-                        box.hold.settle(False)
+                    except Exception as e:  # noqa: BLE001 - unconfirmed: tried again
+                        _settle(box.hold, e, box.look, self.later)
                     else:
                         slot.then = lambda slot=slot, box=box: _settle(
-                            box.hold, slot.future.result(), box.look, self.elsewhere)
+                            box.hold, slot.future.result(), box.look, self.later)
                     box.put(note)
                     continue
                 try:
@@ -1081,6 +1176,29 @@ class AsyncTicketConn:
                     box.put(note)
             elif orphan is not None:
                 self._spawn(self._undo(orphan[0], orphan[1], self.book.gen))
+
+    def later(self, hold: Any, reply: Any, look: Tuple[Any, ...]) -> None:
+        """Runs `confirm_later` in a task of its own (rare), on this loop: the lost
+        report it may end with runs where the hold's watchdog does."""
+        self._spawn(self._confirm_later(hold, reply, look))
+
+    async def _confirm_later(self, hold: Any, reply: Any, look: Tuple[Any, ...]) -> None:
+        gen = confirm_later(reply, look)
+        value: Any = None
+        try:
+            while True:
+                effect = gen.send(value)
+                if isinstance(effect, TPause):
+                    await asyncio.sleep(effect.seconds)
+                    value = None
+                else:
+                    value = await _try_async(
+                        self.confirm_conns(effect.target, effect.timeout), effect)
+        except StopIteration as done:
+            hold.settle(done.value)
+        except Exception:  # noqa: BLE001 - unsettled: reported lost
+            log.exception("rlock: a late ticket confirmation failed")
+            hold.settle(False)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -1,6 +1,7 @@
 """Fixtures for the Python client's own tests: one redis-server per session (the module's
 integration tests in ../../../tests cover the server; these cover the client), a flushed
-database per test, and `wait_until` for bounded waits.
+database per test, `wait_until` for bounded waits, and `confirmations` (how held grants'
+confirmations settle).
 
 Two modes, as the client has (docs/scripts-mode.md): by default the server loads the
 module and the clients use it; with RLOCK_PY_MODE=scripts the server is a plain one (no
@@ -25,6 +26,7 @@ import rlock
 import rlock._io
 import rlock._mode
 import rlock._ops
+import rlock._tickets
 import rlock.asyncio
 
 # The module suite's transcriptions of Redisson's scripts (tests/support/redisson*.py) are imported
@@ -117,6 +119,21 @@ async def ar(server: RedisServer) -> Any:
     yield client
     await rlock.asyncio.aclose_tickets(client)
     await client.aclose()
+
+
+@pytest.fixture
+def confirmations(monkeypatch: Any) -> list:
+    """The outcomes of held grants' confirmations, as they settle (True: the grant
+    stands; False: reported lost)."""
+    settled: list = []
+    settle = rlock._tickets.Confirm.settle
+
+    def record(self, confirmed: bool) -> None:
+        if self.outcome is None:
+            settled.append(confirmed)
+        settle(self, confirmed)
+    monkeypatch.setattr(rlock._tickets.Confirm, "settle", record)
+    return settled
 
 
 def stat(r: redis.Redis, name: str) -> int:

@@ -1,5 +1,6 @@
 """rlock.asyncio.Lock against a module-loaded server: FIFO handoff, waits longer than
-socket_timeout, cancellation of a waiting acquire, the watchdog task.
+socket_timeout, cancellation of a waiting acquire, the watchdog task, and a restart of the
+server (AOF on) ridden out by a wait and by a held grant's confirmation.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 import redis.asyncio
 from conftest import SCRIPTS, acommand, client_kwargs, scripts_stat
 from redis.exceptions import LockNotOwnedError
+from rlock_server import RedisServer
 
+import rlock
 import rlock.asyncio
 
 
@@ -125,3 +128,88 @@ async def test_release_stops_the_watchdog_task(ar):
     await lock.release()
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
     assert task.cancelled() and await ar.exists("k") == 0
+
+
+# ---- a restart of the server (AOF on) while a ticket's grant is unheard or unconfirmed ----
+
+
+def _aof_server() -> RedisServer:
+    return RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+
+
+async def _queued_behind_outside(s: RedisServer, lock, admin) -> asyncio.Task:
+    """``lock`` waits (a ticket) behind a hold of "outside" on "k"; the waiting task."""
+    admin.execute_command("RLOCK.ACQUIRE", "k", "outside", 30000)
+    waiter = asyncio.get_running_loop().create_task(lock.acquire(blocking_timeout=30))
+    await await_until(lambda: _true(admin.info("rlock")["rlock_waiters"] == 1),
+                      what="the ticket queued")
+    return waiter
+
+
+@pytest.mark.module_only
+async def test_a_wait_rides_out_a_restart_and_finds_the_grant_made_before_it():
+    """As test_tickets' twin: the grant to a queued ticket is unheard (its message gone
+    with the ticket connection, its collect held by a pause) when the server dies; it
+    comes back on its port from its AOF after 2 s. The asyncio wait connects again until
+    then and finds the grant under the same request id."""
+    s = _aof_server()
+    r = redis.asyncio.Redis(port=s.port, socket_timeout=5)
+    try:
+        admin = s.client(socket_timeout=5)
+        rlock.set_blocking_waits(r, 0)
+        lock = rlock.asyncio.Lock(r, "k", timeout=30, thread_local=False)
+        waiter = await _queued_behind_outside(s, lock, admin)
+        p = admin.pipeline(transaction=True)
+        p.execute_command("RLOCK.RELEASE", "k", "outside")
+        p.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        p.execute()
+        owners = admin.hkeys("k")
+        assert len(owners) == 1 and owners != [b"outside"], owners
+        # In a thread: the loop runs the wait's reconnects while the server is down.
+        await asyncio.to_thread(s.restart, sig_kill=True, down=2.0)
+        assert await asyncio.wait_for(waiter, 20) is True
+        assert owners == [lock.local.token]
+        admin = s.client(socket_timeout=5)
+        assert admin.hgetall("k") == {owners[0]: b"1"}
+        await lock.release()
+        assert admin.exists("k") == 0
+    finally:
+        await rlock.asyncio.aclose_tickets(r)
+        await r.aclose()
+        s.stop(sig_kill=True)
+
+
+@pytest.mark.module_only
+async def test_a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace(confirmations):
+    """As test_tickets' twin: the waiter holds on its grant's message, its confirmation
+    held back by a pause until the server is killed, down 1.5 s (longer than the grace)
+    and back from its AOF. The confirmation, tried again in a task of its own, finds the
+    grant: the holder keeps the lock and its release frees it."""
+    settled = confirmations
+    s = _aof_server()
+    r = redis.asyncio.Redis(port=s.port, socket_timeout=5)
+    try:
+        admin = s.client(socket_timeout=5)
+        rlock.set_blocking_waits(r, 0)
+        lost: list = []
+        lock = rlock.asyncio.Lock(r, "k", thread_local=False,
+                                  on_lost=lambda *a: lost.append(a))
+        waiter = await _queued_behind_outside(s, lock, admin)
+        # The grant's message goes out; the pause holds its confirmation (a write).
+        p = admin.pipeline(transaction=True)
+        p.execute_command("RLOCK.RELEASE", "k", "outside")
+        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        p.execute()
+        assert await asyncio.wait_for(waiter, 10) is True, "held on the grant's message"
+        await asyncio.to_thread(s.restart, sig_kill=True, down=1.5)
+        await await_until(lambda: _true(settled), 10, "the confirmation settled")
+        assert settled == [True] and not lost and not lock.lost
+        admin = s.client(socket_timeout=5)
+        assert admin.hgetall("k") == {lock.local.token: b"1"}, "the AOF kept the grant"
+        await lock.release()
+        assert admin.exists("k") == 0
+    finally:
+        await rlock.asyncio.aclose_tickets(r)
+        await r.aclose()
+        s.stop(sig_kill=True)

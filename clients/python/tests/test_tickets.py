@@ -353,6 +353,48 @@ def test_a_wait_rides_out_a_restart_and_finds_the_grant_made_before_it():
         s.stop(sig_kill=True)
 
 
+@pytest.mark.module_only
+def test_a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace(confirmations):
+    """The waiter heard its grant's message and holds; its confirmation is held back by
+    a pause until the server is killed, down for longer than the confirmation grace
+    (1 s), and back from its AOF, which kept the grant. The confirmation is sent again
+    under the same request id until the restarted server answers it: the holder keeps
+    the lock and its release frees it (it used to report the hold lost at the broken
+    connection, its watchdog stopped, and the server took the grant back after the
+    grace)."""
+    settled = confirmations
+    s = RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    try:
+        admin = s.client(socket_timeout=5)
+        r = s.client(socket_timeout=5)
+        rlock.set_blocking_waits(r, 0)
+        admin.execute_command("RLOCK.ACQUIRE", "k", "outside", 30000)
+        lost: list = []
+        lock = rlock.Lock(r, "k", thread_local=False, on_lost=lambda *a: lost.append(a))
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(lock.acquire(blocking_timeout=30)),
+                             daemon=True)
+        t.start()
+        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+        # The grant's message goes out; the pause holds its confirmation (a write).
+        p = admin.pipeline(transaction=True)
+        p.execute_command("RLOCK.RELEASE", "k", "outside")
+        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        p.execute()
+        t.join(10)
+        assert got == [True], "held on the grant's message"
+        s.restart(sig_kill=True, down=1.5)
+        wait_until(lambda: settled, 10, "the confirmation settled")
+        assert settled == [True] and not lost and not lock.lost
+        admin = s.client(socket_timeout=5)
+        assert admin.hgetall("k") == {lock.local.token: b"1"}, "the AOF kept the grant"
+        lock.release()
+        assert admin.exists("k") == 0
+    finally:
+        rlock.close_tickets(r)
+        s.stop(sig_kill=True)
+
+
 def hello_calls(r: redis.Redis) -> int:
     """How many times the server ran RLOCK.HELLO (INFO commandstats)."""
     return int(r.info("commandstats").get("cmdstat_rlock.hello", {}).get("calls", 0))
@@ -446,11 +488,13 @@ def test_a_confirmation_redirected_to_the_slots_new_owner_is_confirmed_there(ser
     reporting a hold that still stands lost. TAKENBACK there still reports it lost."""
     from redis.exceptions import ResponseError
 
-    from rlock._tickets import Confirm, _elsewhere, _settle
+    from redis._parsers import _RESP3Parser
+
+    from rlock._tickets import Confirm, _confirm_conns, _settle, _sync_confirmer
 
     look = ("RLOCK.ACQUIRE", "moved-confirm", "me:1", 30000, "ID", "rid-moved-1")
     assert r.execute_command(*look) is None  # taken: the reply the confirmation replays
-    elsewhere = _elsewhere({}, redis.Connection)
+    elsewhere = _sync_confirmer(_confirm_conns({}, redis.Connection, _RESP3Parser))
     hold = Confirm()
     _settle(hold, ResponseError(f"MOVED 1 127.0.0.1:{server.port}"), look, elsewhere)
     wait_until(lambda: hold.outcome is not None, 5, "the redirected confirmation settled")
