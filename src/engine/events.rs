@@ -92,7 +92,7 @@ pub fn init() {
     IDLE_TIMER.with(|t| t.set(None));
     tracking::set_active(false);
     ffi::set_post_job_handler(engine::sweep);
-    ffi::set_before_sleep_handler(engine::publish_grants);
+    ffi::set_after_reply_handler(engine::publish_grants);
     ffi::set_key_handlers(watching, engine::anyone_waits, on_removed);
     ffi::set_flush_and_replica_handlers(on_flush, on_replica);
     ffi::on_swapdb(on_swapdb);
@@ -213,9 +213,6 @@ fn check_idle(ctx: &Context) {
         );
         return;
     }
-    // Grant messages waiting for the before-sleep go out now, before its hook is dropped
-    // (the last waiter's: its message follows the releaser's reply, as before).
-    engine::publish_grants(ctx);
     let window = crate::server::config::request_id_window_ms();
     let grants_out = engine::with(|q| q.uncollected_until(ffi::now_ms(), window)).is_some();
     for hook in ffi::ALL_HOOKS {

@@ -46,7 +46,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::server::cluster;
-use crate::server::ffi::{self, Blocked, Hook, TimerId, Wake};
+use crate::server::ffi::{self, Blocked, TimerId, Wake};
 use crate::server::stats;
 use crate::server::store;
 use crate::server::tracking;

@@ -178,33 +178,25 @@ fn publish_end(ctx: &Context, key: &[u8], request: &Request, tag: Option<&Tag>, 
 }
 
 thread_local! {
-    /// Grant messages to publish in the server's before-sleep: (channel, message), in
-    /// grant order.
+    /// Grant messages to publish once the running command has written its reply:
+    /// (channel, message), in grant order.
     static GRANT_MESSAGES: RefCell<Vec<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Publishes a ticket's grant message as the server's before-sleep runs, after the
-/// command (or timer) that granted it, rather than from inside it (design.md 5).
+/// Publishes a ticket's grant message; from inside one of the module's commands, once the
+/// command has written its reply (design.md 5).
 ///
-/// Why: the server writes the turn's replies in the order their clients first got output,
-/// the last one first (Redis's pending-write list is pushed at its head). Published from
-/// inside a `RLOCK.RELEASE`, the message would reach the new holder's connection before
-/// the releaser's reply does, so it would be written after it, and the releasing process
-/// woken first; a blocked waiter's reply is added in the before-sleep, after the command,
-/// so it goes out first (`make bench-tickets-latency` shows both orders and what they
-/// cost, design.md 5). From the before-sleep, the message goes out first too. The grant
-/// itself is written, and kept as the ticket connection's, at once: only the message
-/// waits, and for nothing but the rest of the turn.
-///
-/// It goes out now where nobody else waits (the queue just emptied: the idle check that
-/// follows would drop the hook at once), where the server has no before-sleep event
-/// (before 7.0), and inside a server event's callback (no listener is added while the
-/// server walks its listeners).
+/// Why: the server writes a turn's replies in the order their clients first got output,
+/// the last one first (its pending-write list is pushed at its head). Published from
+/// inside `RLOCK.RELEASE`, before the releaser's reply, the message would be written
+/// after that reply and the releasing process woken first; a blocked waiter's reply is
+/// added after the command (the server's before-sleep), so it goes out first. Published
+/// after the reply, the message goes out first too, whether or not others still wait.
+/// The grant itself is written at once, and kept as the ticket connection's: only the
+/// message waits, and only for the rest of the command's call. A timer's or a server
+/// event's grant has no reply to follow: its message goes out at once.
 fn publish_grant(ctx: &Context, key: &[u8], request: &Request, tag: Option<&Tag>, detail: &[u8]) {
-    let deferred = anyone_waits()
-        && (ffi::hooked(Hook::BeforeSleep)
-            || (!ffi::in_event() && ffi::hook(ctx, Hook::BeforeSleep)));
-    if !deferred {
+    if !ffi::in_command() {
         return publish_end(ctx, key, request, tag, ticket::End::Granted(detail));
     }
     let (owner, id) = request.names();
@@ -213,11 +205,11 @@ fn publish_grant(ctx: &Context, key: &[u8], request: &Request, tag: Option<&Tag>
     GRANT_MESSAGES.with(|m| m.borrow_mut().push((channel, message)));
 }
 
-/// The server's before-sleep: the turn's grant messages go out (see [`publish_grant`]);
-/// also the idle check, before it drops the hook.
+/// After each of the module's commands has written its reply: the grant messages it
+/// deferred go out (see [`publish_grant`]).
 pub fn publish_grants(ctx: &Context) {
     if GRANT_MESSAGES.with(|m| m.borrow().is_empty()) {
-        return; // most turns
+        return; // most commands
     }
     let messages = GRANT_MESSAGES.with(|m| std::mem::take(&mut *m.borrow_mut()));
     for (channel, message) in &messages {

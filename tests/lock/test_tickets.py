@@ -674,17 +674,16 @@ def test_untagged_and_tagged_tickets_share_one_fifo_each_on_its_channel(server, 
     key_channel.none()
 
 
-def test_a_grant_message_follows_the_releasers_reply_while_others_wait(server, r):
-    """A ticket's `granted` message is published in the server's before-sleep, after the
-    command that granted it (design.md 5): the server writes a turn's output last-first,
-    so a message published inside `RLOCK.RELEASE` would reach the new holder after the
-    releaser's reply and wake the releasing process first. Seen on one RESP3 connection
-    that both releases and listens on the ticket's channel, where the order is the order
-    of its output: the reply, then the message. This tells the two apart on Redis 7.0
-    only: Redis 7.2+ and Valkey hold a command's pushes to its own caller until after its
-    reply, so there one connection shows the same order either way. The last waiter's
-    message still goes out from inside the command (nobody else waits: no before-sleep
-    hook is kept for it); it arrives all the same."""
+def test_a_grant_message_follows_the_releasers_reply(server, r):
+    """A ticket's `granted` message is published once the command that granted it has
+    written its reply (design.md 5): the server writes a turn's output last-first, so a
+    message published inside `RLOCK.RELEASE`, before its reply, would reach the new
+    holder after the releaser's reply and wake the releasing process first. Seen on one
+    RESP3 connection that both releases and listens on the ticket's channel, where the
+    order is the order of its output: the reply, then the message, whether others still
+    wait or the grant empties the queue. This tells the two apart on Redis 7.0 only:
+    Redis 7.2+ and Valkey hold a command's pushes to its own caller until after its
+    reply, so there one connection shows the same order either way."""
     c = Raw(server.port)
     c.call("HELLO", "3")
     assert c.call("SUBSCRIBE", f"{channel('k')}:{TAG1}")[0] == b"subscribe"
@@ -693,7 +692,7 @@ def test_a_grant_message_follows_the_releasers_reply_while_others_wait(server, r
     assert ticket(t, "k", "w1", "r1", tag=TAG1) == b"QUEUED"
     assert ticket(t, "k", "w2", "r2", tag=TAG2) == b"QUEUED"
     c.send("RLOCK.RELEASE", "k", "h")
-    assert c.read() == 1, "the release's reply first"
+    assert c.read() == 1, "the release's reply first, while another waits"
     message = c.read()
     assert message[0] == b"message" and parse(message[2])[:2] == ("granted", "r1")
     assert owners(r, "k") == {"w1": 1}
@@ -701,10 +700,10 @@ def test_a_grant_message_follows_the_releasers_reply_while_others_wait(server, r
     assert owners(r, "k") == {"w2": 1}
     assert ticket(t, "k", "w3", "r3", tag=TAG1) == b"QUEUED"
     c.send("RLOCK.RELEASE", "k", "w2")
-    got = [c.read(), c.read()]
-    assert 1 in got, got
-    message = next(m for m in got if m != 1)
+    assert c.read() == 1, "the release's reply first, as the last waiter is granted"
+    message = c.read()
     assert message[0] == b"message" and parse(message[2])[:2] == ("granted", "r3")
+    assert waiters(r, "k") == 0 and owners(r, "k") == {"w3": 1}
     c.close()
 
 

@@ -212,20 +212,15 @@ pub enum Hook {
     /// A link to a master came up or went down: the replication gate's
     /// (`replication.rs`), not the watching's, so not in [`ALL_HOOKS`].
     MasterLink,
-    /// The server is about to write its replies and sleep (the event loop's before-sleep,
-    /// Redis 7.0+): ticket grant messages go out from here (engine/serve.rs). Hooked at the
-    /// first such message while the module watches, dropped with the rest.
-    BeforeSleep,
 }
 
-pub const ALL_HOOKS: [Hook; 7] = [
+pub const ALL_HOOKS: [Hook; 6] = [
     Hook::Key,
     Hook::Flush,
     Hook::RoleChanged,
     Hook::SwapDb,
     Hook::ClientChange,
     Hook::SlotMigration,
-    Hook::BeforeSleep,
 ];
 
 impl Hook {
@@ -254,7 +249,6 @@ impl Hook {
             ),
             Hook::MasterLink => (raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE, 1),
             Hook::SlotMigration => (VALKEYMODULE_EVENT_ATOMIC_SLOT_MIGRATION, 1),
-            Hook::BeforeSleep => (raw::REDISMODULE_EVENT_EVENTLOOP, 1),
         };
         raw::RedisModuleEvent {
             id,
@@ -271,7 +265,6 @@ impl Hook {
             Hook::ClientChange => Some(client_change_cb),
             Hook::MasterLink => Some(super::replication::propagation_possible_cb),
             Hook::SlotMigration => Some(slot_migration_cb),
-            Hook::BeforeSleep => Some(before_sleep_cb),
         }
     }
 }
@@ -369,30 +362,6 @@ extern "C" fn role_changed_cb(
         return;
     }
     run_handler(ctx, &REPLICA_HANDLER);
-}
-
-static BEFORE_SLEEP_HANDLER: OnceLock<fn(&Context)> = OnceLock::new();
-
-/// Installs what runs in the event loop's before-sleep while [`Hook::BeforeSleep`] is
-/// hooked (once, from init).
-pub fn set_before_sleep_handler(f: fn(&Context)) {
-    let _ = BEFORE_SLEEP_HANDLER.set(f);
-}
-
-/// The server's before-sleep (every turn of its event loop while hooked): runs after the
-/// turn's commands and timers and before the server writes the turn's replies (Redis
-/// `beforeSleep`: the event, then blocked clients' replies, then the writes). Its work is
-/// one check of an empty list on most turns.
-extern "C" fn before_sleep_cb(
-    ctx: *mut raw::RedisModuleCtx,
-    _eid: raw::RedisModuleEvent,
-    subevent: u64,
-    _data: *mut c_void,
-) {
-    if subevent != raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-        return;
-    }
-    run_handler(ctx, &BEFORE_SLEEP_HANDLER);
 }
 
 /// Runs an installed handler from a server event, marked as inside an event.
