@@ -66,6 +66,9 @@ class Raw:
         self.timeout = timeout
         self.buf = bytearray()
         self.pos = 0
+        # perf_counter() when the last bytes came in: when a reply reached this process,
+        # apart from the time this pure-Python reader then takes to parse it (benches).
+        self.received_at = 0.0
 
     @staticmethod
     def encode(args):
@@ -117,6 +120,7 @@ class Raw:
             raise TimeoutError("no reply within the timeout")
         self.sock.settimeout(remaining)
         chunk = self.sock.recv(1 << 20)
+        self.received_at = time.perf_counter()
         if not chunk:
             raise ConnectionError("connection closed by the server")
         self.buf += chunk
