@@ -509,14 +509,6 @@ fn a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost() {
     let s = Server::start();
     let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
     let mut r = s.conn();
-    // A first wait makes the ticket connection, whose RLOCK.HELLO names `ticket-holds`.
-    write_lock(&mut r, "warm", "someone-else", 100);
-    let warm = c.lock("warm");
-    warm.acquire_timeout(LONG)
-        .unwrap()
-        .unwrap()
-        .release()
-        .unwrap();
     let _: () = redis::cmd("RLOCK.ACQUIRE")
         .arg("k")
         .arg("holder")
@@ -563,15 +555,39 @@ fn a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost() {
     assert_eq!(g.lost_reason(), Some(rlock_client::LostReason::NotHeld));
 }
 
-/// Makes `c`'s ticket connection (its RLOCK.HELLO names `ticket-holds`) with a first wait.
-fn warm_ticket_connection(c: &rlock_client::Client, r: &mut redis::Connection) {
-    write_lock(r, "warm", "someone-else", 100);
-    let warm = c.lock("warm");
-    warm.acquire_timeout(LONG)
-        .unwrap()
-        .unwrap()
-        .release()
+/// A fresh client's very first wait holds on its `granted` message too: its ticket
+/// connection, made for that wait, learns `ticket-holds` from its RLOCK.HELLO before the
+/// wait's command goes out (before, that wait had registered as one that collects, and
+/// paid the round trip). Writes are paused as the grant is made, so a wait that collected
+/// would still be waiting when the bound runs out.
+#[test]
+fn a_fresh_clients_first_wait_holds_on_its_grant() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    let _: () = redis::cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("holder")
+        .arg(30_000)
+        .query(&mut r)
         .unwrap();
+    let lock = c.lock("k");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let g = lock.acquire_timeout(Duration::from_secs(120)).unwrap();
+        let _ = tx.send(g.is_some());
+        (lock, g)
+    });
+    assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == 1));
+    grant_and_pause_writes(&mut r, redis::cmd("RLOCK.RELEASE").arg("k").arg("holder"));
+    let held = rx.recv_timeout(Duration::from_secs(10));
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut r).unwrap();
+    assert_eq!(held, Ok(true), "the first wait waited for its collect's reply");
+    let (_lock, g) = waiter.join().unwrap();
+    let g = g.unwrap();
+    assert_eq!(g.lost_reason(), None);
+    g.release().unwrap();
+    assert!(!exists(&mut r, "k"));
 }
 
 /// Sends `release` (which grants the queued ticket) and pauses writes in the same turn,
@@ -618,7 +634,6 @@ fn a_fenced_ticket_holds_on_its_message_with_the_token() {
     let s = Server::start();
     let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
     let mut r = s.conn();
-    warm_ticket_connection(&c, &mut r);
     let _: Value = redis::cmd("RFENCED.ACQUIRE")
         .arg("k")
         .arg("holder")
@@ -651,7 +666,6 @@ fn an_expirable_ticket_holds_on_its_message_with_the_permit_id() {
     let s = Server::start();
     let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
     let mut r = s.conn();
-    warm_ticket_connection(&c, &mut r);
     let sem = c.expirable_semaphore("e");
     assert!(sem.try_set_permits(1).unwrap());
     let held: String = redis::cmd("RPSEMAPHORE.ACQUIRE")
@@ -971,7 +985,6 @@ fn a_timed_wait_ends_at_its_deadline_while_the_server_is_frozen() {
     let s = Server::start_with(&["--enable-debug-command", "yes"]);
     let mut r = s.conn();
     let c = rlock_client::Client::open(s.url()).unwrap();
-    warm_ticket_connection(&c, &mut r);
     write_lock(&mut r, "k", "someone-else", 60_000);
     let wait = Duration::from_millis(400);
     let freeze = freeze_once_queued(s.url(), "k", Duration::from_millis(50), 1.5);
@@ -1085,7 +1098,6 @@ fn a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace() {
         .query(&mut r)
         .unwrap();
     let client = rlock_client::Client::open(s.url()).unwrap();
-    warm_ticket_connection(&client, &mut r);
     let waiter = {
         let c = client.clone();
         thread::spawn(move || c.lock("k").acquire())

@@ -424,6 +424,25 @@ impl Tickets {
         resumed
     }
 
+    /// A waiter registered before any connection had said whether the server's grants
+    /// hold (a fresh client's first wait: `holds` is learnt from the connection's
+    /// `RLOCK.HELLO`) holds on its `granted` message after all, if the connection made for
+    /// it says so. Called once connected, before its first command goes out, so no
+    /// message for it can have come yet. True if it now holds.
+    fn hold_if_known(&self, shape: &Shape, confirm: &Arc<Confirm>) -> bool {
+        if !self.shared.holds.load(Ordering::Relaxed) || !shape.holds() {
+            return false;
+        }
+        let mut st = lock_ignoring_poison(&self.shared.state);
+        match st.waiters.get_mut(shape.id()) {
+            Some(Slot::Live { hold: hold @ None, .. }) => {
+                *hold = Some((shape.look(), confirm.clone(), shape.hold()));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Unregisters waiter `id`; with `orphan` (its ticket may still be queued) it stays
     /// registered until its ticket's fate is known.
     fn leave(&self, id: &str, orphan: Option<(Vec<Vec<u8>>, bool)>) {
@@ -530,6 +549,10 @@ impl Tickets {
                             Ok(Err(e)) => return self.send_failed(&member, e),
                             Err(e) => return Some(Err(io_err("connect", e.to_string()))),
                         }
+                    }
+                    if let Some(c) = confirm.filter(|_| !member.m.known && !member.m.hold_on_grant)
+                    {
+                        member.m.hold_on_grant = self.hold_if_known(member.m.shape(), c);
                     }
                     let ticketed = member.m.shape().is_ticketed(&args);
                     match self.send(member.id(), &args, ticketed) {
