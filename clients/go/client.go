@@ -367,10 +367,14 @@ func (c *Client) replicasToSync(ctx context.Context, node *redis.Client) int {
 // round trip when it can be served now), then, when satisfied says the reply is not
 // enough and the call may wait, as a queued ticket on the key's hub. build makes the
 // command for a wait in ms (-1: no WAIT; 0: no limit) with the call's request id; the
-// same id serves both tries, since a call that was not served changed nothing.
-// Returns the last reply; timedOut is true when a wait limit passed without it.
+// same id serves both tries, since a call that was not served changed nothing. The wait
+// ends by the call's deadline, counted from its start (or the context's, if sooner):
+// the ticket's WAIT is what is left of it, rounded up, and the hub ends a ticket's wait
+// at that on the client's clock.
+// Returns the last reply, not satisfied when the wait ran out without it.
 func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, forever bool,
 	build func(waitMs int64) []any, satisfied func(any) bool) (reply any, err error) {
+	start := time.Now()
 	reply, err = c.doRetry(ctx, build(-1))
 	if err != nil || satisfied(reply) || (!forever && wait <= 0) {
 		return reply, err
@@ -378,22 +382,27 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 	if c.scriptsOn(ctx) {
 		return c.scriptsWait(ctx, wait, forever, build, satisfied, reply)
 	}
-	waitMs := int64(0)
+	var until time.Time
 	if !forever {
-		waitMs = proto.Millis(wait)
+		until = start.Add(wait)
 	}
 	ctxBound := false
-	if dl, ok := ctx.Deadline(); ok {
+	if dl, ok := ctx.Deadline(); ok && (until.IsZero() || dl.Before(until)) {
 		// The server drops the ticket when the caller would stop waiting anyway.
-		left := proto.Millis(time.Until(dl))
-		if left <= 0 {
-			return reply, context.DeadlineExceeded
-		}
-		if waitMs == 0 || left < waitMs {
-			waitMs, ctxBound = left, true
-		}
+		until, ctxBound = dl, true
 	}
 	for tries := 0; ; tries++ {
+		waitMs := int64(0)
+		if !until.IsZero() {
+			left := time.Until(until)
+			if left <= 0 && ctxBound {
+				return reply, context.DeadlineExceeded
+			}
+			if left <= 0 {
+				return reply, nil // the first try's reply: not satisfied
+			}
+			waitMs = proto.MillisUp(left)
+		}
 		h, err := c.hubFor(ctx, key)
 		if err != nil {
 			return nil, err
@@ -407,9 +416,8 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 			reply, err = h.blockedWait(ctx, build(waitMs))
 		}
 		if err == nil && ctxBound && !satisfied(reply) {
-			// The server ended the wait at the context's deadline (to the millisecond,
-			// maybe a moment before the context itself): the context's error, as a
-			// wait that the context ended.
+			// The wait ended at the context's deadline (maybe a moment before the
+			// context itself): the context's error, as a wait that the context ended.
 			return reply, context.DeadlineExceeded
 		}
 		if c.cluster != nil && (redirected(err) || errors.Is(err, errLost)) && tries < c.opts.backoff.Attempts {

@@ -24,8 +24,13 @@
 // read) collect first. Tickets live as long as the command connection
 // that queued them; when either connection breaks, both are closed (the server drops the
 // tickets and takes back uncollected grants), and every waiter re-sends with the same
-// id on new ones. A waiter that leaves (its context ended) while its ticket is queued
-// becomes an orphan: a later grant is collected and given back.
+// id on new ones. A timed wait ends at its own deadline on the client's clock, whatever
+// the server has answered by then (the server's wait ends a little sooner, so that its
+// `timeout` message, the answer without a collect, is normally in first). A waiter that
+// leaves (its deadline came, its context ended) while its ticket is queued becomes an
+// orphan: a later grant is collected and given back, as is a grant heard and not yet
+// collected, or in the reply of a command still in flight: never kept by a caller that
+// was told no.
 
 package rlock
 
@@ -751,7 +756,11 @@ func (h *hub) send(ctx context.Context, w *waiter, args []any, queue bool) (uint
 }
 
 // wait runs one waiting command (with `WAIT w`) as a queued ticket and returns its
-// final reply: the grant collected, or the ordinary reply after a timeout.
+// final reply: the grant collected, or the ordinary reply after a timeout. A timed wait
+// ends at its own deadline on the client's clock (Machine.Deadline), whatever the server
+// has answered by then, a command in flight included: a frozen or loaded server's answer
+// comes late. The server's wait is asked to end a little sooner (proto.TimeoutLead), so
+// its `timeout` message is normally in first.
 func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	shape, ok := proto.ShapeOf(args)
 	if !ok {
@@ -771,89 +780,182 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	}
 	started := time.Now()
 	m := proto.NewMachine(shape, started)
+	var deadline <-chan time.Time
+	if dl, timed := m.Deadline(); timed {
+		t := time.NewTimer(time.Until(dl))
+		defer t.Stop()
+		deadline = t.C
+	}
 	step := m.Start(started)
 	var gen uint64
 	losses := 0
 	var lastErr error
-	var guard <-chan time.Time
-	if left, _ := shape.WaitLeft(0); left > 0 {
-		// The server's deadline is the ticket's; this one only catches a session that
-		// died silently (both connections idle and cut), well after it.
-		t := time.NewTimer(time.Duration(left)*time.Millisecond + 2*heartbeat + commandTimeout)
-		defer t.Stop()
-		guard = t.C
-	}
+	// pending: the reply of the command in flight; pause: the backoff before sending
+	// again after a lost connection. Events wait in w.events meanwhile, so that a note
+	// is never read before the reply of the command that queued its ticket.
+	var pending chan sent
+	var pause <-chan time.Time
 	for {
-		switch {
-		case step.Done:
+		if step.Done {
 			h.leave(w)
-			if step.Held {
-				if ask, ok := ctx.Value(confirmSlot{}).(confirmAsk); ok {
-					*ask.slot = w.confirm
-				}
+			return outcome(ctx, w, step)
+		}
+		var events <-chan event
+		if pending == nil && pause == nil {
+			if step.Send != nil {
+				pending = h.sendAsync(ctx, w, step.Send, step.Queue)
+				step = proto.Step{Wait: true}
+			} else {
+				events = w.events
 			}
-			return step.Reply, step.Err
-		case step.Send != nil:
-			g, reply, err := h.send(ctx, w, step.Send, step.Queue)
-			if errors.Is(err, errNoTickets) {
+		}
+		select {
+		case r := <-pending:
+			pending = nil
+			if errors.Is(r.err, errNoTickets) {
 				h.leave(w) // nothing was sent: the probe came first
-				return nil, err
+				return nil, r.err
 			}
-			if errors.Is(err, errLost) || (err != nil && transient(err)) {
+			if errors.Is(r.err, errLost) || (r.err != nil && transient(r.err)) {
 				if h.shard {
 					// A cluster node's session broke: the node may have failed over or
 					// given the slot away; waitCall asks the cluster again where to queue.
 					h.leave(w)
 					return nil, errLost
 				}
-				lastErr = err
+				lastErr = r.err
 				losses++
 				if losses >= h.c.opts.backoff.Attempts+1 {
 					h.leave(w)
 					return nil, lastErr
 				}
-				if serr := sleep(ctx, h.c.opts.backoff.Delay(losses-1)); serr != nil {
-					h.abandonOrLeave(w, m)
-					return nil, serr
-				}
-				step = m.On(proto.Event{Lost: true}, time.Now())
-				if step.Wait { // nothing was outstanding: send the same command again
-					step = m.Start(time.Now())
-				}
+				pause = time.After(h.c.opts.backoff.Delay(losses - 1))
 				continue
 			}
-			if err != nil && !isRedisErr(err) {
-				h.abandonOrLeave(w, m)
-				return nil, err
+			if r.err != nil && !isRedisErr(r.err) {
+				h.abandonOrLeave(w, m, nil)
+				return nil, r.err
 			}
-			gen = g
-			step = m.On(proto.Event{Reply: reply, Err: err}, time.Now())
+			gen = r.gen
+			step = m.On(proto.Event{Reply: r.reply, Err: r.err}, time.Now())
 			if m.Shape.ID() != w.shape.ID() {
 				h.rejoin(w, m.Shape) // TAKENBACK: queued again under a fresh id
 			}
-		default:
-			select {
-			case e := <-w.events:
-				if e.gen == ^uint64(0) {
-					h.leave(w)
-					return nil, ErrClosed
-				}
-				if e.ev.Lost && e.gen != gen {
-					continue
-				}
-				if e.ev.Lost && h.shard {
-					h.leave(w) // the session, and our ticket with it, is gone: re-route
-					return nil, errLost
-				}
-				step = m.On(e.ev, time.Now())
-			case <-ctx.Done():
-				h.abandonOrLeave(w, m)
-				return nil, ctx.Err()
-			case <-guard:
-				guard = nil
-				h.broken(gen)
+		case <-pause:
+			pause = nil
+			step = m.On(proto.Event{Lost: true}, time.Now())
+			if step.Wait { // nothing was outstanding: send the same command again
+				step = m.Start(time.Now())
 			}
+		case e := <-events:
+			if e.gen == ^uint64(0) {
+				h.leave(w)
+				return nil, ErrClosed
+			}
+			if e.ev.Lost && e.gen != gen {
+				continue
+			}
+			if e.ev.Lost && h.shard {
+				h.leave(w) // the session, and our ticket with it, is gone: re-route
+				return nil, errLost
+			}
+			step = m.On(e.ev, time.Now())
+		case <-ctx.Done():
+			h.abandonOrLeave(w, m, pending)
+			return nil, ctx.Err()
+		case <-deadline:
+			// expire has left (or orphaned) the waiter itself.
+			return outcome(ctx, w, h.expire(w, m, gen, pending))
 		}
+	}
+}
+
+// outcome is the reply of w's finished wait; a grant held on its granted message leaves
+// its confirm where the caller asked for it (withConfirmSlot).
+func outcome(ctx context.Context, w *waiter, step proto.Step) (any, error) {
+	if step.Held {
+		if ask, ok := ctx.Value(confirmSlot{}).(confirmAsk); ok {
+			*ask.slot = w.confirm
+		}
+	}
+	return step.Reply, step.Err
+}
+
+// sent is the outcome of one command on the ticket connection (hub.send).
+type sent struct {
+	gen   uint64
+	reply any
+	err   error
+}
+
+// sendAsync runs hub.send in a goroutine of its own, so that the waiter can leave at its
+// deadline while the command waits for its reply.
+func (h *hub) sendAsync(ctx context.Context, w *waiter, args []any, queue bool) chan sent {
+	out := make(chan sent, 1)
+	go func() {
+		g, reply, err := h.send(ctx, w, args, queue)
+		out <- sent{g, reply, err}
+	}()
+	return out
+}
+
+// expire ends w's wait at its deadline (Machine.Expire): from the events heard by then,
+// read under h.mu so that no more can come, its outcome; under the same lock it leaves
+// as an orphan (its ticket may still be queued, or a command is in flight), or gives
+// back a grant heard and not collected. gen is the session its last command went on.
+func (h *hub) expire(w *waiter, m *proto.Machine, gen uint64, pending chan sent) proto.Step {
+	h.mu.Lock()
+	var heard []proto.Event
+	for drained := false; !drained; {
+		select {
+		case e := <-w.events:
+			if !e.ev.Lost || e.gen == gen {
+				heard = append(heard, e.ev)
+			}
+		default:
+			drained = true
+		}
+	}
+	step, leaves := m.Expire(heard, time.Now())
+	registered := h.waiters[w.shape.ID()] == w
+	switch {
+	case !registered:
+	case leaves == proto.LeavesOrphan && (pending != nil || h.sess != nil && h.sess.gen == gen):
+		// As ctx's end would (abandon), but now: a message after this goes to the
+		// orphan (a reply in flight goes to lateReply).
+		w.orphan = true
+	case leaves == proto.LeavesUndo && !w.shape.Latch:
+		delete(h.waiters, w.shape.ID())
+		h.unref(w.channel)
+		go h.giveBack(h.sess, w)
+	default:
+		// Known gone, or gone with the session its ticket was queued on.
+		delete(h.waiters, w.shape.ID())
+		h.unref(w.channel)
+	}
+	h.mu.Unlock()
+	if pending != nil {
+		go h.lateReply(w, pending)
+	}
+	return step
+}
+
+// lateReply settles the command that was in flight when its waiter left (its deadline,
+// or its context's end): a ticket it queued is the orphan's, whose note settles it; any
+// other reply is the wait's answer nobody takes, so a grant in it is given back.
+func (h *hub) lateReply(w *waiter, pending chan sent) {
+	r := <-pending
+	if s, ok := r.reply.(string); ok && r.err == nil && s == "QUEUED" {
+		return
+	}
+	h.leave(w)
+	if r.err != nil || w.shape.Latch {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	for _, undo := range proto.Undo(&w.shape, r.reply) {
+		_, _ = h.c.doRetry(ctx, undo)
 	}
 }
 
@@ -912,11 +1014,16 @@ func (h *hub) blockedWait(ctx context.Context, args []any) (any, error) {
 	return reply, err
 }
 
-func (h *hub) abandonOrLeave(w *waiter, m *proto.Machine) {
-	if m.Outstanding {
+// abandonOrLeave ends w's wait before its answer (its context ended): an orphan while a
+// ticket of its may be queued or a command is in flight (pending, settled by lateReply).
+func (h *hub) abandonOrLeave(w *waiter, m *proto.Machine, pending chan sent) {
+	if m.Outstanding || pending != nil {
 		h.abandon(w)
 	} else {
 		h.leave(w)
+	}
+	if pending != nil {
+		go h.lateReply(w, pending)
 	}
 }
 

@@ -26,6 +26,12 @@ func Millis(d time.Duration) int64 {
 	return ms
 }
 
+// MillisUp is d in whole milliseconds, rounded up: a wait sent as this ends no sooner
+// than d.
+func MillisUp(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
 // Hold names one exclusive or shared hold by an owner: the plain lock (Prefix "RLOCK"),
 // the fenced lock (acquires with "RFENCED.ACQUIRE", releases and renews as RLOCK), or
 // one side of a read-write lock (Prefix "RRWLOCK", Side "READ" or "WRITE").

@@ -333,6 +333,138 @@ func TestOnlyATicketsStepQueuesAndTakesNotify(t *testing.T) {
 	}
 }
 
+// A timed wait's server part ends TimeoutLead before the client's deadline (at most a
+// quarter of the wait), so that its timeout message is normally in first.
+func TestItAsksTheServerToEndItsWaitALittleBeforeTheClientsDeadline(t *testing.T) {
+	// Table: the wait left (ms) -> the server's wait.
+	for _, c := range [][2]int64{{0, 0}, {1, 1}, {3, 3}, {20, 15}, {40, 30}, {1000, 990}} {
+		if got := ServerWait(c[0]); got != c[1] {
+			t.Errorf("ServerWait(%d) = %d, want %d", c[0], got, c[1])
+		}
+	}
+	now := time.Now()
+	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 300, "r1"))
+	m := NewMachine(s, now)
+	if got := join(Strings(m.Start(now).Send)); got != "RLOCK.ACQUIRE k o 100 WAIT 290 ID r1 ASYNC" {
+		t.Errorf("timed start %q", got)
+	}
+	if dl, ok := m.Deadline(); !ok || !dl.Equal(now.Add(300*time.Millisecond)) {
+		t.Errorf("deadline %v %v", dl, ok)
+	}
+	// The wait left after a lost connection, 10 ms sooner too.
+	m.On(Event{Reply: "QUEUED"}, now)
+	if got := join(Strings(m.On(Event{Lost: true}, now.Add(100*time.Millisecond)).Send)); got != "RLOCK.ACQUIRE k o 100 WAIT 190 ID r1 ASYNC" {
+		t.Errorf("resent %q", got)
+	}
+	forever, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
+	if _, ok := NewMachine(forever, now).Deadline(); ok {
+		t.Error("a wait without limit has a deadline")
+	}
+	if MillisUp(1500*time.Microsecond) != 2 || MillisUp(2*time.Millisecond) != 2 {
+		t.Error("MillisUp does not round up")
+	}
+}
+
+func TestItAnswersEachCommandsNotNowWhenItsDeadlineComesFirst(t *testing.T) {
+	// Table: the waiting command -> its "not now" reply (docs/commands/tickets.md).
+	for _, c := range []struct {
+		args []any
+		want any
+	}{
+		{Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 50, "r"), int64(-1)},
+		{Hold{Key: "k", Owner: "o", Prefix: "RRWLOCK", Side: "WRITE"}.Acquire(100, 50, "r"), int64(-1)},
+		{Hold{Key: "k", Owner: "o", Prefix: "RLOCK", AcquireWord: "RFENCED.ACQUIRE"}.Acquire(100, 50, "r"), []any{int64(-1), nil}},
+		{SemAcquire("k", 1, 50, "r"), int64(0)},
+		{PSemAcquire("k", 100, 1, 50, "r"), nil},
+		{LatchAwait("k", 50), int64(0)},
+	} {
+		s, _ := ShapeOf(c.args)
+		if got := s.RanOut(); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%v: %#v, want %#v", c.args[0], got, c.want)
+		}
+	}
+	// Each reads as not served.
+	if a, err := ParseAcquire(int64(-1)); err != nil || a.Held {
+		t.Errorf("lock: %+v %v", a, err)
+	}
+	if a, err := ParseFencedAcquire([]any{int64(-1), nil}); err != nil || a.Held {
+		t.Errorf("fenced: %+v %v", a, err)
+	}
+	if ids, _ := ParsePermits(nil); len(ids) != 0 {
+		t.Errorf("permits: %v", ids)
+	}
+}
+
+// A timeout message on the connection that queued the ticket is the reply of a wait that
+// ran out: no collect, given at the deadline (a timed wait never ends sooner); after a
+// re-send it is collected, as the old connection may have granted the same id.
+func TestItTakesATimeoutMessageAsTheReplyOfAWaitThatRanOut(t *testing.T) {
+	now := time.Now()
+	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 500, "r1"))
+	m := NewMachine(s, now)
+	m.Start(now)
+	m.On(Event{Reply: "QUEUED"}, now)
+	if step := m.On(Event{Note: &Note{Kind: Timeout, ID: "r1"}}, now); !step.Wait || m.Outstanding {
+		t.Fatalf("timeout before the deadline: %+v", step)
+	}
+	if step := m.On(Event{Lost: true}, now); !step.Wait {
+		t.Fatalf("a gone ticket is not sent again: %+v", step)
+	}
+	if step, leaves := m.Expire(nil, now.Add(500*time.Millisecond)); !step.Done || step.Reply != int64(-1) || leaves != LeavesNothing {
+		t.Fatalf("at the deadline: %+v %v", step, leaves)
+	}
+	late := NewMachine(s, now)
+	late.Start(now)
+	late.On(Event{Reply: "QUEUED"}, now)
+	if step := late.On(Event{Note: &Note{Kind: Timeout, ID: "r1"}}, now.Add(500*time.Millisecond)); !step.Done || step.Reply != int64(-1) {
+		t.Fatalf("timeout at the deadline: %+v", step)
+	}
+	resent := NewMachine(s, now)
+	resent.Start(now)
+	resent.On(Event{Lost: true}, now)
+	resent.On(Event{Reply: "QUEUED"}, now)
+	if step := resent.On(Event{Note: &Note{Kind: Timeout, ID: "r1"}}, now); join(Strings(step.Send)) != "RLOCK.ACQUIRE k o 100 ID r1" {
+		t.Fatalf("timeout after a re-send: %+v", step)
+	}
+}
+
+func TestItLeavesAnOrphanWhenItsDeadlineComesWithTheTicketQueued(t *testing.T) {
+	s, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 300, "r1"))
+	granted := Note{Kind: Granted, ID: "r1"}
+	// Table: the events heard but not read at the deadline -> the outcome, what it leaves.
+	for _, c := range []struct {
+		name   string
+		heard  []Event
+		held   bool
+		reply  any
+		leaves Leaves
+	}{
+		{"still queued", nil, false, int64(-1), LeavesOrphan},
+		{"the grant heard, not collected: given back", []Event{{Note: &granted}}, false, int64(-1), LeavesUndo},
+		{"a kind it does not know: collected and given back", []Event{{Note: &Note{Kind: Other, ID: "r1"}}}, false, int64(-1), LeavesUndo},
+		{"its timeout message: nothing left", []Event{{Note: &Note{Kind: Timeout, ID: "r1"}}}, false, int64(-1), LeavesNothing},
+		{"a grant held on its message is the caller's", []Event{{Note: &granted, Held: true}}, true, nil, LeavesNothing},
+	} {
+		now := time.Now()
+		m := NewMachine(s, now)
+		m.Start(now)
+		m.On(Event{Reply: "QUEUED"}, now)
+		step, leaves := m.Expire(c.heard, now.Add(300*time.Millisecond))
+		if !step.Done || step.Held != c.held || !reflect.DeepEqual(step.Reply, c.reply) || leaves != c.leaves {
+			t.Errorf("%s: %+v %v", c.name, step, leaves)
+		}
+	}
+	// A collect in flight when the deadline comes: its reply goes to the orphan.
+	now := time.Now()
+	m := NewMachine(s, now)
+	m.Start(now)
+	m.On(Event{Reply: "QUEUED"}, now)
+	m.On(Event{Note: &granted}, now)
+	if _, leaves := m.Expire(nil, now.Add(300*time.Millisecond)); leaves != LeavesOrphan {
+		t.Errorf("collect in flight: %v", leaves)
+	}
+}
+
 func TestItUndoesAGrantNobodyCollected(t *testing.T) {
 	lock, _ := ShapeOf(Hold{Key: "k", Owner: "o", Prefix: "RLOCK"}.Acquire(100, 0, "r1"))
 	if u := Undo(&lock, nil); len(u) != 1 || join(Strings(u[0][:3])) != "RLOCK.RELEASE k o" {

@@ -290,6 +290,34 @@ func (s *Shape) Look() []any {
 	return words(a)
 }
 
+// RanOut is the command's "not now" reply (docs/commands/tickets.md), for a timed wait
+// the client ended at its own deadline or whose `timeout` message came: what the server
+// answers a wait that ran out, with -1 where that reply carries the holder's PTTL (not
+// known without asking, and no caller reads it).
+func (s *Shape) RanOut() any {
+	switch s.Command() {
+	case "RFENCED.ACQUIRE":
+		return []any{int64(-1), nil}
+	case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE":
+		return int64(-1)
+	case "RPSEMAPHORE.ACQUIRE":
+		return nil
+	}
+	return int64(0) // RSEMAPHORE.ACQUIRE, RLATCH.AWAIT
+}
+
+// TimeoutLead is how much sooner than the client's own deadline a timed ticket's wait
+// ends in the server (at most a quarter of the wait, ServerWait): the server counts from
+// the command's arrival and its `timeout` message takes hops back (server, reader,
+// waiter), each waiting for a CPU on a loaded machine, so that message is then normally
+// in before the deadline and the waiter knows its ticket gone: it leaves no orphan.
+const TimeoutLead = 10 * time.Millisecond
+
+// ServerWait is the server's part of a wait of left ms (0: no limit), TimeoutLead sooner.
+func ServerWait(left int64) int64 {
+	return left - min(TimeoutLead.Milliseconds(), left/4)
+}
+
 // Blocking is the command as a blocked wait (no ASYNC) for the wait left after elapsed,
 // or Look when it is over: how a waiter waits on a module without tickets.
 func (s *Shape) Blocking(elapsed time.Duration) []any {
@@ -333,6 +361,20 @@ type Step struct {
 	Held bool
 }
 
+// Leaves is what a waiter whose deadline came first leaves behind (Machine.Expire).
+type Leaves int
+
+const (
+	// LeavesNothing: its ticket is known gone (or went with its connection).
+	LeavesNothing Leaves = iota
+	// LeavesOrphan: a ticket that may still be queued, or a collect in flight: an orphan,
+	// whose late grant is collected and given back.
+	LeavesOrphan
+	// LeavesUndo: a `granted` (or unknown) message heard and not collected: collect it
+	// and give it back now.
+	LeavesUndo
+)
+
 // Machine is one ticketed wait, as a state machine over Events; no I/O. The caller
 // feeds it the replies and notes of its request id and does what each Step says.
 type Machine struct {
@@ -340,6 +382,12 @@ type Machine struct {
 	started time.Time
 	// Outstanding: a ticket of ours may be queued, or granted and not yet collected.
 	Outstanding bool
+	// resent: sent again after a broken connection; a `timeout` message may then hide a
+	// grant made under the same id on the old connection, which a collect replays.
+	resent bool
+	// gone: its `timeout` message came before its deadline: nothing is queued any more,
+	// and the wait ends, not granted, at the deadline (a timed wait never ends sooner).
+	gone bool
 }
 
 // NewMachine starts a ticketed wait at started, on a server whose probe (Hello) named
@@ -348,13 +396,49 @@ func NewMachine(s Shape, started time.Time) *Machine {
 	return &Machine{Shape: s, started: started}
 }
 
+// Deadline is when the wait ends on the client's clock: started plus its WAIT (ok is
+// false for no limit). The caller rounds the WAIT up, so this is never before its own.
+func (m *Machine) Deadline() (time.Time, bool) {
+	if m.Shape.waitMs == 0 {
+		return time.Time{}, false
+	}
+	return m.started.Add(time.Duration(m.Shape.waitMs) * time.Millisecond), true
+}
+
+// Expire is the outcome of a wait whose deadline came first, given the events heard
+// but not yet read (taken under the hub's lock, so that no more can come), and what the
+// waiter leaves behind. An answer among them is the outcome (a grant held on its
+// message); otherwise the "not now" reply (RanOut), and a grant whose collect is not
+// done is given back, never left held by a caller that was told no.
+func (m *Machine) Expire(heard []Event, now time.Time) (Step, Leaves) {
+	undo := false
+	for _, ev := range heard {
+		step := m.On(ev, now)
+		switch {
+		case step.Done:
+			return step, LeavesNothing
+		case step.Send != nil && ev.Note != nil:
+			undo = true
+		}
+	}
+	leaves := LeavesNothing
+	switch {
+	case undo:
+		m.Outstanding = false
+		leaves = LeavesUndo
+	case m.Outstanding:
+		leaves = LeavesOrphan
+	}
+	return Step{Done: true, Reply: m.Shape.RanOut()}, leaves
+}
+
 // Start is the first step.
 func (m *Machine) Start(now time.Time) Step { return m.resend(now) }
 
 func (m *Machine) resend(now time.Time) Step {
 	if left, ok := m.Shape.WaitLeft(now.Sub(m.started)); ok {
 		m.Outstanding = true
-		return Step{Send: m.Shape.Ticketed(left), Queue: true}
+		return Step{Send: m.Shape.Ticketed(ServerWait(left)), Queue: true}
 	}
 	return Step{Send: m.Shape.Look()}
 }
@@ -365,10 +449,12 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 	case ev.Lost:
 		// The connection that carried our ticket broke: the server dropped the ticket and
 		// took back an uncollected grant. Queue again under the same id: a grant we
-		// collected meanwhile is replayed, anything else queues anew.
-		if !m.Outstanding {
+		// collected meanwhile is replayed, anything else queues anew. A ticket whose
+		// timeout message came is gone already: nothing to send again.
+		if !m.Outstanding || m.gone {
 			return Step{Wait: true}
 		}
+		m.resent = true
 		return m.resend(now)
 	case ev.Note != nil:
 		switch ev.Note.Kind {
@@ -387,9 +473,25 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 		case Failed:
 			m.Outstanding = false
 			return Step{Done: true, Err: NoteError(ev.Note.Detail)}
+		case Timeout:
+			dl, timed := m.Deadline()
+			if !timed || m.resent {
+				// After a broken connection the same id may have been granted on the
+				// old one: the collect replays that.
+				m.Outstanding = false
+				return Step{Send: m.Shape.Look()}
+			}
+			// Removed, nothing granted: the reply of a wait that ran out, without a
+			// collect's round trip, given at the deadline (see Expire).
+			m.Outstanding = false
+			if now.Before(dl) {
+				m.gone = true
+				return Step{Wait: true}
+			}
+			return Step{Done: true, Reply: m.Shape.RanOut()}
 		default:
-			// A timeout, or a kind this client does not know: the ticket left its
-			// queue; look once, and the ordinary reply says what happened.
+			// A kind this client does not know: the ticket left its queue; look once,
+			// and the ordinary reply says what happened.
 			m.Outstanding = false
 			return Step{Send: m.Shape.Look()}
 		}
