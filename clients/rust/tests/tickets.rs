@@ -565,12 +565,7 @@ fn a_fresh_clients_first_wait_holds_on_its_grant() {
     let s = Server::start();
     let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
     let mut r = s.conn();
-    let _: () = redis::cmd("RLOCK.ACQUIRE")
-        .arg("k")
-        .arg("holder")
-        .arg(30_000)
-        .query(&mut r)
-        .unwrap();
+    write_lock(&mut r, "k", "holder", 30_000);
     let lock = c.lock("k");
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = thread::spawn(move || {
