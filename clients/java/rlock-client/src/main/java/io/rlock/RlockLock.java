@@ -199,12 +199,20 @@ public class RlockLock implements Lock {
         return unit.toMillis(time);
     }
 
-    /** The server's WAIT for a tryLock(time): -1 (one try) when the time is not positive. */
+    /**
+     * The WAIT for a tryLock(time): -1 (one try) when the time is not positive. Rounded up
+     * to whole ms: a timed wait ends at the call's start plus this, on the client's clock
+     * (Waits), and must not end before the caller's deadline.
+     */
     static long waitOf(long time, TimeUnit unit) {
         if (time <= 0) {
             return -1;
         }
-        return Math.max(1, unit.toMillis(time));
+        long ms = unit.toMillis(time);
+        if (ms < Long.MAX_VALUE && unit.convert(ms, TimeUnit.MILLISECONDS) < time) {
+            ms++;
+        }
+        return Math.max(1, ms);
     }
 
     static long leaseOf(long leaseTime, TimeUnit unit) {

@@ -17,6 +17,16 @@
 // the waiting thread; the confirmation's reply settles the waiter's Confirm later
 // (TAKENBACK: the hold is reported lost). A detail it cannot read (an older module), the
 // semaphore's and the latch's waits collect first.
+//
+// A timed wait ends at its own deadline on the client's clock (the wait counted from the
+// call), whatever the server has said by then: a frozen or loaded server's answer comes
+// late. The server's wait is asked to end a little sooner (TIMEOUT_LEAD_MS), so that its
+// `timeout` message is normally in first; that message is the answer, without a collect's
+// round trip, for a ticket queued once on the connection that heard it (after a re-send
+// the same id may have been granted on the old connection: it collects). A waiter whose
+// deadline comes first with its ticket maybe still queued, or its grant's collect in
+// flight, stays registered as an orphan: a grant that comes after all is collected and
+// given back (its undo), never kept by a caller that was told no.
 package io.rlock;
 
 import io.lettuce.core.RedisCommandExecutionException;
@@ -40,6 +50,34 @@ final class Waits {
     static final String CONNECTION_NAME = RlockClient.NOTIFICATION_CONNECTION_NAME;
     /** How long after a ticket's deadline the client looks for itself (see ticketed). */
     static final long LATE_LOOK_MS = 2_000;
+    /**
+     * How much sooner than the caller's deadline a timed ticket's wait ends in the server
+     * (at most a quarter of the wait): the server counts from the command's arrival and its
+     * `timeout` message takes hops back (server, event loop, waiter), each waiting for a
+     * CPU on a loaded machine, so that message is normally in before the deadline and the
+     * waiter knows its ticket gone: it leaves no orphan.
+     */
+    static final long TIMEOUT_LEAD_MS = 10;
+
+    /** The server's part of a wait of `left` ms (0: no limit), {@link #TIMEOUT_LEAD_MS} sooner. */
+    static long serverWait(long left) {
+        return left - Math.min(TIMEOUT_LEAD_MS, left / 4);
+    }
+
+    /**
+     * The command's "not now" reply (docs/commands/tickets.md), for a timed wait ended by
+     * the client's deadline or answered by its `timeout` message: what the server answers a
+     * wait that ran out, with -1 where that reply carries the holder's PTTL (not known
+     * without asking, and no caller reads it).
+     */
+    static Object ranOut(List<String> args) {
+        return switch (args.get(0).toUpperCase(Locale.ROOT)) {
+            case "RFENCED.ACQUIRE" -> java.util.Arrays.asList(-1L, null);
+            case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE" -> -1L;
+            case "RPSEMAPHORE.ACQUIRE" -> null;
+            default -> 0L; // RSEMAPHORE.ACQUIRE, RLATCH.AWAIT
+        };
+    }
     /**
      * How many times one waiter follows its key's slot to another node (a redirect, or its
      * channel dropped by the server) before it fails with the redirect: a slot migrating
@@ -188,6 +226,20 @@ final class Waits {
         /** The tag its ticket carries (null: none, the key's channel). */
         volatile String notify;
         final long started = System.nanoTime();
+        /** When a timed wait ends on this client's clock (System.nanoTime; unused for no limit). */
+        final long deadline;
+        /**
+         * Its command was sent again (a reconnect, a reroute): a `timeout` message may then
+         * hide a grant made under the same id on the old connection, which a collect replays.
+         */
+        volatile boolean resent;
+        /**
+         * Its `timeout` message came before its deadline: nothing is queued any more, and the
+         * wait ends, not granted, at the deadline (a timed wait never ends sooner).
+         */
+        volatile boolean gone;
+        /** Waits on a blocked connection (the fallback): its reply ends it, not the deadline. */
+        volatile boolean blocked;
         final Function<Object, List<List<String>>> undo;
         final CompletableFuture<Object> result = new CompletableFuture<>();
         /** Non-null for a wait that may hold on its grant message (see heldReply). */
@@ -219,6 +271,7 @@ final class Waits {
             }
             this.waitAt = w + 1;
             this.waitMs = Long.parseLong(args.get(waitAt));
+            this.deadline = started + waitMs * 1_000_000;
             int i = find(args, "ID");
             this.addedId = i < 0;
             this.id = addedId ? Wire.requestId() : args.get(i + 1);
@@ -257,7 +310,7 @@ final class Waits {
                 return look();
             }
             List<String> a = new ArrayList<>(args);
-            a.set(waitAt, Long.toString(left));
+            a.set(waitAt, Long.toString(serverWait(left)));
             a.add("ASYNC");
             String t = notify;
             if (t != null) {
@@ -336,6 +389,10 @@ final class Waits {
             blockingWait(w);
             return w.result;
         }
+        if (w.waitMs > 0) {
+            // Counted from here, whatever the probe, the subscription or the server take.
+            CompletableFuture.delayedExecutor(w.waitMs, TimeUnit.MILLISECONDS, executor).execute(() -> expire(w));
+        }
         capabilities().whenComplete((caps, e) -> {
             if (e == null && caps.tickets()) {
                 w.notifyOn(caps.has("ticket-notify") ? tag : null);
@@ -399,6 +456,9 @@ final class Waits {
     }
 
     private void ticketed(Waiter w) {
+        if (w.result.isDone()) {
+            return; // its deadline came, or it was cancelled, before anything was queued
+        }
         waiters.put(w.id, w);
         joinAndSend(w);
         if (w.waitMs > 0) {
@@ -441,8 +501,8 @@ final class Waits {
     private void reroute(Waiter w, Throwable why) {
         int n;
         synchronized (w) {
-            if (w.finished || w.rerouting) {
-                return;
+            if (w.finished || w.rerouting || w.gone) {
+                return; // gone: nothing queued to move
             }
             w.rerouting = true;
             n = ++w.reroutes;
@@ -462,6 +522,7 @@ final class Waits {
                         w.rerouting = false;
                     }
                     if (!w.finished) {
+                        w.resent = true;
                         joinAndSend(w);
                     }
                 }));
@@ -547,9 +608,20 @@ final class Waits {
                 }
                 break;
             case COLLECT:
-                // A timeout, or a kind this client does not know: the ticket left its queue
-                // all the same, and the reply without WAIT tells what happened (granted
-                // under this id, or not). A cancelled waiter gives back what it gets.
+                if (n.kind().equals("timeout") && !w.resent && w.waitMs > 0) {
+                    // Removed, nothing granted: the reply of a wait that ran out, without a
+                    // collect's round trip; given at the deadline (see expire), or now if
+                    // that has come.
+                    w.gone = true;
+                    if (System.nanoTime() - w.deadline >= 0 || w.result.isDone()) {
+                        finish(w, ranOut(w.args), null);
+                    }
+                    break;
+                }
+                // A timeout after a re-send, or a kind this client does not know: the
+                // ticket left its queue all the same, and the reply without WAIT tells what
+                // happened (granted under this id, or not). A cancelled waiter gives back
+                // what it gets.
                 send(w, w.look());
                 break;
             case FAIL:
@@ -745,6 +817,25 @@ final class Waits {
         }
     }
 
+    /**
+     * A timed wait's deadline, on the client's clock: its ticket known gone (its `timeout`
+     * message came first), the wait ends now; otherwise the caller is told no now and the
+     * waiter stays registered as an orphan until its ticket's fate is known (its message,
+     * or the late look): a grant that comes after all, or whose collect is in flight, is
+     * given back by {@link #finish} (the result taken already). A wait on a blocked
+     * connection ends with that connection's reply.
+     */
+    private void expire(Waiter w) {
+        if (w.blocked || w.finished) {
+            return;
+        }
+        if (w.gone) {
+            finish(w, ranOut(w.args), null);
+        } else {
+            w.result.complete(ranOut(w.args));
+        }
+    }
+
     private void finish(Waiter w, Object reply, Throwable e) {
         synchronized (w) {
             if (w.finished) {
@@ -811,9 +902,10 @@ final class Waits {
     private void resendAll(Capabilities caps) {
         String want = caps == null || !caps.tickets() ? null : caps.has("ticket-notify") ? tag : null;
         for (Waiter w : waiters.values()) {
-            if (w.finished) {
-                continue;
+            if (w.finished || w.gone) {
+                continue; // a ticket known gone: nothing to send again
             }
+            w.resent = true;
             if (caps != null && !java.util.Objects.equals(want, w.notify)) {
                 leave(w);
                 w.notifyOn(want);
@@ -827,6 +919,7 @@ final class Waits {
     // ---- the fallback: a blocked connection per waiter ---------------------------------
 
     private void blockingWait(Waiter w) {
+        w.blocked = true;
         if (waitMode == RlockOptions.WaitMode.TICKETS) {
             w.result.completeExceptionally(new IllegalStateException(
                     "the server queues no tickets; use WaitMode.AUTO or BLOCKING"));
