@@ -58,6 +58,23 @@ final class Waits {
      * waiter knows its ticket gone: it leaves no orphan.
      */
     static final long TIMEOUT_LEAD_MS = 10;
+    /**
+     * How long a held grant's confirmation is tried again after a transient failure (its
+     * connection broke, the server refused connects or answered LOADING), until a definite
+     * answer: the grant (kept) or TAKENBACK (lost); past it, the hold is reported lost.
+     * Longer than the server's grace (`rlock.ticket-confirm-ms`, 1 s) on purpose: a server
+     * that took the grant back answers TAKENBACK from then on, so trying longer never keeps
+     * a hold the server gave away, and a server that restarted (down for longer than the
+     * grace) reloads the grant from its AOF and answers it.
+     */
+    static final long CONFIRM_RETRY_FOR_MS = 5_000;
+    /**
+     * The first pause between a confirmation's tries, doubled up to
+     * CONFIRM_RETRY_MAX_PAUSE_MS: a broken connection is usually back at once, a
+     * restarting server takes a while.
+     */
+    static final long CONFIRM_RETRY_PAUSE_MS = 10;
+    static final long CONFIRM_RETRY_MAX_PAUSE_MS = 200;
 
     /** The server's part of a wait of `left` ms (0: no limit), {@link #TIMEOUT_LEAD_MS} sooner. */
     static long serverWait(long left) {
@@ -639,7 +656,8 @@ final class Waits {
      * confirmation goes out first, so that it precedes on the command connection anything
      * the woken holder sends (its release); its reply settles the Confirm. A TAKENBACK (the
      * connection closed and no confirmation came within rlock.ticket-confirm-ms) or any
-     * other failure after the retries settles it lost. Then the waiter's future completes
+     * other failure settles it lost; a transient one (a broken connection, a restarting
+     * server) is tried again for CONFIRM_RETRY_FOR_MS. Then the waiter's future completes
      * here, with the grant's reply read from the message.
      */
     private void hold(Waiter w, Object reply) {
@@ -649,7 +667,8 @@ final class Waits {
         Confirm c = w.confirm;
         // Straight to the module (a ticket is the module's; no Backend stage to pass through),
         // on the command connection, which follows a MOVED to where the grant's slot went.
-        wire.retrying(w.confirmArgs).whenComplete((r, e) -> c.settle(e == null));
+        wire.retryingFor(w.confirmArgs, CONFIRM_RETRY_FOR_MS, CONFIRM_RETRY_PAUSE_MS, CONFIRM_RETRY_MAX_PAUSE_MS)
+                .whenComplete((r, e) -> c.settle(e == null));
         finish(w, reply, null);
     }
 

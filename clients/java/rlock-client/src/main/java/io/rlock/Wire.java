@@ -127,6 +127,33 @@ final class Wire {
         return out;
     }
 
+    /**
+     * {@link #retrying(List)} bounded by time instead of the options' attempts: sent again
+     * after each transient failure (a refused connect, a server still loading its AOF...),
+     * pausing `firstPauseMs` doubling up to `maxPauseMs`, until an answer or until
+     * `forMs` have passed since it was first sent. (One try may itself last longer: Lettuce
+     * holds a command written on a connection that broke for its reconnect.)
+     */
+    CompletableFuture<Object> retryingFor(List<String> args, long forMs, long firstPauseMs, long maxPauseMs) {
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        attemptUntil(args, System.nanoTime() + forMs * 1_000_000, firstPauseMs, maxPauseMs, out);
+        return out;
+    }
+
+    private void attemptUntil(List<String> args, long until, long pause, long maxPause, CompletableFuture<Object> out) {
+        sendOnce(() -> transport.send(args)).whenComplete((v, e) -> {
+            long left = (until - System.nanoTime()) / 1_000_000;
+            if (e == null) {
+                out.complete(v);
+            } else if (isTransient(e) && left > 0) {
+                scheduler.schedule(() -> attemptUntil(args, until, Math.min(pause * 2, maxPause), maxPause, out),
+                        Math.min(pause, left), TimeUnit.MILLISECONDS);
+            } else {
+                out.completeExceptionally(unwrap(e));
+            }
+        });
+    }
+
     /** {@link #retrying} of a command whose arguments are bytes ({@link Transport#sendBytes}). */
     CompletableFuture<Object> retryingBytes(List<byte[]> args) {
         CompletableFuture<Object> out = new CompletableFuture<>();

@@ -14,6 +14,7 @@ import org.junit.jupiter.api.Timeout;
 
 import java.time.Duration;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 
@@ -83,6 +84,68 @@ class ReconnectTest {
             assertTrue(held.get(20, TimeUnit.SECONDS), "the wait ended holding");
             assertEquals(java.util.Map.of(owners.get(0), "1"), own.redis().hgetall(name));
             release.complete(null);
+            TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
+        }
+    }
+
+    /**
+     * A wait that heard its grant holds on it and confirms off its path (design.md 5); the
+     * server dies after the grant message went out and before the confirmation got through
+     * (held by CLIENT PAUSE WRITE, which the restart forgets), and stays down for longer
+     * than the server's grace (rlock.ticket-confirm-ms, 1 s). The restarted server kept the
+     * grant (AOF, fsync always) and has no ticket connection left to take it back from, so
+     * the confirmation, sent again under the same request id, finds it: the holder keeps the
+     * lock (no lost signal) and its unlock frees it.
+     */
+    @Test
+    void a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace() throws Exception {
+        // Without replica sync: its WAIT would be held by the pause too.
+        try (TestServer own = new TestServer("--appendonly", "yes", "--appendfsync", "always");
+             RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults().withoutReplicaSync())) {
+            String name = "java:restart:confirm:" + System.nanoTime();
+            assertNull(own.call("RLOCK.ACQUIRE", name, "outside", "30000"));
+            RlockLock lock = c.getLock(name);
+            CompletableFuture<String> lost = new CompletableFuture<>();
+            lock.addLostListener((n, owner, why) -> lost.complete(why));
+            CompletableFuture<Boolean> held = new CompletableFuture<>();
+            CompletableFuture<Void> release = new CompletableFuture<>();
+            CompletableFuture<Void> released = new CompletableFuture<>();
+            Thread t = new Thread(() -> {
+                try {
+                    held.complete(lock.tryLock(30, TimeUnit.SECONDS));
+                    release.get(30, TimeUnit.SECONDS);
+                    lock.unlock();
+                    released.complete(null);
+                } catch (Throwable e) {
+                    held.completeExceptionally(e);
+                    released.completeExceptionally(e);
+                }
+            });
+            t.setDaemon(true);
+            t.start();
+            TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued", () -> waiters(own) == 1);
+            // The grant (written to the AOF before EXEC answers) and its message go out; the
+            // pause, in force from the end of the EXEC, holds the confirmation the message
+            // sets off until the server goes away.
+            var conn = own.redis();
+            conn.multi();
+            conn.dispatch(Wire.keyword("RLOCK.RELEASE"), new Reply(), args(name, "outside"));
+            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("PAUSE", "60000", "WRITE"));
+            conn.exec();
+            assertTrue(held.get(10, TimeUnit.SECONDS), "held on the grant message");
+            assertFalse(lost.isDone(), "no lost signal through the pause");
+            own.restart(Duration.ofMillis(1500));
+            // The confirmation reaches the restarted server (and is answered the grant), or
+            // the client gave up on it and reported the hold lost.
+            TestServer.waitUntil(Duration.ofSeconds(15), "the confirmation in, or the hold reported lost",
+                    () -> lost.isDone() || own.info("commandstats", "cmdstat_rlock.acquire") != null);
+            String owner = own.redis().hkeys(name).get(0);
+            assertEquals(Map.of(owner, "1"), own.redis().hgetall(name), "the holder's, once");
+            release.complete(null);
+            released.get(10, TimeUnit.SECONDS);
+            assertFalse(lost.isDone(), "the hold was not reported lost: " + lost.getNow(null));
+            assertFalse(lock.isLost(t.getId()));
+            assertEquals(0, c.counters().lostLocks.sum());
             TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
         }
     }
