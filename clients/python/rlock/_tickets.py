@@ -42,6 +42,13 @@ into a `Note`, packs and writes the confirmation (its reply slot: one lock, or o
 and the callback that settles the hold) and puts the note; no round trip is awaited. The
 confirmation is written before the wake, so it leaves before anything the holder sends.
 
+A timed wait's round trips before its ticket is queued (taking the connection's lock,
+connecting it with its handshake and probe, the ``SUBSCRIBE``, the command's ``QUEUED``)
+are bounded by its deadline (`Late`): a ``blocking_timeout`` counts from the call's
+start, whatever the server or the machine's load does to those hops. A command sent but
+not answered by then leaves its waiter an orphan, and an answer that comes after it and
+is not ``QUEUED`` (the lock was free: taken at once) is given back (`Book.answered`).
+
 `SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
 task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
 cancelled task, KeyboardInterrupt, its deadline come on the client's clock first) stays
@@ -88,6 +95,22 @@ IDLE_CHANNELS = 256
 TIMEOUT_LEAD_MS = 10
 
 
+#: How early a timeout set for a deadline may fire on the clock that set it (an event
+#: loop runs a timer within its clock's resolution): a failure that close to a wait's
+#: deadline is the deadline's (`ticket_wait`).
+CLOCK_SLACK_S = 0.005
+
+
+class Late(Exception):
+    """The wait's deadline came before the connection, its lock or a reply did (a
+    timed wait's round trips before its ticket is queued are bounded by its deadline:
+    `ticket_wait`). ``sent``: the command went out (its ticket may be queued)."""
+
+    def __init__(self, sent: bool = False) -> None:
+        super().__init__("sent" if sent else "not sent")
+        self.sent = sent
+
+
 class Fallback(Exception):
     """Wait the blocking way instead: the server's capability probe names no tickets
     (``refused``: no module, or one without tickets), or the key's slot moved to another
@@ -107,9 +130,11 @@ class TSub:
     """Hold a reference to ``key``'s ticket channel (subscribing it on first use). The
     connection answers the ``NOTIFY`` tag the wait is to send (its channel is the one
     subscribed), or None (no ``ticket-notify`` in its ``RLOCK.HELLO``: the key's own
-    channel)."""
+    channel). ``until``: the wait's deadline (`time.monotonic`), past which the shell
+    raises `Late` rather than wait for the connection or the subscription."""
 
     key: bytes
+    until: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +156,9 @@ class TSend:
     note_id: Optional[str] = None
     collect: Optional[Tuple[Any, ...]] = None
     hold: Any = None
+    #: The wait's deadline, past which the shell raises `Late`: a ticket whose ``QUEUED``
+    #: is not in by then may still be queued (or answered at once: `Book.answered`).
+    until: Optional[float] = None
 
 
 class Confirm:
@@ -215,14 +243,20 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
     limit = started + total / 1000 if total else 0.0
     while True:
         try:
-            # Asked again after a broken connection: the new one's probe decides.
-            tag = yield TSub(shape.key)
+            # Asked again after a broken connection: the new one's probe decides. Until a
+            # command of ours went out, the connecting and subscribing are bounded by the
+            # wait's deadline (a blocking_timeout counts from the call's start).
+            tag = yield TSub(shape.key, None if out else (limit or None))
+        except Late:
+            return shape.ran_out()  # nothing of ours was sent: a plain no
         except ResponseError as e:
             if redirected(str(e)):
                 raise Fallback(refused=False) from e
             raise
         except (ConnectionError, RedisTimeoutError):
             if not out:
+                if limit and time.monotonic() >= limit - CLOCK_SLACK_S:
+                    return shape.ran_out()  # connecting timed out at the deadline
                 raise
             now = time.monotonic()
             if away_until is None:
@@ -236,14 +270,22 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
         left = shape.wait_left(time.monotonic() - started)
         try:
             if left is None:  # the wait is over: one look (a grant may be remembered)
+                if not out:
+                    return shape.ran_out()
                 return (yield TSend(tuple(shape.with_wait(None, False))))
             look = None if shape.latch else tuple(shape.with_wait(None, False))
             out = True
             lead = TIMEOUT_LEAD_MS if shape.lead_ms is None else shape.lead_ms
             server_ms = left - min(lead, left // 4)
             reply = yield TSend(tuple(shape.with_wait(server_ms, True, tag)), shape.id, look,
-                                shape.confirm)
+                                shape.confirm, limit or None)
             away_until = None  # answered: the server is back
+        except Late as e:
+            if not e.sent:
+                return shape.ran_out()
+            # Sent, not answered by the deadline: queued maybe, or answered at once (a
+            # grant); the waiter leaves as an orphan and a late grant is given back.
+            return RanOut(shape.ran_out())
         except (ConnectionError, RedisTimeoutError):
             attempts += 1
             if attempts >= TICKET_ATTEMPTS:
@@ -371,6 +413,23 @@ class Book:
             self.pending.popleft().put(frame)
         return None
 
+    def answered(self, note_id: str, reply: Any) -> Optional[Tuple[Any, Any]]:
+        """The reply to a ticket's command that came after its waiter's deadline (`Late`).
+        ``QUEUED``: its messages decide, as for any orphan. Anything else answered at once
+        and no message follows: a grant maybe (the lock was free), or an error. Returns an
+        orphan's ``(look, channel)`` as `frame` does (``look`` None for an error); for a
+        waiter not gone yet, marks what it heard so that `leave` gives a grant back."""
+        if reply in (b"QUEUED", "QUEUED"):
+            return None
+        failed = isinstance(reply, Exception)
+        orphan = self.orphans.pop(note_id, None)
+        if orphan is not None:
+            return (None if failed else orphan[0]), orphan[1]
+        box = self.notes.get(note_id)
+        if box is not None and box.heard is None:
+            box.heard = Note("error" if failed else "granted", note_id)
+        return None
+
     def register(self, note_id: str, box: Any, channel: Optional[bytes]) -> None:
         """A waiter's mailbox, before its ticket is sent (``channel``: the ticket channel
         its messages come on)."""
@@ -487,6 +546,35 @@ def _conn_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
         out.pop(k, None)
     out.update(protocol=3, socket_timeout=None, client_name=CONNECTION_NAME)
     return out
+
+
+def _ticket_conns(kwargs: Dict[str, Any], connection_class: Any,
+                  parser: Any) -> Callable[[Optional[float]], Any]:
+    """Makes ticket connections; one made for a wait with a deadline (``until``, on
+    `time.monotonic`) has its connecting and first replies (the handshake, the probe)
+    bounded by it, the shell lifting the bound once connected (`_unbound`)."""
+    base = _conn_kwargs(kwargs)
+    connect_s = kwargs.get("socket_connect_timeout")
+
+    def make(until: Optional[float]) -> Any:
+        if until is None:
+            return connection_class(parser_class=parser, **base)
+        left = until - time.monotonic()
+        if left <= 0:
+            raise Late()
+        return connection_class(parser_class=parser, **dict(
+            base, socket_timeout=left, socket_connect_timeout=min(left, connect_s or left)))
+    return make
+
+
+def _late(until: Optional[float]) -> Optional[float]:
+    """What is left before ``until`` (None: no limit); raises `Late` when nothing is."""
+    if until is None:
+        return None
+    left = until - time.monotonic()
+    if left <= 0:
+        raise Late()
+    return left
 
 
 def _confirm_conns(kwargs: Dict[str, Any], connection_class: Any,
@@ -719,11 +807,38 @@ class _SyncSlot:
         if self.then is not None:
             self.then()
 
-    def get(self) -> Any:
-        self._unset.acquire()
+    def get(self, timeout: Optional[float] = None) -> Any:
+        """The reply; `Late` if ``timeout`` seconds pass first (it may come later)."""
+        if not self._unset.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise Late()
         if isinstance(self.value, Exception):
             raise self.value
         return self.value
+
+    def abandon(self, then: Callable[[], None]) -> bool:
+        """Under the lock ``put`` runs under: True, with ``then`` to run on the reply, if
+        it has not come; False if it has (``get`` returns it)."""
+        if self._unset.acquire(blocking=False):
+            self._unset.release()
+            return False
+        self.then = then
+        return True
+
+
+def _unbound(conn: Any) -> None:
+    """A ticket connection made with its wait's deadline as its socket timeout (see
+    `_ticket_conns`), once connected and probed: its reader waits for messages as long as
+    waiters wait. (redis-py's blocking connection applies its timeout to the socket at
+    connect, and its RESP3 parser's buffer keeps a copy for reads given a timeout.)"""
+    if conn.socket_timeout is None:
+        return
+    conn.socket_timeout = None
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        sock.settimeout(None)
+    buffer = getattr(getattr(conn, "_parser", None), "_buffer", None)
+    if buffer is not None and hasattr(buffer, "socket_timeout"):
+        buffer.socket_timeout = None
 
 
 class _SyncMailbox:
@@ -764,6 +879,21 @@ class _SyncMailbox:
         return self.queue.popleft()
 
 
+class _Held:
+    """The connection's lock, taken (`SyncTicketConn._hold`); released on leaving."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
 class SyncTicketConn:
     """One RESP3 ticket connection with a reader thread (threads front end). ``tag``:
     the client's ``NOTIFY`` tag (`rlock._proto.new_notify_tag`), used when the server
@@ -772,8 +902,7 @@ class SyncTicketConn:
     def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool,
                  tag: Optional[str] = None) -> None:
         from redis._parsers import _RESP3Parser
-        self.make = lambda: connection_class(parser_class=_RESP3Parser,
-                                             **_conn_kwargs(kwargs))
+        self.make = _ticket_conns(kwargs, connection_class, _RESP3Parser)
         #: Where a confirmation its connection left unanswered is tried again.
         self.later = _sync_confirmer(_confirm_conns(kwargs, connection_class, _RESP3Parser))
         self.shard = shard
@@ -785,11 +914,19 @@ class SyncTicketConn:
         self.caps: Optional[Capabilities] = None
         self.closed = False
 
-    def _connect_locked(self) -> Any:
+    def _hold(self, until: Optional[float]) -> "_Held":
+        """``with self._hold(until):`` the connection's lock, waited for until ``until``
+        at most (`Late`: another waiter's connecting to a server that does not answer)."""
+        left = _late(until)
+        if not self.lock.acquire(timeout=-1 if left is None else left):
+            raise Late()
+        return _Held(self.lock)
+
+    def _connect_locked(self, until: Optional[float] = None) -> Any:
         if self.conn is None:
             if self.closed:
                 raise ConnectionError("the ticket connection is closed")
-            conn = self.make()
+            conn = self.make(until)
             conn.connect()
             # The capability probe, on every connect (a reconnect may reach another server).
             try:
@@ -803,13 +940,15 @@ class SyncTicketConn:
                 conn.disconnect()
                 raise
             conn._parser.set_pubsub_push_handler(_Push)
+            _unbound(conn)
             self.conn = conn
             threading.Thread(target=self._read, args=(conn,), daemon=True,
                              name="rlock-tickets-reader").start()
         return self.conn
 
-    def _send_locked(self, args: Tuple[Any, ...], sub: bool = False) -> _SyncSlot:
-        conn = self._connect_locked()
+    def _send_locked(self, args: Tuple[Any, ...], sub: bool = False,
+                     until: Optional[float] = None) -> _SyncSlot:
+        conn = self._connect_locked(until)
         slot = _SyncSlot(sub)
         self.book.pending.append(slot)
         try:
@@ -876,16 +1015,34 @@ class SyncTicketConn:
 
     def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
              collect: Optional[Tuple[Any, ...]] = None, hold: Any = None,
-             sub: Optional[Tuple[bytes, int]] = None) -> Any:
+             sub: Optional[Tuple[bytes, int]] = None, until: Optional[float] = None) -> Any:
         """Sends ``args`` and returns the reply (raising a server error). ``sub``: the
         ticket channel the wait ``note_id`` subscribed and on which connection generation
-        (see `_queue_on`)."""
-        with self.lock:
+        (see `_queue_on`). ``until``: `Late` past it; a reply that comes after is handed
+        to `Book.answered`."""
+        with self._hold(until):
             if note_id is not None:
                 self.book.register(note_id, _SyncMailbox(collect, hold), _queue_on(
                     self.book, sub))
-            slot = self._send_locked(args)
+            slot = self._send_locked(args, until=until)
+        if until is None:
+            return slot.get()
+        try:
+            return slot.get(until - time.monotonic())
+        except Late:
+            # The reader puts replies under the lock (held briefly while connected: a
+            # reply still due means the connection stands).
+            with self.lock:
+                if slot.abandon(lambda: self._answered(note_id, slot.value)):
+                    raise Late(sent=True) from None
         return slot.get()
+
+    def _answered(self, note_id: Optional[str], reply: Any) -> None:
+        """A late reply (the reader, under the lock): see `Book.answered`."""
+        orphan = self.book.answered(note_id, reply) if note_id is not None else None
+        if orphan is not None:
+            threading.Thread(target=self._undo, args=(orphan[0], orphan[1], self.book.gen),
+                             daemon=True).start()
 
     def collected(self, note_id: str, args: Tuple[Any, ...]) -> Any:
         """The reply to the collecting command the reader sent, or sends it now."""
@@ -896,11 +1053,13 @@ class SyncTicketConn:
         box.collect = None
         return slot.get()
 
-    def subscribe(self, key: bytes) -> Tuple[bytes, int, Optional[str]]:
+    def subscribe(self, key: bytes,
+                  until: Optional[float] = None) -> Tuple[bytes, int, Optional[str]]:
         """References the ticket channel of ``key`` that this connection's waits use now;
-        returns it, the connection generation it holds and the ``NOTIFY`` tag to send."""
-        with self.lock:
-            self._connect_locked()  # its probe decides the channel
+        returns it, the connection generation it holds and the ``NOTIFY`` tag to send.
+        ``until``: `Late` past it (the subscription, if sent, still lands)."""
+        with self._hold(until):
+            self._connect_locked(until)  # its probe decides the channel
             tag = notify_tag(self.tag, self.caps)
             channel = ticket_channel(key, tag)
             gen = self.book.gen
@@ -908,8 +1067,8 @@ class SyncTicketConn:
                 if self.book.ref(channel) else None
         if slot is not None:
             try:
-                slot.get()
-            except ResponseError:
+                slot.get(None if until is None else until - time.monotonic())
+            except (ResponseError, Late):
                 with self.lock:
                     self.book.forget(channel)
                 raise
@@ -967,12 +1126,17 @@ class SyncTicketConn:
                 value, error = None, None
                 try:
                     if isinstance(effect, TSub):
-                        channel, g, value = self.subscribe(effect.key)
+                        channel, g, value = self.subscribe(effect.key, effect.until)
                         subs.append((channel, g))
                         _may_hold(shape, self.caps)
                     elif isinstance(effect, TSend):
-                        value = self.call(effect.args, effect.note_id, effect.collect,
-                                          effect.hold, subs[-1] if subs else None)
+                        try:
+                            value = self.call(effect.args, effect.note_id, effect.collect,
+                                              effect.hold, subs[-1] if subs else None,
+                                              effect.until)
+                        except Late as e:
+                            queued = effect.note_id is not None and e.sent  # maybe
+                            raise
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TNote):
                         value = self.note(effect.id, effect.timeout)
@@ -1085,8 +1249,7 @@ class AsyncTicketConn:
     def __init__(self, connection_class: Any, kwargs: Dict[str, Any], shard: bool,
                  tag: Optional[str] = None) -> None:
         from redis._parsers import _AsyncRESP3Parser
-        self.make = lambda: connection_class(parser_class=_AsyncRESP3Parser,
-                                             **_conn_kwargs(kwargs))
+        self.make = _ticket_conns(kwargs, connection_class, _AsyncRESP3Parser)
         self.confirm_conns = _confirm_conns(kwargs, connection_class, _AsyncRESP3Parser)
         self.shard = shard
         self.tag = tag
@@ -1099,11 +1262,22 @@ class AsyncTicketConn:
         self.tasks: set = set()
         self.closed = False
 
-    async def _connect_locked(self) -> Any:
+    async def _acquire(self, until: Optional[float]) -> None:
+        """Takes the connection's lock, waiting until ``until`` at most (`Late`)."""
+        left = _late(until)
+        if left is None:
+            await self.lock.acquire()
+            return
+        try:
+            await asyncio.wait_for(self.lock.acquire(), left)
+        except asyncio.TimeoutError:
+            raise Late() from None
+
+    async def _connect_locked(self, until: Optional[float] = None) -> Any:
         if self.conn is None:
             if self.closed:
                 raise ConnectionError("the ticket connection is closed")
-            conn = self.make()
+            conn = self.make(until)
             await conn.connect()
             # The capability probe, on every connect (a reconnect may reach another server).
             try:
@@ -1117,12 +1291,14 @@ class AsyncTicketConn:
                 await conn.disconnect()
                 raise
             conn._parser.set_pubsub_push_handler(_async_push)
+            conn.socket_timeout = None  # read at each read: see `_ticket_conns`
             self.conn = conn
             self.reader = asyncio.get_running_loop().create_task(self._read(conn))
         return self.conn
 
-    async def _send_locked(self, args: Tuple[Any, ...], sub: bool = False) -> _AsyncSlot:
-        conn = await self._connect_locked()
+    async def _send_locked(self, args: Tuple[Any, ...], sub: bool = False,
+                           until: Optional[float] = None) -> _AsyncSlot:
+        conn = await self._connect_locked(until)
         slot = _AsyncSlot(sub)
         self.book.pending.append(slot)
         try:
@@ -1219,14 +1395,38 @@ class AsyncTicketConn:
 
     async def call(self, args: Tuple[Any, ...], note_id: Optional[str] = None,
                    collect: Optional[Tuple[Any, ...]] = None, hold: Any = None,
-                   sub: Optional[Tuple[bytes, int]] = None) -> Any:
+                   sub: Optional[Tuple[bytes, int]] = None,
+                   until: Optional[float] = None) -> Any:
         """As `SyncTicketConn.call`."""
-        async with self.lock:
+        await self._acquire(until)
+        try:
             if note_id is not None:
                 self.book.register(note_id, _AsyncMailbox(collect, hold), _queue_on(
                     self.book, sub))
-            slot = await self._send_locked(args)
+            slot = await self._send_locked(args, until=until)
+        finally:
+            self.lock.release()
+        if until is not None:
+            await self._until(slot, until, lambda: self._answered(note_id, slot.future))
         return await slot.get()
+
+    async def _until(self, slot: _AsyncSlot, until: float,
+                     then: Callable[[], None]) -> None:
+        """Waits for ``slot``'s reply until ``until``; past it, leaves ``then`` to run on
+        the reply and raises `Late`."""
+        left = until - time.monotonic()
+        if not slot.future.done() and left > 0:
+            await asyncio.wait([slot.future], timeout=left)
+        if not slot.future.done():
+            slot.then = then
+            raise Late(sent=True)
+
+    def _answered(self, note_id: Optional[str], future: "asyncio.Future") -> None:
+        """As `SyncTicketConn._answered` (on the loop)."""
+        orphan = self.book.answered(note_id, future.result()) if note_id is not None \
+            else None
+        if orphan is not None:
+            self._spawn(self._undo(orphan[0], orphan[1], self.book.gen))
 
     async def collected(self, note_id: str, args: Tuple[Any, ...]) -> Any:
         """As `SyncTicketConn.collected`."""
@@ -1237,19 +1437,25 @@ class AsyncTicketConn:
         box.collect = None
         return await slot.get()
 
-    async def subscribe(self, key: bytes) -> Tuple[bytes, int, Optional[str]]:
+    async def subscribe(self, key: bytes,
+                        until: Optional[float] = None) -> Tuple[bytes, int, Optional[str]]:
         """As `SyncTicketConn.subscribe`."""
-        async with self.lock:
-            await self._connect_locked()
+        await self._acquire(until)
+        try:
+            await self._connect_locked(until)
             tag = notify_tag(self.tag, self.caps)
             channel = ticket_channel(key, tag)
             gen = self.book.gen
             slot = await self._send_locked((_sub_command(self.shard, True), channel),
                                            sub=True) if self.book.ref(channel) else None
+        finally:
+            self.lock.release()
         if slot is not None:
             try:
+                if until is not None:
+                    await self._until(slot, until, lambda: None)
                 await slot.get()
-            except ResponseError:
+            except (ResponseError, Late):
                 self.book.forget(channel)
                 raise
         return channel, gen, tag
@@ -1303,12 +1509,17 @@ class AsyncTicketConn:
                 value, error = None, None
                 try:
                     if isinstance(effect, TSub):
-                        channel, g, value = await self.subscribe(effect.key)
+                        channel, g, value = await self.subscribe(effect.key, effect.until)
                         subs.append((channel, g))
                         _may_hold(shape, self.caps)
                     elif isinstance(effect, TSend):
-                        value = await self.call(effect.args, effect.note_id, effect.collect,
-                                                effect.hold, subs[-1] if subs else None)
+                        try:
+                            value = await self.call(effect.args, effect.note_id,
+                                                    effect.collect, effect.hold,
+                                                    subs[-1] if subs else None, effect.until)
+                        except Late as e:
+                            queued = effect.note_id is not None and e.sent  # maybe
+                            raise
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TCollect):
                         value = await self.collected(effect.id, effect.args)

@@ -20,6 +20,7 @@ from typing import Any, List
 
 import pytest
 import redis
+import redis.asyncio
 from conftest import stat, wait_until
 
 import rlock
@@ -165,3 +166,135 @@ async def test_asyncio_a_lock_released_around_a_deadline_is_taken_or_given_back(
         while await ar.exists("k"):
             assert loop.time() < deadline, f"the lock free (offset {offset})"
             await asyncio.sleep(0.002)
+
+
+# ---- the round trips before the wait: connecting, subscribing, QUEUED ---------------------
+
+
+class _Frozen:
+    """`DEBUG SLEEP seconds` sent on a connection of its own, its reply read on leaving:
+    the server runs nothing meanwhile (it accepts connections in the kernel, answers no
+    handshake, no SUBSCRIBE, no command)."""
+
+    def __init__(self, port: int, seconds: float) -> None:
+        self.client = redis.Redis(port=port, socket_timeout=10)
+        self.conn = self.client.connection_pool.get_connection("DEBUG")
+        self.conn.send_command("DEBUG", "SLEEP", seconds)
+        # No reply to wait for: the server reads the command within its next event loop
+        # turn, well inside this pause, before the waiter's first byte.
+        time.sleep(0.05)
+
+    def thaw(self) -> None:
+        """Blocks until the sleep is over."""
+        try:
+            self.conn.read_response()
+        finally:
+            self.client.connection_pool.release(self.conn)
+            self.client.close()
+
+
+def _fresh(server: Any) -> redis.Redis:
+    """A client without a ticket connection yet (its mode found by a first command)."""
+    c = redis.Redis(port=server.port, socket_timeout=5)
+    rlock.set_blocking_waits(c, 0)
+    return c
+
+
+def _within_bt(elapsed: float) -> None:
+    assert BT >= elapsed > BT - SLEEP, elapsed
+
+
+def test_a_first_wait_ends_by_its_deadline_while_the_server_is_frozen(server, r):
+    """The client's first wait connects its ticket connection (handshake, RLOCK.HELLO)
+    to a frozen server: the connecting counts against the wait, which ends by its
+    deadline (it used to wait out the freeze)."""
+    fresh = _fresh(server)
+    try:
+        holder = fresh.lock("k", timeout=30, lock_class=rlock.Lock)
+        assert holder.acquire(blocking=False)
+        waiter = fresh.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
+                            lock_class=rlock.Lock)
+        frozen = _Frozen(server.port, 0.6)
+        start = time.monotonic()
+        assert waiter.acquire() is False
+        elapsed = time.monotonic() - start
+        frozen.thaw()
+        _within_bt(elapsed)
+        assert holder.owned() and stat(r, "waiters") == 0
+        # The ticket connection comes up on the next wait.
+        assert waiter.acquire(blocking_timeout=0.2) is False
+        holder.release()
+        assert waiter.acquire(blocking_timeout=1)
+        waiter.release()
+    finally:
+        rlock.close_tickets(fresh)
+        fresh.close()
+
+
+def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back(r):
+    """The ticket connection is up and subscribed to the key's channel (an earlier
+    wait); the server freezes before the wait's command: the wait ends by its deadline,
+    told no. The lock was free, so the command takes it when the server wakes (answered
+    at once, no message follows): the client gives it back rather than leave it held by
+    a caller that was told no."""
+    warm = rlock.Lock(r, "k", timeout=30, thread_local=False)
+    assert warm.acquire(blocking=False)
+    assert rlock.Lock(r, "k", timeout=30).acquire(blocking_timeout=0.05) is False
+    warm.release()
+    waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
+    acquisitions = stat(r, "acquisitions")
+    frozen = _Frozen(r.connection_pool.connection_kwargs["port"], 0.6)
+    start = time.monotonic()
+    assert waiter.acquire() is False
+    elapsed = time.monotonic() - start
+    frozen.thaw()
+    _within_bt(elapsed)
+    wait_until(lambda: stat(r, "acquisitions") > acquisitions, what="the late acquisition")
+    wait_until(lambda: r.exists("k") == 0, what="the late grant given back")
+    wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
+
+
+async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_frozen(
+        server, r):
+    fresh = redis.asyncio.Redis(port=server.port, socket_timeout=5)
+    rlock.set_blocking_waits(fresh, 0)
+    try:
+        holder = arlock.Lock(fresh, "k", timeout=30)
+        assert await holder.acquire(blocking=False)
+        waiter = arlock.Lock(fresh, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
+        frozen = _Frozen(server.port, 0.6)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await waiter.acquire() is False
+        elapsed = loop.time() - start
+        await loop.run_in_executor(None, frozen.thaw)
+        _within_bt(elapsed)
+        assert await holder.owned() and stat(r, "waiters") == 0
+        assert await waiter.acquire(blocking_timeout=0.2) is False
+        await holder.release()
+        assert await waiter.acquire(blocking_timeout=1)
+        await waiter.release()
+    finally:
+        await arlock.aclose_tickets(fresh)
+        await fresh.aclose()
+
+
+async def test_an_asyncio_wait_whose_queued_is_late_gives_a_grant_back(r, ar):
+    """As the threads' twin."""
+    warm = arlock.Lock(ar, "k", timeout=30)
+    assert await warm.acquire(blocking=False)
+    assert await arlock.Lock(ar, "k", timeout=30).acquire(blocking_timeout=0.05) is False
+    await warm.release()
+    waiter = arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
+    acquisitions = stat(r, "acquisitions")
+    frozen = _Frozen(r.connection_pool.connection_kwargs["port"], 0.6)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await waiter.acquire() is False
+    elapsed = loop.time() - start
+    await loop.run_in_executor(None, frozen.thaw)
+    _within_bt(elapsed)
+    deadline = loop.time() + 5
+    while stat(r, "acquisitions") == acquisitions or r.exists("k") or stat(r, "waiters"):
+        assert loop.time() < deadline, "the late grant given back, no ticket left"
+        await asyncio.sleep(0.002)
