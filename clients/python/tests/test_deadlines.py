@@ -6,9 +6,13 @@ the ticket's wait used to end when the server's `timeout` message, and the colle
 followed it, had made their way back, each hop waiting for a CPU. Here the server is
 frozen (`DEBUG SLEEP`) across the waiter's deadline, so that everything the server sends
 comes late by the whole freeze: a client that ends its wait by its own clock is on time
-regardless. The races are swept: a release lands at offsets around the waiter's
-deadline, for the lock (held on its `granted` message) and the semaphore (collected
-before the waiter wakes), threads and asyncio.
+regardless. The round trips before a wait (connecting, subscribing, `QUEUED`) count
+against its deadline too: with the server paused (`CLIENT PAUSE ALL`) across them, a
+fresh client's first wait and a wait whose `QUEUED` is late are told no in time, and a
+lock that their command takes after the deadline is given back. The races are swept: a
+release lands at offsets around the waiter's deadline, for the lock (held on its
+`granted` message) and the semaphore (collected before the waiter wakes), threads and
+asyncio.
 """
 
 from __future__ import annotations
@@ -171,25 +175,20 @@ async def test_asyncio_a_lock_released_around_a_deadline_is_taken_or_given_back(
 # ---- the round trips before the wait: connecting, subscribing, QUEUED ---------------------
 
 
-class _Frozen:
-    """`DEBUG SLEEP seconds` sent on a connection of its own, its reply read on leaving:
-    the server runs nothing meanwhile (it accepts connections in the kernel, answers no
-    handshake, no SUBSCRIBE, no command)."""
+class _Paused:
+    """The server paused (`CLIENT PAUSE seconds ALL`, in effect once it answers): it
+    accepts connections in the kernel and runs no command of any client meanwhile (no
+    handshake, no SUBSCRIBE, no ticket), then runs them all; ``thaw`` waits for that."""
 
     def __init__(self, port: int, seconds: float) -> None:
         self.client = redis.Redis(port=port, socket_timeout=10)
-        self.conn = self.client.connection_pool.get_connection("DEBUG")
-        self.conn.send_command("DEBUG", "SLEEP", seconds)
-        # No reply to wait for: the server reads the command within its next event loop
-        # turn, well inside this pause, before the waiter's first byte.
-        time.sleep(0.05)
+        self.client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "ALL")
 
     def thaw(self) -> None:
-        """Blocks until the sleep is over."""
+        """Blocks until the pause is over (this client's own PING waits for it)."""
         try:
-            self.conn.read_response()
+            self.client.ping()
         finally:
-            self.client.connection_pool.release(self.conn)
             self.client.close()
 
 
@@ -204,21 +203,21 @@ def _within_bt(elapsed: float) -> None:
     assert BT >= elapsed > BT - SLEEP, elapsed
 
 
-def test_a_first_wait_ends_by_its_deadline_while_the_server_is_frozen(server, r):
+def test_a_first_wait_ends_by_its_deadline_while_the_server_is_paused(server, r):
     """The client's first wait connects its ticket connection (handshake, RLOCK.HELLO)
-    to a frozen server: the connecting counts against the wait, which ends by its
-    deadline (it used to wait out the freeze)."""
+    to a paused server: the connecting counts against the wait, which ends by its
+    deadline (it used to wait out the pause)."""
     fresh = _fresh(server)
     try:
         holder = fresh.lock("k", timeout=30, lock_class=rlock.Lock)
         assert holder.acquire(blocking=False)
         waiter = fresh.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
                             lock_class=rlock.Lock)
-        frozen = _Frozen(server.port, 0.6)
+        paused = _Paused(server.port, 0.6)
         start = time.monotonic()
         assert waiter.acquire() is False
         elapsed = time.monotonic() - start
-        frozen.thaw()
+        paused.thaw()
         _within_bt(elapsed)
         assert holder.owned() and stat(r, "waiters") == 0
         # The ticket connection comes up on the next wait.
@@ -233,8 +232,8 @@ def test_a_first_wait_ends_by_its_deadline_while_the_server_is_frozen(server, r)
 
 def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back(r):
     """The ticket connection is up and subscribed to the key's channel (an earlier
-    wait); the server freezes before the wait's command: the wait ends by its deadline,
-    told no. The lock was free, so the command takes it when the server wakes (answered
+    wait); the server is paused before the wait's command: the wait ends by its deadline,
+    told no. The lock was free, so the command takes it when the pause ends (answered
     at once, no message follows): the client gives it back rather than leave it held by
     a caller that was told no."""
     warm = rlock.Lock(r, "k", timeout=30, thread_local=False)
@@ -243,18 +242,18 @@ def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back
     warm.release()
     waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
     acquisitions = stat(r, "acquisitions")
-    frozen = _Frozen(r.connection_pool.connection_kwargs["port"], 0.6)
+    paused = _Paused(r.connection_pool.connection_kwargs["port"], 0.6)
     start = time.monotonic()
     assert waiter.acquire() is False
     elapsed = time.monotonic() - start
-    frozen.thaw()
+    paused.thaw()
     _within_bt(elapsed)
     wait_until(lambda: stat(r, "acquisitions") > acquisitions, what="the late acquisition")
     wait_until(lambda: r.exists("k") == 0, what="the late grant given back")
     wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
 
 
-async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_frozen(
+async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_paused(
         server, r):
     fresh = redis.asyncio.Redis(port=server.port, socket_timeout=5)
     rlock.set_blocking_waits(fresh, 0)
@@ -262,12 +261,12 @@ async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_fr
         holder = arlock.Lock(fresh, "k", timeout=30)
         assert await holder.acquire(blocking=False)
         waiter = arlock.Lock(fresh, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
-        frozen = _Frozen(server.port, 0.6)
+        paused = _Paused(server.port, 0.6)
         loop = asyncio.get_running_loop()
         start = loop.time()
         assert await waiter.acquire() is False
         elapsed = loop.time() - start
-        await loop.run_in_executor(None, frozen.thaw)
+        await loop.run_in_executor(None, paused.thaw)
         _within_bt(elapsed)
         assert await holder.owned() and stat(r, "waiters") == 0
         assert await waiter.acquire(blocking_timeout=0.2) is False
@@ -287,12 +286,12 @@ async def test_an_asyncio_wait_whose_queued_is_late_gives_a_grant_back(r, ar):
     await warm.release()
     waiter = arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
     acquisitions = stat(r, "acquisitions")
-    frozen = _Frozen(r.connection_pool.connection_kwargs["port"], 0.6)
+    paused = _Paused(r.connection_pool.connection_kwargs["port"], 0.6)
     loop = asyncio.get_running_loop()
     start = loop.time()
     assert await waiter.acquire() is False
     elapsed = loop.time() - start
-    await loop.run_in_executor(None, frozen.thaw)
+    await loop.run_in_executor(None, paused.thaw)
     _within_bt(elapsed)
     deadline = loop.time() + 5
     while stat(r, "acquisitions") == acquisitions or r.exists("k") or stat(r, "waiters"):
