@@ -26,8 +26,12 @@ import static org.junit.jupiter.api.Assertions.*;
 class DeadlinesTest {
     /** The caller's wait. */
     static final long WAIT_MS = 400;
-    /** How long after its deadline a wait may return: time to get a CPU on a loaded machine. */
-    static final long LATE_MS = 150;
+    /**
+     * How long after its deadline a wait may return: time to get a CPU on a loaded machine
+     * (the Go client's test saw 87 ms at a load of 10 on 2 cores); a wait that ends with the
+     * frozen server's answer returns FROZEN_S after its start.
+     */
+    static final long LATE_MS = 250;
     /** How long the server stays frozen: far longer than the wait. */
     static final double FROZEN_S = 1.5;
 

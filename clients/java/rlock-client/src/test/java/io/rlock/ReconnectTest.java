@@ -99,10 +99,39 @@ class ReconnectTest {
      */
     @Test
     void a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace() throws Exception {
+        heldGrantConfirmedAcrossARestart(false);
+    }
+
+    /**
+     * As above, the restarted server still loading (answering LOADING) when the client
+     * reconnects and sends the confirmation again: its AOF's base holds 1 000 keys of 1 KB,
+     * each read 2 ms late (`key-load-delay`, a test config of the server), with client
+     * events served every 1 KB read. The confirmation is tried until the load is done, not
+     * given up after a few LOADING answers.
+     */
+    @Test
+    void a_held_grant_is_confirmed_after_a_restart_while_the_server_still_loads() throws Exception {
+        heldGrantConfirmedAcrossARestart(true);
+    }
+
+    private static void heldGrantConfirmedAcrossARestart(boolean loadSlowly) throws Exception {
+        List<String> serverArgs = new java.util.ArrayList<>(List.of("--appendonly", "yes", "--appendfsync", "always"));
+        if (loadSlowly) {
+            serverArgs.addAll(List.of("--key-load-delay", "2000", "--loading-process-events-interval-bytes", "1024"));
+        }
         // Without replica sync: its WAIT would be held by the pause too.
-        try (TestServer own = new TestServer("--appendonly", "yes", "--appendfsync", "always");
+        try (TestServer own = new TestServer(serverArgs.toArray(String[]::new));
              RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults().withoutReplicaSync())) {
             String name = "java:restart:confirm:" + System.nanoTime();
+            if (loadSlowly) {
+                // The padding goes into the AOF's base (a rewrite), which a restart loads first.
+                String rewrites = own.info("persistence", "aof_rewrites");
+                assertEquals("OK", own.call("DEBUG", "POPULATE", "1000", "pad", "1024"));
+                own.call("BGREWRITEAOF");
+                TestServer.waitUntil(Duration.ofSeconds(20), "the AOF rewritten", () ->
+                        !rewrites.equals(own.info("persistence", "aof_rewrites"))
+                                && "0".equals(own.info("persistence", "aof_rewrite_in_progress")));
+            }
             assertNull(own.call("RLOCK.ACQUIRE", name, "outside", "30000"));
             RlockLock lock = c.getLock(name);
             CompletableFuture<String> lost = new CompletableFuture<>();
@@ -135,10 +164,10 @@ class ReconnectTest {
             assertTrue(held.get(10, TimeUnit.SECONDS), "held on the grant message");
             assertFalse(lost.isDone(), "no lost signal through the pause");
             own.restart(Duration.ofMillis(1500));
-            // The confirmation reaches the restarted server (and is answered the grant), or
-            // the client gave up on it and reported the hold lost.
-            TestServer.waitUntil(Duration.ofSeconds(15), "the confirmation in, or the hold reported lost",
-                    () -> lost.isDone() || own.info("commandstats", "cmdstat_rlock.acquire") != null);
+            // The confirmation run by the restarted server (answered the grant), or the
+            // client gave up on it and reported the hold lost.
+            TestServer.waitUntil(Duration.ofSeconds(15), "the confirmation run, or the hold reported lost",
+                    () -> lost.isDone() || calls(own.info("commandstats", "cmdstat_rlock.acquire")) > 0);
             String owner = own.redis().hkeys(name).get(0);
             assertEquals(Map.of(owner, "1"), own.redis().hgetall(name), "the holder's, once");
             release.complete(null);
@@ -148,6 +177,14 @@ class ReconnectTest {
             assertEquals(0, c.counters().lostLocks.sum());
             TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
         }
+    }
+
+    /** The `calls` of an INFO commandstats line (`calls=n,usec=...`; 0 when absent). */
+    static long calls(String stat) {
+        if (stat == null || !stat.startsWith("calls=")) {
+            return 0;
+        }
+        return Long.parseLong(stat.substring("calls=".length(), stat.indexOf(',')));
     }
 
     @Test
