@@ -36,6 +36,50 @@ class ReconnectTest {
         return new CommandArgs<>(StringCodec.UTF8).addValues(a);
     }
 
+    /**
+     * A thread that waits for the lock (tryLock, 30 s), tells whether it got it, holds it
+     * until told to release, then unlocks.
+     */
+    private static final class Holder {
+        final CompletableFuture<Boolean> held = new CompletableFuture<>();
+        final CompletableFuture<Void> release = new CompletableFuture<>();
+        final CompletableFuture<Void> released = new CompletableFuture<>();
+        final Thread thread;
+
+        Holder(RlockLock lock) {
+            thread = new Thread(() -> {
+                try {
+                    held.complete(lock.tryLock(30, TimeUnit.SECONDS));
+                    release.get(30, TimeUnit.SECONDS);
+                    lock.unlock();
+                    released.complete(null);
+                } catch (Throwable e) {
+                    held.completeExceptionally(e);
+                    released.completeExceptionally(e);
+                }
+            });
+            thread.setDaemon(true);
+            thread.start();
+        }
+    }
+
+    /**
+     * Releases `name` held by "outside" (granting the queued ticket: in the AOF, fsync
+     * always, before EXEC answers) and pauses writes, in one transaction; with
+     * `killSubscriber`, the client's pub/sub connection is killed in between, so the
+     * grant's message reaches nobody.
+     */
+    static void grantAndPauseWrites(TestServer own, String name, boolean killSubscriber) {
+        var conn = own.redis();
+        conn.multi();
+        conn.dispatch(Wire.keyword("RLOCK.RELEASE"), new Reply(), args(name, "outside"));
+        if (killSubscriber) {
+            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("KILL", "TYPE", "pubsub"));
+        }
+        conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("PAUSE", "60000", "WRITE"));
+        conn.exec();
+    }
+
     static long waiters(TestServer s) {
         return Long.parseLong(s.info("rlock", "rlock_waiters"));
     }
@@ -53,37 +97,17 @@ class ReconnectTest {
              RlockClient c = RlockClient.create(own.uri(), RlockOptions.defaults())) {
             String name = "java:restart:lock:" + System.nanoTime();
             assertNull(own.call("RLOCK.ACQUIRE", name, "outside", "30000"));
-            RlockLock lock = c.getLock(name);
-            CompletableFuture<Boolean> held = new CompletableFuture<>();
-            CompletableFuture<Void> release = new CompletableFuture<>();
-            Thread t = new Thread(() -> {
-                try {
-                    boolean ok = lock.tryLock(30, TimeUnit.SECONDS);
-                    held.complete(ok);
-                    release.get(30, TimeUnit.SECONDS);
-                    lock.unlock();
-                } catch (Throwable e) {
-                    held.completeExceptionally(e);
-                }
-            });
-            t.setDaemon(true);
-            t.start();
+            Holder h = new Holder(c.getLock(name));
             TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued", () -> waiters(own) == 1);
-            // The grant is in the AOF (fsync always) before EXEC answers.
-            var conn = own.redis();
-            conn.multi();
-            conn.dispatch(Wire.keyword("RLOCK.RELEASE"), new Reply(), args(name, "outside"));
-            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("KILL", "TYPE", "pubsub"));
-            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("PAUSE", "60000", "WRITE"));
-            conn.exec();
-            List<String> owners = conn.hkeys(name);
+            grantAndPauseWrites(own, name, true);
+            List<String> owners = own.redis().hkeys(name);
             assertEquals(1, owners.size(), "granted before the restart: " + owners);
             assertNotEquals("outside", owners.get(0));
             // Down for 3 s: longer than a wait that gave up at the first refused reconnect.
             own.restart(Duration.ofSeconds(3));
-            assertTrue(held.get(20, TimeUnit.SECONDS), "the wait ended holding");
+            assertTrue(h.held.get(20, TimeUnit.SECONDS), "the wait ended holding");
             assertEquals(java.util.Map.of(owners.get(0), "1"), own.redis().hgetall(name));
-            release.complete(null);
+            h.release.complete(null);
             TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
         }
     }
@@ -136,32 +160,12 @@ class ReconnectTest {
             RlockLock lock = c.getLock(name);
             CompletableFuture<String> lost = new CompletableFuture<>();
             lock.addLostListener((n, owner, why) -> lost.complete(why));
-            CompletableFuture<Boolean> held = new CompletableFuture<>();
-            CompletableFuture<Void> release = new CompletableFuture<>();
-            CompletableFuture<Void> released = new CompletableFuture<>();
-            Thread t = new Thread(() -> {
-                try {
-                    held.complete(lock.tryLock(30, TimeUnit.SECONDS));
-                    release.get(30, TimeUnit.SECONDS);
-                    lock.unlock();
-                    released.complete(null);
-                } catch (Throwable e) {
-                    held.completeExceptionally(e);
-                    released.completeExceptionally(e);
-                }
-            });
-            t.setDaemon(true);
-            t.start();
+            Holder h = new Holder(lock);
             TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued", () -> waiters(own) == 1);
-            // The grant (written to the AOF before EXEC answers) and its message go out; the
-            // pause, in force from the end of the EXEC, holds the confirmation the message
-            // sets off until the server goes away.
-            var conn = own.redis();
-            conn.multi();
-            conn.dispatch(Wire.keyword("RLOCK.RELEASE"), new Reply(), args(name, "outside"));
-            conn.dispatch(Wire.keyword("CLIENT"), new Reply(), args("PAUSE", "60000", "WRITE"));
-            conn.exec();
-            assertTrue(held.get(10, TimeUnit.SECONDS), "held on the grant message");
+            // The grant and its message go out; the pause, in force from the end of the
+            // EXEC, holds the confirmation the message sets off until the server goes away.
+            grantAndPauseWrites(own, name, false);
+            assertTrue(h.held.get(10, TimeUnit.SECONDS), "held on the grant message");
             assertFalse(lost.isDone(), "no lost signal through the pause");
             own.restart(Duration.ofMillis(1500));
             // The confirmation run by the restarted server (answered the grant), or the
@@ -170,10 +174,10 @@ class ReconnectTest {
                     () -> lost.isDone() || calls(own.info("commandstats", "cmdstat_rlock.acquire")) > 0);
             String owner = own.redis().hkeys(name).get(0);
             assertEquals(Map.of(owner, "1"), own.redis().hgetall(name), "the holder's, once");
-            release.complete(null);
-            released.get(10, TimeUnit.SECONDS);
+            h.release.complete(null);
+            h.released.get(10, TimeUnit.SECONDS);
             assertFalse(lost.isDone(), "the hold was not reported lost: " + lost.getNow(null));
-            assertFalse(lock.isLost(t.getId()));
+            assertFalse(lock.isLost(h.thread.getId()));
             assertEquals(0, c.counters().lostLocks.sum());
             TestServer.waitUntil(Duration.ofSeconds(10), "released after", () -> own.redis().exists(name) == 0);
         }
