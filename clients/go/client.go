@@ -119,13 +119,16 @@ type Client struct {
 	tag string
 
 	modeNow modeState
-	sub     *subHub       // scripts mode's subscriber, made on the first wait
-	subNode *redis.Client // its own connection
+	// subs: scripts mode's subscriber connections by node address (one on a single
+	// server), each made on its node's first wait.
+	subs map[string]*subHub
+	// publishCmd: the scripts' publish command once asked ("" before; Client.publish).
+	publishCmd string
 	// once sends scripts mode's scripts that must not run twice: a copy of the
-	// application's *redis.Client without go-redis's own retries (which re-send a
-	// command whose reply was lost), made on first use; nil on a cluster (go-redis's
-	// retries stay: see docs/scripts-mode.md).
-	once     *redis.Client
+	// application's client without go-redis's own retries (which re-send a command
+	// whose reply was lost) and, on a cluster, without its redirects (which do too),
+	// made on first use.
+	once     redis.UniversalClient
 	onceMade bool
 
 	mu       sync.Mutex
@@ -176,8 +179,8 @@ func (c *Client) Close() error {
 	c.closed = true
 	hubs := c.hubs
 	c.hubs = map[string]*hub{}
-	sub, subNode := c.sub, c.subNode
-	c.sub, c.subNode = nil, nil
+	subs := c.subs
+	c.subs = nil
 	once := c.once
 	c.once = nil
 	c.mu.Unlock()
@@ -187,9 +190,8 @@ func (c *Client) Close() error {
 	for _, h := range hubs {
 		h.close()
 	}
-	if sub != nil {
-		sub.close()
-		_ = subNode.Close()
+	for _, s := range subs {
+		s.close()
 	}
 	return nil
 }

@@ -4,8 +4,10 @@
 // clients and module-loaded servers share the names. The mode is chosen once per Client
 // (WithMode; auto asks RLOCK.HELLO: "unknown command" means scripts, asked again every
 // 30 s in scripts mode and when a module command comes back unknown). Waiting is
-// Redisson's: one subscriber connection per client, shared by every wait, each woken by
-// the channel's message or at the holder's lease end, whichever comes first; no polling.
+// Redisson's: one subscriber connection per server (per node on a cluster), shared by
+// every wait there, each woken by the channel's message or at the holder's lease end,
+// whichever comes first; no polling. On a cluster with sharded pub/sub the scripts
+// SPUBLISH and waiters SSUBSCRIBE on their channel's node, as Redisson 4.7 does.
 // internal/proto/scripts.go translates the module's commands (Info, which no Redisson
 // script does, answers ErrNeedsModule).
 
@@ -18,6 +20,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -123,7 +126,11 @@ func (c *Client) doScript(ctx context.Context, args []any) (any, error) {
 // doScriptHint is doScript, with how many ms a waiter whose try this was should sleep
 // at most before looking again without a message (proto.ScriptCall.Hint).
 func (c *Client) doScriptHint(ctx context.Context, args []any) (any, int64, error) {
-	sc, err := proto.ScriptFor(args, "publish")
+	pub, err := c.publish(ctx)
+	if err != nil {
+		return nil, -1, err
+	}
+	sc, err := proto.ScriptFor(args, pub)
 	if err != nil {
 		return nil, -1, err
 	}
@@ -135,11 +142,11 @@ func (c *Client) doScriptHint(ctx context.Context, args []any) (any, int64, erro
 		if err != nil {
 			return nil, -1, err
 		}
-		sc = proto.ForceRWScript(sc.Keys[0], mode, "publish")
+		sc = proto.ForceRWScript(sc.Keys[0], mode, pub)
 	}
 	var v any
 	if sc.Name != "" && sc.Then != proto.One {
-		v, err = scripts[sc.Name].Run(ctx, c.scriptRunner(sc.Name), sc.Keys, sc.Argv...).Result()
+		v, err = c.runScript(ctx, sc.Name, sc.Keys, sc.Argv)
 		if errors.Is(err, redis.Nil) {
 			v, err = nil, nil
 		}
@@ -201,23 +208,105 @@ func afterWrite(err error) bool {
 	return !(errors.As(err, &op) && op.Op == "dial") && !errors.Is(err, syscall.ECONNREFUSED)
 }
 
-// scriptRunner is where the script name goes: a script that must not run twice goes on
-// c.once (no go-redis retries), any other on the application's client.
-func (c *Client) scriptRunner(name string) redis.Scripter {
-	if proto.MayResend(name) || c.single == nil {
-		return c.rdb
+// refusedAttempts is how many times a script a cluster refused before running it
+// (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) is sent again on the cluster's once client, which
+// follows none of them itself (go-redis's redirects also re-send a command whose
+// connection broke after the write); 1 ms doubling between them (a slot in migration).
+const refusedAttempts = 9
+
+// runScript runs the script name (EVALSHA, EVAL on NOSCRIPT) on its runner: a nil reply
+// is redis.Nil. On a cluster, a script that must not run twice goes without go-redis's
+// redirects and retries, and its refusals are sent again here.
+func (c *Client) runScript(ctx context.Context, name string, keys []string, argv []any) (any, error) {
+	runner, refusals := c.scriptRunner(name)
+	for n := 0; ; n++ {
+		v, err := scripts[name].Run(ctx, runner, keys, argv...).Result()
+		if !refusals || n+1 >= refusedAttempts || !refused(err) {
+			return v, err
+		}
+		if err := sleep(ctx, time.Millisecond<<n); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// refused tells whether err is a cluster's refusal of a command it did not run.
+func refused(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	code, _, _ := strings.Cut(re.Error(), " ")
+	switch code {
+	case "MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN":
+		return true
+	}
+	return false
+}
+
+// scriptRunner is where the script name goes, and whether the caller must follow a
+// cluster's refusals itself: a script that must not run twice goes on c.once (a copy of
+// the application's client without go-redis's retries, or on a cluster without its
+// redirects, which re-send after a broken connection too), any other on the
+// application's client.
+func (c *Client) scriptRunner(name string) (redis.Scripter, bool) {
+	if proto.MayResend(name) {
+		return c.rdb, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.onceMade && !c.closed {
-		o := *c.single.Options()
-		o.MaxRetries = -1 // go-redis: -1 is none
-		c.once, c.onceMade = redis.NewClient(&o), true
+		if c.single != nil {
+			o := *c.single.Options()
+			o.MaxRetries = -1 // go-redis: -1 is none
+			c.once = redis.NewClient(&o)
+		} else {
+			o := *c.cluster.Options()
+			o.MaxRedirects = -1 // go-redis: -1 is none (one send, no retry after a break)
+			o.MaxRetries = -1
+			c.once = redis.NewClusterClient(&o)
+		}
+		c.onceMade = true
 	}
 	if c.once == nil {
-		return c.rdb
+		return c.rdb, false
 	}
-	return c.once
+	return c.once, c.cluster != nil
+}
+
+// publish is the scripts' publish command: "publish", or on a cluster with sharded
+// pub/sub "spublish" as Redisson 4.7 does, asked once (SPUBLISH to a channel nobody
+// hears: "unknown command" or NOPERM means it has not; any other error reply means it
+// has; a connection failure is not an answer, asked again next time).
+func (c *Client) publish(ctx context.Context) (string, error) {
+	if c.cluster == nil {
+		return "publish", nil
+	}
+	c.mu.Lock()
+	p := c.publishCmd
+	c.mu.Unlock()
+	if p != "" {
+		return p, nil
+	}
+	err := c.rdb.Do(ctx, "SPUBLISH", "rlock:probe:spublish", "").Err()
+	var re redis.Error
+	switch {
+	case err == nil:
+		p = "spublish"
+	case errors.As(err, &re):
+		t := strings.ToLower(re.Error())
+		if strings.HasPrefix(t, "err unknown command") || strings.HasPrefix(t, "noperm") {
+			p = "publish"
+		} else {
+			p = "spublish"
+		}
+	default:
+		return "", err
+	}
+	c.mu.Lock()
+	c.publishCmd = p
+	c.mu.Unlock()
+	return p, nil
 }
 
 // scriptTry is one try of a scripts-mode wait, with doRetry's retries of transient
@@ -249,24 +338,26 @@ func scriptEval(args []any) ([]any, error) {
 }
 
 // scriptsWait is waitCall in scripts mode, after a first try that was not satisfied:
-// Redisson's wait. Subscribe the lock's channel on the client's subscriber connection
+// Redisson's wait. Subscribe the lock's channel on the subscriber connection of its node
 // (confirmed before trying, so an unlock message cannot be missed), try, and sleep until
 // a message or the holder's lease end (the PTTL the try answered), whichever comes first.
+// A subscription that ended (the connection broke, or the slot left the node) is made
+// again, where the slot is now, before the next try.
 func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bool,
 	build func(waitMs int64) []any, satisfied func(any) bool, reply any) (any, error) {
 	channel, leased, ok := proto.WaitChannel(build(-1))
 	if !ok {
 		return nil, ErrNeedsModule
 	}
-	sub, err := c.subscriber()
+	w, err := c.subscribe(ctx, channel)
 	if err != nil {
 		return nil, err
 	}
-	w, err := sub.join(ctx, channel)
-	if err != nil {
-		return nil, err
-	}
-	defer sub.leave(w)
+	defer func() {
+		if w != nil {
+			w.hub.leave(w)
+		}
+	}()
 	var deadline <-chan time.Time
 	if !forever {
 		t := time.NewTimer(wait)
@@ -274,6 +365,15 @@ func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bo
 		deadline = t.C
 	}
 	for {
+		if w.broken.Load() {
+			w.hub.leave(w)
+			again, err := c.subscribe(ctx, channel)
+			if err != nil {
+				w = nil
+				return nil, err
+			}
+			w = again
+		}
 		reply, hint, err := c.scriptTry(ctx, build(-1))
 		if err != nil || satisfied(reply) {
 			return reply, err
@@ -304,12 +404,56 @@ func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bo
 	}
 }
 
-// subHub is scripts mode's one subscriber connection per client: Redisson's channels,
-// refcounted, each message waking every local waiter of its channel (they race for the
-// lock as Redisson's do); a broken connection (go-redis resubscribes on reconnect) wakes
-// every waiter, which tries again.
+// subscribe joins channel on the subscriber of its node, confirmed: on a cluster the
+// master of the channel's slot (its hash tag is the primitive's name), or the node a
+// refused SSUBSCRIBE named (MOVED: the slot map may lag behind a slot just moved, on
+// the node go-redis reads it from too), a few times with backoff.
+func (c *Client) subscribe(ctx context.Context, channel string) (*subWaiter, error) {
+	addr := ""
+	for n := 0; ; n++ {
+		hub, err := c.subscriber(ctx, channel, addr)
+		var w *subWaiter
+		if err == nil {
+			w, err = hub.join(ctx, channel)
+		}
+		var moved *subscribeRefused
+		if err == nil || c.cluster == nil || ctx.Err() != nil || n+1 >= c.opts.backoff.Attempts ||
+			!(errors.As(err, &moved) || transient(err)) {
+			return w, err
+		}
+		addr = ""
+		if moved != nil {
+			addr = moved.addr
+		}
+		c.cluster.ReloadState(ctx)
+		if moved == nil || addr == "" {
+			if err := sleep(ctx, c.opts.backoff.Delay(n)); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// subscribeRefused: the node answered a subscription with an error; addr is the node a
+// MOVED names ("" for any other refusal).
+type subscribeRefused struct{ text, addr string }
+
+func (e *subscribeRefused) Error() string {
+	return "rlock scripts mode: the node refused the subscription: " + e.text
+}
+
+// subHub is one subscriber connection of scripts mode: per client on a single server,
+// per node on a cluster (SSUBSCRIBE where the scripts SPUBLISH: only the node of the
+// channel's slot hears it). Redisson's channels, refcounted, one at a time; each message
+// wakes every local waiter of its channel (they race for the lock as Redisson's do). A
+// broken connection, or a node ending a shard channel's subscription (its slot left),
+// marks the channel's waiters broken and wakes them: each subscribes again (leave, then
+// join: go-redis's own resubscribe after a reconnect sends every shard channel in one
+// SSUBSCRIBE, which a node refuses across slots) and tries again.
 type subHub struct {
-	ps *redis.PubSub
+	ps      *redis.PubSub
+	node    *redis.Client
+	sharded bool
 
 	mu    sync.Mutex
 	chans map[string]*subChan
@@ -318,43 +462,78 @@ type subHub struct {
 type subChan struct {
 	refs    int
 	ready   chan struct{}
+	failed  *subscribeRefused // refused before confirmed (ready is closed too)
 	waiters map[*subWaiter]struct{}
 }
 
 type subWaiter struct {
+	hub     *subHub
+	st      *subChan
 	channel string
 	wake    chan struct{}
+	broken  atomic.Bool
 }
 
-func (c *Client) subscriber() (*subHub, error) {
+// subscriber is the subscriber of the node that serves channel (or of the node at addr,
+// if not ""), made on first use.
+func (c *Client) subscriber(ctx context.Context, channel, addr string) (*subHub, error) {
+	sharded := false
+	if c.cluster != nil {
+		pub, err := c.publish(ctx)
+		if err != nil {
+			return nil, err
+		}
+		sharded = pub == "spublish"
+	}
+	node, err := c.nodeFor(ctx, channel)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		addr = node.Options().Addr
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, ErrClosed
 	}
-	if c.sub == nil {
-		if c.single == nil {
-			return nil, errors.New("rlock scripts mode: waits on a cluster need the module (not built yet in the Go client)")
-		}
-		o := *c.single.Options()
-		o.ClientName = SubscriberName
-		o.ReadTimeout = -1
-		node := redis.NewClient(&o)
-		c.sub = &subHub{ps: node.Subscribe(context.Background()), chans: map[string]*subChan{}}
-		c.subNode = node
-		go c.sub.read()
+	if c.subs == nil {
+		c.subs = map[string]*subHub{}
 	}
-	return c.sub, nil
+	if h := c.subs[addr]; h != nil {
+		return h, nil
+	}
+	o := *node.Options()
+	o.Addr = addr
+	o.ClientName = SubscriberName
+	o.ReadTimeout = -1
+	o.MaxRetries = -1
+	own := redis.NewClient(&o)
+	h := &subHub{node: own, sharded: sharded, chans: map[string]*subChan{}}
+	if sharded {
+		h.ps = own.SSubscribe(context.Background())
+	} else {
+		h.ps = own.Subscribe(context.Background())
+	}
+	c.subs[addr] = h
+	go h.read()
+	return h, nil
 }
 
 func (s *subHub) join(ctx context.Context, channel string) (*subWaiter, error) {
-	w := &subWaiter{channel: channel, wake: make(chan struct{}, 1)}
+	w := &subWaiter{hub: s, channel: channel, wake: make(chan struct{}, 1)}
 	s.mu.Lock()
 	st := s.chans[channel]
 	if st == nil {
 		st = &subChan{ready: make(chan struct{}), waiters: map[*subWaiter]struct{}{}}
 		s.chans[channel] = st
-		if err := s.ps.Subscribe(ctx, channel); err != nil {
+		var err error
+		if s.sharded {
+			err = s.ps.SSubscribe(ctx, channel)
+		} else {
+			err = s.ps.Subscribe(ctx, channel)
+		}
+		if err != nil {
 			delete(s.chans, channel)
 			s.mu.Unlock()
 			return nil, err
@@ -362,10 +541,18 @@ func (s *subHub) join(ctx context.Context, channel string) (*subWaiter, error) {
 	}
 	st.refs++
 	st.waiters[w] = struct{}{}
+	w.st = st
 	ready := st.ready
 	s.mu.Unlock()
 	select {
 	case <-ready:
+		s.mu.Lock()
+		failed := st.failed
+		s.mu.Unlock()
+		if failed != nil {
+			s.leave(w)
+			return nil, failed
+		}
 		return w, nil
 	case <-ctx.Done():
 		s.leave(w)
@@ -376,10 +563,12 @@ func (s *subHub) join(ctx context.Context, channel string) (*subWaiter, error) {
 	}
 }
 
+// leave ends w's wait; the channel's last waiter unsubscribes it, unless a new
+// subscription of the channel replaced its broken one meanwhile.
 func (s *subHub) leave(w *subWaiter) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.chans[w.channel]
+	st := w.st
 	if st == nil {
 		return
 	}
@@ -388,12 +577,23 @@ func (s *subHub) leave(w *subWaiter) {
 	}
 	delete(st.waiters, w)
 	st.refs--
-	if st.refs == 0 {
-		delete(s.chans, w.channel)
-		ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
-		_ = s.ps.Unsubscribe(ctx, w.channel)
-		cancel()
+	if st.refs > 0 {
+		return
 	}
+	switch s.chans[w.channel] {
+	case st:
+		delete(s.chans, w.channel)
+	case nil: // broken and detached: go-redis may still count it subscribed
+	default:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	if s.sharded {
+		_ = s.ps.SUnsubscribe(ctx, w.channel)
+	} else {
+		_ = s.ps.Unsubscribe(ctx, w.channel)
+	}
+	cancel()
 }
 
 func (s *subHub) read() {
@@ -403,36 +603,89 @@ func (s *subHub) read() {
 			if errors.Is(err, redis.ErrClosed) {
 				return
 			}
-			s.wakeAll("")
+			var re redis.Error
+			if errors.As(err, &re) {
+				// A refused SSUBSCRIBE (MOVED: the slot is elsewhere), which names no
+				// channel: every subscription not yet confirmed fails, and its waiters
+				// find the channel's node again.
+				s.failPending(re.Error())
+				continue
+			}
+			s.breakAll()
 			continue
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				s.mu.Lock()
-				if st := s.chans[m.Channel]; st != nil {
-					select {
-					case <-st.ready:
-					default:
+			s.mu.Lock()
+			st := s.chans[m.Channel]
+			if st != nil {
+				select {
+				case <-st.ready:
+					if m.Kind == "sunsubscribe" || m.Kind == "unsubscribe" {
+						// Confirmed and in use, so not ours: the node ended it (its slot
+						// left).
+						s.breakChannel(m.Channel, st)
+					}
+				default:
+					if m.Kind == "ssubscribe" || m.Kind == "subscribe" {
 						close(st.ready)
 					}
 				}
-				s.mu.Unlock()
 			}
+			s.mu.Unlock()
 		case *redis.Message:
 			s.wakeAll(m.Channel)
 		}
 	}
 }
 
-// wakeAll wakes the waiters of channel ("": of every channel).
-func (s *subHub) wakeAll(channel string) {
+// failPending fails every subscription not yet confirmed with the error reply text.
+func (s *subHub) failPending(text string) {
+	refusal := &subscribeRefused{text: text}
+	if f := strings.Fields(text); len(f) == 3 && (f[0] == "MOVED" || f[0] == "ASK") {
+		refusal.addr = f[2]
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for ch, st := range s.chans {
-		if channel != "" && ch != channel {
-			continue
+		select {
+		case <-st.ready:
+		default:
+			st.failed = refusal
+			delete(s.chans, ch) // the next join subscribes anew
+			close(st.ready)
 		}
+	}
+}
+
+// breakAll marks every waiter broken and wakes it (the connection broke: a release may
+// have been missed while it was down).
+func (s *subHub) breakAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch, st := range s.chans {
+		s.breakChannel(ch, st)
+	}
+}
+
+// breakChannel detaches the channel's subscription, so that the next join subscribes
+// anew, and marks its waiters broken and wakes them (s.mu held).
+func (s *subHub) breakChannel(channel string, st *subChan) {
+	delete(s.chans, channel)
+	for w := range st.waiters {
+		w.broken.Store(true)
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wakeAll wakes the waiters of channel.
+func (s *subHub) wakeAll(channel string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.chans[channel]; st != nil {
 		for w := range st.waiters {
 			select {
 			case w.wake <- struct{}{}:
@@ -442,4 +695,7 @@ func (s *subHub) wakeAll(channel string) {
 	}
 }
 
-func (s *subHub) close() { _ = s.ps.Close() }
+func (s *subHub) close() {
+	_ = s.ps.Close()
+	_ = s.node.Close()
+}

@@ -245,10 +245,26 @@ type Cluster struct {
 // StartCluster builds a 3-master cluster and waits until every node reports it ok.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return startCluster(t, true)
+}
+
+// StartBareCluster is StartCluster without the module (scripts mode's cluster tests).
+func StartBareCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return startCluster(t, false)
+}
+
+func startCluster(t testing.TB, module bool) *Cluster {
+	t.Helper()
 	cl := &Cluster{}
 	for i := 0; i < 3; i++ {
-		cl.Nodes = append(cl.Nodes, start(t, true, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+		s, err := launchWith(module, func() int { return freePort(t, true) }, t.TempDir, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		if err != nil {
+			t.Fatalf("server did not start: %v", err)
+		}
+		t.Cleanup(s.Stop)
+		cl.Nodes = append(cl.Nodes, s)
 	}
 	ctx := context.Background()
 	ranges := [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
