@@ -136,6 +136,20 @@ def confirmations(monkeypatch: Any) -> list:
     return settled
 
 
+def grant_and_pause_writes(admin: redis.Redis, key: str, kill_subscriber: bool = False) -> None:
+    """Releases `key` held by "outside" (granting the queued ticket; with an AOF of fsync
+    always, the grant is on disk before EXEC answers) and pauses writes, in one
+    transaction, so the holder's confirmation (a write) waits; with `kill_subscriber`,
+    the client's pub/sub connection is killed in between, so the grant's message reaches
+    nobody."""
+    p = admin.pipeline(transaction=True)
+    p.execute_command("RLOCK.RELEASE", key, "outside")
+    if kill_subscriber:
+        p.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    p.execute()
+
+
 def stat(r: redis.Redis, name: str) -> int:
     """One `INFO rlock` counter. In scripts mode, "waiters" is what the server shows of
     them: the subscriptions to Redisson's channels (one per channel and client)."""

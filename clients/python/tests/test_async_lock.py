@@ -10,7 +10,7 @@ import time
 
 import pytest
 import redis.asyncio
-from conftest import SCRIPTS, acommand, client_kwargs, scripts_stat
+from conftest import SCRIPTS, acommand, client_kwargs, grant_and_pause_writes, scripts_stat
 from redis.exceptions import LockNotOwnedError
 from rlock_server import RedisServer
 
@@ -159,11 +159,7 @@ async def test_a_wait_rides_out_a_restart_and_finds_the_grant_made_before_it():
         rlock.set_blocking_waits(r, 0)
         lock = rlock.asyncio.Lock(r, "k", timeout=30, thread_local=False)
         waiter = await _queued_behind_outside(s, lock, admin)
-        p = admin.pipeline(transaction=True)
-        p.execute_command("RLOCK.RELEASE", "k", "outside")
-        p.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
-        p.execute()
+        grant_and_pause_writes(admin, "k", kill_subscriber=True)
         owners = admin.hkeys("k")
         assert len(owners) == 1 and owners != [b"outside"], owners
         # In a thread: the loop runs the wait's reconnects while the server is down.
@@ -197,10 +193,7 @@ async def test_a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace(c
                                   on_lost=lambda *a: lost.append(a))
         waiter = await _queued_behind_outside(s, lock, admin)
         # The grant's message goes out; the pause holds its confirmation (a write).
-        p = admin.pipeline(transaction=True)
-        p.execute_command("RLOCK.RELEASE", "k", "outside")
-        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
-        p.execute()
+        grant_and_pause_writes(admin, "k")
         assert await asyncio.wait_for(waiter, 10) is True, "held on the grant's message"
         await asyncio.to_thread(s.restart, sig_kill=True, down=1.5)
         await await_until(lambda: _true(settled), 10, "the confirmation settled")

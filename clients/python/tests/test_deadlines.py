@@ -203,6 +203,25 @@ def _within_bt(elapsed: float) -> None:
     assert BT >= elapsed > BT - SLEEP, elapsed
 
 
+def _told_no_in_time(waiter: Any, paused: _Paused) -> None:
+    """The waiter's acquire, run across the pause, answers no within its deadline."""
+    start = time.monotonic()
+    assert waiter.acquire() is False
+    elapsed = time.monotonic() - start
+    paused.thaw()
+    _within_bt(elapsed)
+
+
+async def _atold_no_in_time(waiter: Any, paused: _Paused) -> None:
+    """As `_told_no_in_time`, for an asyncio lock (the thaw in a thread: the loop goes on)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await waiter.acquire() is False
+    elapsed = loop.time() - start
+    await loop.run_in_executor(None, paused.thaw)
+    _within_bt(elapsed)
+
+
 def test_a_first_wait_ends_by_its_deadline_while_the_server_is_paused(server, r):
     """The client's first wait connects its ticket connection (handshake, RLOCK.HELLO)
     to a paused server: the connecting counts against the wait, which ends by its
@@ -213,12 +232,7 @@ def test_a_first_wait_ends_by_its_deadline_while_the_server_is_paused(server, r)
         assert holder.acquire(blocking=False)
         waiter = fresh.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
                             lock_class=rlock.Lock)
-        paused = _Paused(server.port, 0.6)
-        start = time.monotonic()
-        assert waiter.acquire() is False
-        elapsed = time.monotonic() - start
-        paused.thaw()
-        _within_bt(elapsed)
+        _told_no_in_time(waiter, _Paused(server.port, 0.6))
         assert holder.owned() and stat(r, "waiters") == 0
         # The ticket connection comes up on the next wait.
         assert waiter.acquire(blocking_timeout=0.2) is False
@@ -242,12 +256,7 @@ def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back
     warm.release()
     waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
     acquisitions = stat(r, "acquisitions")
-    paused = _Paused(r.connection_pool.connection_kwargs["port"], 0.6)
-    start = time.monotonic()
-    assert waiter.acquire() is False
-    elapsed = time.monotonic() - start
-    paused.thaw()
-    _within_bt(elapsed)
+    _told_no_in_time(waiter, _Paused(r.connection_pool.connection_kwargs["port"], 0.6))
     wait_until(lambda: stat(r, "acquisitions") > acquisitions, what="the late acquisition")
     wait_until(lambda: r.exists("k") == 0, what="the late grant given back")
     wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
@@ -261,13 +270,7 @@ async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_pa
         holder = arlock.Lock(fresh, "k", timeout=30)
         assert await holder.acquire(blocking=False)
         waiter = arlock.Lock(fresh, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
-        paused = _Paused(server.port, 0.6)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        assert await waiter.acquire() is False
-        elapsed = loop.time() - start
-        await loop.run_in_executor(None, paused.thaw)
-        _within_bt(elapsed)
+        await _atold_no_in_time(waiter, _Paused(server.port, 0.6))
         assert await holder.owned() and stat(r, "waiters") == 0
         assert await waiter.acquire(blocking_timeout=0.2) is False
         await holder.release()
@@ -286,13 +289,8 @@ async def test_an_asyncio_wait_whose_queued_is_late_gives_a_grant_back(r, ar):
     await warm.release()
     waiter = arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
     acquisitions = stat(r, "acquisitions")
-    paused = _Paused(r.connection_pool.connection_kwargs["port"], 0.6)
+    await _atold_no_in_time(waiter, _Paused(r.connection_pool.connection_kwargs["port"], 0.6))
     loop = asyncio.get_running_loop()
-    start = loop.time()
-    assert await waiter.acquire() is False
-    elapsed = loop.time() - start
-    await loop.run_in_executor(None, paused.thaw)
-    _within_bt(elapsed)
     deadline = loop.time() + 5
     while stat(r, "acquisitions") == acquisitions or r.exists("k") or stat(r, "waiters"):
         assert loop.time() < deadline, "the late grant given back, no ticket left"

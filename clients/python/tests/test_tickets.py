@@ -18,7 +18,7 @@ import time
 
 import pytest
 import redis
-from conftest import blocked_clients, clients_named, stat, wait_until
+from conftest import blocked_clients, clients_named, grant_and_pause_writes, stat, wait_until
 from rlock_server import RedisServer
 
 import rlock
@@ -331,12 +331,7 @@ def test_a_wait_rides_out_a_restart_and_finds_the_grant_made_before_it():
                              daemon=True)
         t.start()
         wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
-        # The grant is in the AOF (fsync always) before EXEC answers.
-        p = admin.pipeline(transaction=True)
-        p.execute_command("RLOCK.RELEASE", "k", "outside")
-        p.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
-        p.execute()
+        grant_and_pause_writes(admin, "k", kill_subscriber=True)
         owners = admin.hkeys("k")
         assert len(owners) == 1 and owners != [b"outside"], owners
         # Down for 2 s: a wait that gives up at the first refused connection fails.
@@ -377,10 +372,7 @@ def test_a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace(confirm
         t.start()
         wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
         # The grant's message goes out; the pause holds its confirmation (a write).
-        p = admin.pipeline(transaction=True)
-        p.execute_command("RLOCK.RELEASE", "k", "outside")
-        p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
-        p.execute()
+        grant_and_pause_writes(admin, "k")
         t.join(10)
         assert got == [True], "held on the grant's message"
         s.restart(sig_kill=True, down=1.5)
