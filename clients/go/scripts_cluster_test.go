@@ -3,7 +3,8 @@
 // SPUBLISH as Redisson 4.7 does on a cluster with sharded pub/sub and heard on the key's
 // node (SSUBSCRIBE); one subscriber connection per node, made again after it is killed; a
 // waiter whose slot moves (classic MIGRATE-based migration) follows it; and an acquire
-// whose connection broke after the write is not sent again (ErrOutcomeUnknown).
+// whose connection broke after the write is not sent again (ErrOutcomeUnknown); and a
+// cluster without sharded pub/sub waking waiters over classic channels.
 
 package rlock_test
 
@@ -18,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	rlock "github.com/rlock/rlock/clients/go"
+	"github.com/rlock/rlock/clients/go/internal/proto"
 	"github.com/rlock/rlock/clients/go/internal/testserver"
 )
 
@@ -377,5 +379,63 @@ func TestScriptsClusterAcquireNotSentAgainAfterABrokenConnection(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // a re-sent acquire would run at the unpause
 	if node.Exists(ctx, key).Val() != 0 {
 		t.Fatal("the acquire was sent again")
+	}
+}
+
+// A cluster without sharded pub/sub, as one before Redis 7 (here: the user may not
+// SPUBLISH, so the probe answers NOPERM): the scripts PUBLISH and the waiters SUBSCRIBE
+// (classic channels, which every node hears), and each is still woken by its message.
+func TestScriptsClusterWithoutShardedPubSubUsesClassicChannels(t *testing.T) {
+	cl := testserver.StartBareCluster(t)
+	ctx := context.Background()
+	var nodes []*redis.Client
+	var addrs []string
+	for _, n := range cl.Nodes {
+		node := n.Client(t)
+		must(t, node.Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-spublish", "-ssubscribe").Err())
+		nodes, addrs = append(nodes, node), append(addrs, n.Addr)
+	}
+	app := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "app", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	rdb := app()
+	c, h := rlock.New(rdb), rlock.New(app())
+	t.Cleanup(func() { c.Close(); h.Close() })
+	for i := 0; i < 3; i++ {
+		k := keyOn(t, rdb, i, "classic")
+		held := h.NewMutex(k, rlock.WithLease(30*time.Second))
+		must(t, held.Lock())
+		done := make(chan time.Time, 1)
+		got := within(func(ctx context.Context) error {
+			err := c.NewMutex(k).LockContext(ctx)
+			done <- time.Now()
+			return err
+		})
+		ch := proto.LockChannel(k)
+		testserver.WaitUntil(t, 10*time.Second, k+": the waiter subscribed (classic) on its node", func() bool {
+			return nodes[i].PubSubNumSub(ctx, ch).Val()[ch] == 1
+		})
+		time.Sleep(50 * time.Millisecond) // past its first try: asleep on the channel
+		released := time.Now()
+		_, err := held.Unlock()
+		must(t, err)
+		must(t, <-got)
+		took := (<-done).Sub(released)
+		t.Logf("%s: woken %v after the release", k, took.Round(100*time.Microsecond))
+		if took > 2*time.Second {
+			t.Fatalf("%s: woken %v after the release, not by its message", k, took)
+		}
+	}
+	var pub int64
+	for i, n := range nodes {
+		pub += commandCalls(n, "publish")
+		if s := commandCalls(n, "spublish"); s != 0 {
+			t.Errorf("node %d: %d SPUBLISH", i, s)
+		}
+	}
+	if pub < 3 {
+		t.Errorf("%d PUBLISH for three releases", pub)
 	}
 }
