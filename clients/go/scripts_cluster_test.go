@@ -439,3 +439,32 @@ func TestScriptsClusterWithoutShardedPubSubUsesClassicChannels(t *testing.T) {
 		t.Errorf("%d PUBLISH for three releases", pub)
 	}
 }
+
+// A forced unlock wakes a waiter too: Redisson's forceUnlock script takes its publish
+// command as an argument like the others, so on a cluster with sharded pub/sub it
+// SPUBLISHes where the waiter listens (with PUBLISH it reached nobody there, and the
+// waiter slept until the old holder's lease ran out).
+func TestScriptsClusterForcedUnlockWakesAWaiter(t *testing.T) {
+	_, rdb, nodes, c, h := scriptsCluster(t)
+	k := keyOn(t, rdb, 0, "forced")
+	held := h.NewMutex(k, rlock.WithLease(30*time.Second))
+	must(t, held.Lock())
+	took := wokenAfterRelease(t, nodes[0], k, func(ctx context.Context) error {
+		m := c.NewMutex(k)
+		if err := m.LockContext(ctx); err != nil {
+			return err
+		}
+		_, err := m.UnlockContext(ctx)
+		return err
+	}, func() error {
+		freed, err := h.NewMutex(k).ForceUnlock(context.Background())
+		if err == nil && !freed {
+			err = errors.New("ForceUnlock freed nothing")
+		}
+		return err
+	})
+	if took > 2*time.Second {
+		t.Fatalf("woken %v after the forced unlock: the message was not heard", took)
+	}
+	t.Logf("woken %v after the forced unlock", took)
+}

@@ -13,7 +13,7 @@ UNLOCK = script("lock_unlock")
 # renewExpirationAsync (the watchdog): KEYS[1] = lock; ARGV[1] = lease ms, ARGV[2] = owner.
 RENEW = script("lock_renew")
 
-# forceUnlockAsync: KEYS = lock, channel; ARGV = message.
+# forceUnlockAsync: KEYS = lock, channel; ARGV = message, publish.
 FORCE_UNLOCK = script("lock_force_unlock")
 
 
@@ -44,4 +44,4 @@ class Redisson:
                             args=[0, self.lease, self.owner, "publish", 1000])
 
     def force_unlock(self):
-        return self._force(keys=[self.key, channel(self.key)], args=[0])
+        return self._force(keys=[self.key, channel(self.key)], args=[0, "publish"])

@@ -291,7 +291,7 @@ def renew_eval(args: List[Any]) -> Tuple[Any, ...]:
 def _lock_force(args: List[Any], publish: str) -> Op:
     (name,), _ = _split(args, 1)
     return (yield from evaluate("lock_force_unlock", [name, lock_channel(name)],
-                                [UNLOCK_MESSAGE])), None
+                                [UNLOCK_MESSAGE, publish])), None
 
 
 def _fenced_acquire(args: List[Any], publish: str) -> Op:

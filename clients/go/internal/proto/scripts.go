@@ -536,7 +536,7 @@ func ScriptFor(args []any, publish string) (ScriptCall, error) {
 	case "RLATCH.DELETE":
 		return ScriptCall{"latch_delete", []string{pos[0], LatchChannel(pos[0])}, []any{NewCountMessage, publish}, AsIs}, nil
 	case "RLOCK.FORCERELEASE":
-		return ScriptCall{"lock_force_unlock", []string{pos[0], LockChannel(pos[0])}, []any{UnlockMessage}, AsIs}, nil
+		return ScriptCall{"lock_force_unlock", []string{pos[0], LockChannel(pos[0])}, []any{UnlockMessage, publish}, AsIs}, nil
 	}
 	return ScriptCall{}, fmt.Errorf("%w (%s)", ErrNeedsModule, cmd)
 }

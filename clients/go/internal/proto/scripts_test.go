@@ -36,7 +36,7 @@ func TestTheLockCommandsBecomeRedissonsScripts(t *testing.T) {
 			[]string{"rw", "redisson_rwlock:{rw}", "{rw}:o:1:rwlock_timeout", "{rw}", "redisson_unlock_latch:{rw}:r9"},
 			[]any{UnlockMessage, "o:1", "publish", UnlockLatchMs}, AsIs}},
 		{lock.Renew(30000), ScriptCall{"lock_renew", []string{"k"}, []any{"30000", "o:1"}, AsIs}},
-		{ForceRelease("RLOCK", "k"), ScriptCall{"lock_force_unlock", []string{"k", "redisson_lock__channel:{k}"}, []any{UnlockMessage}, AsIs}},
+		{ForceRelease("RLOCK", "k"), ScriptCall{"lock_force_unlock", []string{"k", "redisson_lock__channel:{k}"}, []any{UnlockMessage, "publish"}, AsIs}},
 	} {
 		got, err := ScriptFor(tc.args, "publish")
 		if err != nil || !reflect.DeepEqual(got, tc.want) {

@@ -198,7 +198,7 @@ pub(crate) async fn command<C: ConnectionLike + Send>(
             let name = a(1).pos.first().cloned().unwrap_or_default();
             let msg = num(s::UNLOCK_MESSAGE);
             let keys = [name.as_slice(), &s::lock_channel(&name)];
-            none(eval(conn, &s::LOCK_FORCE_UNLOCK, &keys, &[&msg]).await?)
+            none(eval(conn, &s::LOCK_FORCE_UNLOCK, &keys, &[&msg, p]).await?)
         }
         b"RFENCED.ACQUIRE" => {
             let a = a(3);

@@ -376,7 +376,7 @@ final class Scripts {
             }
             case "RLOCK.FORCERELEASE": {
                 String name = parse(args, 1).pos.get(0);
-                return eval("lock_force_unlock", List.of(name, lockChannel(name)), List.of(UNLOCK_MESSAGE)).thenApply(Outcome::of);
+                return eval("lock_force_unlock", List.of(name, lockChannel(name)), List.of(UNLOCK_MESSAGE, publish)).thenApply(Outcome::of);
             }
             case "RFENCED.ACQUIRE": {
                 Parsed p = parse(args, 3);

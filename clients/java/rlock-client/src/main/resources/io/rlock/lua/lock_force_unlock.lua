@@ -1,6 +1,6 @@
--- forceUnlockAsync: KEYS = lock, channel; ARGV = message.
+-- forceUnlockAsync: KEYS = lock, channel; ARGV = message, publish.
 if (redis.call('del', KEYS[1]) == 1) then
-    redis.call('publish', KEYS[2], ARGV[1]);
+    redis.call(ARGV[2], KEYS[2], ARGV[1]);
     return 1
 else
     return 0
