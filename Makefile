@@ -240,7 +240,7 @@ bench-java-jvms: release ## Java client vs the real Redisson across 4 JVMs (REDI
 # proxy fetches the pinned dependencies (go.sum) into the module cache on the first run.
 GO_DIR := clients/go
 
-test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, every primitive (tickets, grant = hold, watchdog, lost signal, replica sync), a 3-master cluster, Redisson and Python-client interop, runnable examples
+test-go: build venv ## Go client (each server in SERVERS): protocol unit tests, every primitive (tickets, grant = hold, watchdog, lost signal, replica sync), a 3-master cluster, scripts mode on one server and on a module-less 3-master cluster, timed waits against a frozen server, Redisson and Python-client interop, runnable examples
 	@./scripts/deps.sh --go
 	@$(PER_SERVER) RLOCK_PYTHON=$(abspath $(VENV))/bin/python sh -c 'cd $(GO_DIR) && $(GO) vet ./... && $(GO) test -count=1 ./...'; done
 
