@@ -577,7 +577,11 @@ fn a_fresh_clients_first_wait_holds_on_its_grant() {
     grant_and_pause_writes(&mut r, redis::cmd("RLOCK.RELEASE").arg("k").arg("holder"));
     let held = rx.recv_timeout(Duration::from_secs(10));
     let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut r).unwrap();
-    assert_eq!(held, Ok(true), "the first wait waited for its collect's reply");
+    assert_eq!(
+        held,
+        Ok(true),
+        "the first wait waited for its collect's reply"
+    );
     let (_lock, g) = waiter.join().unwrap();
     let g = g.unwrap();
     assert_eq!(g.lost_reason(), None);
@@ -693,6 +697,110 @@ fn an_expirable_ticket_holds_on_its_message_with_the_permit_id() {
     assert_eq!(p.lost_reason(), None);
     assert!(kill_tickets_until(&mut r, || p.lost_reason().is_some()));
     assert_eq!(p.lost_reason(), Some(rlock_client::LostReason::NotHeld));
+}
+
+/// The semaphore's ticket holds on its `granted` message (its reply is always 1): the
+/// permit comes while writes are still paused, where a collect would wait out the pause.
+#[test]
+fn a_semaphore_ticket_holds_on_its_message() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    let (sem, waiter) = semaphore_waiter_behind_a_holder(&c, &mut r);
+    grant_and_pause_writes(&mut r, redis::cmd("RSEMAPHORE.RELEASE").arg("s").arg(1));
+    let held = waiter.recv_timeout(Duration::from_secs(10));
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut r).unwrap();
+    let p = held
+        .expect("the wait collected first: it waited out the pause")
+        .expect("granted");
+    assert!(p.is_held());
+    assert_eq!(p.release().unwrap(), 1);
+    assert_eq!(sem.available().unwrap(), 1, "exactly the one permit again");
+}
+
+/// A permit held on its message whose grant the server then took back (the ticket
+/// connection killed, and no confirmation reaching the server within the grace: it
+/// refuses new connections at `maxclients`) went back to the pool with the take-back.
+/// Its release, asked for before the confirmation's answer came, waits for it and sends
+/// nothing: releasing too would add a permit that never existed (design.md 5).
+#[test]
+fn a_permit_taken_back_is_not_released_again() {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    let (sem, waiter) = semaphore_waiter_behind_a_holder(&c, &mut r);
+    grant_and_pause_writes(&mut r, redis::cmd("RSEMAPHORE.RELEASE").arg("s").arg(1));
+    let p = waiter.recv_timeout(LONG).unwrap().expect("granted");
+    assert!(p.is_held());
+    // One connection fewer than now once the ticket connection is gone: none can open.
+    let id = ticket_conn(&mut r).unwrap();
+    let connected = client_list(&mut r).len() as i64;
+    set_config(&mut r, "maxclients", connected - 1);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut r)
+        .unwrap();
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut r).unwrap();
+    let available = |r: &mut redis::Connection| -> i64 {
+        redis::cmd("RSEMAPHORE.AVAILABLEPERMITS")
+            .arg("s")
+            .query(r)
+            .unwrap()
+    };
+    assert!(
+        wait_until(LONG, || available(&mut r) == 1),
+        "the server never took the grant back"
+    );
+    let releasing = thread::spawn(move || p.release());
+    set_config(&mut r, "maxclients", 10_000);
+    let released = releasing.join().unwrap();
+    assert!(
+        matches!(released, Err(rlock_client::Error::NotHeld { .. })),
+        "{released:?}"
+    );
+    assert_eq!(
+        available(&mut r),
+        1,
+        "the taken-back permit was released again"
+    );
+    drop(sem);
+}
+
+/// A semaphore "s" of one permit, held by `r`, and a thread of `c` waiting for it (its
+/// permit, or none, comes on the receiver).
+fn semaphore_waiter_behind_a_holder(
+    c: &rlock_client::Client,
+    r: &mut redis::Connection,
+) -> (
+    rlock_client::Semaphore,
+    std::sync::mpsc::Receiver<Option<rlock_client::SemaphorePermit>>,
+) {
+    let sem = c.semaphore("s");
+    assert!(sem.try_set_permits(1).unwrap());
+    let taken: i64 = redis::cmd("RSEMAPHORE.ACQUIRE")
+        .arg("s")
+        .arg(1)
+        .query(r)
+        .unwrap();
+    assert_eq!(taken, 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = c.semaphore("s");
+    thread::spawn(move || {
+        let _ = tx.send(waiting.acquire_timeout(1, LONG).unwrap());
+    });
+    assert!(wait_until(LONG, || info_waiters(r, "RSEMAPHORE.INFO", "s") == 1));
+    (sem, rx)
+}
+
+fn set_config(r: &mut redis::Connection, name: &str, value: i64) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(r)
+        .unwrap();
 }
 
 fn hex_bytes(hex: &str) -> Vec<u8> {

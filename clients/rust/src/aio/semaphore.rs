@@ -5,8 +5,8 @@
 //!
 //! Both keep Redisson's layouts (a Java service using `RSemaphore` /
 //! `RPermitExpirableSemaphore` on the same names interoperates). Waiting is done in the
-//! server (`WAIT`, first come first served, a big request at the head is not starved) on
-//! a connection of its own. Every call that changes something sends a request id, the
+//! server (first come first served, a big request at the head is not starved), by a
+//! queued ticket that holds on its `granted` message (design.md 5). Every call that changes something sends a request id, the
 //! same with each of its retries, so a retry after a lost reply never takes or returns
 //! permits twice.
 
@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 
 use crate::aio::{Client, ClientInner, ReleaseOnce};
 use crate::error::{Error, Result};
-use crate::net::tickets::Confirm;
+use crate::net::tickets::{Confirm, Outcome};
 use crate::proto::cmd::request_id;
 use crate::proto::logic::lock_ignoring_poison;
 use crate::proto::state::LostReason;
@@ -75,8 +75,8 @@ async fn call(c: &ClientInner, cmd: redis::Cmd) -> Result<i64> {
 }
 
 /// `wait`: None no wait; Some(None) without limit; Some(Some(d)) at most `d`. The same
-/// request id goes with every retry. With `confirm` (the expirable semaphore), a ticket's
-/// grant returns on its `granted` message, the permit ids read from it, and is confirmed
+/// request id goes with every retry. With `confirm`, a ticket's grant returns on its
+/// `granted` message (the expirable semaphore's permit ids read from it) and is confirmed
 /// off the path (design.md 5); `confirm` then says whether it was taken back.
 async fn acquire_call(
     c: &ClientInner,
@@ -175,18 +175,20 @@ impl Semaphore {
         permits: u32,
         wait: Option<Option<Duration>>,
     ) -> Result<Option<SemaphorePermit>> {
+        let confirm = Arc::new(Confirm::default());
         let reply = acquire_call(
             &self.client,
             "RSEMAPHORE.ACQUIRE",
             &self.name,
             permits.into(),
             wait,
-            None,
+            Some(&confirm),
         )
         .await?;
         Ok((int(reply)? == 1).then(|| SemaphorePermit {
             sem: self.clone(),
             permits,
+            confirm,
             done: false,
         }))
     }
@@ -220,12 +222,23 @@ impl Semaphore {
 
 /// Permits of an async [`Semaphore`].
 ///
+/// A waiter holds its permits as soon as the server's `granted` message names it, and the
+/// grant is confirmed off its path (design.md 5). Permits have no owner in the server, so
+/// the release waits for that confirmation's answer (normally in long before): a grant the
+/// server took back (its confirmation answered `TAKENBACK`: the ticket's connection
+/// closed and nothing confirmed it within `rlock.ticket-confirm-ms`) already returned its
+/// permits, and releasing them again would add permits that never existed; a release that
+/// reached the server before the confirmation, from a client that then died, would have
+/// the grant taken back on top of it. A confirmation left in doubt (no answer within its
+/// retries: the server was unreachable for several times its grace) is released as held.
+///
 /// # Drop
 /// Releases best-effort on the client's runtime (a spawned task, never blocking).
 #[must_use = "dropping the guard releases the permits at once"]
 pub struct SemaphorePermit {
     sem: Semaphore,
     permits: u32,
+    confirm: Arc<Confirm>,
     done: bool,
 }
 
@@ -244,9 +257,22 @@ impl SemaphorePermit {
         self.permits
     }
 
+    /// False once the server is known to have taken the grant back, or its confirmation
+    /// got no definite answer (the permits may be someone else's now).
+    pub fn is_held(&self) -> bool {
+        matches!(self.confirm.outcome_now(), None | Some(Outcome::Confirmed))
+    }
+
     /// Returns the permits (one request id across retries); the count after.
+    /// [`Error::NotHeld`] without sending anything when the server had taken the grant
+    /// back (its permits are back in the pool already).
     pub async fn release(mut self) -> Result<i64> {
         self.done = true;
+        if self.confirm.outcome().await == Outcome::TakenBack {
+            return Err(Error::NotHeld {
+                key: self.sem.name.clone(),
+            });
+        }
         self.sem.release(self.permits).await
     }
 }
@@ -254,11 +280,15 @@ impl SemaphorePermit {
 impl ReleaseOnce for SemaphorePermit {
     fn release_once(mut self) -> impl Future<Output = ()> + Send + 'static {
         self.done = true;
-        release_permits_once(self.sem.clone(), self.permits)
+        release_permits_once(self.sem.clone(), self.permits, self.confirm.clone())
     }
 }
 
-async fn release_permits_once(sem: Semaphore, permits: u32) {
+/// Releases unless the grant was taken back (see [`SemaphorePermit`]).
+async fn release_permits_once(sem: Semaphore, permits: u32, confirm: Arc<Confirm>) {
+    if confirm.outcome().await == Outcome::TakenBack {
+        return;
+    }
     let mut cmd = redis::cmd("RSEMAPHORE.RELEASE");
     cmd.arg(&sem.name).arg(permits).arg("ID").arg(request_id());
     let _ = sem.client.run(&cmd).await;
@@ -267,7 +297,8 @@ async fn release_permits_once(sem: Semaphore, permits: u32) {
 impl Drop for SemaphorePermit {
     fn drop(&mut self) {
         if !self.done {
-            let release = release_permits_once(self.sem.clone(), self.permits);
+            let release =
+                release_permits_once(self.sem.clone(), self.permits, self.confirm.clone());
             self.sem.client.runtime.spawn(release);
         }
     }

@@ -146,7 +146,15 @@ impl SemaphorePermit {
         self.held().permits()
     }
 
+    /// False once the server is known to have taken the grant back (see
+    /// [`crate::aio::SemaphorePermit`]), or its confirmation got no definite answer.
+    pub fn is_held(&self) -> bool {
+        self.held().is_held()
+    }
+
     /// Returns the permits (one request id across retries); the count after.
+    /// [`crate::Error::NotHeld`] without sending anything when the server had taken the
+    /// grant back.
     pub fn release(mut self) -> Result<i64> {
         let permit = self.held.take();
         self.held.rt.block_on(permit.release())

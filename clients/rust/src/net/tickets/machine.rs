@@ -117,10 +117,13 @@ pub(crate) struct Shape {
 /// Whether, and how, a waiting command's grant is known from its `granted` message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Hold {
-    /// Collect first (the semaphore, the latch, any other command).
+    /// Collect first (the latch, any other command).
     No,
     /// The lock's and RW lock's acquire: the reply is nil.
     Nil,
+    /// The semaphore's acquire: the reply is 1 (its release waits for the confirmation:
+    /// `aio::semaphore`).
+    One,
     /// `RFENCED.ACQUIRE`: `[nil, token]`, the token in the message's detail.
     Token,
     /// `RPSEMAPHORE.ACQUIRE`: the permit id in the detail, or (`PERMITS n` given: `many`)
@@ -136,6 +139,7 @@ impl Hold {
         match self {
             Hold::No => None,
             Hold::Nil => Some(Value::Nil),
+            Hold::One => Some(Value::Int(1)),
             Hold::Token => {
                 let digits = !detail.is_empty() && detail.len() <= 19;
                 let token = std::str::from_utf8(detail).ok()?.parse::<i64>().ok()?;
@@ -195,6 +199,8 @@ impl Shape {
         let is = |name: &[u8]| args[0].eq_ignore_ascii_case(name);
         let hold = if is(b"RLOCK.ACQUIRE") || is(b"RRWLOCK.ACQUIRE") {
             Hold::Nil
+        } else if is(b"RSEMAPHORE.ACQUIRE") {
+            Hold::One
         } else if is(b"RFENCED.ACQUIRE") {
             Hold::Token
         } else if is(b"RPSEMAPHORE.ACQUIRE") {
@@ -217,7 +223,7 @@ impl Shape {
     }
 
     /// Whether a grant may be held on its `granted` message (the lock, the RW lock, the
-    /// fenced lock, the expirable semaphore), its reply read from the message.
+    /// fenced lock, the semaphores), its reply read from the message.
     pub(crate) fn holds(&self) -> bool {
         self.hold != Hold::No
     }

@@ -25,13 +25,14 @@
 //! connection (resubscribed first): a grant made meanwhile is replayed, anything else is
 //! queued again.
 //!
-//! A lock, RW lock, fenced lock or expirable semaphore waiter holds on its `granted`
+//! A lock, RW lock, fenced lock or semaphore waiter holds on its `granted`
 //! message (design.md 5), its reply read from the message ([`Hold::reply`]: the token or
 //! the permit ids are its detail): the reader
 //! thread wakes it first, then writes the confirmation (the same command and id, without
 //! `WAIT`) on the same connection, off the holder's path. Its reply settles the call's
 //! [`Confirm`]: confirmed, or `TAKENBACK` (the connection had closed and the server's
-//! grace ran out), which the lock reports as lost. A connection that breaks before the
+//! grace ran out), which the lock reports as lost and after which a semaphore's permits
+//! are not released (their release waits for this outcome: [`Confirm::outcome`]). A connection that breaks before the
 //! reply came has the confirmation sent again on a connection of its own, within the
 //! server's grace (`rlock.ticket-confirm-ms`); a message whose detail cannot be read (an
 //! older module's) is collected first.
@@ -93,63 +94,119 @@ use stream::*;
 /// Where an event for a waiter goes (a channel's sender).
 pub(crate) type Sink = Arc<dyn Fn(Event) + Send + Sync>;
 /// A grant held on its `granted` message and confirmed off the holder's path: its
-/// outcome, and what to do if it was taken back (the lock's lost signal), registered by
-/// the holder once it exists, before or after the outcome is known.
+/// outcome, and what to do if it was lost (the lock's lost signal), registered by the
+/// holder once it exists, before or after the outcome is known. A call whose grant came
+/// as a reply (free at once, or collected) never had anything to confirm: its outcome is
+/// [`Outcome::Confirmed`] at once.
 #[derive(Default)]
 pub(crate) struct Confirm {
     state: Mutex<Confirmation>,
+    /// Wakes [`Confirm::outcome`]'s waiters once settled.
+    settled: tokio::sync::Notify,
 }
 
 #[derive(Default)]
-enum Confirmation {
-    /// Not known yet; run this if it turns out taken back.
-    #[default]
-    Pending,
-    Hooked(Box<dyn FnOnce() + Send>),
+struct Confirmation {
+    /// The waiter held on its message and the confirmation went out (or will).
+    in_flight: bool,
+    outcome: Option<Outcome>,
+    /// Runs once if the outcome is a loss.
+    hook: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// What a held grant's confirmation answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The server replayed the grant: it stands.
     Confirmed,
+    /// `TAKENBACK`: the server gave the grant to the next waiter (a semaphore's permits
+    /// went back to the pool), so releasing it would return what is not ours.
     TakenBack,
+    /// No definite answer (another refusal, or none within the retry bound): reported
+    /// lost, as the hold cannot be trusted, though the server may still have it.
+    Doubt,
+}
+
+impl Outcome {
+    /// The outcome a confirmation's reply says.
+    fn of(r: &RedisResult<Value>) -> Outcome {
+        match r {
+            Ok(_) => Outcome::Confirmed,
+            Err(e) if e.code() == Some("TAKENBACK") => Outcome::TakenBack,
+            Err(_) => Outcome::Doubt,
+        }
+    }
 }
 
 impl Confirm {
-    /// Runs `f` (once) if the grant turns out taken back, at once if it was already.
+    /// Runs `f` (once) if the grant turns out lost, at once if it was already.
     pub(crate) fn on_taken_back(&self, f: impl FnOnce() + Send + 'static) {
         let mut st = lock_ignoring_poison(&self.state);
-        match *st {
-            Confirmation::Pending | Confirmation::Hooked(_) => {
-                *st = Confirmation::Hooked(Box::new(f))
-            }
-            Confirmation::Confirmed => {}
-            Confirmation::TakenBack => {
+        match st.outcome {
+            None => st.hook = Some(Box::new(f)),
+            Some(Outcome::Confirmed) => {}
+            Some(Outcome::TakenBack | Outcome::Doubt) => {
                 drop(st);
                 f();
             }
         }
     }
 
-    fn settle(&self, confirmed: bool) {
-        let was = std::mem::replace(
-            &mut *lock_ignoring_poison(&self.state),
-            if confirmed {
-                Confirmation::Confirmed
-            } else {
-                Confirmation::TakenBack
-            },
-        );
-        if let (Confirmation::Hooked(f), false) = (was, confirmed) {
+    /// The waiter holds on its message: from now on its outcome waits for the
+    /// confirmation's answer. Called before the holder is woken.
+    fn begin(&self) {
+        lock_ignoring_poison(&self.state).in_flight = true;
+    }
+
+    fn settle(&self, outcome: Outcome) {
+        let hook = {
+            let mut st = lock_ignoring_poison(&self.state);
+            st.outcome = Some(outcome);
+            st.hook.take()
+        };
+        self.settled.notify_waiters();
+        if let (Some(f), false) = (hook, outcome == Outcome::Confirmed) {
             f();
         }
     }
 
-    /// Whether the confirmation's reply says confirmed: the grant's replayed reply, not
-    /// `TAKENBACK` nor any other error (which leaves the hold in doubt: reported lost).
-    fn confirmed_by(r: &RedisResult<Value>) -> bool {
-        r.is_ok()
+    /// The outcome once known (at once for a grant that was a reply). A confirmation
+    /// whose connection broke is retried for at most [`CONFIRM_RETRY_FOR`]; one whose
+    /// reply never comes on a live connection is [`Outcome::Doubt`] past twice that, so
+    /// this ends.
+    pub(crate) async fn outcome(&self) -> Outcome {
+        tokio::time::timeout(2 * CONFIRM_RETRY_FOR, self.settled_outcome())
+            .await
+            .unwrap_or(Outcome::Doubt)
+    }
+
+    async fn settled_outcome(&self) -> Outcome {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            {
+                let st = lock_ignoring_poison(&self.state);
+                match st.outcome {
+                    Some(o) => return o,
+                    None if !st.in_flight => return Outcome::Confirmed,
+                    None => {}
+                }
+            }
+            settled.await;
+        }
+    }
+
+    /// The outcome if known now (`None` while the confirmation is out).
+    pub(crate) fn outcome_now(&self) -> Option<Outcome> {
+        let st = lock_ignoring_poison(&self.state);
+        st.outcome.or((!st.in_flight).then_some(Outcome::Confirmed))
     }
 
     /// Whether it is known confirmed (tests).
     #[cfg(test)]
     pub(crate) fn is_confirmed(&self) -> bool {
-        matches!(*lock_ignoring_poison(&self.state), Confirmation::Confirmed)
+        lock_ignoring_poison(&self.state).outcome == Some(Outcome::Confirmed)
     }
 }
 
@@ -435,7 +492,9 @@ impl Tickets {
         }
         let mut st = lock_ignoring_poison(&self.shared.state);
         match st.waiters.get_mut(shape.id()) {
-            Some(Slot::Live { hold: hold @ None, .. }) => {
+            Some(Slot::Live {
+                hold: hold @ None, ..
+            }) => {
                 *hold = Some((shape.look(), confirm.clone(), shape.hold()));
                 true
             }
@@ -1082,7 +1141,7 @@ fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Va
                     // slot migration carries the lock and its request id's record to the
                     // new owner): confirm there, not report a hold that still stands lost.
                     Err(e) if redirection(&e) => confirm_later(shared, look, confirm, Some(e)),
-                    r => confirm.settle(Confirm::confirmed_by(&r)),
+                    r => confirm.settle(Outcome::of(&r)),
                 }
             }
         }
@@ -1130,6 +1189,9 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
             // block was made with it). Everything below runs after the wake-up, and the
             // holder does not take this lock on its way out (`Member`'s drop skips
             // `leave` for a held grant), so the confirmation's write does not delay it.
+            if let Some((_, confirm, _)) = &*hold {
+                confirm.begin();
+            }
             sink(Event::Note(note));
             let (look, confirm, _) = hold.take().expect("just seen");
             let Some((id, Slot::Live { channel, .. })) = st.waiters.remove_entry(id) else {
@@ -1219,7 +1281,7 @@ fn confirm_later(
                 loop {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return confirm.settle(false);
+                        return confirm.settle(Outcome::Doubt);
                     }
                     let client = match &target {
                         Target::Home => home.clone(),
@@ -1235,7 +1297,7 @@ fn confirm_later(
                             c.query::<Value>(&mut conn)
                         });
                     match r {
-                        Ok(_) => return confirm.settle(true),
+                        Ok(_) => return confirm.settle(Outcome::Confirmed),
                         Err(e) if redirection(&e) => {
                             if matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN")) {
                                 std::thread::sleep(Duration::from_millis(20).min(left));
@@ -1245,15 +1307,20 @@ fn confirm_later(
                         // A restarted server still reading its AOF: the grant may be
                         // in it.
                         Err(e) if e.code() == Some("LOADING") => backoff(left),
+                        // A server at its `maxclients` turns new connections away
+                        // for now; it is up and may answer once one closes.
+                        Err(e) if e.to_string().contains("max number of clients") => backoff(left),
                         // The server answered: taken back, or a refusal.
-                        Err(e) if e.code().is_some() => return confirm.settle(false),
+                        Err(e) if e.code().is_some() => {
+                            return confirm.settle(Outcome::of(&Err(e)))
+                        }
                         Err(_) => backoff(left),
                     }
                 }
             }
         });
     if spawned.is_err() {
-        confirm.settle(false);
+        confirm.settle(Outcome::Doubt);
     }
 }
 

@@ -405,22 +405,50 @@ fn a_confirm_runs_its_hook_once_taken_back_whenever_the_hook_comes() {
     let c = Confirm::default();
     c.on_taken_back(hook(&n));
     assert_eq!(n.load(Ordering::SeqCst), 0);
-    c.settle(false);
+    c.settle(Outcome::TakenBack);
     assert_eq!(n.load(Ordering::SeqCst), 1);
     // Taken back before the holder hooked on: runs at once.
     let c = Confirm::default();
-    c.settle(false);
+    c.settle(Outcome::TakenBack);
     c.on_taken_back(hook(&n));
     assert_eq!(n.load(Ordering::SeqCst), 2);
     // Confirmed, before or after: never runs.
     let c = Confirm::default();
     c.on_taken_back(hook(&n));
-    c.settle(true);
+    c.settle(Outcome::Confirmed);
     assert!(c.is_confirmed());
     let c = Confirm::default();
-    c.settle(true);
+    c.settle(Outcome::Confirmed);
     c.on_taken_back(hook(&n));
     assert_eq!(n.load(Ordering::SeqCst), 2);
+}
+
+/// A held grant's outcome waits for its confirmation; a call whose grant was a reply has
+/// nothing to confirm (the semaphore's release waits on this, design.md 5).
+#[tokio::test]
+async fn an_outcome_waits_for_the_confirmation_of_a_held_grant_only() {
+    let c = Confirm::default();
+    assert_eq!(c.outcome_now(), Some(Outcome::Confirmed));
+    assert_eq!(c.outcome().await, Outcome::Confirmed);
+    let c = Arc::new(Confirm::default());
+    c.begin();
+    assert_eq!(c.outcome_now(), None);
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move { c.outcome().await }
+    });
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    c.settle(Outcome::TakenBack);
+    assert_eq!(waiting.await.unwrap(), Outcome::TakenBack);
+    assert_eq!(c.outcome_now(), Some(Outcome::TakenBack));
+    // A refusal other than TAKENBACK leaves the hold in doubt, not taken back.
+    assert_eq!(Outcome::of(&Err(note_error("ERR no"))), Outcome::Doubt);
+    assert_eq!(
+        Outcome::of(&Err(note_error("TAKENBACK the grant was taken back"))),
+        Outcome::TakenBack
+    );
+    assert_eq!(Outcome::of(&Ok(Value::Nil)), Outcome::Confirmed);
 }
 
 #[test]
