@@ -76,6 +76,12 @@ CANNOT_HOLD = {
 }
 # Leases do not exist for these: a pause or a cut-off holder keeps its hold.
 NO_LEASE = {"semaphore", "latch"}
+# Where every permit must be free again at the end: no process dies and every holder
+# releases (a plain semaphore records no holders, so a killed one's permits stay taken).
+# One more than the semaphore has is a grant taken back that its holder released anyway
+# (design.md 5); one fewer, a grant or a release lost. Module mode only: scripts mode has
+# no request ids, and an acquire whose reply was lost may have taken its permit.
+CONSERVED = {("semaphore", f) for f in ("none", "pause", "clientkill")}
 # Where scripts mode gives less than the module under a fault that the module survives
 # (docs/scripts-mode.md, "What the module adds"): the anomalies it may show there, and why.
 # The primitives whose histories Porcupine checks (faults/README.md, "Checkers").
@@ -723,10 +729,13 @@ class Run:
             end = self.stop_at + 20
             while self.alive() and time.monotonic() < end:
                 time.sleep(0.05)
-            for w in self.alive():
+            stragglers = self.alive()
+            for w in stragglers:
                 w.popen.kill()
             self.final()
             self.check()
+            if (c.primitive, c.fault) in CONSERVED and not stragglers:
+                self.check_conserved()
             if c.fault == "migrate":
                 self.check_migrate()
                 self.cell.result.setdefault("anomalies", {}).update(self.extra_anomalies)
@@ -745,6 +754,15 @@ class Run:
         if self.kind == "fenced":
             rec["fenced"] = int(fenced or 0)
         (self.dir / "harness.jsonl").write_text(json.dumps(rec) + "\n")
+
+    def check_conserved(self) -> None:
+        """Every permit is free again (see CONSERVED)."""
+        free = int(self.primary.client().execute_command("RSEMAPHORE.AVAILABLEPERMITS", self.name))
+        anomalies = self.cell.result.setdefault("anomalies", {})
+        anomalies["permits-not-conserved"] = abs(free - PERMITS)
+        if free != PERMITS:
+            self.cell.result.setdefault("examples", []).append(
+                f"{free} permits free at the end out of {PERMITS}")
 
     def check(self) -> None:
         files = sorted(str(p) for p in self.dir.glob("*.jsonl"))
