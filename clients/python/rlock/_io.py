@@ -28,8 +28,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from .errors import OutcomeUnknown, module_error
-from ._proto import (Call, Listen, Pipe, Shape, Sleep, Subscribe, Wait, Watch, new_notify_tag,
-                     to_bytes)
+from ._proto import (Call, Listen, Pipe, Settled, Shape, Sleep, Subscribe, Wait, Watch,
+                     new_notify_tag, to_bytes)
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
 log = logging.getLogger("rlock")
@@ -310,6 +310,8 @@ class SyncIO:
             return None
         if isinstance(effect, Watch):
             return self.watch(effect)
+        if isinstance(effect, Settled):
+            return _settled(effect)
         if isinstance(effect, Subscribe):
             return _mode.subscriber(self.redis, effect.key).subscribe(effect.channel)
         if isinstance(effect, Listen):
@@ -376,6 +378,40 @@ class SyncIO:
         return handle
 
 
+def _settled(effect: Settled) -> None:
+    """Waits until each confirmation of ``effect`` is settled (on the ticket reader's or a
+    late confirmer's thread) or its timeout passes."""
+    done = threading.Semaphore(0)
+    for confirm in effect.confirms:
+        confirm.when_settled(done.release)
+    deadline = time.monotonic() + effect.timeout
+    for _ in effect.confirms:
+        if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return
+
+
+async def _asettled(effect: Settled) -> None:
+    """`_settled` on a loop: a confirmation settles on the loop of its ticket connection,
+    which may be another one (a client used from two loops)."""
+    loop = asyncio.get_running_loop()
+    futures = []
+    for confirm in effect.confirms:
+        future = loop.create_future()
+        futures.append(future)
+        confirm.when_settled(lambda future=future: _resolve(loop, future))
+    await asyncio.wait(futures, timeout=effect.timeout)
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: "asyncio.Future") -> None:
+    def done() -> None:
+        if not future.done():
+            future.set_result(None)
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+        pass
+
+
 def _report_lost(effect: Watch) -> Any:
     log.warning("rlock: %r was lost (its lease ran out or it was taken away)", effect.name)
     if effect.on_lost is not None:
@@ -436,6 +472,8 @@ class AsyncIO:
             return None
         if isinstance(effect, Watch):
             return self.watch(effect)
+        if isinstance(effect, Settled):
+            return await _asettled(effect)
         if isinstance(effect, Subscribe):
             return await _mode.subscriber(self.redis, effect.key).asubscribe(effect.channel)
         if isinstance(effect, Listen):

@@ -23,9 +23,10 @@ from typing import Any, Callable, Generator, List, Optional, Sequence, Union
 from redis.exceptions import ConnectionError, LockError, LockNotOwnedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan, _replicas
+from . import _permits, _plan, _replicas
 from ._replicas import ReplicaSync
-from ._proto import Call, Shape, Sleep, Wait, Watch, new_request_id, waiting
+from ._proto import Call, Settled, Shape, Sleep, Wait, Watch, new_request_id, waiting
+from ._tickets import CONFIRM_RETRY_S
 from .errors import OutcomeUnknown
 
 log = logging.getLogger("rlock")
@@ -79,15 +80,22 @@ def attempt(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
     A wait whose connection fails is retried (3 attempts in all) with the same request
     id and what is left of the wait: a grant made meanwhile is replayed, never doubled.
     """
+    return (yield from attempt_held(base, wait_ms, latch))[0]
+
+
+def attempt_held(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
+    """`attempt`, returning (the reply, the `rlock._tickets.Confirm` of a grant held on
+    its ``granted`` message, or None where the reply was collected or answered at once)."""
     rid = new_request_id()
     if wait_ms is None:
-        return (yield from call(*(base if latch else base + ["ID", rid])))
+        return (yield from call(*(base if latch else base + ["ID", rid]))), None
     shape = waiting(base, wait_ms, rid, latch)
     started = time.monotonic()
     attempts = 0
     while True:
         try:
-            return (yield Wait(shape))
+            reply = yield Wait(shape)
+            return reply, (shape.confirm if shape.held_on_message else None)
         except OutcomeUnknown:
             raise
         except (ConnectionError, RedisTimeoutError):
@@ -96,7 +104,7 @@ def attempt(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
                 raise
         left = waiting(base, wait_ms, rid, latch).wait_left(time.monotonic() - started)
         if left is None:  # the wait is over: one look, which replays a grant if any
-            return (yield from call(*shape.with_wait(None, False)))
+            return (yield from call(*shape.with_wait(None, False))), None
         shape = waiting(base, left, rid, latch)
 
 
@@ -381,6 +389,12 @@ class SemaphoreOps(_Front):
 
     Nobody records who holds permits: a holder that dies keeps them forever (use
     `ExpirableSemaphore` when holders may crash).
+
+    A waiter holds on its grant's ``granted`` message where the server names
+    ``ticket-holds`` (design.md 5) and confirms off its path. Because the server takes an
+    unconfirmed grant back by releasing its permits, the client keeps, per semaphore name,
+    the confirmations in flight and the permits taken back (`rlock._permits`): a release
+    waits for the first and pays the second before it sends anything.
     """
 
     def __init__(self, redis: Any, name: Any, blocking: bool = True,
@@ -414,15 +428,35 @@ class SemaphoreOps(_Front):
         blocking = self.blocking if blocking is None else blocking
         if blocking_timeout is None:
             blocking_timeout = self.blocking_timeout
-        reply = yield from attempt(["RSEMAPHORE.ACQUIRE", self.name, permits],
-                                   wait_ms_for(blocking, blocking_timeout))
+        reply, confirm = yield from attempt_held(["RSEMAPHORE.ACQUIRE", self.name, permits],
+                                                 wait_ms_for(blocking, blocking_timeout))
+        if reply == 1 and confirm is not None:
+            _permits.held(self.redis, self.name, confirm, permits)
         return reply == 1
 
     def release(self, permits: int = 1) -> Result:
         """Gives back ``permits`` (nobody checks they were held: Redisson's rule); the
-        count after the release."""
-        return self._run(call("RSEMAPHORE.RELEASE", self.name, permits, "ID",
-                              new_request_id()))
+        count after the release, or None when nothing was sent: the server had taken back
+        a grant of this client's on this name (its ticket connection closed before the
+        grant's confirmation landed; logged at WARNING) and returned those permits itself,
+        so as many permits of the next releases are not sent again.
+
+        Waits first for this client's confirmations of grants on this name still in
+        flight (normally settled long before; each at most `CONFIRM_RETRY_S`): a release
+        sent before its grant's confirmation, by a client that then died, would be
+        followed by the grant's take-back, and the count would gain permits that never
+        existed."""
+        return self._run(self._release_op(permits))
+
+    def _release_op(self, permits: int) -> Op:
+        pending = _permits.in_flight(self.redis, self.name)
+        if pending:
+            yield Settled(pending, CONFIRM_RETRY_S)
+        send = _permits.release(self.redis, self.name, permits)
+        if send == 0 and permits > 0:
+            return None  # all paid to the debt: the server returned them already
+        return (yield from call("RSEMAPHORE.RELEASE", self.name, send, "ID",
+                                new_request_id()))
 
     def available_permits(self) -> Result:
         """The count of free permits (0 without the key)."""
@@ -442,7 +476,7 @@ class SemaphoreOps(_Front):
         return self
 
     def _exit_op(self) -> Op:
-        yield from call("RSEMAPHORE.RELEASE", self.name, 1, "ID", new_request_id())
+        yield from self._release_op(1)
 
 
 class PermitOps:

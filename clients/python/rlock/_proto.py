@@ -121,6 +121,10 @@ class Shape:
     #: confirmation's outcome (`rlock._tickets.Confirm`), which the driver hands to the
     #: hold's watchdog (a grant taken back is a lost hold).
     confirm: Any = None
+    #: Set by the ticket connection when the wait returned the reply it read from its
+    #: ``granted`` message (its grant then is confirmed by ``confirm``); False when the
+    #: grant was collected, or answered at once.
+    held_on_message: bool = False
     #: How much sooner than the client's deadline the server's wait ends (None: the
     #: ticket connection's default, `rlock._tickets.TIMEOUT_LEAD_MS`).
     lead_ms: Optional[int] = None
@@ -133,7 +137,9 @@ class Shape:
     def holds(self) -> bool:
         """Whether a grant may be held on its ``granted`` message, its reply read from
         the message (design.md 5): the lock's and RW lock's acquire (nil), the fenced
-        lock's (the token in the detail), the expirable semaphore's (the permit ids)."""
+        lock's (the token in the detail), the expirable semaphore's (the permit ids), the
+        plain semaphore's (1; its release then waits for the confirmation:
+        `rlock._permits`)."""
         return self.verb in _HOLDS
 
     @property
@@ -189,7 +195,8 @@ class Shape:
 
 
 #: The acquires whose grant is held on its ``granted`` message (see `held_reply`).
-_HOLDS = (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE", b"RFENCED.ACQUIRE", b"RPSEMAPHORE.ACQUIRE")
+_HOLDS = (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE", b"RFENCED.ACQUIRE", b"RPSEMAPHORE.ACQUIRE",
+          b"RSEMAPHORE.ACQUIRE")
 
 #: Each waiting command's reply to a wait that ran out (docs/commands/tickets.md, "not
 #: now"), as `Shape.ran_out` gives it.
@@ -210,9 +217,12 @@ def held_reply(verb: bytes, many: bool, detail: str) -> Tuple[bool, Any]:
     """A grant's reply read from its ``granted`` message's ``detail`` for the acquire
     ``verb`` (upper case): nil for the lock and RW lock, ``[None, token]`` for the fenced
     lock, a permit id (bytes) or, with ``many``, a list of them for the expirable
-    semaphore. ``(False, None)`` when it cannot be read: collect instead."""
+    semaphore, 1 for the plain semaphore (whose grant's reply is always 1: its message
+    has no detail). ``(False, None)`` when it cannot be read: collect instead."""
     if verb in (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE"):
         return True, None
+    if verb == b"RSEMAPHORE.ACQUIRE":
+        return True, 1
     if verb == b"RFENCED.ACQUIRE" and _TOKEN.fullmatch(detail):
         token = int(detail)
         return (True, [None, token]) if token < 2 ** 63 else (False, None)
@@ -334,4 +344,13 @@ class Listen:
     broke, which is as good as a message: try again) or ``timeout`` seconds pass."""
 
     sub: Any
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Wait until each of ``confirms`` (`rlock._tickets.Confirm`) is settled, or until
+    ``timeout`` seconds pass (a plain semaphore's release: `rlock._permits`)."""
+
+    confirms: Tuple[Any, ...]
     timeout: float

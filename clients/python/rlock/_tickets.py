@@ -23,16 +23,17 @@ What is written once here, for both front ends:
   (subscribe, send, collect the grant, resend after a broken connection, and `TPause`
   between connecting again through an outage of the server once its ticket went out).
 
-A lock, RW lock, fenced lock or expirable semaphore wait holds on its ``granted``
+A lock, RW lock, fenced lock, expirable or plain semaphore wait holds on its ``granted``
 message (design.md 5), its reply read from the message (nil; the token or the permit ids
-in its detail): the reader sends the confirmation (the same command and id without
+in its detail; 1): the reader sends the confirmation (the same command and id without
 ``WAIT``) and wakes the waiter at once, without waiting for its reply, which settles the
 wait's `Confirm` later. A confirmation answered ``TAKENBACK`` (the connection had closed
-and the server's grace ran out) reports the hold lost through its watchdog; one left
-unanswered (a broken connection, a restarting or loading server, a moved slot) is tried
-again under the same request id until a definite answer or `CONFIRM_RETRY_S`
-(`confirm_later`). A message whose detail cannot be read (an older module) is collected
-before waking, as are the semaphore's.
+and the server's grace ran out) reports the hold lost through its watchdog (the plain
+semaphore, which has none: through its client's ledger, `rlock._permits`, which then
+skips the release of those permits); one left unanswered (a broken connection, a
+restarting or loading server, a moved slot) is tried again under the same request id
+until a definite answer or `CONFIRM_RETRY_S` (`confirm_later`). A message whose detail
+cannot be read (an older module) is collected before waking.
 
 From a lock's ``granted`` message to its waiter running again (issue 40): threads, one
 hop (the reader thread wakes the waiting thread by releasing a lock; the socket is shared
@@ -163,13 +164,19 @@ class TSend:
 
 class Confirm:
     """A grant held on its ``granted`` message and confirmed off the holder's path: its
-    outcome, and what to run if it was taken back (the watchdog's lost report), whichever
-    comes first."""
+    outcome, and what to run if it was taken back (the watchdog's lost report) or once it
+    is settled either way (a plain semaphore's release waiting for it), whichever comes
+    first."""
 
     def __init__(self, shape: Optional[Shape] = None) -> None:
         self._lock = threading.Lock()
-        self.outcome: Optional[bool] = None  # True: confirmed; False: taken back
+        #: True: confirmed; False: lost (taken back, refused, or no answer in time).
+        self.outcome: Optional[bool] = None
+        #: The server answered ``TAKENBACK``: it gave the grant back itself (a plain
+        #: semaphore's permits are back in its count). False for a grant merely in doubt.
+        self.taken_back = False
         self._hook: Optional[Callable[[], Any]] = None
+        self._then: List[Callable[[], Any]] = []
         #: The wait's shape, which reads the grant's reply from its message.
         self.shape = shape
 
@@ -188,14 +195,38 @@ class Confirm:
         if self.outcome is False:
             hook()
 
-    def settle(self, confirmed: bool) -> None:
+    def when_settled(self, fn: Callable[[], Any]) -> None:
+        """Runs ``fn`` once the outcome is known (at once if it is), on the thread or
+        loop that settles it."""
+        with self._lock:
+            if self.outcome is None:
+                self._then.append(fn)
+                return
+        fn()
+
+    def settle(self, confirmed: bool, taken_back: bool = False) -> None:
         with self._lock:
             if self.outcome is not None:
                 return
+            self.taken_back = taken_back and not confirmed
             self.outcome = confirmed
             hook, self._hook = self._hook, None
+            then, self._then = self._then, []
         if not confirmed and hook is not None:
             hook()
+        for fn in then:
+            fn()
+
+    def settle_with(self, reply: Any) -> None:
+        """Settles from a definite reply to the confirmation: the grant's reply (kept) or
+        a refusal (lost; ``TAKENBACK``: given back by the server)."""
+        self.settle(not isinstance(reply, Exception), taken_back=is_taken_back(reply))
+
+
+def is_taken_back(reply: Any) -> bool:
+    """A confirmation answered ``TAKENBACK``: the grant's connection closed unconfirmed and
+    the server gave the grant back after its grace (design.md 5)."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("TAKENBACK")
 
 
 @dataclass(frozen=True)
@@ -322,6 +353,7 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
         if action == "granted" and shape.confirm is not None:
             held, reply = shape.held_reply(note.detail)
             if held:  # the grant's reply, read from the message; the reader confirms it
+                shape.held_on_message = True
                 return reply
         if action in ("granted", "collect"):
             # Collect: the same command and id without WAIT replays the grant (or, after
@@ -681,11 +713,12 @@ def _again(reply: Any) -> Optional[Tuple[str, int, bool]]:
     return _redirect(reply)
 
 
-def confirm_later(reply: Any, look: Tuple[Any, ...]) -> Generator[Any, Any, bool]:
+def confirm_later(reply: Any, look: Tuple[Any, ...]) -> Generator[Any, Any, Any]:
     """A held grant's confirmation that ``reply`` left unsettled (see `_again`), as a
     generator over `CTry`/`TPause` effects: the same command and request id (``look``),
     sent again on connections of its own, to the node a ``MOVED``/``ASK`` names, within
-    `CONFIRM_RETRY_S`. Returns whether the grant stands."""
+    `CONFIRM_RETRY_S`. Returns the definite reply (for `Confirm.settle_with`), or a
+    ``ConnectionError`` when none came in time (in doubt: lost, not taken back)."""
     deadline = time.monotonic() + CONFIRM_RETRY_S
     target: Optional[Tuple[str, int, bool]] = None
     pause = AWAY_FIRST
@@ -693,21 +726,25 @@ def confirm_later(reply: Any, look: Tuple[Any, ...]) -> Generator[Any, Any, bool
     while True:
         where = _again(reply)
         if where is None:
-            return not isinstance(reply, Exception)
+            return reply
         if where[0]:
             target = where
         elif tried:  # the same place again: a broken connection is usually back at
             # once, a restarting server takes a while
             left = deadline - time.monotonic()
             if left <= 0:
-                return False
+                return _NO_ANSWER
             yield TPause(min(pause, left))
             pause = min(2 * pause, AWAY_MAX)
         left = deadline - time.monotonic()
         if left <= 0:
-            return False
+            return _NO_ANSWER
         reply = yield CTry(target, look, left)
         tried = True
+
+
+#: What `confirm_later` ends with when no definite answer came within `CONFIRM_RETRY_S`.
+_NO_ANSWER = ConnectionError("no answer to the confirmation within its retry limit")
 
 
 def _settle(hold: Any, reply: Any, look: Tuple[Any, ...],
@@ -716,7 +753,7 @@ def _settle(hold: Any, reply: Any, look: Tuple[Any, ...],
     `_again`) is tried again off the reader's path (``later``: a thread, or a task),
     rather than reporting a hold that may still stand lost."""
     if _again(reply) is None:
-        hold.settle(not isinstance(reply, Exception))
+        hold.settle_with(reply)
     else:
         later(hold, reply, look)
 
@@ -755,7 +792,7 @@ def _sync_confirmer(make: Callable[[Optional[Tuple[str, int, bool]], float], Any
                 else:
                     value = _try_sync(make(effect.target, effect.timeout), effect)
         except StopIteration as done:
-            hold.settle(done.value)
+            hold.settle_with(done.value)
         except Exception:  # noqa: BLE001 - unsettled: reported lost
             log.exception("rlock: a late ticket confirmation failed")
             hold.settle(False)
@@ -1371,7 +1408,7 @@ class AsyncTicketConn:
                     value = await _try_async(
                         self.confirm_conns(effect.target, effect.timeout), effect)
         except StopIteration as done:
-            hold.settle(done.value)
+            hold.settle_with(done.value)
         except Exception:  # noqa: BLE001 - unsettled: reported lost
             log.exception("rlock: a late ticket confirmation failed")
             hold.settle(False)

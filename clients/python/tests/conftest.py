@@ -128,10 +128,10 @@ def confirmations(monkeypatch: Any) -> list:
     settled: list = []
     settle = rlock._tickets.Confirm.settle
 
-    def record(self, confirmed: bool) -> None:
+    def record(self, confirmed: bool, taken_back: bool = False) -> None:
         if self.outcome is None:
             settled.append(confirmed)
-        settle(self, confirmed)
+        settle(self, confirmed, taken_back)
     monkeypatch.setattr(rlock._tickets.Confirm, "settle", record)
     return settled
 

@@ -11,7 +11,7 @@ against its deadline too: with the server paused (`CLIENT PAUSE ALL`) across the
 fresh client's first wait and a wait whose `QUEUED` is late are told no in time, and a
 lock that their command takes after the deadline is given back. The races are swept: a
 release lands at offsets around the waiter's deadline, for the lock (held on its
-`granted` message) and the semaphore (collected before the waiter wakes), threads and
+`granted` message) and the semaphore (held on its message as well), threads and
 asyncio.
 """
 

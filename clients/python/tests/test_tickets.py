@@ -287,6 +287,173 @@ def test_an_expirable_ticket_holds_on_its_message_with_the_permit_id(server, r):
     admin.close()
 
 
+# ---- the plain semaphore: held on its message, released after its confirmation --------
+
+
+def _permit_held_outside(admin, name):
+    """A 1-permit semaphore whose permit the test's own connection holds."""
+    assert admin.execute_command("RSEMAPHORE.TRYSETPERMITS", name, 1) == 1
+    assert admin.execute_command("RSEMAPHORE.ACQUIRE", name, 1) == 1
+
+
+def _release_and_pause_writes(admin, name):
+    """Gives the outside permit back (granting the client's queued ticket) and pauses
+    writes in the same transaction: the client's confirmation, a write, waits; so would a
+    collect."""
+    p = admin.pipeline(transaction=True)
+    p.execute_command("RSEMAPHORE.RELEASE", name, 1)
+    p.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    p.execute()
+
+
+def _confirm_ms(admin, ms):
+    """Sets rlock.ticket-confirm-ms; returns the value it had."""
+    old = admin.config_get("rlock.ticket-confirm-ms")["rlock.ticket-confirm-ms"]
+    admin.config_set("rlock.ticket-confirm-ms", ms)
+    return old
+
+
+def _cut_off_the_ticket_connection(admin):
+    """Kills the client's ticket connection with no room left for a new connection: with
+    `maxclients` one below the connections open, the kill frees one slot and leaves none,
+    so the confirmation's retries are refused ("max number of clients reached") until it
+    is put back. Returns what to put back, and a predicate: a retry was refused since."""
+    maxclients = admin.config_get("maxclients")["maxclients"]
+    rejected = int(admin.info("stats")["rejected_connections"])
+    (ticket_conn,) = [c for c in admin.client_list()
+                      if c["name"] == rlock.TICKET_CONNECTION_NAME]
+    admin.config_set("maxclients", int(admin.info("clients")["connected_clients"]) - 1)
+    admin.client_kill_filter(_id=ticket_conn["id"])
+    return maxclients, lambda: int(admin.info("stats")["rejected_connections"]) > rejected
+
+
+def _available(admin, name):
+    return admin.execute_command("RSEMAPHORE.AVAILABLEPERMITS", name)
+
+
+def test_a_semaphore_ticket_holds_on_its_message_and_releases_after_its_confirmation(
+        server, r):
+    """The plain semaphore's waiter holds on its `granted` message (reply 1), its
+    confirmation sent off its path: its acquire returns while writes are paused (a
+    collect, a write, would wait out the pause). Its release waits for the confirmation,
+    then gives the permit back: exactly one permit again."""
+    from rlock import _permits
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    old = _confirm_ms(admin, 0)
+    try:
+        _warm(admin, r)
+        _permit_held_outside(admin, "s")
+        sem = rlock.Semaphore(r, "s", blocking_timeout=30)
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(sem.acquire()), daemon=True)
+        t.start()
+        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+        _release_and_pause_writes(admin, "s")
+        try:
+            t.join(10)
+            assert got == [True], "held on the grant's message, writes still paused"
+            assert _permits.in_flight(r, "s"), "its confirmation waits for the pause"
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        assert sem.release(1) == 1
+        assert not _permits.in_flight(r, "s") and _permits.debt(r, "s") == 0
+        assert _available(admin, "s") == 1
+    finally:
+        admin.config_set("rlock.ticket-confirm-ms", old)
+        admin.close()
+
+
+def test_a_semaphore_grant_taken_back_is_not_released_again(server, r, caplog):
+    """A grant held on its message whose ticket connection is killed before the
+    confirmation lands (writes paused), the confirmation's retries refused: the module
+    takes the grant back by releasing its permit. The client's release, called while the
+    retry is still out, waits for its answer (TAKENBACK) and sends nothing: the count
+    stays 1. Sent, it would make 2, a permit that never existed."""
+    from rlock import _permits
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    old = _confirm_ms(admin, 0)
+    maxclients = None
+    try:
+        _warm(admin, r)
+        _permit_held_outside(admin, "s")
+        revoked = stat(admin, "revoked_handoffs")
+        sem = rlock.Semaphore(r, "s", blocking_timeout=30)
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(sem.acquire()), daemon=True)
+        t.start()
+        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+        _release_and_pause_writes(admin, "s")
+        try:
+            t.join(10)
+            assert got == [True], "held on the grant's message, writes still paused"
+            maxclients, refused = _cut_off_the_ticket_connection(admin)
+            wait_until(refused, what="the confirmation's retry refused")
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        wait_until(lambda: stat(admin, "revoked_handoffs") == revoked + 1,
+                   what="the grant taken back")
+        assert _available(admin, "s") == 1
+        assert _permits.in_flight(r, "s"), "the confirmation's retries still refused"
+        admin.config_set("maxclients", maxclients)
+        maxclients = None
+        assert sem.release(1) is None, "nothing sent: the server gave the permit back"
+        assert _available(admin, "s") == 1
+        assert not _permits.in_flight(r, "s") and _permits.debt(r, "s") == 0
+        assert "taken back" in caplog.text
+        assert sem.acquire(blocking=False) and sem.release(1) == 1
+        assert _available(admin, "s") == 1
+    finally:
+        if maxclients is not None:
+            admin.config_set("maxclients", maxclients)
+        admin.config_set("rlock.ticket-confirm-ms", old)
+        admin.close()
+
+
+async def test_asyncio_a_semaphore_grant_taken_back_is_not_released_again(server, ar,
+                                                                           caplog):
+    """As the blocking test above, through rlock.asyncio (the same logic on the asyncio
+    driver: the release awaits the confirmation on the loop)."""
+    import asyncio
+
+    import rlock.asyncio as arlock
+    from rlock import _permits
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    old = _confirm_ms(admin, 0)
+    maxclients = None
+
+    async def until(pred, what):
+        deadline = time.monotonic() + 10
+        while not pred():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.005)
+    try:
+        _permit_held_outside(admin, "s")
+        revoked = stat(admin, "revoked_handoffs")
+        sem = arlock.Semaphore(ar, "s", blocking_timeout=30)
+        task = asyncio.create_task(sem.acquire())
+        await until(lambda: stat(admin, "waiters") == 1, "the ticket queued")
+        _release_and_pause_writes(admin, "s")
+        try:
+            assert await asyncio.wait_for(task, 10) is True
+            maxclients, refused = _cut_off_the_ticket_connection(admin)
+            await until(refused, "the confirmation's retry refused")
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        await until(lambda: stat(admin, "revoked_handoffs") == revoked + 1,
+                    "the grant taken back")
+        assert _permits.in_flight(ar, "s"), "the confirmation's retries still refused"
+        admin.config_set("maxclients", maxclients)
+        maxclients = None
+        assert await sem.release(1) is None
+        assert _available(admin, "s") == 1 and _permits.debt(ar, "s") == 0
+        assert "taken back" in caplog.text
+    finally:
+        if maxclients is not None:
+            admin.config_set("maxclients", maxclients)
+        admin.config_set("rlock.ticket-confirm-ms", old)
+        admin.close()
+
+
 def test_waiters_queue_again_when_the_ticket_connection_is_killed(r):
     holder = rlock.FencedLock(r, "k", timeout=30)
     assert holder.acquire()
