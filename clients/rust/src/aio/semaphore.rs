@@ -158,7 +158,9 @@ impl Semaphore {
         self.once("RSEMAPHORE.DRAINPERMITS", &[]).await
     }
 
-    /// Returns permits without a guard; the count after.
+    /// Returns permits without a guard; the count after. Permits taken by an acquire are
+    /// returned by their guard, which knows whether the server took its grant back (see
+    /// [`SemaphorePermit`]); this knows nothing of them.
     pub async fn release(&self, permits: u32) -> Result<i64> {
         self.once("RSEMAPHORE.RELEASE", &[permits.into()]).await
     }

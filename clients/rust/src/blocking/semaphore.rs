@@ -88,7 +88,8 @@ impl Semaphore {
     }
 
     /// Returns `permits` permits without a guard (Redisson lets anyone release); returns
-    /// the count after the release.
+    /// the count after the release. Permits taken by an acquire are returned by their
+    /// guard, which knows whether the server took its grant back ([`SemaphorePermit`]).
     pub fn release(&self, permits: u32) -> Result<i64> {
         self.rt.block_on(self.inner.release(permits))
     }
