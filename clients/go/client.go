@@ -131,6 +131,11 @@ type Client struct {
 	once     redis.UniversalClient
 	onceMade bool
 
+	// semLedgers: per semaphore name, its grants held on their granted message and not yet
+	// confirmed, and the permits taken back (semaphore.go); under semMu.
+	semMu      sync.Mutex
+	semLedgers map[string]*semLedger
+
 	mu       sync.Mutex
 	hubs     map[string]*hub // by node address
 	replicas map[string]replicaCount
@@ -160,7 +165,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if o.backoff.Attempts < 1 {
 		o.backoff.Attempts = 1
 	}
-	c := &Client{rdb: rdb, opts: o, tag: newTag(), hubs: map[string]*hub{}, replicas: map[string]replicaCount{}}
+	c := &Client{rdb: rdb, opts: o, tag: newTag(), hubs: map[string]*hub{}, replicas: map[string]replicaCount{},
+		semLedgers: map[string]*semLedger{}}
 	switch r := rdb.(type) {
 	case *redis.ClusterClient:
 		c.cluster = r

@@ -2,8 +2,9 @@
 // that deadline is given back, never left held by a caller that was told no. The server
 // is frozen (DEBUG SLEEP, from a connection of its own) across the waiter's deadline, so
 // that everything it sends comes late by the whole freeze: a client that ends its wait
-// by its own clock is on time regardless. The lock's waiter holds on its granted
-// message, the semaphore's collects first: both go through the hub's one wait.
+// by its own clock is on time regardless. The lock's and the semaphore's waiters hold on
+// their granted message (a grant heard after the deadline goes to the orphan, which
+// collects it and gives it back): both go through the hub's one wait.
 
 package rlock_test
 
@@ -97,7 +98,7 @@ func deadlineCases(c *rlock.Client, rdb *redis.Client) []deadlineCase {
 			},
 		},
 		{
-			name:    "semaphore, collected",
+			name:    "semaphore, held on its granted message",
 			take:    [][]any{{"RSEMAPHORE.TRYSETPERMITS", "dl:sem", 1}, {"RSEMAPHORE.ACQUIRE", "dl:sem", 1}},
 			wait:    func() error { return sem.TryAcquire(ctx, 1, deadlineWait) },
 			release: []any{"RSEMAPHORE.RELEASE", "dl:sem", 1},

@@ -120,7 +120,7 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 		h.mu.Unlock()
 		if cf != nil {
 			// A grant taken back before its confirmation landed is a lost hold.
-			cf.onTakenBack(func() { h.lost(held) })
+			cf.onLost(func() { h.lost(held) })
 		}
 		return nil
 	}

@@ -93,7 +93,7 @@ func (s *PermitSemaphore) acquire(ctx context.Context, lease, wait time.Duration
 	if cf != nil {
 		// A permit held on its granted note and then taken back (the server released
 		// it) is a lost permit.
-		cf.onTakenBack(func() { p.end(ErrLost) })
+		cf.onLost(func() { p.end(ErrLost) })
 	}
 	return p, nil
 }

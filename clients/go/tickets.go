@@ -15,13 +15,15 @@
 // on the key; otherwise it is the key's channel, which every waiting process hears. A
 // new session's probe may answer otherwise (a failover to an older module): every
 // waiter then moves to the matching channel before it queues again. A lock's, RW
-// lock's, fenced lock's or expirable semaphore's waiter on a server naming `ticket-holds`
-// holds on its granted note (the fenced token and the permit ids read from its detail):
-// the reader sends the confirmation (the same command and id, without WAIT) off the
-// holder's path and wakes the waiter at once; the confirmation's reply settles the hold's
-// confirm, and one answered TAKENBACK (or left unanswered past confirmBound or the lease)
-// reports the hold lost. Other waiters (the semaphore; a detail this client cannot
-// read) collect first. Tickets live as long as the command connection
+// lock's, fenced lock's, semaphore's or expirable semaphore's waiter on a server naming
+// `ticket-holds` holds on its granted note (the fenced token and the permit ids read from
+// its detail): the reader sends the confirmation (the same command and id, without WAIT)
+// off the holder's path and wakes the waiter at once; the confirmation's reply settles
+// the hold's confirm, and one answered TAKENBACK (or left unanswered past confirmBound or
+// the lease) reports the hold lost. The semaphore's permits have no owner, so its release
+// waits for that confirmation and leaves out permits answered TAKENBACK (semaphore.go). A
+// waiter whose detail this client cannot read collects first. Tickets live as long as
+// the command connection
 // that queued them; when either connection breaks, both are closed (the server drops the
 // tickets and takes back uncollected grants), and every waiter re-sends with the same
 // id on new ones. A timed wait ends at its own deadline on the client's clock, whatever
@@ -37,8 +39,6 @@ package rlock
 import (
 	"context"
 	"errors"
-	"reflect"
-	"strings"
 	"sync"
 	"time"
 
@@ -123,45 +123,61 @@ type waiter struct {
 }
 
 // confirm is the outcome of a grant held on its granted note and confirmed off the
-// holder's path: confirmed, or taken back (the hold is lost), whichever comes first, and
-// the hook that reports the loss.
+// holder's path: confirmed, taken back (TAKENBACK), or left in doubt (another answer, or
+// none within its bound), whichever the confirmation settles on first; and the hooks told
+// of it. A lock's or permit's hold is lost unless confirmed; a semaphore's release waits
+// for it (done) and leaves out permits answered TAKENBACK (semaphore.go).
 type confirm struct {
 	// within bounds the confirmation's retries (confirmBound, or the lease if shorter).
 	within  time.Duration
 	mu      sync.Mutex
 	settled bool
-	ok      bool
-	hook    func()
+	outcome proto.Confirmed // ConfirmHeld, ConfirmTakenBack or ConfirmOther, once settled
+	hooks   []func(proto.Confirmed)
+	done    chan struct{} // closed when settled
 }
 
-// onTakenBack runs f once if the grant turns out taken back (at once if it was).
-func (c *confirm) onTakenBack(f func()) {
+func newConfirm(within time.Duration) *confirm {
+	return &confirm{within: within, done: make(chan struct{})}
+}
+
+// onSettle runs f once with the outcome when it is settled (at once if it is).
+func (c *confirm) onSettle(f func(proto.Confirmed)) {
 	c.mu.Lock()
 	if !c.settled {
-		c.hook = f
+		c.hooks = append(c.hooks, f)
 		c.mu.Unlock()
 		return
 	}
-	ok := c.ok
+	o := c.outcome
 	c.mu.Unlock()
-	if !ok {
-		f()
-	}
+	f(o)
 }
 
-// settle records the confirmation's outcome once, running the hook if it failed.
-func (c *confirm) settle(ok bool) {
+// onLost runs f once if the grant turns out not confirmed (at once if it was not):
+// taken back, or left in doubt, which a hold must count as lost.
+func (c *confirm) onLost(f func()) {
+	c.onSettle(func(o proto.Confirmed) {
+		if o != proto.ConfirmHeld {
+			f()
+		}
+	})
+}
+
+// settle records the confirmation's outcome once and tells the hooks.
+func (c *confirm) settle(o proto.Confirmed) {
 	c.mu.Lock()
 	if c.settled {
 		c.mu.Unlock()
 		return
 	}
-	c.settled, c.ok = true, ok
-	hook := c.hook
-	c.hook = nil
+	c.settled, c.outcome = true, o
+	hooks := c.hooks
+	c.hooks = nil
+	close(c.done)
 	c.mu.Unlock()
-	if !ok && hook != nil {
-		hook()
+	for _, f := range hooks {
+		f(o)
 	}
 }
 
@@ -631,34 +647,45 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 
 // confirmGrant confirms a grant held on its granted note: look (the same command and id,
 // without WAIT) on the session's command connection, which replays the grant's reply
-// (held: nil, the fenced lock's [nil, token], the permit ids). A reply that is not that
-// one (TAKENBACK, or the lock found held by another) settles it taken back. With no
-// reply (the connection broke, the server restarts) it is sent again on the
-// application's connections, backing off (confirmRetry), until a definite answer or
-// cf.within has passed (then lost). A redirection (the grant's slot moved on before the
-// confirmation came: the migration carried the lock and its request id's record),
-// TRYAGAIN or LOADING (a restarted server reading its AOF) is followed the same way,
-// through the application's client, which routes by key in a cluster.
+// (held: nil, 1, the fenced lock's [nil, token], the permit ids). TAKENBACK settles it
+// taken back; another answer (the lock found held by another, an error) settles it in
+// doubt (proto.ConfirmAnswer). With no answer (the connection broke, the server restarts,
+// or refuses new connections at maxclients) it is sent again on the application's
+// connections, backing off (confirmRetry), until a definite answer or cf.within has passed
+// (then in doubt). A redirection (the grant's slot moved on before the confirmation came:
+// the migration carried the lock and its request id's record), TRYAGAIN or LOADING (a
+// restarted server reading its AOF) is followed the same way, through the application's
+// client, which routes by key in a cluster.
 func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
-	settle := func(ok bool) {
-		cf.settle(ok)
+	settle := func(o proto.Confirmed) {
 		if f := h.c.opts.confirmHook; f != nil {
-			f(ok)
+			f(o == proto.ConfirmHeld) // first: a test reads it once a release has waited
 		}
+		cf.settle(o)
+	}
+	answer := func(v any, err error) proto.Confirmed {
+		if errors.Is(err, redis.Nil) {
+			v, err = nil, nil
+		}
+		var re redis.Error
+		switch {
+		case err == nil:
+			return proto.ConfirmAnswer(v, "", false, held)
+		case errors.As(err, &re):
+			return proto.ConfirmAnswer(nil, err.Error(), true, held)
+		}
+		return proto.ConfirmRetry // no answer: a broken connection, a timeout
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	s.sendMu.Lock()
 	reply, err := s.conn.Do(ctx, look...).Result()
 	s.sendMu.Unlock()
 	cancel()
-	if errors.Is(err, redis.Nil) {
-		reply, err = nil, nil
-	}
-	var re redis.Error
-	if err == nil || (errors.As(err, &re) && !elsewhere(err)) {
-		settle(err == nil && reflect.DeepEqual(reply, held))
+	if o := answer(reply, err); o != proto.ConfirmRetry {
+		settle(o)
 		return
 	}
+	var re redis.Error
 	if !errors.As(err, &re) {
 		h.broken(s.gen)
 	}
@@ -666,7 +693,7 @@ func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
 	for n := 0; ; n++ {
 		left := time.Until(until)
 		if left <= 0 {
-			settle(false)
+			settle(proto.ConfirmOther)
 			return
 		}
 		// go-redis bounds a read by its ReadTimeout, not by the context: the wait for
@@ -686,11 +713,8 @@ func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
 		select {
 		case r := <-got:
 			t.Stop()
-			if errors.Is(r.err, redis.Nil) {
-				r.v, r.err = nil, nil
-			}
-			if r.err == nil || (errors.As(r.err, &re) && !elsewhere(r.err)) {
-				settle(r.err == nil && reflect.DeepEqual(r.v, held))
+			if o := answer(r.v, r.err); o != proto.ConfirmRetry {
+				settle(o)
 				return
 			}
 			if h.c.cluster != nil && redirected(r.err) {
@@ -698,17 +722,10 @@ func (h *hub) confirmGrant(s *session, look []any, held any, cf *confirm) {
 			}
 			_ = sleep(context.Background(), min(confirmRetry(n), time.Until(until)))
 		case <-t.C:
-			settle(false)
+			settle(proto.ConfirmOther)
 			return
 		}
 	}
-}
-
-// elsewhere tells whether a confirmation's error reply sends it to another node (MOVED,
-// ASK) or asks for it again (TRYAGAIN; LOADING: a restarted server still reading its
-// AOF) rather than settling it.
-func elsewhere(err error) bool {
-	return redirected(err) || strings.HasPrefix(err.Error(), "TRYAGAIN") || strings.HasPrefix(err.Error(), "LOADING")
 }
 
 // ping checks the command connection while anyone waits.
@@ -773,7 +790,7 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	if ask, asked := ctx.Value(confirmSlot{}).(confirmAsk); asked && shape.Holds() {
 		// The caller takes the hold's confirm (and reports a take-back): it may hold on
 		// the granted message. Any other caller collects.
-		w.confirm = &confirm{within: confirmBound}
+		w.confirm = newConfirm(confirmBound)
 		if ask.lease > 0 && ask.lease < confirmBound {
 			w.confirm.within = ask.lease
 		}

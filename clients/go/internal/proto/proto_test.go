@@ -270,12 +270,11 @@ func TestTheTicketMachineQueuesCollectsAndRequeues(t *testing.T) {
 	}
 }
 
-// On a server naming `ticket-holds` a lock's, RW lock's, fenced lock's or expirable
-// semaphore's waiter holds on its `granted` message (no collect on its path; the token and
-// permit ids read from the detail, spec/vectors/tickets.json `holds`); the semaphore still
-// collects. An
-// id answered TAKENBACK (its grant taken back before the waiter had it) queues again
-// under a fresh id.
+// On a server naming `ticket-holds` a lock's, RW lock's, fenced lock's, semaphore's or
+// expirable semaphore's waiter holds on its `granted` message (no collect on its path; the
+// token and permit ids read from the detail, spec/vectors/tickets.json `holds`); the latch
+// does not. An id answered TAKENBACK (its grant taken back before the waiter had it)
+// queues again under a fresh id.
 func TestTheTicketMachineHoldsOnTheGrantAndRequeuesATakenBackID(t *testing.T) {
 	now := time.Now()
 	for _, tc := range []struct {
@@ -286,7 +285,7 @@ func TestTheTicketMachineHoldsOnTheGrantAndRequeuesATakenBackID(t *testing.T) {
 		{Hold{Key: "k", Owner: "o", Prefix: "RRWLOCK", Side: "WRITE"}.Acquire(100, 0, "r1"), true},
 		{Hold{Key: "k", Owner: "o", Prefix: "RLOCK", AcquireWord: "RFENCED.ACQUIRE"}.Acquire(100, 0, "r1"), true},
 		{PSemAcquire("k", 100, 1, 0, "r1"), true},
-		{SemAcquire("k", 1, 0, "r1"), false},
+		{SemAcquire("k", 1, 0, "r1"), true},
 		{LatchAwait("k", 0), false},
 	} {
 		s, _ := ShapeOf(tc.args)
@@ -535,5 +534,47 @@ func TestHelloReadsBothShapesAndTheRefusals(t *testing.T) {
 	}
 	if _, err := ParseHello(nil, errors.New("LOADING Redis is loading the dataset in memory")); err == nil {
 		t.Fatal("LOADING read as an answer")
+	}
+}
+
+// A semaphore's release leaves out the permits of its grants that were taken back (the
+// server returned them): release 3 with a debt of 1 sends 2; a debt of 5 absorbs a
+// release of 2 whole (nothing is sent) and 3 remain.
+func TestASemaphoreReleaseAbsorbsTheTakenBackPermits(t *testing.T) {
+	for _, c := range []struct{ debt, n, send, left int64 }{
+		{1, 3, 2, 0},
+		{5, 2, 0, 3},
+		{2, 2, 0, 0},
+		{0, 4, 4, 0},
+		{3, 0, 0, 3},
+	} {
+		if send, left := AbsorbRelease(c.debt, c.n); send != c.send || left != c.left {
+			t.Errorf("debt %d, release %d: sends %d, debt %d; want %d, %d", c.debt, c.n, send, left, c.send, c.left)
+		}
+	}
+}
+
+// A confirmation's answer: the grant's reply replayed confirms it; TAKENBACK (only that)
+// is taken back; a refused connection (maxclients), a redirection, TRYAGAIN or LOADING
+// is asked again; anything else leaves it in doubt.
+func TestAConfirmationsAnswer(t *testing.T) {
+	for _, c := range []struct {
+		reply any
+		err   string
+		want  Confirmed
+	}{
+		{int64(1), "", ConfirmHeld},
+		{int64(0), "", ConfirmOther},
+		{nil, "TAKENBACK the grant of this request id was taken back", ConfirmTakenBack},
+		{nil, "ERR max number of clients reached", ConfirmRetry},
+		{nil, "MOVED 3999 127.0.0.1:6381", ConfirmRetry},
+		{nil, "TRYAGAIN Multiple keys request during rehashing of slot", ConfirmRetry},
+		{nil, "LOADING Redis is loading the dataset in memory", ConfirmRetry},
+		{nil, "WRONGTYPE Operation against a key holding the wrong kind of value", ConfirmOther},
+		{nil, "ERR unknown command", ConfirmOther},
+	} {
+		if got := ConfirmAnswer(c.reply, c.err, c.err != "", int64(1)); got != c.want {
+			t.Errorf("%v %q: %v, want %v", c.reply, c.err, got, c.want)
+		}
 	}
 }

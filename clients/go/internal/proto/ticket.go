@@ -166,15 +166,16 @@ func (s *Shape) Key() string { return s.args[1] }
 func (s *Shape) ID() string { return s.id }
 
 // Holds tells whether a grant of this command can be known without collecting it: the
-// lock's and RW lock's acquire (their grant replies nil), the fenced lock's (its token)
-// and the expirable semaphore's (its permit ids), the last two read from the `granted`
-// message's detail (HoldReply). On a server naming `ticket-holds` such a waiter holds on
-// its `granted` message and the grant is confirmed off its path (design.md 5); the
-// semaphore (no client could tell a permit's holder it was taken back) and the latch
-// collect.
+// lock's and RW lock's acquire (their grant replies nil), the semaphore's (1), the fenced
+// lock's (its token) and the expirable semaphore's (its permit ids), the last two read
+// from the `granted` message's detail (HoldReply). On a server naming `ticket-holds` such
+// a waiter holds on its `granted` message and the grant is confirmed off its path
+// (design.md 5); the latch, whose message is its whole answer, does not. The semaphore's
+// permits have no owner, so its release waits for that confirmation and leaves out
+// permits taken back (SemDebt).
 func (s *Shape) Holds() bool {
 	switch s.Command() {
-	case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE", "RFENCED.ACQUIRE", "RPSEMAPHORE.ACQUIRE":
+	case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE", "RFENCED.ACQUIRE", "RPSEMAPHORE.ACQUIRE", "RSEMAPHORE.ACQUIRE":
 		return true
 	}
 	return false
@@ -188,6 +189,12 @@ func (s *Shape) HoldReply(detail string) (reply any, ok bool) {
 	switch s.Command() {
 	case "RLOCK.ACQUIRE", "RRWLOCK.ACQUIRE":
 		return nil, true
+	case "RSEMAPHORE.ACQUIRE":
+		// Its grant is always 1 and the module writes no detail for it.
+		if detail != "" {
+			return nil, false
+		}
+		return int64(1), true
 	case "RFENCED.ACQUIRE":
 		// A positive decimal that fits an int64: no sign, no spaces, at most 19 digits.
 		if len(detail) < 1 || len(detail) > 19 {
