@@ -51,6 +51,8 @@ public final class RlockClient implements AutoCloseable {
     private final Waits waits;
     private final Watchdog watchdog;
     private final Backend backend;
+    /** The plain semaphores' grants held on their messages: their releases go through it. */
+    private final SemaphoreDebts semaphoreDebts = new SemaphoreDebts();
 
     private RlockClient(Transport transport, RlockOptions options) {
         this.transport = Objects.requireNonNull(transport, "transport");
@@ -215,6 +217,7 @@ public final class RlockClient implements AutoCloseable {
 
     RlockStats counters() { return stats; }
     Waits waits() { return waits; }
+    SemaphoreDebts semaphoreDebts() { return semaphoreDebts; }
     Watchdog watchdog() { return watchdog; }
     ScheduledExecutorService scheduler() { return scheduler; }
 

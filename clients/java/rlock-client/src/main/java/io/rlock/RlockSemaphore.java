@@ -2,17 +2,24 @@
 // .Semaphore's shape over RSEMAPHORE.*, Redisson's RSemaphore layout, plus Redisson's
 // trySetPermits/addPermits. FIFO in the server: a request for 5 at the head is served
 // before a later request for 1. Nobody records who holds permits (Redisson's layout): a
-// holder that dies leaks them; RlockPermitExpirableSemaphore does not.
+// holder that dies leaks them; RlockPermitExpirableSemaphore does not. A waiter holds on
+// its ticket's `granted` message (design.md 5) and its confirmation goes off its path; a
+// release waits for the name's confirmations in flight and sends nothing for permits the
+// server took back (SemaphoreDebts).
 package io.rlock;
 
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 
 public final class RlockSemaphore {
+    private static final System.Logger LOG = System.getLogger(RlockSemaphore.class.getName());
+
     private final RlockClient client;
     private final String name;
+    private final List<LockLostListener> listeners = new CopyOnWriteArrayList<>();
 
     RlockSemaphore(RlockClient client, String name) {
         if (name == null || name.isEmpty()) {
@@ -32,21 +39,60 @@ public final class RlockSemaphore {
         }
     }
 
+    /**
+     * Listeners told when a waiter's grant was taken back by the server before it was
+     * confirmed (TAKENBACK: the connection that queued its ticket closed and no
+     * confirmation came within rlock.ticket-confirm-ms; the server released those permits
+     * itself, so the next release of as many on this name sends nothing). Called with the
+     * semaphore's name, the acquire's request id and the reason; also logged at WARNING and
+     * counted in {@link RlockStats#lostLocks()}.
+     */
+    public void addLostListener(LockLostListener l) {
+        listeners.add(l);
+    }
+
     /** Takes `permits`: -1 one try, 0 waits without limit, else waits up to waitMs. */
     CompletableFuture<Boolean> take(int permits, long waitMs) {
         checkPermits(permits);
         List<String> args = new ArrayList<>(List.of("RSEMAPHORE.ACQUIRE", name, Integer.toString(permits)));
         CompletableFuture<Object> raw;
+        Waits.Confirm confirm = null;
+        String id = Wire.requestId();
         if (waitMs < 0) {
-            args.addAll(List.of("ID", Wire.requestId()));
+            args.addAll(List.of("ID", id));
             raw = client.wire().sendRetrying(args);
         } else {
-            args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
+            args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", id));
+            confirm = new Waits.Confirm(); // held on the grant message where the server names ticket-holds
             raw = client.waits().await(args, reply -> Long.valueOf(1).equals(reply)
                     ? List.of(List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId()))
-                    : List.of());
+                    : List.of(), confirm);
         }
-        return Sync.linked(raw.thenApply(v -> client.counters().count(Sync.asLong(v) == 1)), raw);
+        Waits.Confirm held = confirm;
+        return Sync.linked(raw.thenApply(v -> {
+            boolean got = Sync.asLong(v) == 1;
+            if (got && held != null && held.held()) {
+                // Registered before the caller has the permits, so that any release after
+                // this acquire returned waits for the confirmation.
+                client.semaphoreDebts().held(name, permits, held, () -> takenBack(id, permits));
+            }
+            return client.counters().count(got);
+        }), raw);
+    }
+
+    private void takenBack(String requestId, int permits) {
+        client.counters().lostLocks.increment();
+        String why = "the server took back the grant of its ticket (TAKENBACK): the connection that queued it"
+                + " closed and no confirmation came within rlock.ticket-confirm-ms; its " + permits
+                + " permit(s) went back to the semaphore, and the next release of as many here sends nothing";
+        LOG.log(System.Logger.Level.WARNING, "rlock semaphore {0}: acquire {1}: {2}", name, requestId, why);
+        for (LockLostListener l : listeners) {
+            try {
+                l.lost(name, requestId, why);
+            } catch (RuntimeException ignored) {
+                // A listener's failure must not stop the others from being told.
+            }
+        }
     }
 
     public void acquire() throws InterruptedException {
@@ -88,7 +134,13 @@ public final class RlockSemaphore {
         release(1);
     }
 
-    /** Gives back `permits` (served to the queue's head first). */
+    /**
+     * Gives back `permits` (served to the queue's head first). Waits first for the
+     * confirmations still in flight of this client's grants on this name held on their
+     * messages (normally answered long before; at most about 5 s), then sends only what the
+     * permits taken back by the server (TAKENBACK) do not cover: a release they cover
+     * entirely returns without a round trip.
+     */
     public void release(int permits) {
         Sync.join(releaseAsync(permits));
     }
@@ -126,10 +178,17 @@ public final class RlockSemaphore {
         return take(permits, RlockLock.waitOf(timeout, unit));
     }
 
+    /**
+     * {@link #release(int)}: completes (with null, as a sent release does) after the
+     * server's reply, or without a round trip when the permits the server took back absorb
+     * the whole release.
+     */
     public CompletableFuture<Void> releaseAsync(int permits) {
         checkPermits(permits);
-        return client.wire().sendRetrying(List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId()))
-                .thenApply(v -> null);
+        return client.semaphoreDebts().toSend(name, permits).thenCompose(n -> n == 0 && permits > 0
+                ? CompletableFuture.completedFuture(null)
+                : client.wire().sendRetrying(List.of("RSEMAPHORE.RELEASE", name, Long.toString(n), "ID", Wire.requestId()))
+                        .thenApply(v -> null));
     }
 
     public CompletableFuture<Integer> availablePermitsAsync() {

@@ -9,14 +9,15 @@
 // this client subscribes: a handoff wakes the one client whose ticket it is, not every
 // client waiting on the key. Otherwise (an older module) the key's channel, as before.
 //
-// A lock, RW lock, fenced lock or expirable semaphore waiter holds on its `granted`
+// A lock, RW lock, fenced lock, expirable or plain semaphore waiter holds on its `granted`
 // message when the server names `ticket-holds`, its grant's reply read from the message
-// (nil; the fencing token or the permit ids in its detail): the listener (Lettuce's event
-// loop) writes the confirmation (the same command and id without WAIT) and completes the
-// waiter's future on the spot, with no round trip and no executor between the message and
-// the waiting thread; the confirmation's reply settles the waiter's Confirm later
-// (TAKENBACK: the hold is reported lost). A detail it cannot read (an older module), the
-// semaphore's and the latch's waits collect first.
+// (nil; the fencing token or the permit ids in its detail; 1 for the plain semaphore): the
+// listener (Lettuce's event loop) writes the confirmation (the same command and id without
+// WAIT) and completes the waiter's future on the spot, with no round trip and no executor
+// between the message and the waiting thread; the confirmation's reply settles the
+// waiter's Confirm later (TAKENBACK: the hold is reported lost; the plain semaphore's
+// release waits for it, see SemaphoreDebts). A detail it cannot read (an older module) and
+// the latch's waits collect first.
 //
 // A timed wait ends at its own deadline on the client's clock (the wait counted from the
 // call), whatever the server has said by then: a frozen or loaded server's answer comes
@@ -187,41 +188,64 @@ final class Waits {
     /**
      * A grant held on its {@code granted} message and confirmed off the holder's path: its
      * outcome, and what to run if it was taken back (the lock's lost signal), registered by
-     * the holder before or after the outcome is known.
+     * the holder before or after the outcome is known. A wait that collected its grant
+     * instead (no `ticket-holds`, a blocked wait, scripts mode) leaves it unheld and pending
+     * for ever.
      */
     static final class Confirm {
-        private static final Runnable CONFIRMED = () -> { };
-        private static final Runnable TAKEN_BACK = () -> { };
-        /** null: pending; CONFIRMED, TAKEN_BACK: settled; else the hook to run if taken back. */
-        private Runnable state;
-
-        /** Runs `hook` once if the grant turns out taken back (at once if it was already). */
-        void onTakenBack(Runnable hook) {
-            synchronized (this) {
-                if (state != CONFIRMED && state != TAKEN_BACK) {
-                    state = hook;
-                    return;
-                }
-                if (state == CONFIRMED) {
-                    return;
-                }
-            }
-            hook.run();
+        /** How a held grant's confirmation ended. */
+        enum Outcome {
+            /** The server answered the grant: it is kept. */
+            CONFIRMED,
+            /** The server answered TAKENBACK: it gave the grant back (released it, handed it on). */
+            TAKEN_BACK,
+            /**
+             * No definite answer within {@link #CONFIRM_RETRY_FOR_MS} (a server unreachable
+             * that long), or another error: the hold is reported lost, but the grant may
+             * still stand in the server.
+             */
+            IN_DOUBT
         }
 
-        /** The confirmation's outcome: its reply (confirmed), or TAKENBACK or another failure (lost). */
-        void settle(boolean confirmed) {
-            Runnable hook;
-            synchronized (this) {
-                if (state == CONFIRMED || state == TAKEN_BACK) {
-                    return;
+        private final CompletableFuture<Outcome> outcome = new CompletableFuture<>();
+        /** Held on its grant message: a confirmation is under way (set before the holder proceeds). */
+        private volatile boolean held;
+
+        /** Runs `hook` once if the grant turns out lost, taken back or in doubt (at once if it was already). */
+        void onTakenBack(Runnable hook) {
+            outcome.thenAccept(o -> {
+                if (o != Outcome.CONFIRMED) {
+                    hook.run();
                 }
-                hook = state;
-                state = confirmed ? CONFIRMED : TAKEN_BACK;
+            });
+        }
+
+        /** The confirmation's outcome (the first settles it). */
+        void settle(Outcome o) {
+            outcome.complete(o);
+        }
+
+        /** Completes with the confirmation's outcome; never, for a grant that was collected. */
+        CompletableFuture<Outcome> outcome() {
+            return outcome;
+        }
+
+        /** Whether the wait held on its grant message (its confirmation under way or answered). */
+        boolean held() {
+            return held;
+        }
+
+        void markHeld() {
+            held = true;
+        }
+
+        /** The outcome of a confirmation that ended with `e` (null: answered). */
+        static Outcome of(Throwable e) {
+            if (e == null) {
+                return Outcome.CONFIRMED;
             }
-            if (!confirmed && hook != null) {
-                hook.run();
-            }
+            String err = Wire.serverError(e);
+            return err != null && err.startsWith("TAKENBACK") ? Outcome.TAKEN_BACK : Outcome.IN_DOUBT;
         }
     }
 
@@ -665,10 +689,11 @@ final class Waits {
             return;
         }
         Confirm c = w.confirm;
+        c.markHeld();
         // Straight to the module (a ticket is the module's; no Backend stage to pass through),
         // on the command connection, which follows a MOVED to where the grant's slot went.
         wire.retryingFor(w.confirmArgs, CONFIRM_RETRY_FOR_MS, CONFIRM_RETRY_PAUSE_MS, CONFIRM_RETRY_MAX_PAUSE_MS)
-                .whenComplete((r, e) -> c.settle(e == null));
+                .whenComplete((r, e) -> c.settle(Confirm.of(e)));
         finish(w, reply, null);
     }
 
@@ -679,7 +704,8 @@ final class Waits {
      * The reply of acquire `args` read from its `granted` message's `detail`
      * (spec/vectors/tickets.json, `holds`; the module writes it): nil for the lock and the
      * RW lock, `[nil, token]` for the fenced lock, a permit id for the expirable semaphore
-     * (a list of them with `PERMITS n`); {@link #COLLECT} for any other command, and for a
+     * (a list of them with `PERMITS n`), 1 for the plain semaphore (an empty detail);
+     * {@link #COLLECT} for any other command, and for a
      * detail that is missing (an older module) or unreadable.
      */
     static Object heldReply(List<String> args, String detail) {
@@ -709,6 +735,10 @@ final class Waits {
                     }
                 }
                 return many ? ids : ids.size() == 1 ? ids.get(0) : COLLECT;
+            }
+            case "RSEMAPHORE.ACQUIRE" -> {
+                // Its reply is always 1 and the module writes no detail for it.
+                return detail.isEmpty() ? (Object) 1L : COLLECT;
             }
             default -> {
                 return COLLECT;
@@ -871,9 +901,20 @@ final class Waits {
             leave(w);
         }
         if (!delivered && e == null) {
-            // Nobody takes this reply any more (the wait was cancelled): give back what it granted.
-            for (List<String> cmd : w.undo.apply(reply)) {
-                wire.sendRetrying(cmd);
+            // Nobody takes this reply any more (the wait was cancelled): give back what it
+            // granted. A grant held on its message is given back once its confirmation has
+            // answered, and not at all if the server took it back: a plain semaphore's
+            // release would otherwise add permits on top of the server's own give-back.
+            List<List<String>> undo = w.undo.apply(reply);
+            Confirm c = w.confirm;
+            if (c != null && c.held()) {
+                c.outcome().thenAccept(o -> {
+                    if (o != Confirm.Outcome.TAKEN_BACK) {
+                        undo.forEach(wire::sendRetrying);
+                    }
+                });
+            } else {
+                undo.forEach(wire::sendRetrying);
             }
         }
     }

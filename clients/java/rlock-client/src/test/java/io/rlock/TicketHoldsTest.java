@@ -344,6 +344,112 @@ class TicketHoldsTest {
         }
     }
 
+    /**
+     * Releases one permit of `name` (granting the queued ticket) and pauses writes, in one
+     * transaction, with rlock.ticket-confirm-ms 0: a waiter that collected before holding
+     * would wait out the pause (a collect is a write); one that holds on its `granted`
+     * message proceeds at once, its confirmation held by the pause.
+     */
+    static void grantPermitAndPauseWrites(String name) {
+        confirmMs(0);
+        var conn = server.redis();
+        conn.multi();
+        conn.dispatch(Wire.keyword("RSEMAPHORE.RELEASE"), new Reply(), ReconnectTest.args(name, "1"));
+        conn.dispatch(Wire.keyword("CLIENT"), new Reply(), ReconnectTest.args("PAUSE", "60000", "WRITE"));
+        conn.exec();
+    }
+
+    static long permits(String name) {
+        return Sync.asLong(server.call("RSEMAPHORE.AVAILABLEPERMITS", name));
+    }
+
+    static long releasesSent() {
+        String s = server.info("commandstats", "cmdstat_rsemaphore.release");
+        return s == null ? 0 : Long.parseLong(s.replaceAll("^calls=(\\d+),.*", "$1"));
+    }
+
+    @Test
+    void a_semaphore_waiter_holds_on_its_granted_message() throws Exception {
+        try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            String name = key("sem-held");
+            RlockSemaphore sem = c.getSemaphore(name);
+            assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
+            assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
+            CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            grantPermitAndPauseWrites(name);
+            try {
+                // Held while writes are paused: its confirmation (a write) waits in the server.
+                assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+            } finally {
+                server.call("CLIENT", "UNPAUSE");
+                confirmMs(1000);
+            }
+            sem.release(1);
+            assertEquals(1L, permits(name));
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
+    @Test
+    void a_semaphore_grant_taken_back_is_not_released_again() throws Exception {
+        LettuceTransport t = new LettuceTransport(RedisClient.create(server.uri()), true, null);
+        String maxclients = server.redis().configGet("maxclients").get("maxclients");
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("sem-takenback");
+            RlockSemaphore sem = c.getSemaphore(name);
+            CountDownLatch lost = new CountDownLatch(1);
+            sem.addLostListener((n, id, why) -> {
+                if (n.equals(name) && why.contains("TAKENBACK")) {
+                    lost.countDown();
+                }
+            });
+            assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
+            assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
+            long ticketConn = Sync.asLong(t.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+            long revokedBefore = revoked();
+            CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            grantPermitAndPauseWrites(name);
+            CompletableFuture<Void> released;
+            long releasesBefore;
+            try {
+                assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+                // No connection accepted any more (a closed one frees no place: one below
+                // the count), then the ticket connection killed with its confirmation
+                // unanswered: Lettuce's reconnects are refused (max number of clients) and
+                // hold the confirmation, so the server takes the grant back.
+                int connected = Integer.parseInt(server.info("clients", "connected_clients"));
+                server.call("CONFIG", "SET", "maxclients", Integer.toString(connected - 1));
+                server.call("CLIENT", "KILL", "ID", Long.toString(ticketConn));
+                server.call("CLIENT", "UNPAUSE");
+                TestServer.waitUntil(Duration.ofSeconds(10), "taken back",
+                        () -> revoked() == revokedBefore + 1 && permits(name) == 1);
+                releasesBefore = releasesSent();
+                // Released before the confirmation could answer: the release waits for it.
+                released = sem.releaseAsync(1);
+                Thread.sleep(200);
+                assertFalse(released.isDone(), "the release waits for the confirmation in flight");
+            } finally {
+                server.call("CLIENT", "UNPAUSE");
+                server.call("CONFIG", "SET", "maxclients", maxclients);
+                confirmMs(1000);
+            }
+            // The confirmation reaches the server again and hears TAKENBACK: the release
+            // sends nothing (the server gave the permit back already).
+            released.get(20, TimeUnit.SECONDS);
+            assertTrue(lost.await(10, TimeUnit.SECONDS), "the lost listener fired");
+            assertEquals(1L, permits(name), "one permit, not two");
+            assertEquals(releasesBefore, releasesSent(), "no RSEMAPHORE.RELEASE sent");
+            assertEquals(1, c.stats().lostLocks());
+            assertEquals(0, c.semaphoreDebts().debt(name));
+            // And the semaphore works on: its one permit taken and given back.
+            assertTrue(sem.tryAcquire(1, 10, TimeUnit.SECONDS));
+            sem.release(1);
+            assertEquals(1L, permits(name));
+        }
+    }
+
     @Test
     void without_ticket_holds_a_lock_waiter_collects_its_grant_first() throws Exception {
         Gated t = new Gated(true);
