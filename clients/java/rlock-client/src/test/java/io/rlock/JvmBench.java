@@ -33,6 +33,17 @@ public final class JvmBench {
     static final long RUN_MS = Long.getLong("bench.ms", 5000);
     static final long WARM_MS = Long.getLong("bench.warm.ms", 1000);
     static final int PERMITS = 4;
+    /**
+     * Only the rows matching `primitive:side:contenders` (`-Dbench.only=semaphore:rlock:8`;
+     * `*` for any part), for a before/after of one row; every row when unset.
+     */
+    static final String ONLY = System.getProperty("bench.only", "*:*:*");
+
+    static boolean wanted(String primitive, String side, int n) {
+        String[] f = ONLY.split(":", -1);
+        return f.length == 3 && (f[0].equals("*") || f[0].equals(primitive)) && (f[1].equals("*") || f[1].equals(side))
+                && (f[2].equals("*") || f[2].equals(Integer.toString(n)));
+    }
 
     record Result(String primitive, String side, int contenders, double changesPerSec, double acqPerSec,
                   double p50Ms, double p99Ms, double jain, int connections, double cpuUsPerAcq) {}
@@ -67,6 +78,9 @@ public final class JvmBench {
             for (String primitive : List.of("lock", "semaphore")) {
                 for (int n : new int[] {8, 64}) {
                     for (String side : List.of("rlock", "redisson")) {
+                        if (!wanted(primitive, side, n)) {
+                            continue;
+                        }
                         Result r = run(s, primitive, side, n);
                         System.out.printf(Locale.ROOT, "%-9s %-8s %3d: %7.0f owner changes/s, %7.0f acq/s, p50 %6.2f ms,"
                                         + " p99 %7.2f ms, Jain %.3f, %3d connections, %6.1f us CPU/acq%n",
@@ -79,7 +93,7 @@ public final class JvmBench {
         }
         String table = table(results, version);
         System.out.println(table);
-        if (report != null) {
+        if (report != null && ONLY.equals("*:*:*")) {
             Bench.write(Path.of(report), HEADING, table);
         }
     }
