@@ -145,7 +145,7 @@ final class Wire {
             long left = (until - System.nanoTime()) / 1_000_000;
             if (e == null) {
                 out.complete(v);
-            } else if (isTransient(e) && left > 0) {
+            } else if ((isTransient(e) || refusedConnection(e)) && left > 0) {
                 scheduler.schedule(() -> attemptUntil(args, until, Math.min(pause * 2, maxPause), maxPause, out),
                         Math.min(pause, left), TimeUnit.MILLISECONDS);
             } else {
@@ -246,6 +246,18 @@ final class Wire {
         }
         return e instanceof io.lettuce.core.RedisException
                 && String.valueOf(e.getMessage()).contains("Connection closed");
+    }
+
+    /**
+     * A connection the server refused at its `maxclients` (`ERR max number of clients
+     * reached`, its answer on a new connection): nothing ran, and a later try may get in.
+     * Tried again by {@link #retryingFor} (a held grant's confirmation), not read as the
+     * answer; Lettuce's own reconnect usually hides it (it keeps the command meanwhile),
+     * a transport that opens connections per command (a pool) may not.
+     */
+    static boolean refusedConnection(Throwable e) {
+        String err = serverError(e);
+        return err != null && err.startsWith("ERR max number of clients reached");
     }
 
     /**

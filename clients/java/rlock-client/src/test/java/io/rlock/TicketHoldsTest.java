@@ -450,6 +450,78 @@ class TicketHoldsTest {
         }
     }
 
+    /**
+     * The client's Lettuce transport, whose first `refusals` confirmations are answered
+     * as a server at its maxclients answers a new connection (a transport that opens one
+     * per command, a pool, sees this where Lettuce's reconnect would hide it).
+     */
+    static final class Refusing implements Transport {
+        final LettuceTransport inner = new LettuceTransport(RedisClient.create(server.uri()), true, null);
+        final AtomicInteger refusals;
+
+        Refusing(int refusals) {
+            this.refusals = new AtomicInteger(refusals);
+        }
+
+        @Override
+        public CompletableFuture<Object> send(List<String> args) {
+            if (Gated.confirmation(args) && refusals.getAndDecrement() > 0) {
+                return CompletableFuture.failedFuture(
+                        new io.lettuce.core.RedisCommandExecutionException("ERR max number of clients reached"));
+            }
+            return inner.send(args);
+        }
+
+        @Override
+        public void listen(BiConsumer<String, String> l) {
+            inner.listen(l);
+        }
+
+        @Override
+        public CompletableFuture<Void> subscribe(String channel) {
+            return inner.subscribe(channel);
+        }
+
+        @Override
+        public void unsubscribe(String channel) {
+            inner.unsubscribe(channel);
+        }
+
+        @Override
+        public void onReconnect(Runnable hook) {
+            inner.onReconnect(hook);
+        }
+
+        @Override
+        public Dedicated dedicated() {
+            return inner.dedicated();
+        }
+
+        @Override
+        public void close() {
+            inner.close();
+        }
+    }
+
+    @Test
+    void a_confirmation_refused_at_maxclients_is_tried_again_not_read_as_lost() throws Exception {
+        Refusing t = new Refusing(2);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("refused");
+            RlockLock lock = c.getLock(name);
+            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            // Two refusals, then the confirmation gets in and is answered: kept, not lost.
+            TestServer.waitUntil(Duration.ofSeconds(10), "confirmed after the refusals", () -> t.refusals.get() < 0);
+            lock.unlockAsync(7).get(10, TimeUnit.SECONDS);
+            assertFalse(lock.isLost(7));
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
     @Test
     void without_ticket_holds_a_lock_waiter_collects_its_grant_first() throws Exception {
         Gated t = new Gated(true);
