@@ -207,27 +207,58 @@ final class Waits {
             IN_DOUBT
         }
 
-        private final CompletableFuture<Outcome> outcome = new CompletableFuture<>();
+        /**
+         * null: pending; an Outcome: settled; else the hook to run if lost. A state machine,
+         * not a future, on the holder's path: no allocation but the hook.
+         */
+        private Object state;
+        /** The outcome as a future, made when asked for (a plain semaphore's release, an undo). */
+        private CompletableFuture<Outcome> future;
         /** Held on its grant message: a confirmation is under way (set before the holder proceeds). */
         private volatile boolean held;
 
         /** Runs `hook` once if the grant turns out lost, taken back or in doubt (at once if it was already). */
         void onTakenBack(Runnable hook) {
-            outcome.thenAccept(o -> {
-                if (o != Outcome.CONFIRMED) {
-                    hook.run();
+            synchronized (this) {
+                if (!(state instanceof Outcome)) {
+                    state = hook;
+                    return;
                 }
-            });
+                if (state == Outcome.CONFIRMED) {
+                    return;
+                }
+            }
+            hook.run();
         }
 
         /** The confirmation's outcome (the first settles it). */
         void settle(Outcome o) {
-            outcome.complete(o);
+            Object hook;
+            CompletableFuture<Outcome> f;
+            synchronized (this) {
+                if (state instanceof Outcome) {
+                    return;
+                }
+                hook = state;
+                state = o;
+                f = future;
+            }
+            if (o != Outcome.CONFIRMED && hook != null) {
+                ((Runnable) hook).run();
+            }
+            if (f != null) {
+                f.complete(o);
+            }
         }
 
         /** Completes with the confirmation's outcome; never, for a grant that was collected. */
         CompletableFuture<Outcome> outcome() {
-            return outcome;
+            synchronized (this) {
+                if (future == null) {
+                    future = state instanceof Outcome o ? CompletableFuture.completedFuture(o) : new CompletableFuture<>();
+                }
+                return future;
+            }
         }
 
         /** Whether the wait held on its grant message (its confirmation under way or answered). */
