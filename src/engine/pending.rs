@@ -133,6 +133,32 @@ pub fn sweep_due() -> bool {
         || TAKE_BACK_ARMED.with(|a| a.get().is_some())
 }
 
+/// The key `key` in `db` was found missing by its primitive while grants made on it may
+/// still be taken back (a waiter that vanished untold, a ticket whose connection closed
+/// unconfirmed): the key was deleted since (DEL, expiry, FLUSH...), and what those grants
+/// took went with it. Taking them back now would give to whatever is created under the
+/// name next: a plain semaphore's take-back is a release, so a semaphore deleted and
+/// initialized again would gain permits that never existed in it. They are forgotten
+/// instead. Cheap when nothing waits to be taken back (the usual case).
+pub fn void_grants_of(db: i32, key: &[u8]) {
+    let mut voided = with(|q| q.void_uncollected_of(db, key));
+    REVOKES.with(|r| {
+        let mut r = r.borrow_mut();
+        let before = r.len();
+        r.retain(|u| u.db != db || *u.key != *key);
+        voided += before - r.len();
+    });
+    TICKET_REVOKES.with(|r| {
+        let mut r = r.borrow_mut();
+        let before = r.len();
+        r.retain(|(_, u)| u.db != db || *u.key != *key);
+        voided += before - r.len();
+    });
+    for _ in 0..voided {
+        stats::bump(|s| &s.voided_handoffs);
+    }
+}
+
 /// Takes back, on the next sweep, a grant handed to a client that vanished untold.
 pub(super) fn revoke_later(ctx: &Context, granted: Untold) {
     REVOKES.with(|r| r.borrow_mut().push(granted));

@@ -442,6 +442,19 @@ impl Queues {
             .max()
     }
 
+    /// Forgets the grants of `key` in `db` not collected yet: they are never taken back
+    /// (see [`super::void_grants_of`]).
+    /// How many it forgot.
+    pub fn void_uncollected_of(&mut self, db: i32, key: &[u8]) -> usize {
+        if self.uncollected.is_empty() {
+            return 0;
+        }
+        let before = self.uncollected.len();
+        self.uncollected
+            .retain(|_, u| u.untold.db != db || *u.untold.key != *key);
+        before - self.uncollected.len()
+    }
+
     /// A ticket's grant was collected (its request id replayed).
     pub fn collected(&mut self, request_key: &[u8]) {
         if !self.uncollected.is_empty() {

@@ -21,7 +21,7 @@ use crate::pipeline::{
     self, err, int_map as map, remember, request_key, waiting_command, Answer, Waiting,
 };
 use crate::semaphore::{self, Outcome, Plan, SemState};
-use crate::server::ffi::LockKey;
+use crate::server::ffi::{KeyKind, LockKey};
 use crate::server::store::{self, Value};
 use crate::server::{ffi, guard, stats};
 use crate::vocab::args;
@@ -34,8 +34,15 @@ fn read(ctx: &Context, name: &RedisString) -> Result<SemState, &'static str> {
 }
 
 /// [`read`] for a writing command: the key stays open to be written through ([`finish`]).
+/// Opens the key for a command. A missing key voids the grants made on it that could
+/// still be taken back (engine::void_grants_of): it was deleted since, and a take-back,
+/// a release, would add permits to whatever semaphore is made under the name next.
 fn open(ctx: &Context, name: &RedisString) -> (LockKey, Result<SemState, &'static str>) {
-    store::open_string(ctx, name, semaphore::parse_state)
+    let (key, state) = store::open_string(ctx, name, semaphore::parse_state);
+    if key.kind() == KeyKind::Empty {
+        engine::void_grants_of(ffi::selected_db(ctx), name.as_slice());
+    }
+    (key, state)
 }
 
 /// [`read`] and the key's absolute expiry (-1 none, -2 no key), for RSEMAPHORE.INFO.
@@ -286,7 +293,7 @@ impl Ask for SemAsk {
 
     /// The client never learned it holds the permits: they go back (a release of the same
     /// number, served to the next waiters), and its request id is forgotten so a retry
-    /// does not read "acquired".
+    /// does not read "acquired". Not into a key deleted since: its permits went with it.
     fn take_back(&self, ctx: &Context, db: i32, name: &RedisString) {
         if let Some(id) = &self.request_id {
             store::forget_request(ctx, &args::request_key(name.as_slice(), id));
@@ -294,6 +301,9 @@ impl Ask for SemAsk {
         let (key, Ok(state)) = open(ctx, name) else {
             return;
         };
+        if key.kind() == KeyKind::Empty {
+            return;
+        }
         let Ok(plan) = semaphore::release(&state, self.permits) else {
             return;
         };

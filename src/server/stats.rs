@@ -20,6 +20,9 @@ pub struct Stats {
     pub renewals: Cell<u64>,
     pub expired_with_waiters: Cell<u64>,
     pub revoked_handoffs: Cell<u64>,
+    /// Grants that could have been taken back, forgotten because their key was deleted
+    /// since (engine::void_grants_of).
+    pub voided_handoffs: Cell<u64>,
     /// Locks left free for script-side waiters before a handoff (engine/turns.rs).
     pub script_turns: Cell<u64>,
     // Countdown latch (latch/commands.rs).
@@ -135,7 +138,7 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
         tracked_locks,
     } = gauges;
     STATS.with(|s| {
-        let lock: [(&str, u64); 12] = [
+        let lock: [(&str, u64); 13] = [
             ("acquisitions", s.acquisitions.get()),
             ("reentries", s.reentries.get()),
             ("contended", s.contended.get()),
@@ -146,6 +149,7 @@ pub fn info(ctx: &InfoContext, gauges: Gauges) -> RedisResult<()> {
             ("renewals", s.renewals.get()),
             ("expired_with_waiters", s.expired_with_waiters.get()),
             ("revoked_handoffs", s.revoked_handoffs.get()),
+            ("voided_handoffs", s.voided_handoffs.get()),
             ("script_turns", s.script_turns.get()),
             ("tracked_locks", tracked_locks as u64),
         ];

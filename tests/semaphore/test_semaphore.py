@@ -222,6 +222,55 @@ def test_a_grant_taken_back_returns_the_permits_and_forgets_the_id(server):
     assert r.get("s") == b"0", "the retry really acquired"
 
 
+def test_a_grant_whose_semaphore_was_deleted_and_made_anew_is_not_taken_back_into_it(server):
+    """A grant its waiter never learned of is taken back by a release; once its key was
+    deleted, what it took went with the key, and the release would give permits to the
+    semaphore made anew under the name (found by the Python contenders bench, which
+    deletes and initializes its semaphore between runs: "more than 4 holders at once")."""
+    r = server.client()
+    sem(r, "RSEMAPHORE.TRYSETPERMITS", "s", 0)
+    call = queue(server, r, "s", "RSEMAPHORE.ACQUIRE", "s", 2, "WAIT", 10_000, "ID", "w9")
+    with r.pipeline(transaction=False) as p:
+        p.execute_command("RSEMAPHORE.RELEASE", "s", 2)
+        p.execute_command("CLIENT", "KILL", "ID", call.client_id)
+        p.execute_command("DEL", "s")
+        p.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 3)
+        p.execute()
+    call.close()
+    wait_until(lambda: settled_grants(r) == 1, what="the grant forgotten or taken back")
+    assert rlock_info(r, "revoked_handoffs") == 0, "taken back into the new semaphore"
+    assert r.get("s") == b"3"
+
+
+def test_a_ticket_grant_whose_semaphore_was_deleted_is_not_taken_back_into_a_new_one(server):
+    """The same for a ticket whose connection closed unconfirmed: at its grace's end the
+    key had been deleted and made anew, so nothing is given back."""
+    r = server.client()
+    r.config_set("rlock.ticket-confirm-ms", 200)
+    sem(r, "RSEMAPHORE.TRYSETPERMITS", "s", 0)
+    t = server.client()
+    assert t.execute_command("RSEMAPHORE.ACQUIRE", "s", 2, "WAIT", 10_000, "ASYNC",
+                             "ID", "w10") == b"QUEUED"
+    ticket = t.client_id()
+    with r.pipeline(transaction=False) as p:
+        p.execute_command("RSEMAPHORE.RELEASE", "s", 2)
+        p.execute_command("CLIENT", "KILL", "ID", ticket)
+        p.execute()
+    sem(r, "DEL", "s")
+    sem(r, "RSEMAPHORE.TRYSETPERMITS", "s", 3)
+    # Forgotten at once (nothing left to take back when the grace ends), or taken back
+    # at the grace's end.
+    wait_until(lambda: settled_grants(r) == 1, what="the grant forgotten or taken back")
+    assert rlock_info(r, "revoked_handoffs") == 0, "taken back into the new semaphore"
+    assert r.get("s") == b"3"
+
+
+def settled_grants(r):
+    """Grants taken back or forgotten so far."""
+    info = r.info("rlock")
+    return info["rlock_revoked_handoffs"] + info.get("rlock_voided_handoffs", 0)
+
+
 # ---- replication, persistence, keyspace -----------------------------------------------------
 
 MASTER_ARGS = ["--hz", "100", "--repl-diskless-sync-delay", "0"]
