@@ -279,7 +279,20 @@ struct State {
     /// server would replay the grant, and the permit or lock would be both given back
     /// and used (found by the fault harness: a waiter paused past its limit).
     given_back: VecDeque<String>,
+    /// Key channels subscribed on this connection with no waiter left, idle the longest
+    /// first, at most [`IDLE_CHANNELS_KEPT`]: a next wait on the key subscribes nothing.
+    /// Only tagged channels (`notify`), where no other client's message comes, and not
+    /// on a cluster node's connection (see [`release_channel`]).
+    idle: VecDeque<Vec<u8>>,
 }
+
+/// How many key channels a ticket connection keeps subscribed with nobody waiting on
+/// them. A process that waits on one lock at a time would otherwise send `SUBSCRIBE`
+/// before each ticket and `UNSUBSCRIBE` after it: two commands per acquisition, a tenth
+/// of the server's CPU for it (design.md 5). The bound keeps a client that touches many
+/// keys from holding a subscription for each (a subscription costs the server a little
+/// memory, no work: nothing is published on an idle tagged channel).
+const IDLE_CHANNELS_KEPT: usize = 64;
 
 /// How many given-back ids are remembered: a retry follows its failed attempt within
 /// the client's retry delays, so only recent ones matter.
@@ -459,7 +472,10 @@ impl Tickets {
             None => {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
-                if *n == 1 && st.writer.is_some() {
+                let first = *n == 1;
+                if first && take_idle(&mut st, &channel) {
+                    // Still subscribed on this connection: nothing to send.
+                } else if first && st.writer.is_some() {
                     let packed = pack(&[subscribe_cmd(st.shard).to_vec(), st.wire(&channel)]);
                     st.pending.push_back(Pending::Subscribe(1));
                     write_locked(&mut st, &packed);
@@ -829,17 +845,46 @@ fn release_channel(st: &mut State, channel: &[u8]) {
         *n -= 1;
         if *n == 0 {
             st.channels.remove(channel);
-            if st.writer.is_some() {
-                let verb: &[u8] = if st.shard {
-                    b"SUNSUBSCRIBE"
-                } else {
-                    b"UNSUBSCRIBE"
-                };
-                let packed = pack(&[verb.to_vec(), st.wire(channel)]);
-                st.pending.push_back(Pending::Unsubscribe(1));
-                write_locked(st, &packed);
+            if st.writer.is_none() {
+                return;
+            }
+            if !st.notify || st.shard {
+                // The key's own channel: idle, it would hear every other client's grants.
+                // A cluster node's shard channel: the node drops it by itself when the
+                // key's slot leaves (Valkey's atomic slot migration), and an idle one
+                // whose drop was not heard would leave a later waiter deaf to its grant
+                // there once the slot came back; kept only on one server's connection.
+                return unsubscribe(st, channel);
+            }
+            st.idle.push_back(channel.to_vec());
+            if st.idle.len() > IDLE_CHANNELS_KEPT {
+                if let Some(oldest) = st.idle.pop_front() {
+                    unsubscribe(st, &oldest);
+                }
             }
         }
+    }
+}
+
+fn unsubscribe(st: &mut State, channel: &[u8]) {
+    let verb: &[u8] = if st.shard {
+        b"SUNSUBSCRIBE"
+    } else {
+        b"UNSUBSCRIBE"
+    };
+    let packed = pack(&[verb.to_vec(), st.wire(channel)]);
+    st.pending.push_back(Pending::Unsubscribe(1));
+    write_locked(st, &packed);
+}
+
+/// Takes `channel` out of the idle ones; true if it was there (still subscribed).
+fn take_idle(st: &mut State, channel: &[u8]) -> bool {
+    match st.idle.iter().position(|c| c.as_slice() == channel) {
+        Some(at) => {
+            st.idle.remove(at);
+            true
+        }
+        None => false,
     }
 }
 
@@ -902,6 +947,8 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     *lock_ignoring_poison(&shared.refused) = None;
     st.gen += 1;
     st.pending.clear();
+    // The old connection's subscriptions went with it; only waiters' are made again.
+    st.idle.clear();
     // Orphans lived on the old connection: their tickets and grants went with it.
     let orphans: Vec<String> = st
         .waiters
@@ -1084,6 +1131,7 @@ fn redirection(e: &RedisError) -> bool {
 /// of a slot it no longer serves.
 fn slot_left(st: &mut State, channel: &[u8], gen: u64) {
     st.channels.remove(channel);
+    take_idle(st, channel);
     for slot in st.waiters.values() {
         if let Slot::Live {
             sink, channel: c, ..
