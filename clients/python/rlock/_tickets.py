@@ -10,8 +10,12 @@ tag`` (the client's own tag, drawn once per client and event loop) and subscribe
 key's channel with ``:tag`` appended, on which only this client's tickets are answered:
 a handoff wakes the one client whose ticket it is, not every client with a waiter on the
 key (design.md 5). Otherwise it subscribes the key's channel, as an older module wants.
-Channels are counted per key (subscribed for the first waiter, unsubscribed after the
-last). One reader (a daemon thread, or an asyncio task) routes replies, in order, to the
+Channels are counted per key, subscribed for the first waiter. After the last waiter a
+tagged channel stays subscribed, idle (only this client's tickets are answered there, so
+it hears nothing meanwhile), and the key's next wait sends no ``SUBSCRIBE``: at most
+`IDLE_CHANNELS` per ticket connection, the one idle longest unsubscribed beyond that; a
+key's shared channel is unsubscribed after its last waiter (idle, it would hear every
+other client's handoffs). One reader (a daemon thread, or an asyncio task) routes replies, in order, to the
 senders and messages, by request id, to the waiters. This mirrors the Rust client's
 `clients/rust/src/tickets.rs`.
 
@@ -65,7 +69,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Set, Tuple
 
 from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -87,8 +91,11 @@ AWAY_FIRST = 0.01
 AWAY_MAX = 0.2
 AWAY_UNTIMED = 5.0
 
-#: Ticket channels kept subscribed after their last waiter left, per ticket connection.
-IDLE_CHANNELS = 256
+#: Tagged ticket channels kept subscribed after their last waiter left, per ticket
+#: connection (per node on a cluster): a process waiting on one lock at a time saves a
+#: SUBSCRIBE and an UNSUBSCRIBE per acquisition, and one touching many keys holds no more
+#: subscriptions than this (the one idle longest goes first).
+IDLE_CHANNELS = 64
 
 #: How much sooner than the client's own deadline a timed ticket's wait ends in the
 #: server (at most a quarter of the wait), so that its `timeout` message is normally in
@@ -391,8 +398,13 @@ class Book:
         # The ticket channel of each waiter in `notes` (see `moved`).
         self.note_channels: Dict[str, bytes] = {}
         self.channels: Dict[bytes, int] = {}
-        # Channels nobody waits on, kept subscribed (oldest first) so that the next wait
-        # on a hot key needs no SUBSCRIBE round trip; at most IDLE_CHANNELS of them.
+        # The referenced channels that stay subscribed after their last waiter: tagged
+        # ones (``NOTIFY tag``), where only our tickets are answered.
+        self.keep: Set[bytes] = set()
+        # Tagged channels nobody waits on, kept subscribed (oldest first) so that the next
+        # wait on the key needs no SUBSCRIBE; at most IDLE_CHANNELS of them. Forgotten with
+        # their connection (never subscribed again on a new one) or when the server drops
+        # them (`moved`).
         self.idle: "OrderedDict[bytes, None]" = OrderedDict()
         self.orphans: Dict[str, Tuple[List[Any], bytes]] = {}
         self.gen = 0
@@ -476,6 +488,7 @@ class Book:
         here instead, and wait on the slot's new owner (`Fallback`). The source never
         grants a ticket of a slot it no longer serves."""
         self.channels.pop(channel, None)
+        self.keep.discard(channel)
         self.idle.pop(channel, None)
         note = f"MOVED (the slot of {channel.decode(errors='replace')} left the node)"
         for note_id, ch in list(self.note_channels.items()):
@@ -493,27 +506,37 @@ class Book:
         for box in self.notes.values():
             box.put(LOST)
         self.channels.clear()
+        self.keep.clear()
         self.idle.clear()
         self.orphans.clear()
         self.gen += 1
 
-    def ref(self, channel: bytes) -> bool:
-        """Takes a reference to ``channel``; True if it must be subscribed now."""
+    def ref(self, channel: bytes, keep: bool = False) -> bool:
+        """Takes a reference to ``channel``; True if it must be subscribed now (not
+        referenced, nor idle: a live subscription on this connection, so no grant on it
+        can be missed). ``keep``: a tagged channel, which stays subscribed, idle, after
+        its last reference."""
         count = self.channels.get(channel, 0)
         self.channels[channel] = count + 1
         if count:
             return False
+        if keep:
+            self.keep.add(channel)
         return self.idle.pop(channel, False) is False
 
     def unref(self, channel: bytes, gen: int) -> Optional[bytes]:
         """Drops a reference (taken on connection generation ``gen``); returns a channel
-        to unsubscribe now (the oldest idle one beyond `IDLE_CHANNELS`), if any."""
+        to unsubscribe now, if any: the channel itself after its last reference unless it
+        is tagged, or the one idle longest once more than `IDLE_CHANNELS` are."""
         if gen != self.gen or channel not in self.channels:
             return None
         self.channels[channel] -= 1
         if self.channels[channel]:
             return None
         del self.channels[channel]
+        if channel not in self.keep:
+            return channel
+        self.keep.discard(channel)
         self.idle[channel] = None
         if len(self.idle) > IDLE_CHANNELS:
             return self.idle.popitem(last=False)[0]
@@ -523,8 +546,16 @@ class Book:
         """A subscription that failed: no reference, not idle."""
         if self.channels.get(channel, 0) <= 1:
             self.channels.pop(channel, None)
+            self.keep.discard(channel)
         else:
             self.channels[channel] -= 1
+
+    def unsubscribe_due(self, channel: bytes, gen: int) -> bool:
+        """Whether an unsubscribe of ``channel`` decided on connection generation ``gen``
+        is still due when it is written (an asyncio task, later): not if a wait referenced
+        the channel since (its ``SUBSCRIBE`` went out already, before this one would), nor
+        on a new connection."""
+        return gen == self.gen and channel not in self.channels and channel not in self.idle
 
     def leave(self, note_id: str, look: Optional[List[Any]],
               subs: List[Tuple[bytes, int]]) -> Tuple[Optional[List[Any]], List[bytes]]:
@@ -1101,7 +1132,7 @@ class SyncTicketConn:
             channel = ticket_channel(key, tag)
             gen = self.book.gen
             slot = self._send_locked((_sub_command(self.shard, True), channel), sub=True) \
-                if self.book.ref(channel) else None
+                if self.book.ref(channel, keep=tag is not None) else None
         if slot is not None:
             try:
                 slot.get(None if until is None else until - time.monotonic())
@@ -1484,7 +1515,8 @@ class AsyncTicketConn:
             channel = ticket_channel(key, tag)
             gen = self.book.gen
             slot = await self._send_locked((_sub_command(self.shard, True), channel),
-                                           sub=True) if self.book.ref(channel) else None
+                                           sub=True) \
+                if self.book.ref(channel, keep=tag is not None) else None
         finally:
             self.lock.release()
         if slot is not None:
@@ -1500,11 +1532,13 @@ class AsyncTicketConn:
     async def unsubscribe(self, channel: bytes, gen: int) -> None:
         stale = self.book.unref(channel, gen)
         if stale is not None:
-            await self._unsubscribe_now(stale)
+            await self._unsubscribe_now(stale, self.book.gen)
 
-    async def _unsubscribe_now(self, channel: bytes) -> None:
+    async def _unsubscribe_now(self, channel: bytes, gen: int) -> None:
+        """Writes the unsubscribe the book decided on generation ``gen``, unless a wait
+        subscribed the channel again while this waited for the lock (`Book.unsubscribe_due`)."""
         async with self.lock:
-            if self.conn is not None:
+            if self.conn is not None and self.book.unsubscribe_due(channel, gen):
                 try:
                     await self._send_locked((_sub_command(self.shard, False), channel),
                                             sub=True)
@@ -1514,11 +1548,12 @@ class AsyncTicketConn:
     def leave(self, note_id: str, look: Optional[List[Any]],
               subs: List[Tuple[bytes, int]]) -> None:
         """As `SyncTicketConn.leave`. The book is the loop's alone, so it changes at once;
-        only an unsubscribe to send (past `IDLE_CHANNELS`), and a grant to give back, take
-        a task (a cancelled waiter leaves at once)."""
+        only an unsubscribe to send (a key channel after its last waiter, or an idle one
+        past `IDLE_CHANNELS`), and a grant to give back, take a task (a cancelled waiter
+        leaves at once)."""
         due, stale = self.book.leave(note_id, look, subs)
         for channel in stale:
-            self._spawn(self._unsubscribe_now(channel))
+            self._spawn(self._unsubscribe_now(channel, self.book.gen))
         if due is not None:
             self._spawn(self._undo(due, None, 0))
 

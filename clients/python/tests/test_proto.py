@@ -96,7 +96,7 @@ def test_a_grant_comes_back_with_its_collect_when_the_waiter_registered_one():
 def test_an_orphans_grant_is_given_back_and_its_timeout_forgotten():
     book = Book(Slot, Box)
     book.notes["r1"], book.notes["r2"] = Box(), Box()
-    book.ref(b"old"), book.ref(b"ch"), book.ref(b"ch")
+    book.ref(b"old", True), book.ref(b"ch", True), book.ref(b"ch", True)
     # r1 subscribed twice (its connection broke once): the older channel is dropped, the
     # ticket's kept until its message comes.
     assert book.leave("r1", ["LOOK1"], [(b"old", 0), (b"ch", 0)]) == (None, [])
@@ -111,7 +111,7 @@ def test_a_waiter_leaving_after_its_grant_came_gives_it_back_at_once():
     book = Book(Slot, Box)
     book.notes["r1"] = box = Box()
     box.put(Note("granted", "r1"))
-    book.ref(b"ch")
+    book.ref(b"ch", True)
     assert book.leave("r1", ["LOOK"], [(b"ch", 0)]) == (["LOOK"], [])
     assert book.channels == {} and list(book.idle) == [b"ch"]
 
@@ -120,29 +120,66 @@ def test_a_waiter_leaving_past_the_idle_limit_unsubscribes_the_oldest(monkeypatc
     import rlock._tickets as t
     monkeypatch.setattr(t, "IDLE_CHANNELS", 1)
     book = Book(Slot, Box)
-    book.ref(b"a"), book.ref(b"b")
+    book.ref(b"a", True), book.ref(b"b", True)
     assert book.leave("r1", None, [(b"a", 0), (b"b", 0)]) == (None, [b"a"])
 
 
-def test_idle_channels_stay_subscribed_up_to_a_limit(monkeypatch):
+def test_tagged_channels_stay_subscribed_idle_up_to_a_limit(monkeypatch):
     import rlock._tickets as t
     monkeypatch.setattr(t, "IDLE_CHANNELS", 1)
     book = Book(Slot, Box)
-    assert book.ref(b"a") is True and book.ref(b"a") is False        # subscribed once
+    assert book.ref(b"a", True) is True and book.ref(b"a", True) is False  # subscribed once
     assert book.unref(b"a", 0) is None and book.unref(b"a", 0) is None  # now idle
-    assert book.ref(b"a") is False                                   # reused, no SUBSCRIBE
+    assert book.ref(b"a", True) is False                             # reused, no SUBSCRIBE
     assert book.unref(b"a", 0) is None
-    assert book.ref(b"b") is True and book.unref(b"b", 0) == b"a"    # the oldest idle goes
+    assert book.ref(b"b", True) is True and book.unref(b"b", 0) == b"a"  # the oldest goes
+    assert list(book.idle) == [b"b"] and book.unsubscribe_due(b"a", 0)
+
+
+def test_the_default_limit_keeps_64_idle_channels_and_drops_the_one_idle_longest():
+    book = Book(Slot, Box)
+    for i in range(64):
+        assert book.ref(b"c%d" % i, True) is True and book.unref(b"c%d" % i, 0) is None
+    assert book.ref(b"c0", True) is False and book.unref(b"c0", 0) is None  # used again
+    assert book.ref(b"c64", True) is True and book.unref(b"c64", 0) == b"c1"
+    assert len(book.idle) == 64 and b"c0" in book.idle
+
+
+def test_a_key_channel_is_unsubscribed_after_its_last_waiter():
+    # The key's shared channel (an older module, no NOTIFY tag) hears every client's
+    # handoffs: it never stays idle.
+    book = Book(Slot, Box)
+    assert book.ref(b"k") is True and book.ref(b"k") is False
+    assert book.unref(b"k", 0) is None and book.unref(b"k", 0) == b"k"
+    assert book.idle == {} and book.ref(b"k") is True                # subscribed again
+
+
+def test_an_unsubscribe_is_not_due_once_a_wait_subscribed_the_channel_again():
+    # asyncio writes an unsubscribe from a task, after a wait may have subscribed anew.
+    book = Book(Slot, Box)
+    book.ref(b"k")
+    assert book.unref(b"k", 0) == b"k" and book.unsubscribe_due(b"k", 0)
+    book.ref(b"k")
+    assert not book.unsubscribe_due(b"k", 0)
+    book.lost()
+    assert not book.unsubscribe_due(b"k", 0)  # a new connection never had it
+
+
+def test_a_channel_the_server_dropped_leaves_the_idle_set():
+    book = Book(Slot, Box)
+    book.ref(b"a", True), book.unref(b"a", 0)
+    book.frame(_Push([b"sunsubscribe", b"a", 0]))  # nobody asked: a slot migration
+    assert book.idle == {} and book.ref(b"a", True) is True
 
 
 def test_a_lost_connection_fails_replies_and_tells_waiters():
     book = Book(Slot, Box)
     book.pending.append(slot := Slot())
     book.notes["r1"] = box = Box()
-    book.ref(b"a")
+    book.ref(b"a", True), book.ref(b"b", True), book.unref(b"b", 0)
     book.lost()
     assert isinstance(slot.value, ConnectionError) and box.notes[-1].kind == "lost"
-    assert book.channels == {} and book.gen == 1
+    assert book.channels == {} and book.idle == {} and book.gen == 1  # none resubscribed
     assert book.unref(b"a", 0) is None  # a reference of the old connection: ignored
 
 

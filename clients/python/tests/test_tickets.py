@@ -15,9 +15,11 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from conftest import blocked_clients, clients_named, grant_and_pause_writes, stat, wait_until
 from rlock_server import RedisServer
 
@@ -772,3 +774,164 @@ async def test_asyncio_waits_send_notify_on_their_own_channel(server, ar):
         assert conn.book.heard == 1
     finally:
         admin.close()
+
+
+# ---- a tagged channel stays subscribed between waits ------------------------------------
+
+
+def _calls(r: redis.Redis, command: str) -> int:
+    """How many times the server ran ``command`` since the last CONFIG RESETSTAT."""
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def _queued_wait(client: redis.Redis, r: redis.Redis, key: str) -> None:
+    """One wait of ``client`` on ``key`` that really queues a ticket: ``r`` holds the lock
+    until the ticket is queued, then releases it; the waiter is granted and releases."""
+    holder = rlock.Lock(r, key, timeout=30)
+    assert holder.acquire(blocking=False)
+    got: list = []
+
+    def wait() -> None:  # the token is the thread's (redis-py's Lock)
+        waiter = rlock.Lock(client, key, timeout=30)
+        got.append(waiter.acquire(blocking_timeout=10))
+        if got[-1]:
+            waiter.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    try:
+        wait_until(lambda: stat(r, "waiters") == 1, what=f"a ticket queued on {key}")
+    finally:
+        holder.release()
+        t.join(10)
+    assert got == [True], f"granted on {key}"
+
+
+def _tagged(client: redis.Redis, r: redis.Redis) -> list:
+    """The ticket channels of ``client``'s own tag subscribed in the server."""
+    (conn,) = rlock._io.ticket_connections(client)
+    return sorted(r.pubsub_channels(f"rlock_ticket:*:{conn.tag}".encode()))
+
+
+def test_a_tagged_ticket_channel_is_subscribed_once_for_many_waits(server, r, admin):
+    """Five queued waits of one client on one key, one after another: one SUBSCRIBE, no
+    UNSUBSCRIBE; the channel stays subscribed after the last (idle, it hears nothing)."""
+    from rlock._proto import ticket_channel
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    try:
+        admin.config_resetstat()
+        for _ in range(5):
+            _queued_wait(client, r, "k")
+        (conn,) = rlock._io.ticket_connections(client)
+        assert (_calls(admin, "subscribe"), _calls(admin, "unsubscribe")) == (1, 0)
+        assert _numsub(admin, ticket_channel(b"k", conn.tag)) == 1
+        assert conn.book.heard == 5  # its own grants only
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+
+
+def test_at_most_64_idle_ticket_channels_stay_subscribed(server, r, admin):
+    """Queued waits on 65 keys in turn: 64 idle channels stay subscribed, the first key's
+    (idle the longest) is unsubscribed."""
+    from rlock._proto import ticket_channel
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    try:
+        keys = [f"k{i}" for i in range(65)]
+        for key in keys:
+            _queued_wait(client, r, key)
+        (conn,) = rlock._io.ticket_connections(client)
+        want = sorted(ticket_channel(k.encode(), conn.tag) for k in keys[1:])
+        wait_until(lambda: _tagged(client, admin) == want, what="64 idle channels")
+        assert _numsub(admin, ticket_channel(b"k0", conn.tag)) == 0
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+
+
+def test_a_key_channel_is_unsubscribed_after_its_last_waiter(server, r, admin, monkeypatch):
+    """Against a module without ``ticket-notify`` the wait subscribes the key's shared
+    channel, where every client's handoffs are heard: unsubscribed after its last waiter,
+    and subscribed again by the next wait."""
+    from rlock._proto import ticket_channel
+    _without_ticket_notify(monkeypatch)
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    try:
+        admin.config_resetstat()
+        for _ in range(2):
+            _queued_wait(client, r, "k")
+            wait_until(lambda: _numsub(admin, ticket_channel(b"k")) == 0,
+                       what="the key channel unsubscribed")
+        assert (_calls(admin, "subscribe"), _calls(admin, "unsubscribe")) == (2, 2)
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+
+
+def test_an_idle_channel_is_subscribed_again_on_a_new_ticket_connection(server, r, admin):
+    """The idle channels go with their connection: after a CLIENT KILL the next wait on
+    the key subscribes again on the new connection and is granted."""
+    from rlock._proto import ticket_channel
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    try:
+        _queued_wait(client, r, "k")
+        (conn,) = rlock._io.ticket_connections(client)
+        channel = ticket_channel(b"k", conn.tag)
+        assert _numsub(admin, channel) == 1  # idle
+        gen = conn.book.gen
+        (old,) = [c for c in admin.client_list()
+                  if c.get("name") == rlock.TICKET_CONNECTION_NAME]
+        admin.client_kill_filter(_id=old["id"])
+        wait_until(lambda: conn.book.gen == gen + 1, what="the client saw it closed")
+        assert conn.book.idle == {} and _numsub(admin, channel) == 0
+        admin.config_resetstat()
+        _queued_wait(client, r, "k")  # granted on the new connection
+        assert _calls(admin, "subscribe") == 1 and _numsub(admin, channel) == 1
+    finally:
+        rlock.close_tickets(client)
+        client.close()
+
+
+async def test_asyncio_a_tagged_channel_is_subscribed_once_and_a_key_channel_each_time(
+        server, ar, admin, monkeypatch):
+    """The asyncio shell follows the same book: five queued waits on one key, one
+    SUBSCRIBE; on the key's shared channel (no ``ticket-notify``), one per wait, and
+    unsubscribed after each."""
+    import asyncio
+
+    import rlock.asyncio as arlock
+    from rlock._proto import ticket_channel
+
+    async def queued(key: str, client: Any = ar) -> None:
+        holder = arlock.Lock(ar, key, timeout=30)
+        assert await holder.acquire(blocking=False)
+        waiter = arlock.Lock(client, key, timeout=30)
+        task = asyncio.create_task(waiter.acquire(blocking_timeout=10))
+        deadline = time.monotonic() + 10
+        while stat(admin, "waiters") < 1:
+            assert time.monotonic() < deadline, f"a ticket queued on {key}"
+            await asyncio.sleep(0.002)
+        await holder.release()
+        assert await asyncio.wait_for(task, 10) is True
+        await waiter.release()
+
+    admin.config_resetstat()
+    for _ in range(5):
+        await queued("ak")
+    (conn,) = rlock._io.ticket_connections(ar)
+    assert (_calls(admin, "subscribe"), _calls(admin, "unsubscribe")) == (1, 0)
+    assert _numsub(admin, ticket_channel(b"ak", conn.tag)) == 1
+    _without_ticket_notify(monkeypatch)  # for the connections made from now on
+    older = redis.asyncio.Redis(port=server.port, socket_timeout=5)
+    try:
+        admin.config_resetstat()
+        for _ in range(3):
+            await queued("ak", older)
+        deadline = time.monotonic() + 5
+        while _numsub(admin, ticket_channel(b"ak")) != 0:
+            assert time.monotonic() < deadline, "the key channel unsubscribed"
+            await asyncio.sleep(0.002)
+        assert (_calls(admin, "subscribe"), _calls(admin, "unsubscribe")) == (3, 3)
+    finally:
+        await rlock.asyncio.aclose_tickets(older)
+        await older.aclose()
