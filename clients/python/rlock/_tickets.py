@@ -15,9 +15,9 @@ tagged channel stays subscribed, idle (only this client's tickets are answered t
 it hears nothing meanwhile), and the key's next wait sends no ``SUBSCRIBE``: at most
 `IDLE_CHANNELS` per ticket connection, the one idle longest unsubscribed beyond that; a
 key's shared channel is unsubscribed after its last waiter (idle, it would hear every
-other client's handoffs). One reader (a daemon thread, or an asyncio task) routes replies, in order, to the
-senders and messages, by request id, to the waiters. This mirrors the Rust client's
-`clients/rust/src/tickets.rs`.
+other client's handoffs). One reader (a daemon thread, or an asyncio task) routes
+replies, in order, to the senders and messages, by request id, to the waiters. This
+mirrors the Rust client's `clients/rust/src/tickets.rs`.
 
 What is written once here, for both front ends:
 
@@ -1536,7 +1536,8 @@ class AsyncTicketConn:
 
     async def _unsubscribe_now(self, channel: bytes, gen: int) -> None:
         """Writes the unsubscribe the book decided on generation ``gen``, unless a wait
-        subscribed the channel again while this waited for the lock (`Book.unsubscribe_due`)."""
+        subscribed the channel again while this waited for the lock
+        (`Book.unsubscribe_due`)."""
         async with self.lock:
             if self.conn is not None and self.book.unsubscribe_due(channel, gen):
                 try:
