@@ -1,7 +1,7 @@
 // The client on a 3-master Redis Cluster: commands routed by key, tickets queued and
 // heard (SSUBSCRIBE) on the node that owns the key's slot, one hub per node with waiters;
 // a ticket follows its node's connections being killed and (Valkey 9.0+) an atomic slot
-// migration.
+// migration, which also makes the hub forget a channel left subscribed with no waiter.
 
 package rlock_test
 
@@ -171,5 +171,70 @@ func TestClusterTicketFollowsAnAtomicSlotMigration(t *testing.T) {
 	must(t, <-got)
 	if waiter.Held() != 1 || dst.HGet(ctx, key, waiter.Owner()).Val() != "1" {
 		t.Fatal("the waiter does not hold the lock on the new owner")
+	}
+}
+
+// A tagged channel left subscribed on a node after its last waiter (it lingers there) is
+// forgotten when an atomic slot migration drops it (Valkey 9): once the slot is back, a
+// wait on the key subscribes again there and is granted (still counted as subscribed, it
+// would queue unheard).
+func TestClusterAChannelDroppedByASlotMigrationIsSubscribedAgain(t *testing.T) {
+	cl := testserver.StartCluster(t)
+	rdb := cl.Client(t)
+	c := rlock.New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	info := cl.Nodes[0].Client(t).Info(ctx, "server").Val()
+	if !strings.Contains(info, "server_name:valkey") || strings.Contains(info, "valkey_version:8.") || strings.Contains(info, "valkey_version:7.") {
+		t.Skip("atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+")
+	}
+	const key = "asm-idle-go"
+	slot := rdb.ClusterKeySlot(ctx, key).Val()
+	src, err := rdb.MasterForKey(ctx, key)
+	must(t, err)
+	var dst *redis.Client
+	for _, n := range cl.Nodes {
+		if n.Addr != src.Options().Addr {
+			dst = n.Client(t)
+			break
+		}
+	}
+	srcID, err := src.Do(ctx, "CLUSTER", "MYID").Text()
+	must(t, err)
+	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
+	must(t, err)
+	tagged := "rlock_ticket:{" + key + "}:" + rlock.TicketTag(c)
+	holder, waiter := c.NewMutex(key), c.NewMutex(key)
+	queuedWait := func() {
+		must(t, holder.Lock())
+		got := within(waiter.LockContext)
+		testserver.WaitUntil(t, 20*time.Second, "the ticket queued", func() bool {
+			i, _ := holder.Info(ctx)
+			return i != nil && i.Waiters == 1
+		})
+		_, err := holder.Unlock()
+		must(t, err)
+		must(t, <-got)
+		_, err = waiter.Unlock()
+		must(t, err)
+	}
+	moved := func(node *redis.Client) bool {
+		err := node.Get(ctx, key).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "MOVED")
+	}
+	queuedWait()
+	if n := src.PubSubShardNumSub(ctx, tagged).Val()[tagged]; n != 1 {
+		t.Fatalf("subscribers of the idle channel: %d, want 1", n)
+	}
+	must(t, src.Do(ctx, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", dstID).Err())
+	testserver.WaitUntil(t, 30*time.Second, "the slot moved away, its subscription dropped", func() bool {
+		return moved(src) && src.PubSubShardNumSub(ctx, tagged).Val()[tagged] == 0
+	})
+	must(t, dst.Do(ctx, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", srcID).Err())
+	testserver.WaitUntil(t, 30*time.Second, "the slot back", func() bool { return moved(dst) && !moved(src) })
+	rdb.ReloadState(ctx)
+	queuedWait()
+	if n := src.PubSubShardNumSub(ctx, tagged).Val()[tagged]; n != 1 {
+		t.Fatalf("subscribers of the channel after the migration back: %d, want 1", n)
 	}
 }

@@ -3,13 +3,18 @@
 // tagged channel, and nothing goes to the key's channel; a client whose probe does not
 // name `ticket-notify` (a test double of the answer) queues on the key's channel as
 // before, and moves to its tagged channel when a later probe (after a reconnect) names
-// it; on a cluster the tagged channel is SSUBSCRIBEd on the key's node.
+// it; on a cluster the tagged channel is SSUBSCRIBEd on the key's node. A tagged channel
+// stays subscribed between waits (one SUBSCRIBE for many), at most 64 idle per ticket
+// connection, none carried over a reconnect; the key's channel, and a cluster node's
+// channels, are still unsubscribed after their last waiter.
 
 package rlock_test
 
 import (
 	"context"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -200,4 +205,114 @@ func TestClusterTicketsAreHeardOnTheClientsTaggedChannelOnTheKeysNode(t *testing
 	if waiter.Held() != 1 {
 		t.Fatal("the waiter does not hold the lock")
 	}
+	// A cluster node's channel is not kept idle: unsubscribed once its linger is over.
+	_, err = waiter.Unlock()
+	must(t, err)
+	rlock.SweepTickets(c)
+	testserver.WaitUntil(t, 10*time.Second, "the tagged channel unsubscribed on the node", func() bool {
+		return node.PubSubShardNumSub(ctx, tagged).Val()[tagged] == 0
+	})
+}
+
+// waitQueued makes m wait on its key as a queued ticket (the key held from rdb first,
+// released once the ticket is queued), then unlocks it.
+func waitQueued(t *testing.T, rdb *redis.Client, m *rlock.Mutex, key string) {
+	t.Helper()
+	takeOutside(t, rdb, key)
+	got := within(m.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the waiter queued", func() bool { return infoWaiters(t, "RLOCK.INFO", key) == 1 })
+	releaseOutside(t, rdb, key)
+	must(t, <-got)
+	_, err := m.Unlock()
+	must(t, err)
+}
+
+// cmdCalls is how many times the server ran cmd since CONFIG RESETSTAT (INFO commandstats).
+func cmdCalls(t *testing.T, rdb *redis.Client, cmd string) int {
+	t.Helper()
+	for _, line := range strings.Split(rdb.Info(context.Background(), "commandstats").Val(), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, err := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+			must(t, err)
+			return n
+		}
+	}
+	return 0
+}
+
+// A tagged ticket channel stays subscribed between waits (design.md 5): one SUBSCRIBE for
+// five queued waits on one key, none undone, even once the key channel's linger is over.
+func TestATaggedTicketChannelIsSubscribedOnceForManyWaits(t *testing.T) {
+	_, rdb, c := setup(t)
+	ctx := context.Background()
+	must(t, rdb.ConfigResetStat(ctx).Err())
+	m := c.NewMutex("k")
+	for i := 0; i < 5; i++ {
+		waitQueued(t, rdb, m, "k")
+	}
+	rlock.SweepTickets(c)
+	tagged := "rlock_ticket:{k}:" + rlock.TicketTag(c)
+	if n := numsub(rdb, tagged); n != 1 {
+		t.Fatalf("subscribers of the tagged channel after the last wait: %d, want 1", n)
+	}
+	if sub, unsub := cmdCalls(t, rdb, "subscribe"), cmdCalls(t, rdb, "unsubscribe"); sub != 1 || unsub != 0 {
+		t.Fatalf("SUBSCRIBE %d, UNSUBSCRIBE %d; want 1, 0", sub, unsub)
+	}
+}
+
+// At most 64 idle tagged channels per ticket connection: the 65th unsubscribes the one
+// idle longest.
+func TestIdleTaggedTicketChannelsAreBoundedTheOldestUnsubscribed(t *testing.T) {
+	_, rdb, c := setup(t)
+	ctx := context.Background()
+	for i := 0; i < 65; i++ {
+		key := "k" + strconv.Itoa(i)
+		waitQueued(t, rdb, c.NewMutex(key), key)
+	}
+	first := "rlock_ticket:{k0}:" + rlock.TicketTag(c)
+	testserver.WaitUntil(t, 10*time.Second, "64 idle channels, the first one gone", func() bool {
+		chans := rdb.PubSubChannels(ctx, "rlock_ticket:*").Val()
+		return len(chans) == 64 && !slices.Contains(chans, first)
+	})
+}
+
+// Without `ticket-notify` the key's channel (which hears every client's messages) is not
+// kept idle: it is unsubscribed once its linger after the last waiter is over.
+func TestTheKeysTicketChannelIsUnsubscribedAfterItsLastWaiter(t *testing.T) {
+	_, rdb, _ := setup(t)
+	c := rlock.New(rdb, rlock.WithProbeFilter(withoutNotify))
+	t.Cleanup(func() { c.Close() })
+	waitQueued(t, rdb, c.NewMutex("k"), "k")
+	key := "rlock_ticket:{k}"
+	if n := numsub(rdb, key); n != 1 {
+		t.Fatalf("subscribers of the key's channel within its linger: %d, want 1", n)
+	}
+	rlock.SweepTickets(c)
+	testserver.WaitUntil(t, 10*time.Second, "the key's channel unsubscribed", func() bool { return numsub(rdb, key) == 0 })
+}
+
+// A new ticket connection forgets the idle channels of the one it replaces: a wait on a
+// key whose channel was idle subscribes again there, and is granted.
+func TestAWaitAfterAReconnectSubscribesItsIdleChannelAgain(t *testing.T) {
+	_, rdb, c := setup(t)
+	ctx := context.Background()
+	m := c.NewMutex("k")
+	waitQueued(t, rdb, m, "k")
+	tagged := "rlock_ticket:{k}:" + rlock.TicketTag(c)
+	if n := numsub(rdb, tagged); n != 1 {
+		t.Fatalf("subscribers of the idle channel: %d, want 1", n)
+	}
+	id := ticketCommandConn(ctx, rdb)
+	if id == "" {
+		t.Fatal("no ticket connection")
+	}
+	// Killed while nobody waits: the next wait's command finds it broken, and the hub
+	// makes a new session (both connections) for it.
+	must(t, rdb.ConfigResetStat(ctx).Err())
+	must(t, rdb.Do(ctx, "CLIENT", "KILL", "ID", id).Err())
+	waitQueued(t, rdb, m, "k")
+	if sub := cmdCalls(t, rdb, "subscribe"); sub != 1 {
+		t.Fatalf("SUBSCRIBE %d after the reconnect, want 1", sub)
+	}
+	testserver.WaitUntil(t, 10*time.Second, "one subscriber, on the new connection", func() bool { return numsub(rdb, tagged) == 1 })
 }

@@ -5,14 +5,20 @@
 // goroutine routes messages to waiters by request id. So a process holds two connections
 // per node however many goroutines wait.
 //
-// A waiter subscribes its key's ticket channel (refcounted, kept for a few seconds after
-// the last waiter left so that busy keys are not resubscribed per wait; confirmed before
-// its ticket is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
+// A waiter subscribes its key's ticket channel (refcounted; confirmed before its ticket
+// is queued, so a grant cannot be missed), sends its command, gets QUEUED (or the
 // ordinary reply), and waits for its note: granted, timeout or error. Where the session's
 // probe names `ticket-notify`, the channel is the client's own for that key
 // (`rlock_ticket:{key}:<tag>`, the client's random tag) and the ticket is queued with
 // `NOTIFY tag`, so a grant reaches only the process it is for, not every process waiting
 // on the key; otherwise it is the key's channel, which every waiting process hears. A
+// tagged channel whose last waiter left stays subscribed, idle (only this client's
+// messages come there, so it hears nothing), and the next wait on the key uses it
+// without a SUBSCRIBE; at most maxIdle per session, the one idle longest unsubscribed
+// first, none carried over to a new session. Not on a cluster node (design.md 5: idle
+// shard channels lost grants under slot migration in the Rust client's fault runs, not
+// understood yet), nor for the key's channel (an idle subscriber there hears every other
+// client's messages): those are unsubscribed linger after their last waiter left. A
 // new session's probe may answer otherwise (a failover to an older module): every
 // waiter then moves to the matching channel before it queues again. A lock's, RW
 // lock's, fenced lock's, semaphore's or expirable semaphore's waiter on a server naming
@@ -37,6 +43,7 @@
 package rlock
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"sync"
@@ -69,10 +76,13 @@ type hub struct {
 	node  *redis.Client
 	shard bool
 
-	mu      sync.Mutex
-	gen     uint64
-	sess    *session
-	chans   map[string]*chanState
+	mu    sync.Mutex
+	gen   uint64
+	sess  *session
+	chans map[string]*chanState
+	// idle: the tagged channels nobody waits on, still subscribed, the one idle longest
+	// first (at most maxIdle; trimIdle); a single server's hub only (keepsIdle).
+	idle    *list.List
 	waiters map[string]*waiter
 	closed  bool
 	// caps is what the last session's probe answered.
@@ -99,13 +109,20 @@ type chanState struct {
 	refs      int
 	confirmed bool
 	ready     chan struct{}
-	// idleSince is when refs last fell to 0: the subscription lingers (linger) so that a
-	// key waited on again and again is not subscribed and unsubscribed every time.
+	// idleSince is when refs last fell to 0: the key's channel lingers (linger) so that
+	// a key waited on again and again is not subscribed and unsubscribed every time.
 	idleSince time.Time
+	// idleAt: a tagged channel's place in hub.idle while nobody waits on it.
+	idleAt *list.Element
 }
 
-// linger is how long a ticket channel nobody waits on stays subscribed.
+// linger is how long a channel not kept idle (keepsIdle) stays subscribed after its last
+// waiter left.
 const linger = 5 * time.Second
+
+// maxIdle bounds the tagged channels a session keeps subscribed with nobody waiting on
+// them: a process that waits on many keys does not keep a subscription per key forever.
+const maxIdle = 64
 
 type event struct {
 	ev  proto.Event
@@ -215,7 +232,7 @@ func confirmRetry(n int) time.Duration {
 }
 
 func newHub(c *Client, node *redis.Client, shard bool) *hub {
-	return &hub{c: c, node: node, shard: shard, chans: map[string]*chanState{}, waiters: map[string]*waiter{}}
+	return &hub{c: c, node: node, shard: shard, chans: map[string]*chanState{}, idle: list.New(), waiters: map[string]*waiter{}}
 }
 
 // close tears the hub down; its waiters see ErrClosed.
@@ -284,7 +301,9 @@ func (h *hub) channelOf(key string) string {
 	return proto.TicketChannel(key)
 }
 
-// ref counts one waiter on channel (h.mu held), subscribing it on a live session.
+// ref counts one waiter on channel (h.mu held), subscribing it on a live session. An
+// idle channel is used as it is: its subscription is live on the current session (the
+// session's end forgets it), so no grant can be missed.
 func (h *hub) ref(channel string) {
 	st := h.chans[channel]
 	if st == nil {
@@ -294,7 +313,45 @@ func (h *hub) ref(channel string) {
 			h.subscribe(h.sess, channel)
 		}
 	}
+	if st.idleAt != nil {
+		h.idle.Remove(st.idleAt)
+		st.idleAt = nil
+	}
 	st.refs++
+}
+
+// keepsIdle tells whether channels stay subscribed idle after their last waiter (h.mu
+// held): tagged ones (`ticket-notify`), where only this client's messages come, and only
+// on a single server. On a cluster node, which drops a shard channel by itself when its
+// slot leaves, idle shard channels lost grants under slot migration in the Rust client's
+// fault runs (design.md 5), so they linger as the key's channel does.
+func (h *hub) keepsIdle() bool { return h.notify && !h.shard }
+
+// forget drops channel's state (h.mu held), idle or not; the caller unsubscribes it, or
+// knows it is not subscribed.
+func (h *hub) forget(channel string) {
+	if st := h.chans[channel]; st != nil && st.idleAt != nil {
+		h.idle.Remove(st.idleAt)
+	}
+	delete(h.chans, channel)
+}
+
+// trimIdle unsubscribes the tagged channels idle longest while more than maxIdle are
+// idle (h.mu held). Only confirmed ones: an unconfirmed subscription's confirmation is
+// still to come and must find its state (confirmed trims again then). With no live
+// session nothing is subscribed: the state just goes.
+func (h *hub) trimIdle() {
+	for e := h.idle.Front(); e != nil && h.idle.Len() > maxIdle; {
+		next := e.Next()
+		ch := e.Value.(string)
+		if st := h.chans[ch]; h.sess == nil || st.confirmed {
+			h.forget(ch)
+			if h.sess != nil {
+				h.unsubscribe(h.sess, ch)
+			}
+		}
+		e = next
+	}
 }
 
 // rechannel moves every waiter to the channel h.notify gives (h.mu held, no live
@@ -302,6 +359,7 @@ func (h *hub) ref(channel string) {
 // waiter queues again on that session, so its next ticket is queued the matching way.
 func (h *hub) rechannel() {
 	h.chans = map[string]*chanState{}
+	h.idle.Init()
 	for _, w := range h.waiters {
 		w.channel = h.channelOf(w.shape.Key())
 		h.ref(w.channel)
@@ -322,27 +380,33 @@ func (h *hub) subscribe(s *session, channel string) {
 	}
 }
 
-// unref drops one count of a channel (h.mu held). The last one leaves the channel
-// subscribed for linger (sweep unsubscribes it then), so that a key waited on again and
-// again costs no SUBSCRIBE round trip per wait.
+// unref drops one count of a channel (h.mu held), so that a key waited on again and
+// again costs no SUBSCRIBE round trip per wait. The last one leaves a tagged channel
+// idle (keepsIdle; the longest idle beyond maxIdle is unsubscribed), any other
+// subscribed for linger (sweep unsubscribes it then).
 func (h *hub) unref(channel string) {
 	st := h.chans[channel]
 	if st == nil {
 		return
 	}
 	st.refs--
-	if st.refs <= 0 {
+	if st.refs <= 0 && st.idleAt == nil {
 		st.idleSince = time.Now()
+		if h.keepsIdle() {
+			st.idleAt = h.idle.PushBack(channel)
+			h.trimIdle()
+		}
 	}
 }
 
-// sweep unsubscribes the channels idle for longer than linger (h.mu held). Only
-// confirmed ones: an unconfirmed subscription's confirmation is still to come, and
-// must find its state (confirmations always match the state they were sent for).
+// sweep unsubscribes the channels not kept idle (keepsIdle) once nobody has waited on
+// them for linger (h.mu held); idle ones stay (trimIdle bounds them). Only confirmed ones: an unconfirmed
+// subscription's confirmation is still to come, and must find its state (confirmations
+// always match the state they were sent for).
 func (h *hub) sweep(s *session, now time.Time) {
 	for ch, st := range h.chans {
-		if st.refs <= 0 && st.confirmed && now.Sub(st.idleSince) > linger {
-			delete(h.chans, ch)
+		if st.refs <= 0 && st.idleAt == nil && st.confirmed && now.Sub(st.idleSince) > linger {
+			h.forget(ch)
 			h.unsubscribe(s, ch)
 		}
 	}
@@ -476,12 +540,18 @@ func (h *hub) session(ctx context.Context, w *waiter) (*session, error) {
 		} else {
 			s.ps = h.node.Subscribe(context.Background())
 		}
-		h.sess = s
 		if notify := caps.Has("ticket-notify"); notify != h.notify {
+			// Before h.sess is set: rechannel's refs only count, the loop below
+			// subscribes (each channel once).
 			h.notify = notify
 			h.rechannel()
 		}
+		h.sess = s
 		for ch, st := range h.chans {
+			if st.refs <= 0 {
+				h.forget(ch) // idle since the last session: not subscribed again
+				continue
+			}
 			st.confirmed = false
 			st.ready = make(chan struct{})
 			h.subscribe(s, ch)
@@ -531,7 +601,7 @@ func (h *hub) broken(gen uint64) {
 	}
 	for ch, st := range h.chans {
 		if st.refs <= 0 {
-			delete(h.chans, ch)
+			h.forget(ch) // idle: its subscription goes with the session
 		}
 	}
 	h.mu.Unlock()
@@ -601,11 +671,12 @@ func (h *hub) read(s *session) {
 	}
 }
 
-// slotLeft handles a sunsubscribe: ours for an idle channel (sweep), or the server's
-// own when the channel's slot left the node (Valkey 9's atomic slot migration). The old
-// node answers the slot's tickets MOVED on that channel, which we no longer hear, and
-// never grants them; so its waiters are told their ticket is gone, and waitCall learns
-// the layout again and queues on the new owner with the same request id.
+// slotLeft handles a sunsubscribe: ours for an idle channel (sweep, trimIdle), or the
+// server's own when the channel's slot left the node (Valkey 9's atomic slot migration),
+// which takes an idle channel out of the idle set too. The old node answers the slot's
+// tickets MOVED on that channel, which we no longer hear, and never grants them; so its
+// waiters are told their ticket is gone, and waitCall learns the layout again and queues
+// on the new owner with the same request id.
 func (h *hub) slotLeft(s *session, channel string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -614,11 +685,12 @@ func (h *hub) slotLeft(s *session, channel string) {
 	}
 	st := h.chans[channel]
 	if st == nil || !st.confirmed {
-		// Ours: sweep forgot the channel before unsubscribing it, and a channel joined
-		// again since is confirmed only by a reply that comes after this one.
+		// Ours: sweep or trimIdle forgot the channel before unsubscribing it, and a
+		// channel joined again since is confirmed only by a reply that comes after this
+		// one.
 		return
 	}
-	delete(h.chans, channel) // the waiters below leave; nothing is subscribed here now
+	h.forget(channel) // the waiters below leave; nothing is subscribed here now
 	for id, w := range h.waiters {
 		if w.channel != channel {
 			continue
@@ -643,6 +715,9 @@ func (h *hub) confirmed(s *session, m *redis.Subscription) {
 	}
 	st.confirmed = true
 	close(st.ready)
+	if st.idleAt != nil {
+		h.trimIdle() // it went idle before it was confirmed
+	}
 }
 
 // confirmGrant confirms a grant held on its granted note: look (the same command and id,
