@@ -14,8 +14,8 @@ Channels are counted per key, subscribed for the first waiter. After the last wa
 tagged channel stays subscribed, idle (only this client's tickets are answered there, so
 it hears nothing meanwhile), and the key's next wait sends no ``SUBSCRIBE``: at most
 `IDLE_CHANNELS` per ticket connection, the one idle longest unsubscribed beyond that; a
-key's shared channel is unsubscribed after its last waiter (idle, it would hear every
-other client's handoffs). One reader (a daemon thread, or an asyncio task) routes
+key's shared channel, and a cluster node's shard channel (`_keeps`), is unsubscribed
+after its last waiter (idle, the first would hear every other client's handoffs). One reader (a daemon thread, or an asyncio task) routes
 replies, in order, to the senders and messages, by request id, to the waiters. This
 mirrors the Rust client's `clients/rust/src/tickets.rs`.
 
@@ -92,7 +92,7 @@ AWAY_MAX = 0.2
 AWAY_UNTIMED = 5.0
 
 #: Tagged ticket channels kept subscribed after their last waiter left, per ticket
-#: connection (per node on a cluster): a process waiting on one lock at a time saves a
+#: connection to one server (not a cluster node's: `_keeps`): a process waiting on one lock at a time saves a
 #: SUBSCRIBE and an UNSUBSCRIBE per acquisition, and one touching many keys holds no more
 #: subscriptions than this (the one idle longest goes first).
 IDLE_CHANNELS = 64
@@ -591,6 +591,16 @@ def _queue_on(book: Book, sub: Optional[Tuple[bytes, int]]) -> Optional[bytes]:
     if gen != book.gen:
         raise ConnectionError("the ticket connection broke")
     return channel
+
+
+def _keeps(tag: Optional[str], shard: bool) -> bool:
+    """Whether a channel stays subscribed, idle, after its last waiter: a tagged one (only
+    this client's grants come there), and only on one server's connection. A cluster
+    node drops a shard channel by itself when the key's slot leaves (Valkey's atomic slot
+    migration); an idle one whose drop went unheard would leave a later waiter deaf to
+    its grant once the slot came back (the Rust client's idle shard channels lost grants
+    so in the fault harness's `migrate` cell), so there it is unsubscribed as before."""
+    return tag is not None and not shard
 
 
 def _sub_command(shard: bool, on: bool) -> str:
@@ -1132,7 +1142,7 @@ class SyncTicketConn:
             channel = ticket_channel(key, tag)
             gen = self.book.gen
             slot = self._send_locked((_sub_command(self.shard, True), channel), sub=True) \
-                if self.book.ref(channel, keep=tag is not None) else None
+                if self.book.ref(channel, keep=_keeps(tag, self.shard)) else None
         if slot is not None:
             try:
                 slot.get(None if until is None else until - time.monotonic())
@@ -1516,7 +1526,7 @@ class AsyncTicketConn:
             gen = self.book.gen
             slot = await self._send_locked((_sub_command(self.shard, True), channel),
                                            sub=True) \
-                if self.book.ref(channel, keep=tag is not None) else None
+                if self.book.ref(channel, keep=_keeps(tag, self.shard)) else None
         finally:
             self.lock.release()
         if slot is not None:
