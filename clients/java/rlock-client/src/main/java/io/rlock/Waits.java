@@ -8,6 +8,12 @@
 // own random tag, and its messages come on the key's ticket channel + ":" + tag, which only
 // this client subscribes: a handoff wakes the one client whose ticket it is, not every
 // client waiting on the key. Otherwise (an older module) the key's channel, as before.
+// A tagged channel stays subscribed after its last waiter leaves (idle, at most
+// MAX_IDLE_CHANNELS per notification connection, the one idle the longest unsubscribed
+// first), so a process that waits on one lock at a time sends no SUBSCRIBE and UNSUBSCRIBE
+// per ticket: nothing but this client's own messages ever comes there, and one that comes
+// with no waiter for its id is ignored. The key's channel carries every client's messages
+// and is still left after its last waiter. A reconnect forgets the idle channels.
 //
 // A lock, RW lock, fenced lock, expirable or plain semaphore waiter holds on its `granted`
 // message when the server names `ticket-holds`, its grant's reply read from the message
@@ -36,6 +42,8 @@ import java.nio.charset.StandardCharsets;
 import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
@@ -120,8 +128,19 @@ final class Waits {
      */
     private volatile CompletableFuture<Capabilities> probe;
 
-    /** Ticket channels subscribed, with their waiter counts. Guarded by `this`. */
+    /**
+     * How many tagged ticket channels with no waiter stay subscribed per notification
+     * connection (per node on a cluster): one more idle evicts the one idle the longest.
+     */
+    static final int MAX_IDLE_CHANNELS = 64;
+
+    /** Ticket channels subscribed, with their waiter counts (idle ones at 0). Guarded by `this`. */
     private final Map<String, Sub> subs = new HashMap<>();
+    /**
+     * Per node ({@link Transport#nodeOf}, "" off a cluster): the tagged channels subscribed
+     * with no waiter, the one idle the longest first. Guarded by `this`.
+     */
+    private final Map<String, LinkedHashMap<String, Sub>> idle = new HashMap<>();
     /** Waiters by request id, until their ticket's fate is known (cancelled ones too). */
     private final Map<String, Waiter> waiters = new ConcurrentHashMap<>();
     private final Object connecting = new Object();
@@ -129,11 +148,22 @@ final class Waits {
 
     private static final class Sub {
         final String channel;
+        /**
+         * This client's own tagged channel: only its own tickets' messages come there, so it
+         * may stay subscribed between waits at no cost but the server's subscription entry.
+         * The key's channel (no tag) carries every client's messages and is left after its
+         * last waiter.
+         */
+        final boolean tagged;
+        /** The node whose notification connection holds the subscription ("" off a cluster). */
+        final String node;
         int refs;
         CompletableFuture<Void> ready;
 
-        Sub(String channel) {
+        Sub(String channel, boolean tagged, String node) {
             this.channel = channel;
+            this.tagged = tagged;
+            this.node = node;
         }
     }
 
@@ -164,8 +194,10 @@ final class Waits {
         // while the subscriber was away is lost: after either connection comes back, every
         // waiter sends its command again with the same request id. The server replays a
         // grant already made under that id and queues anything else anew. The server may be
-        // another one (a failover): it is asked what it can do first.
+        // another one (a failover): it is asked what it can do first. Idle channels are
+        // unsubscribed and forgotten first (see forgetIdle).
         transport.onReconnect(() -> {
+            forgetIdle();
             probe = null;
             capabilities().whenComplete((caps, e) -> resendAll(e == null ? caps : null));
         });
@@ -615,6 +647,7 @@ final class Waits {
         synchronized (this) {
             Sub s = subs.remove(channel);
             if (s != null) {
+                unidle(s); // a channel the server dropped leaves the idle ones too
                 for (Waiter w : waiters.values()) {
                     if (w.sub == s) {
                         w.sub = null;
@@ -924,9 +957,9 @@ final class Waits {
             w.finished = true;
         }
         boolean registered = waiters.remove(w.id, w);
-        // The waiting thread first: leaving the channel after may write an UNSUBSCRIBE (its
-        // last waiter), which is no part of the holder's path; and a wait the woken code
-        // starts at once on the same key finds the subscription still standing.
+        // The waiting thread first: leaving the channel after may write an UNSUBSCRIBE (the
+        // key's channel's last waiter, or the idle channel it evicts), which is no part of
+        // the holder's path.
         boolean delivered = e == null ? w.result.complete(reply) : w.result.completeExceptionally(Wire.unwrap(e));
         if (registered) {
             leave(w);
@@ -954,15 +987,25 @@ final class Waits {
 
     private CompletableFuture<Void> join(Waiter w) {
         synchronized (this) {
-            Sub s = subs.computeIfAbsent(w.channel, Sub::new);
+            Sub s = subs.get(w.channel);
+            if (s == null) {
+                s = new Sub(w.channel, w.notify != null, transport.nodeOf(w.channel));
+                subs.put(w.channel, s);
+            }
             w.sub = s;
             if (s.refs++ == 0) {
+                if (s.ready != null) {
+                    // Idle: still subscribed on the notification connection as it is now (a
+                    // reconnect forgets the idle ones), so no SUBSCRIBE and no grant missed.
+                    unidle(s);
+                    return s.ready;
+                }
                 // Subscribed before the ticket is sent, so its message cannot be missed.
+                Sub sub = s;
                 s.ready = transport.subscribe(w.channel);
-                CompletableFuture<Void> ready = s.ready;
-                ready.whenComplete((ok, e) -> {
+                s.ready.whenComplete((ok, e) -> {
                     if (e != null) {
-                        forget(s.channel, s); // the next waiter subscribes again
+                        forget(sub.channel, sub); // the next waiter subscribes again
                     }
                 });
             }
@@ -971,17 +1014,78 @@ final class Waits {
     }
 
     private synchronized void forget(String channel, Sub s) {
-        subs.remove(channel, s);
+        if (subs.remove(channel, s)) {
+            unidle(s);
+        }
     }
 
+    /**
+     * A waiter left its channel. The last one leaves a tagged channel subscribed, idle (a
+     * process waiting on one lock at a time would otherwise send SUBSCRIBE and UNSUBSCRIBE
+     * per ticket), up to {@link #MAX_IDLE_CHANNELS} per node; the key's channel is left.
+     */
     private void leave(Waiter w) {
         synchronized (this) {
             Sub s = w.sub;
             w.sub = null;
-            if (s != null && --s.refs == 0 && subs.remove(s.channel, s)) {
+            if (s == null || --s.refs != 0 || subs.get(s.channel) != s) {
+                return;
+            }
+            if (!s.tagged) {
+                subs.remove(s.channel);
                 transport.unsubscribe(s.channel);
+                return;
+            }
+            LinkedHashMap<String, Sub> on = idle.computeIfAbsent(s.node, n -> new LinkedHashMap<>());
+            on.put(s.channel, s);
+            if (on.size() > MAX_IDLE_CHANNELS) {
+                Iterator<Sub> oldest = on.values().iterator();
+                Sub o = oldest.next();
+                oldest.remove();
+                subs.remove(o.channel, o);
+                transport.unsubscribe(o.channel);
             }
         }
+    }
+
+    /** `s` is no longer idle (a waiter came, or it is forgotten). Guarded by `this`. */
+    private void unidle(Sub s) {
+        LinkedHashMap<String, Sub> on = idle.get(s.node);
+        if (on != null && on.remove(s.channel, s) && on.isEmpty()) {
+            idle.remove(s.node);
+        }
+    }
+
+    /**
+     * A connection came back: the idle channels are unsubscribed and forgotten (Lettuce
+     * subscribes its channels again by itself, before this runs), so that the next waiter
+     * on one subscribes afresh and knows the subscription live; only waiters' channels stay.
+     */
+    private synchronized void forgetIdle() {
+        for (LinkedHashMap<String, Sub> on : idle.values()) {
+            for (Sub s : on.values()) {
+                if (subs.remove(s.channel, s)) {
+                    transport.unsubscribe(s.channel);
+                }
+            }
+        }
+        idle.clear();
+    }
+
+    /** Whether `channel` stays subscribed with no waiter (tests). */
+    synchronized boolean idle(String channel) {
+        Sub s = subs.get(channel);
+        LinkedHashMap<String, Sub> on = s == null ? null : idle.get(s.node);
+        return on != null && on.get(channel) == s;
+    }
+
+    /** How many channels stay subscribed with no waiter (tests). */
+    synchronized int idleChannels() {
+        int n = 0;
+        for (LinkedHashMap<String, Sub> on : idle.values()) {
+            n += on.size();
+        }
+        return n;
     }
 
     /**

@@ -2,9 +2,12 @@
 // docs/commands/tickets.md, design.md 5, issue 40) against a real module-loaded server: two
 // clients waiting on one lock each hear only their own ticket's messages (each queues with
 // `NOTIFY <its tag>` and subscribes its tagged channel, nobody the key's channel), the tagged
-// channel is unsubscribed after its last waiter, and a client whose server does not name
-// `ticket-notify` (a test double of the probe's answer) waits on the key's channel as before,
-// side by side with one that does. A Transport wrapper counts what each client hears.
+// channel stays subscribed after its last waiter (idle: one SUBSCRIBE for many waits, at most
+// Waits.MAX_IDLE_CHANNELS of them, the one idle the longest unsubscribed first, forgotten and
+// subscribed again after the notification connection is killed), and a client whose server
+// does not name `ticket-notify` (a test double of the probe's answer) waits on the key's
+// channel as before, side by side with one that does, and leaves that channel after its last
+// waiter. A Transport wrapper counts what each client hears.
 package io.rlock;
 
 import io.lettuce.core.RedisClient;
@@ -61,6 +64,10 @@ class NotifyTest {
         final boolean hideNotify;
         final List<String> heard = new CopyOnWriteArrayList<>();
         final List<List<String>> queued = new CopyOnWriteArrayList<>();
+        /** The client's tag, once the test has read it. */
+        volatile String tag;
+        /** Every channel the client asked to subscribe (Lettuce's own resubscribes not). */
+        final List<String> subscribed = new CopyOnWriteArrayList<>();
 
         Counting(boolean hideNotify) {
             this.inner = new LettuceTransport(RedisClient.create(server.uri()), true, null);
@@ -103,6 +110,7 @@ class NotifyTest {
 
         @Override
         public CompletableFuture<Void> subscribe(String channel) {
+            subscribed.add(channel);
             return inner.subscribe(channel);
         }
 
@@ -156,6 +164,8 @@ class NotifyTest {
             String name = key("two");
             String keyChannel = Waits.channel(name);
             String chanA = Waits.channel(name, a.waits().tag()), chanB = Waits.channel(name, b.waits().tag());
+            ta.tag = a.waits().tag();
+            tb.tag = b.waits().tag();
             assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
             CompletableFuture<Boolean> fa = a.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 1);
             TestServer.waitUntil(Duration.ofSeconds(10), "a queued", () -> waiters() == 1);
@@ -176,8 +186,10 @@ class NotifyTest {
             assertTrue(ta.tickets().get(0).startsWith("granted:"), ta.heard.toString());
             assertEquals(List.of(), tb.tickets(), "b heard a's grant");
             assertFalse(fb.isDone());
-            // a's channel is unsubscribed after its last waiter; b's stays while b waits.
-            TestServer.waitUntil(Duration.ofSeconds(10), "a's channel unsubscribed", () -> numsub(chanA) == 0);
+            // a's channel stays subscribed after its last waiter (idle: only a's own messages
+            // come there); b's while b waits.
+            assertTrue(a.waits().idle(chanA), "a's channel idle");
+            assertEquals(1, numsub(chanA));
             assertEquals(1, numsub(chanB));
 
             // The handoff to b: a hears nothing more.
@@ -186,9 +198,14 @@ class NotifyTest {
             assertEquals(1, tb.tickets().size(), tb.heard.toString());
             assertEquals(1, ta.tickets().size(), ta.heard.toString());
             b.getLock(name).unlockAsync(2).get(10, TimeUnit.SECONDS);
-            TestServer.waitUntil(Duration.ofSeconds(10), "b's channel unsubscribed", () -> numsub(chanB) == 0);
+            assertTrue(b.waits().idle(chanB), "b's channel idle");
+            assertEquals(1, numsub(chanB));
             assertEquals(0, a.registeredWaiters() + b.registeredWaiters());
         }
+        // Closed, they took their idle channels with their notification connections.
+        TestServer.waitUntil(Duration.ofSeconds(10), "the idle channels gone with their clients",
+                () -> ((List<?>) server.call("PUBSUB", "CHANNELS", "rlock_ticket:*:" + ta.tag)).isEmpty()
+                        && ((List<?>) server.call("PUBSUB", "CHANNELS", "rlock_ticket:*:" + tb.tag)).isEmpty());
     }
 
     @Test
@@ -246,7 +263,133 @@ class NotifyTest {
             assertTrue(fb.get(10, TimeUnit.SECONDS));
             assertEquals(1, old.tickets().size(), "the fallback heard only its own grant: " + old.heard);
             b.getLock(name).unlockAsync(2).get(10, TimeUnit.SECONDS);
+            // The key's channel carries every client's messages: left after its last waiter.
+            // The tagged one stays, idle.
             TestServer.waitUntil(Duration.ofSeconds(10), "key channel unsubscribed", () -> numsub(keyChannel) == 0);
+            assertFalse(a.waits().idle(keyChannel));
+            assertEquals(0, a.waits().idleChannels());
+            assertEquals(1, numsub(chanB));
+            assertTrue(b.waits().idle(chanB));
+        }
+    }
+
+    /** `calls` of `command` in INFO commandstats (0: not called since CONFIG RESETSTAT). */
+    static long calls(String command) {
+        String stat = server.info("commandstats", "cmdstat_" + command);
+        if (stat == null) {
+            return 0;
+        }
+        for (String part : stat.split(",")) {
+            if (part.startsWith("calls=")) {
+                return Long.parseLong(part.substring("calls=".length()));
+            }
+        }
+        return 0;
+    }
+
+    /**
+     * `c` waits for `name`, held by the test's own connection, so that the wait really
+     * queues a ticket; the test releases, the client holds and unlocks. On a thread of its
+     * own with the blocking API when `blocking`, else with the async one.
+     */
+    static void oneQueuedWait(RlockClient c, String name, boolean blocking) throws Exception {
+        assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+        long base = waiters();
+        RlockLock lock = c.getLock(name);
+        CompletableFuture<Boolean> got;
+        if (blocking) {
+            got = CompletableFuture.supplyAsync(() -> {
+                try {
+                    boolean ok = lock.tryLock(20, TimeUnit.SECONDS);
+                    if (ok) {
+                        lock.unlock();
+                    }
+                    return ok;
+                } catch (InterruptedException e) {
+                    throw new java.util.concurrent.CompletionException(e);
+                }
+            });
+        } else {
+            got = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7)
+                    .thenCompose(ok -> ok ? lock.unlockAsync(7).thenApply(v -> true) : CompletableFuture.completedFuture(false));
+        }
+        TestServer.waitUntil(Duration.ofSeconds(10), "the ticket queued on " + name, () -> waiters() == base + 1);
+        assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+        assertTrue(got.get(10, TimeUnit.SECONDS), "granted " + name);
+        assertEquals(0L, server.redis().exists(name), "released " + name);
+    }
+
+    @Test
+    void one_subscribe_serves_many_waits_on_a_key_the_channel_staying_subscribed_between_them() throws Exception {
+        try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            assertTrue(c.capabilities().has("ticket-notify"));
+            String name = key("idle");
+            String mine = Waits.channel(name, c.waits().tag());
+            server.call("CONFIG", "RESETSTAT");
+            for (int i = 0; i < 5; i++) {
+                oneQueuedWait(c, name, i % 2 == 1); // async and blocking alike
+            }
+            assertEquals(1, calls("subscribe"), "one SUBSCRIBE for 5 waits");
+            assertEquals(0, calls("unsubscribe"), "no UNSUBSCRIBE");
+            assertEquals(1, numsub(mine));
+            assertTrue(c.waits().idle(mine));
+            assertEquals(0, c.registeredWaiters());
+        }
+    }
+
+    @Test
+    void at_most_64_idle_channels_stay_subscribed_the_one_idle_the_longest_unsubscribed_first() throws Exception {
+        try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            String tag = c.waits().tag();
+            String base = key("bounded");
+            List<String> chans = new ArrayList<>();
+            for (int i = 0; i <= Waits.MAX_IDLE_CHANNELS; i++) { // 65 keys in turn
+                oneQueuedWait(c, base + ":" + i, false);
+                chans.add(Waits.channel(base + ":" + i, tag));
+            }
+            TestServer.waitUntil(Duration.ofSeconds(10), "the first key's channel unsubscribed", () -> numsub(chans.get(0)) == 0);
+            List<?> subscribed = (List<?>) server.call("PUBSUB", "CHANNELS", "rlock_ticket:*:" + tag);
+            assertEquals(Waits.MAX_IDLE_CHANNELS, subscribed.size(), subscribed.toString());
+            for (int i = 1; i <= Waits.MAX_IDLE_CHANNELS; i++) {
+                assertEquals(1, numsub(chans.get(i)), chans.get(i));
+            }
+            assertEquals(Waits.MAX_IDLE_CHANNELS, c.waits().idleChannels());
+            assertFalse(c.waits().idle(chans.get(0)));
+
+            // A wait on an idle channel makes it the newest idle: key 1's, used again,
+            // outlives key 2's at the next eviction.
+            oneQueuedWait(c, base + ":1", true);
+            oneQueuedWait(c, base + ":new", false);
+            TestServer.waitUntil(Duration.ofSeconds(10), "key 2's channel unsubscribed", () -> numsub(chans.get(2)) == 0);
+            assertEquals(1, numsub(chans.get(1)), "key 1's channel, used again, stays");
+            assertEquals(Waits.MAX_IDLE_CHANNELS, c.waits().idleChannels());
+            assertEquals(Waits.MAX_IDLE_CHANNELS,
+                    ((List<?>) server.call("PUBSUB", "CHANNELS", "rlock_ticket:*:" + tag)).size());
+        }
+    }
+
+    @Test
+    void an_idle_channel_is_forgotten_when_the_notification_connection_is_killed_and_subscribed_again() throws Exception {
+        Counting t = new Counting(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            String name = key("reconnect");
+            String mine = Waits.channel(name, c.waits().tag());
+            oneQueuedWait(c, name, false);
+            assertTrue(c.waits().idle(mine));
+            assertEquals(1, numsub(mine));
+            assertEquals(1L, server.call("CLIENT", "KILL", "TYPE", "pubsub"), "the client's one notification connection");
+            // Lettuce subscribes its channels again on the new connection; the client then
+            // unsubscribes the idle ones and forgets them.
+            TestServer.waitUntil(Duration.ofSeconds(10), "the idle channel forgotten", () -> c.waits().idleChannels() == 0);
+            TestServer.waitUntil(Duration.ofSeconds(10), "the idle channel unsubscribed on the new connection",
+                    () -> numsub(mine) == 0);
+            assertEquals(1, java.util.Collections.frequency(t.subscribed, mine));
+
+            // The next wait on the key subscribes again (confirmed before its ticket) and is granted.
+            oneQueuedWait(c, name, true);
+            assertEquals(2, java.util.Collections.frequency(t.subscribed, mine), t.subscribed.toString());
+            assertEquals(1, numsub(mine));
+            assertTrue(c.waits().idle(mine));
         }
     }
 }
