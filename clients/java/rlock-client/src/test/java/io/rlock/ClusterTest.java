@@ -175,12 +175,12 @@ class ClusterTest {
             assertTrue(a.get(10, TimeUnit.SECONDS));
             assertFalse(b.isDone());
             // a's channel stays subscribed after its last waiter (idle), on the key's node.
-            assertTrue(rlock.waits().idle(mine));
+            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> rlock.waits().idle(mine));
             assertEquals(1, shardSubscribers(node, mine));
             lock.unlockAsync(2).get();
             assertTrue(b.get(10, TimeUnit.SECONDS));
             other.getLock(name).unlockAsync(3).get();
-            assertTrue(other.waits().idle(theirs));
+            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> other.waits().idle(theirs));
             assertEquals(1, shardSubscribers(node, theirs));
         }
     }
@@ -199,7 +199,7 @@ class ClusterTest {
         String mine = Waits.channel(name, rlock.waits().tag());
         RlockLock lock = rlock.getLock(name);
         queuedWaitGranted(lock, src);
-        assertTrue(rlock.waits().idle(mine));
+        TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> rlock.waits().idle(mine));
         assertEquals(1, shardSubscribers(src, mine));
         String slot = Integer.toString(cluster.slot(name));
         src.call("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", cluster.id(dst));
@@ -208,7 +208,7 @@ class ClusterTest {
                 () -> !rlock.waits().idle(mine) && shardSubscribers(src, mine) == 0);
         queuedWaitGranted(lock, dst);
         assertEquals(1, shardSubscribers(dst, mine));
-        assertTrue(rlock.waits().idle(mine));
+        TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> rlock.waits().idle(mine));
     }
 
     /** `lock` held (thread 1), a wait (thread 2) queued on `node`, granted on the release, then released. */

@@ -188,7 +188,7 @@ class NotifyTest {
             assertFalse(fb.isDone());
             // a's channel stays subscribed after its last waiter (idle: only a's own messages
             // come there); b's while b waits.
-            assertTrue(a.waits().idle(chanA), "a's channel idle");
+            TestServer.waitUntil(Duration.ofSeconds(10), "a's channel idle", () -> a.waits().idle(chanA));
             assertEquals(1, numsub(chanA));
             assertEquals(1, numsub(chanB));
 
@@ -198,7 +198,7 @@ class NotifyTest {
             assertEquals(1, tb.tickets().size(), tb.heard.toString());
             assertEquals(1, ta.tickets().size(), ta.heard.toString());
             b.getLock(name).unlockAsync(2).get(10, TimeUnit.SECONDS);
-            assertTrue(b.waits().idle(chanB), "b's channel idle");
+            TestServer.waitUntil(Duration.ofSeconds(10), "b's channel idle", () -> b.waits().idle(chanB));
             assertEquals(1, numsub(chanB));
             assertEquals(0, a.registeredWaiters() + b.registeredWaiters());
         }
@@ -269,7 +269,7 @@ class NotifyTest {
             assertFalse(a.waits().idle(keyChannel));
             assertEquals(0, a.waits().idleChannels());
             assertEquals(1, numsub(chanB));
-            assertTrue(b.waits().idle(chanB));
+            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> b.waits().idle(chanB));
         }
     }
 
@@ -332,7 +332,7 @@ class NotifyTest {
             assertEquals(1, calls("subscribe"), "one SUBSCRIBE for 5 waits");
             assertEquals(0, calls("unsubscribe"), "no UNSUBSCRIBE");
             assertEquals(1, numsub(mine));
-            assertTrue(c.waits().idle(mine));
+            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> c.waits().idle(mine));
             assertEquals(0, c.registeredWaiters());
         }
     }
@@ -353,7 +353,7 @@ class NotifyTest {
             for (int i = 1; i <= Waits.MAX_IDLE_CHANNELS; i++) {
                 assertEquals(1, numsub(chans.get(i)), chans.get(i));
             }
-            assertEquals(Waits.MAX_IDLE_CHANNELS, c.waits().idleChannels());
+            TestServer.waitUntil(Duration.ofSeconds(10), "64 idle", () -> c.waits().idleChannels() == Waits.MAX_IDLE_CHANNELS);
             assertFalse(c.waits().idle(chans.get(0)));
 
             // A wait on an idle channel makes it the newest idle: key 1's, used again,
@@ -362,7 +362,7 @@ class NotifyTest {
             oneQueuedWait(c, base + ":new", false);
             TestServer.waitUntil(Duration.ofSeconds(10), "key 2's channel unsubscribed", () -> numsub(chans.get(2)) == 0);
             assertEquals(1, numsub(chans.get(1)), "key 1's channel, used again, stays");
-            assertEquals(Waits.MAX_IDLE_CHANNELS, c.waits().idleChannels());
+            TestServer.waitUntil(Duration.ofSeconds(10), "64 idle", () -> c.waits().idleChannels() == Waits.MAX_IDLE_CHANNELS);
             assertEquals(Waits.MAX_IDLE_CHANNELS,
                     ((List<?>) server.call("PUBSUB", "CHANNELS", "rlock_ticket:*:" + tag)).size());
         }
@@ -375,7 +375,7 @@ class NotifyTest {
             String name = key("reconnect");
             String mine = Waits.channel(name, c.waits().tag());
             oneQueuedWait(c, name, false);
-            assertTrue(c.waits().idle(mine));
+            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> c.waits().idle(mine));
             assertEquals(1, numsub(mine));
             assertEquals(1L, server.call("CLIENT", "KILL", "TYPE", "pubsub"), "the client's one notification connection");
             // Lettuce subscribes its channels again on the new connection; the client then
@@ -389,7 +389,7 @@ class NotifyTest {
             oneQueuedWait(c, name, true);
             assertEquals(2, java.util.Collections.frequency(t.subscribed, mine), t.subscribed.toString());
             assertEquals(1, numsub(mine));
-            assertTrue(c.waits().idle(mine));
+            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> c.waits().idle(mine));
         }
     }
 }
