@@ -8,12 +8,14 @@
 // own random tag, and its messages come on the key's ticket channel + ":" + tag, which only
 // this client subscribes: a handoff wakes the one client whose ticket it is, not every
 // client waiting on the key. Otherwise (an older module) the key's channel, as before.
-// A tagged channel stays subscribed after its last waiter leaves (idle, at most
-// MAX_IDLE_CHANNELS per notification connection, the one idle the longest unsubscribed
-// first), so a process that waits on one lock at a time sends no SUBSCRIBE and UNSUBSCRIBE
-// per ticket: nothing but this client's own messages ever comes there, and one that comes
-// with no waiter for its id is ignored. The key's channel carries every client's messages
-// and is still left after its last waiter. A reconnect forgets the idle channels.
+// On a single server, a tagged channel stays subscribed after its last waiter leaves
+// (idle, at most MAX_IDLE_CHANNELS per notification connection, the one idle the longest
+// unsubscribed first), so a process that waits on one lock at a time sends no SUBSCRIBE
+// and UNSUBSCRIBE per ticket: nothing but this client's own messages ever comes there, and
+// one that comes with no waiter for its id is ignored. The key's channel carries every
+// client's messages, and a cluster node drops its shard channels by itself when a slot
+// leaves (design.md 5): both are still left after their last waiter. A reconnect forgets
+// the idle channels.
 //
 // A lock, RW lock, fenced lock, expirable or plain semaphore waiter holds on its `granted`
 // message when the server names `ticket-holds`, its grant's reply read from the message
@@ -129,8 +131,8 @@ final class Waits {
     private volatile CompletableFuture<Capabilities> probe;
 
     /**
-     * How many tagged ticket channels with no waiter stay subscribed per notification
-     * connection (per node on a cluster): one more idle evicts the one idle the longest.
+     * How many tagged ticket channels with no waiter stay subscribed on the notification
+     * connection: one more idle evicts the one idle the longest.
      */
     static final int MAX_IDLE_CHANNELS = 64;
 
@@ -149,10 +151,12 @@ final class Waits {
     private static final class Sub {
         final String channel;
         /**
-         * This client's own tagged channel: only its own tickets' messages come there, so it
-         * may stay subscribed between waits at no cost but the server's subscription entry.
-         * The key's channel (no tag) carries every client's messages and is left after its
-         * last waiter.
+         * This client's own tagged channel on a single server: only its own tickets'
+         * messages come there, so it may stay subscribed between waits at no cost but the
+         * server's subscription entry. The key's channel (no tag) carries every client's
+         * messages and is left after its last waiter; so is a cluster node's shard channel,
+         * which the node drops by itself when the key's slot leaves (idle shard channels
+         * lost grants in the fault harness's migrate cell, design.md 5).
          */
         final boolean tagged;
         /** The node whose notification connection holds the subscription ("" off a cluster). */
@@ -989,7 +993,7 @@ final class Waits {
         synchronized (this) {
             Sub s = subs.get(w.channel);
             if (s == null) {
-                s = new Sub(w.channel, w.notify != null, transport.nodeOf(w.channel));
+                s = new Sub(w.channel, w.notify != null && !transport.cluster(), transport.nodeOf(w.channel));
                 subs.put(w.channel, s);
             }
             w.sub = s;
@@ -1020,9 +1024,10 @@ final class Waits {
     }
 
     /**
-     * A waiter left its channel. The last one leaves a tagged channel subscribed, idle (a
-     * process waiting on one lock at a time would otherwise send SUBSCRIBE and UNSUBSCRIBE
-     * per ticket), up to {@link #MAX_IDLE_CHANNELS} per node; the key's channel is left.
+     * A waiter left its channel. The last one leaves a tagged channel on a single server
+     * subscribed, idle (a process waiting on one lock at a time would otherwise send
+     * SUBSCRIBE and UNSUBSCRIBE per ticket), up to {@link #MAX_IDLE_CHANNELS}; the key's
+     * channel and a cluster node's are left.
      */
     private void leave(Waiter w) {
         synchronized (this) {

@@ -5,8 +5,7 @@
 // two queued tickets and for a blocked wait, and Valkey 9's atomic slot migration (CLUSTER
 // MIGRATESLOTS; skipped on other servers) for two queued tickets, each served in turn on
 // the new owner; a multi-lock over keys on every node; two clients waiting on one key, each
-// on its own tagged channel (NOTIFY) of the key's slot, which stays subscribed there after
-// its last waiter (idle) until Valkey's atomic slot migration drops it.
+// on its own tagged channel (NOTIFY) of the key's slot.
 package io.rlock;
 
 import org.junit.jupiter.api.AfterAll;
@@ -174,61 +173,12 @@ class ClusterTest {
             lock.unlockAsync(1).get();
             assertTrue(a.get(10, TimeUnit.SECONDS));
             assertFalse(b.isDone());
-            // a's channel stays subscribed after its last waiter (idle), on the key's node.
-            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> rlock.waits().idle(mine));
-            assertEquals(1, shardSubscribers(node, mine));
+            TestServer.waitUntil(Duration.ofSeconds(10), "a's channel unsubscribed", () -> shardSubscribers(node, mine) == 0);
             lock.unlockAsync(2).get();
             assertTrue(b.get(10, TimeUnit.SECONDS));
             other.getLock(name).unlockAsync(3).get();
-            TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> other.waits().idle(theirs));
-            assertEquals(1, shardSubscribers(node, theirs));
+            TestServer.waitUntil(Duration.ofSeconds(10), "b's channel unsubscribed", () -> shardSubscribers(node, theirs) == 0);
         }
-    }
-
-    /**
-     * A tagged channel left idle on its key's node is dropped by the server when an atomic
-     * slot migration takes the slot away (an SUNSUBSCRIBE nobody asked for): it leaves the
-     * idle channels, and the next wait on the key subscribes on the new owner and is granted.
-     */
-    @Test
-    void an_idle_channel_whose_slot_migrates_atomically_is_forgotten_and_the_next_wait_subscribes_on_the_new_owner() throws Exception {
-        assumeAtomicSlotMigration();
-        String name = "java:cluster:idle-asm:" + System.nanoTime();
-        TestServer src = cluster.ownerOf(name);
-        TestServer dst = cluster.other(src);
-        String mine = Waits.channel(name, rlock.waits().tag());
-        RlockLock lock = rlock.getLock(name);
-        queuedWaitGranted(lock, src);
-        TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> rlock.waits().idle(mine));
-        assertEquals(1, shardSubscribers(src, mine));
-        String slot = Integer.toString(cluster.slot(name));
-        src.call("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", cluster.id(dst));
-        cluster.waitOwner(cluster.slot(name), dst);
-        TestServer.waitUntil(Duration.ofSeconds(20), "the idle channel dropped and forgotten",
-                () -> !rlock.waits().idle(mine) && shardSubscribers(src, mine) == 0);
-        queuedWaitGranted(lock, dst);
-        assertEquals(1, shardSubscribers(dst, mine));
-        TestServer.waitUntil(Duration.ofSeconds(10), "the channel idle", () -> rlock.waits().idle(mine));
-    }
-
-    /** `lock` held (thread 1), a wait (thread 2) queued on `node`, granted on the release, then released. */
-    static void queuedWaitGranted(RlockLock lock, TestServer node) throws Exception {
-        assertTrue(lock.tryLockAsync(0, 60, TimeUnit.SECONDS, 1).get());
-        long base = waiters(node);
-        CompletableFuture<Boolean> w = lock.tryLockAsync(30, -1, TimeUnit.SECONDS, 2);
-        TestServer.waitUntil(Duration.ofSeconds(20), "the ticket queued on " + node.port, () -> waiters(node) == base + 1);
-        lock.unlockAsync(1).get();
-        assertTrue(w.get(10, TimeUnit.SECONDS));
-        lock.unlockAsync(2).get();
-        assertEquals(0, node.redis().exists(lock.getName()));
-    }
-
-    static void assumeAtomicSlotMigration() {
-        String info = cluster.masters.get(0).redis().info("server");
-        String version = info.lines().filter(l -> l.startsWith("valkey_version:")).findFirst().orElse("");
-        Assumptions.assumeTrue(info.contains("server_name:valkey") && !version.startsWith("valkey_version:7.")
-                        && !version.startsWith("valkey_version:8."),
-                "atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+; this server is " + TestServer.serverBinary());
     }
 
     @Test
@@ -334,7 +284,11 @@ class ClusterTest {
 
     @Test
     void a_queued_ticket_follows_its_key_through_an_atomic_slot_migration() throws Exception {
-        assumeAtomicSlotMigration();
+        String info = cluster.masters.get(0).redis().info("server");
+        String version = info.lines().filter(l -> l.startsWith("valkey_version:")).findFirst().orElse("");
+        Assumptions.assumeTrue(info.contains("server_name:valkey") && !version.startsWith("valkey_version:7.")
+                        && !version.startsWith("valkey_version:8."),
+                "atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+; this server is " + TestServer.serverBinary());
         waitersFollowTheirKey(rlock, "asm", 2, (name, dst) -> {
             String slot = Integer.toString(cluster.slot(name));
             cluster.ownerOf(name).call("CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", cluster.id(dst));
