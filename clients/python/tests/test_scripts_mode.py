@@ -310,10 +310,11 @@ def test_an_unlock_message_wakes_one_waiter_of_the_client_and_none_is_lost(app, 
         t.join(30)
     assert sorted(order) == list(range(WAITERS))
     runs = evalsha_calls(admin) - before
-    # WAITERS + 1 releases and WAITERS acquires, and a few looks more (a message kept
-    # for a waiter between two tries); waking every waiter at each release would add up
-    # to 9 + 8 + ... + 1 tries.
-    assert runs <= 2 * WAITERS + 1 + WAITERS // 2
+    # WAITERS + 1 releases and WAITERS acquires, and at most a look more per waiter (a
+    # message kept for a waiter between two tries: how many depends on the scheduling, 6
+    # were seen once on a loaded machine); waking every waiter at each release would add
+    # up to 9 + 8 + ... + 1 = 45 tries more.
+    assert runs <= 3 * WAITERS + 1
 
 
 # ---- the read lock's timeout keys ----------------------------------------------------------
