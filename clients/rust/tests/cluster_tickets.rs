@@ -331,3 +331,90 @@ fn a_ticket_follows_its_key_through_an_atomic_slot_migration() {
     g.release().unwrap();
     assert!(!exists(&mut d, &key));
 }
+
+/// Moves `key`'s slot from the node of `from` to the node of `to` (Valkey's atomic slot
+/// migration) and waits until `to` serves it.
+fn migrate_slot(key: &str, from: &mut redis::Connection, to: &mut redis::Connection) {
+    let slot = keyslot(from, key);
+    let _: () = redis::cmd("CLUSTER")
+        .arg("MIGRATESLOTS")
+        .arg("SLOTSRANGE")
+        .arg(slot)
+        .arg(slot)
+        .arg("NODE")
+        .arg(node_id(to))
+        .query(from)
+        .unwrap();
+    // A node that does not serve the slot answers MOVED.
+    let served = |r: &mut redis::Connection| redis::cmd("EXISTS").arg(key).query::<i64>(r).is_ok();
+    assert!(
+        wait_until(LONG, || served(to) && !served(from)),
+        "the slot moved"
+    );
+}
+
+/// A node's ticket connection keeps a key's shard channel subscribed between waits, and
+/// only one it did subscribe: a wait sent to a node its key's slot had left (the client's
+/// map not yet corrected) has its `SSUBSCRIBE` redirected with its ticket, so that node
+/// must not keep the channel as subscribed. When the slot came back, a wait there would
+/// otherwise send no `SSUBSCRIBE` and never hear its grant (found by the fault harness's
+/// `lock:migrate` cell: acquires timed out once the slot had come back).
+#[test]
+fn a_shard_channel_redirected_with_its_ticket_is_subscribed_again_when_the_slot_returns() {
+    let cluster = Cluster::start();
+    let (mut a, mut b) = (cluster.nodes[0].conn(), cluster.nodes[1].conn());
+    if !atomic_slot_migration(&mut a) {
+        eprintln!("skipped: atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+");
+        return;
+    }
+    let key = cluster.key_on(0, "back");
+    let c = rlock_client::Client::open_cluster(cluster.urls()).unwrap();
+    let lock = c.lock(key.as_str());
+    let wait = Duration::from_secs(20);
+    // The map read, the channel subscribed on A and kept idle there.
+    lock.acquire_timeout(wait)
+        .unwrap()
+        .expect("free")
+        .release()
+        .unwrap();
+    let idle = |r: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("PUBSUB")
+            .arg("SHARDCHANNELS")
+            .arg("rlock_ticket:*")
+            .query(r)
+            .unwrap()
+    };
+    assert_eq!(
+        idle(&mut a).len(),
+        1,
+        "the key's channel stays subscribed between waits"
+    );
+    // A drops the channel with the slot; the client's map still says A.
+    migrate_slot(&key, &mut a, &mut b);
+    // Sent to A: its SSUBSCRIBE and ticket are redirected, and it is granted on B.
+    lock.acquire_timeout(wait)
+        .unwrap()
+        .expect("free on B")
+        .release()
+        .unwrap();
+    // Back to A; the map now says B.
+    migrate_slot(&key, &mut b, &mut a);
+    let holder = rlock_client::Client::open_cluster_with(
+        cluster.urls(),
+        ClientOptions::new().with_wait_mode(WaitMode::Blocking),
+    )
+    .unwrap();
+    let held = holder.lock(key.as_str()).acquire().unwrap();
+    let waiter = {
+        let (c, k) = (c.clone(), key.clone());
+        thread::spawn(move || c.lock(k).acquire_timeout(wait).unwrap())
+    };
+    assert!(wait_until(LONG, || waiters(&cluster, &key) == 1));
+    held.release().unwrap();
+    let g = waiter
+        .join()
+        .unwrap()
+        .expect("granted on A: its channel subscribed there again");
+    g.release().unwrap();
+    assert_eq!(idle(&mut a).len(), 1, "kept again");
+}

@@ -58,7 +58,7 @@
 //! [`Tickets::wait_async`]), above `cmd`, `error` and
 //! `options`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 #[cfg(unix)]
@@ -252,8 +252,15 @@ enum Pending {
     /// (ACL: a user without access to the channel), which must not be taken for the next
     /// waiter's reply.
     Subscribe(usize),
+    /// A cluster node's `SSUBSCRIBE` of this key channel: one `ssubscribe` push, or a
+    /// redirection when the node does not serve the key's slot (any more), after which
+    /// the channel is not subscribed there ([`State::unheard`]).
+    SubscribeShard(Vec<u8>),
     /// An `UNSUBSCRIBE` of this many channels: as many `unsubscribe` pushes.
     Unsubscribe(usize),
+    /// A cluster node's `SUNSUBSCRIBE` of this key channel: one `sunsubscribe` push for
+    /// it. One for another channel is the node dropping that one by itself.
+    UnsubscribeShard(Vec<u8>),
 }
 
 #[derive(Default)]
@@ -281,9 +288,15 @@ struct State {
     given_back: VecDeque<String>,
     /// Key channels subscribed on this connection with no waiter left, idle the longest
     /// first, at most [`IDLE_CHANNELS_KEPT`]: a next wait on the key subscribes nothing.
-    /// Only tagged channels (`notify`), where no other client's message comes, and not
-    /// on a cluster node's connection (see [`release_channel`]).
+    /// Only tagged channels (`notify`), where no other client's message comes.
     idle: VecDeque<Vec<u8>>,
+    /// Key channels counted in [`State::channels`] whose `SSUBSCRIBE` the node redirected
+    /// (the key's slot had left it): not subscribed, whatever the count says. The next
+    /// waiter on one subscribes again; the last one leaving keeps nothing idle for it. A
+    /// channel believed subscribed that was not left a later waiter there deaf to its
+    /// grant once the slot came back (the fault harness's `migrate` cell, with idle
+    /// channels kept: acquires timed out).
+    unheard: HashSet<Vec<u8>>,
 }
 
 /// How many key channels a ticket connection keeps subscribed with nobody waiting on
@@ -473,12 +486,11 @@ impl Tickets {
                 let n = st.channels.entry(channel.clone()).or_insert(0);
                 *n += 1;
                 let first = *n == 1;
+                let unheard = st.unheard.remove(&channel);
                 if first && take_idle(&mut st, &channel) {
                     // Still subscribed on this connection: nothing to send.
-                } else if first && st.writer.is_some() {
-                    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), st.wire(&channel)]);
-                    st.pending.push_back(Pending::Subscribe(1));
-                    write_locked(&mut st, &packed);
+                } else if (first || unheard) && st.writer.is_some() {
+                    subscribe(&mut st, &channel);
                 }
                 None
             }
@@ -839,23 +851,33 @@ fn leave_locked(st: &mut State, id: &str, orphan: Option<(Vec<Vec<u8>>, bool)>) 
     }
 }
 
+/// Subscribes `channel` on the current connection.
+fn subscribe(st: &mut State, channel: &[u8]) {
+    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), st.wire(channel)]);
+    st.pending.push_back(if st.shard {
+        Pending::SubscribeShard(channel.to_vec())
+    } else {
+        Pending::Subscribe(1)
+    });
+    write_locked(st, &packed);
+}
+
 /// One reference less on `channel`; unsubscribes after the last.
 fn release_channel(st: &mut State, channel: &[u8]) {
     if let Some(n) = st.channels.get_mut(channel) {
         *n -= 1;
         if *n == 0 {
             st.channels.remove(channel);
-            if st.writer.is_none() {
-                return;
+            if st.writer.is_none() || st.unheard.remove(channel) {
+                return; // nothing subscribed to keep or to undo
             }
-            if !st.notify || st.shard {
+            if !st.notify {
                 // The key's own channel: idle, it would hear every other client's grants.
-                // A cluster node's shard channel: the node drops it by itself when the
-                // key's slot leaves (Valkey's atomic slot migration), and an idle one
-                // whose drop was not heard would leave a later waiter deaf to its grant
-                // there once the slot came back; kept only on one server's connection.
                 return unsubscribe(st, channel);
             }
+            // Kept idle. A cluster node drops a shard channel by itself when the key's
+            // slot leaves it (Valkey's atomic slot migration) and says so (`slot_left`);
+            // one it never subscribed (redirected) is not kept (`unheard`).
             st.idle.push_back(channel.to_vec());
             if st.idle.len() > IDLE_CHANNELS_KEPT {
                 if let Some(oldest) = st.idle.pop_front() {
@@ -873,7 +895,11 @@ fn unsubscribe(st: &mut State, channel: &[u8]) {
         b"UNSUBSCRIBE"
     };
     let packed = pack(&[verb.to_vec(), st.wire(channel)]);
-    st.pending.push_back(Pending::Unsubscribe(1));
+    st.pending.push_back(if st.shard {
+        Pending::UnsubscribeShard(channel.to_vec())
+    } else {
+        Pending::Unsubscribe(1)
+    });
     write_locked(st, &packed);
 }
 
@@ -949,6 +975,7 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     st.pending.clear();
     // The old connection's subscriptions went with it; only waiters' are made again.
     st.idle.clear();
+    st.unheard.clear();
     // Orphans lived on the old connection: their tickets and grants went with it.
     let orphans: Vec<String> = st
         .waiters
@@ -963,10 +990,10 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     }
     if st.shard {
         // One `SSUBSCRIBE` per channel: the channels of one command must share a slot.
-        let wires: Vec<Vec<u8>> = st.channels.keys().map(|ch| st.wire(ch)).collect();
-        for w in wires {
-            stream.write_all(&pack(&[b"SSUBSCRIBE".to_vec(), w]))?;
-            st.pending.push_back(Pending::Subscribe(1));
+        let channels: Vec<Vec<u8>> = st.channels.keys().cloned().collect();
+        for ch in channels {
+            stream.write_all(&pack(&[b"SSUBSCRIBE".to_vec(), st.wire(&ch)]))?;
+            st.pending.push_back(Pending::SubscribeShard(ch));
         }
     } else if !st.channels.is_empty() {
         let mut sub = vec![b"SUBSCRIBE".to_vec()];
@@ -1019,11 +1046,18 @@ fn reader_loop(
                 kind: redis::PushKind::Unsubscribe | redis::PushKind::SUnsubscribe,
                 data,
             } => {
-                if matches!(st.pending.front(), Some(Pending::Unsubscribe(_))) {
-                    count_down(&mut st.pending, false);
-                } else if let Some(Value::BulkString(wire)) = data.first() {
-                    let channel = st.key_channel(wire).to_vec();
-                    slot_left(&mut st, &channel, gen);
+                let channel = match data.first() {
+                    Some(Value::BulkString(wire)) => Some(st.key_channel(wire).to_vec()),
+                    _ => None,
+                };
+                match (st.pending.front(), channel) {
+                    (Some(Pending::Unsubscribe(_)), _) => count_down(&mut st.pending, false),
+                    (Some(Pending::UnsubscribeShard(ours)), Some(c)) if *ours == c => {
+                        st.pending.pop_front();
+                    }
+                    // Not an answer to ours: the node dropped the channel by itself.
+                    (_, Some(c)) => slot_left(&mut st, &c, gen),
+                    (_, None) => {}
                 }
             }
             Value::Push { .. } => {}
@@ -1033,8 +1067,12 @@ fn reader_loop(
                 }
                 // A cluster node that does not serve the channel's slot (any more): the
                 // command written after it is redirected too, and its waiter re-routes.
-                Some(Pending::Subscribe(_)) if st.shard && redirected(&other) => {}
-                Some(Pending::Subscribe(_)) => {
+                Some(Pending::SubscribeShard(channel)) if redirected(&other) => {
+                    if st.channels.contains_key(&channel) {
+                        st.unheard.insert(channel);
+                    }
+                }
+                Some(Pending::Subscribe(_) | Pending::SubscribeShard(_)) => {
                     // A channel we may not hear: no waiter on it could ever be told of
                     // its grant. Close the connection; every waiter is told `Lost`. A
                     // tagged channel refused: they send again on a new connection that
@@ -1052,7 +1090,7 @@ fn reader_loop(
                         w.shutdown();
                     }
                 }
-                Some(Pending::Unsubscribe(_)) | None => {}
+                Some(Pending::Unsubscribe(_) | Pending::UnsubscribeShard(_)) | None => {}
             },
         }
     }
@@ -1131,6 +1169,7 @@ fn redirection(e: &RedisError) -> bool {
 /// of a slot it no longer serves.
 fn slot_left(st: &mut State, channel: &[u8], gen: u64) {
     st.channels.remove(channel);
+    st.unheard.remove(channel);
     take_idle(st, channel);
     for slot in st.waiters.values() {
         if let Slot::Live {
@@ -1152,6 +1191,7 @@ fn count_down(pending: &mut VecDeque<Pending>, subscribe: bool) {
             *n = n.saturating_sub(1);
             *n == 0
         }
+        Some(Pending::SubscribeShard(_)) => subscribe,
         Some(Pending::Unsubscribe(n)) if !subscribe => {
             *n = n.saturating_sub(1);
             *n == 0
