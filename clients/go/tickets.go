@@ -29,10 +29,10 @@
 // the lease) reports the hold lost. The semaphore's permits have no owner, so its release
 // waits for that confirmation and leaves out permits answered TAKENBACK (semaphore.go). A
 // waiter whose detail this client cannot read collects first. Tickets live as long as
-// the command connection
-// that queued them; when either connection breaks, both are closed (the server drops the
-// tickets and takes back uncollected grants), and every waiter re-sends with the same
-// id on new ones. A timed wait ends at its own deadline on the client's clock, whatever
+// the command connection that queued them; when either connection breaks, both are
+// closed (the server drops the tickets and takes back uncollected grants; the command
+// connection is the session's own, never the application's pool's, so closing it closes
+// the socket), and every waiter re-sends with the same id on new ones. A timed wait ends at its own deadline on the client's clock, whatever
 // the server has answered by then (the server's wait ends a little sooner, so that its
 // `timeout` message, the answer without a collect, is normally in first). A waiter that
 // leaves (its deadline came, its context ended) while its ticket is queued becomes an
@@ -97,9 +97,15 @@ type hub struct {
 
 // session is one generation of the hub's two connections.
 type session struct {
-	gen    uint64
-	caps   proto.Capabilities // what this session's probe answered
-	ps     *redis.PubSub
+	gen  uint64
+	caps proto.Capabilities // what this session's probe answered
+	ps   *redis.PubSub
+	// conn is the command connection, the one connection of own: a connection of its
+	// own, not one taken from the node's pool, whose Close would put it back in the pool
+	// open, its tickets still queued (and their grants kept, never taken back) and a
+	// later command of the application's on it. Closing own closes the socket, and the
+	// server drops the tickets.
+	own    *redis.Client
 	conn   *redis.Conn
 	sendMu sync.Mutex
 	done   chan struct{}
@@ -268,8 +274,26 @@ func (s *session) shutdown() {
 	go func() {
 		s.sendMu.Lock()
 		defer s.sendMu.Unlock()
-		_ = s.conn.Close()
+		s.closeConn()
 	}()
+}
+
+// newCommandClient is a session's own client for its command connection: the node's
+// options, one connection at most, none made ahead.
+func newCommandClient(node *redis.Client) *redis.Client {
+	o := *node.Options()
+	o.PoolSize = 1
+	o.MaxActiveConns = 1
+	o.MinIdleConns = 0
+	o.MaxIdleConns = 1
+	return redis.NewClient(&o)
+}
+
+// closeConn closes the command connection for real (its own client), so the server
+// drops the tickets queued on it and takes back their unconfirmed grants.
+func (s *session) closeConn() {
+	_ = s.conn.Close() // back to own's pool, which the next line closes
+	_ = s.own.Close()
 }
 
 func deliver(w *waiter, e event) {
@@ -510,11 +534,12 @@ func (h *hub) session(ctx context.Context, w *waiter) (*session, error) {
 	s := h.sess
 	if s == nil {
 		h.gen++
-		s = &session{gen: h.gen, done: make(chan struct{}), conn: h.node.Conn()}
+		s = &session{gen: h.gen, done: make(chan struct{}), own: newCommandClient(h.node)}
+		s.conn = s.own.Conn()
 		ctx2, cancel := context.WithTimeout(context.Background(), commandTimeout)
 		// The probe, first on every new session: a reconnect may have reached another
-		// server (a failover) that can do less. Without tickets the connection goes back
-		// to the pool unnamed.
+		// server (a failover) that can do less. Without tickets the connection is closed
+		// unnamed.
 		caps, err := proto.ParseHello(s.conn.Do(ctx2, proto.HelloArgs()...).Result())
 		if err == nil && h.c.opts.probeFilter != nil {
 			caps = h.c.opts.probeFilter(caps)
@@ -531,7 +556,7 @@ func (h *hub) session(ctx context.Context, w *waiter) (*session, error) {
 			s.caps = caps
 		}
 		if err != nil {
-			_ = s.conn.Close()
+			s.closeConn()
 			h.mu.Unlock()
 			return nil, err
 		}
