@@ -20,11 +20,49 @@ import (
 	"github.com/rlock/rlock/clients/go/internal/testserver"
 )
 
-func TestClusterLocksWaitOnTheKeysNode(t *testing.T) {
+// clusterSetup starts a 3-master cluster and returns it, a go-redis client on it and an
+// rlock Client on that one, closed at cleanup.
+func clusterSetup(t *testing.T) (*testserver.Cluster, *redis.ClusterClient, *rlock.Client) {
+	t.Helper()
 	cl := testserver.StartCluster(t)
 	rdb := cl.Client(t)
 	c := rlock.New(rdb)
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return cl, rdb, c
+}
+
+// slotMigration skips the test unless the cluster's servers migrate slots atomically
+// (CLUSTER MIGRATESLOTS, Valkey 9.0+), and returns key's slot, the master that owns it
+// and another master to move it to.
+func slotMigration(t *testing.T, cl *testserver.Cluster, rdb *redis.ClusterClient, key string) (int64, *redis.Client, *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	info := cl.Nodes[0].Client(t).Info(ctx, "server").Val()
+	if !strings.Contains(info, "server_name:valkey") || strings.Contains(info, "valkey_version:8.") || strings.Contains(info, "valkey_version:7.") {
+		t.Skip("atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+")
+	}
+	slot := rdb.ClusterKeySlot(ctx, key).Val()
+	src, err := rdb.MasterForKey(ctx, key)
+	must(t, err)
+	for _, n := range cl.Nodes {
+		if n.Addr != src.Options().Addr {
+			return slot, src, n.Client(t)
+		}
+	}
+	t.Fatal("no other master")
+	return 0, nil, nil
+}
+
+// nodeID is a cluster node's id (CLUSTER MYID).
+func nodeID(t *testing.T, node *redis.Client) string {
+	t.Helper()
+	id, err := node.Do(context.Background(), "CLUSTER", "MYID").Text()
+	must(t, err)
+	return id
+}
+
+func TestClusterLocksWaitOnTheKeysNode(t *testing.T) {
+	_, rdb, c := clusterSetup(t)
 	ctx := context.Background()
 	// Names whose slots fall on different nodes.
 	names := []string{"a", "b", "c", "d", "e", "f"}
@@ -79,10 +117,7 @@ func TestClusterLocksWaitOnTheKeysNode(t *testing.T) {
 }
 
 func TestClusterWaiterQueuesAgainWhenItsNodeConnectionsAreKilled(t *testing.T) {
-	cl := testserver.StartCluster(t)
-	rdb := cl.Client(t)
-	c := rlock.New(rdb)
-	defer c.Close()
+	_, rdb, c := clusterSetup(t)
 	ctx := context.Background()
 	holder := c.NewMutex("k1")
 	must(t, holder.Lock())
@@ -113,28 +148,11 @@ func TestClusterWaiterQueuesAgainWhenItsNodeConnectionsAreKilled(t *testing.T) {
 // shard subscriptions before it answers the slot's tickets MOVED on them; the waiter
 // queues again on the new owner with the same request id and is served there.
 func TestClusterTicketFollowsAnAtomicSlotMigration(t *testing.T) {
-	cl := testserver.StartCluster(t)
-	rdb := cl.Client(t)
-	c := rlock.New(rdb)
-	defer c.Close()
+	cl, rdb, c := clusterSetup(t)
 	ctx := context.Background()
-	info := cl.Nodes[0].Client(t).Info(ctx, "server").Val()
-	if !strings.Contains(info, "server_name:valkey") || strings.Contains(info, "valkey_version:8.") || strings.Contains(info, "valkey_version:7.") {
-		t.Skip("atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+")
-	}
 	const key = "asm-go"
-	slot := rdb.ClusterKeySlot(ctx, key).Val()
-	src, err := rdb.MasterForKey(ctx, key)
-	must(t, err)
-	var dst *redis.Client
-	for _, n := range cl.Nodes {
-		if n.Addr != src.Options().Addr {
-			dst = n.Client(t)
-			break
-		}
-	}
-	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
-	must(t, err)
+	slot, src, dst := slotMigration(t, cl, rdb, key)
+	dstID := nodeID(t, dst)
 	waitersOn := func(node *redis.Client) int64 {
 		v, err := node.Do(ctx, "RLOCK.INFO", key).Result()
 		if err != nil {
@@ -166,7 +184,7 @@ func TestClusterTicketFollowsAnAtomicSlotMigration(t *testing.T) {
 		t.Fatalf("the waiter returned while the lock is held: %v", err)
 	default:
 	}
-	_, err = holder.Unlock()
+	_, err := holder.Unlock()
 	must(t, err)
 	must(t, <-got)
 	if waiter.Held() != 1 || dst.HGet(ctx, key, waiter.Owner()).Val() != "1" {
@@ -179,30 +197,12 @@ func TestClusterTicketFollowsAnAtomicSlotMigration(t *testing.T) {
 // wait on the key subscribes again there and is granted (still counted as subscribed, it
 // would queue unheard).
 func TestClusterAChannelDroppedByASlotMigrationIsSubscribedAgain(t *testing.T) {
-	cl := testserver.StartCluster(t)
-	rdb := cl.Client(t)
-	c := rlock.New(rdb)
-	defer c.Close()
+	cl, rdb, c := clusterSetup(t)
 	ctx := context.Background()
-	info := cl.Nodes[0].Client(t).Info(ctx, "server").Val()
-	if !strings.Contains(info, "server_name:valkey") || strings.Contains(info, "valkey_version:8.") || strings.Contains(info, "valkey_version:7.") {
-		t.Skip("atomic slot migration (CLUSTER MIGRATESLOTS) is Valkey 9.0+")
-	}
 	const key = "asm-idle-go"
-	slot := rdb.ClusterKeySlot(ctx, key).Val()
-	src, err := rdb.MasterForKey(ctx, key)
-	must(t, err)
-	var dst *redis.Client
-	for _, n := range cl.Nodes {
-		if n.Addr != src.Options().Addr {
-			dst = n.Client(t)
-			break
-		}
-	}
-	srcID, err := src.Do(ctx, "CLUSTER", "MYID").Text()
-	must(t, err)
-	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
-	must(t, err)
+	slot, src, dst := slotMigration(t, cl, rdb, key)
+	srcID := nodeID(t, src)
+	dstID := nodeID(t, dst)
 	tagged := "rlock_ticket:{" + key + "}:" + rlock.TicketTag(c)
 	holder, waiter := c.NewMutex(key), c.NewMutex(key)
 	queuedWait := func() {

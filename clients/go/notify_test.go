@@ -181,10 +181,7 @@ func TestAWaiterMovesToItsTaggedChannelWhenAReprobeNamesTicketNotify(t *testing.
 }
 
 func TestClusterTicketsAreHeardOnTheClientsTaggedChannelOnTheKeysNode(t *testing.T) {
-	cl := testserver.StartCluster(t)
-	rdb := cl.Client(t)
-	c := rlock.New(rdb)
-	defer c.Close()
+	_, rdb, c := clusterSetup(t)
 	ctx := context.Background()
 	holder := c.NewMutex("k1")
 	must(t, holder.Lock())

@@ -56,6 +56,44 @@ func grantAndPauseWrites(t *testing.T, ctx context.Context, admin *redis.Conn, k
 	must(t, err)
 }
 
+// confirmOutcomes records each held grant's confirmation outcome (WithConfirmHook).
+type confirmOutcomes struct {
+	mu  sync.Mutex
+	got []bool
+}
+
+func (o *confirmOutcomes) record(ok bool) { o.mu.Lock(); o.got = append(o.got, ok); o.mu.Unlock() }
+
+func (o *confirmOutcomes) list() []bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]bool(nil), o.got...)
+}
+
+// grantedWhilePaused makes semaphore "s" with its 1 permit taken by an admin connection
+// (closed at cleanup), queues a client's waiter on it, then grants it the permit with
+// every write paused, and returns once Acquire returned on its granted message: the admin
+// connection, the waiter's semaphore and its confirmation outcomes.
+func grantedWhilePaused(t *testing.T) (*redis.Conn, *rlock.Semaphore, *confirmOutcomes) {
+	t.Helper()
+	outcomes := &confirmOutcomes{}
+	s, _, c := setup(t, rlock.WithConfirmHook(outcomes.record))
+	ctx := context.Background()
+	admin := s.Client(t).Conn()
+	t.Cleanup(func() { admin.Close() })
+	semHeldByAdmin(t, ctx, admin, "s")
+	sem := c.NewSemaphore("s")
+	got := waitForSemaphore(t, ctx, admin, sem)
+	grantAndPauseWrites(t, ctx, admin, "s")
+	select {
+	case err := <-got:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Acquire did not return on the granted message (writes are paused)")
+	}
+	return admin, sem, outcomes
+}
+
 // semInfo reads one field of RSEMAPHORE.INFO (a map under RESP3, pairs under RESP2).
 func semInfo(ctx context.Context, admin *redis.Conn, key, field string) (int64, error) {
 	v, err := admin.Do(ctx, "RSEMAPHORE.INFO", key).Result()
@@ -104,31 +142,15 @@ func available(t *testing.T, ctx context.Context, admin *redis.Conn, key string)
 // collect is a write and would wait out the pause); its release, once writes resume,
 // gives back exactly the permit it holds.
 func TestASemaphoreWaiterHoldsOnItsGrantedMessage(t *testing.T) {
-	var mu sync.Mutex
-	var outcomes []bool
-	s, _, c := setup(t, rlock.WithConfirmHook(func(ok bool) { mu.Lock(); outcomes = append(outcomes, ok); mu.Unlock() }))
 	ctx := context.Background()
-	admin := s.Client(t).Conn()
-	t.Cleanup(func() { admin.Close() })
-	semHeldByAdmin(t, ctx, admin, "s")
-	sem := c.NewSemaphore("s")
-	got := waitForSemaphore(t, ctx, admin, sem)
-	grantAndPauseWrites(t, ctx, admin, "s")
-	select {
-	case err := <-got:
-		must(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Acquire did not return on the granted message (writes are paused)")
-	}
+	admin, sem, outcomes := grantedWhilePaused(t)
 	must(t, admin.Do(ctx, "CLIENT", "UNPAUSE").Err())
 	must(t, sem.Release(ctx, 1))
 	if n := available(t, ctx, admin, "s"); n != 1 {
 		t.Fatalf("available permits %d after the release, want 1", n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(outcomes) != 1 || !outcomes[0] {
-		t.Fatalf("confirmation outcomes %v, want one confirmed", outcomes)
+	if o := outcomes.list(); len(o) != 1 || !o[0] {
+		t.Fatalf("confirmation outcomes %v, want one confirmed", o)
 	}
 }
 
@@ -142,22 +164,8 @@ func TestASemaphoreWaiterHoldsOnItsGrantedMessage(t *testing.T) {
 // restored, the retried confirmation answers TAKENBACK, and the release sends nothing:
 // the semaphore keeps exactly 1 permit, not 2.
 func TestASemaphoreGrantTakenBackIsNotReleasedAgain(t *testing.T) {
-	var mu sync.Mutex
-	var outcomes []bool
-	s, _, c := setup(t, rlock.WithConfirmHook(func(ok bool) { mu.Lock(); outcomes = append(outcomes, ok); mu.Unlock() }))
 	ctx := context.Background()
-	admin := s.Client(t).Conn()
-	t.Cleanup(func() { admin.Close() })
-	semHeldByAdmin(t, ctx, admin, "s")
-	sem := c.NewSemaphore("s")
-	got := waitForSemaphore(t, ctx, admin, sem)
-	grantAndPauseWrites(t, ctx, admin, "s")
-	select {
-	case err := <-got:
-		must(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Acquire did not return on the granted message (writes are paused)")
-	}
+	admin, sem, outcomes := grantedWhilePaused(t)
 	maxclients, err := admin.ConfigGet(ctx, "maxclients").Result()
 	must(t, err)
 	t.Cleanup(func() { admin.ConfigSet(context.Background(), "maxclients", maxclients["maxclients"]) })
@@ -190,11 +198,9 @@ func TestASemaphoreGrantTakenBackIsNotReleasedAgain(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("Release did not return after the confirmation was answered")
 	}
-	mu.Lock()
-	if len(outcomes) != 1 || outcomes[0] {
-		t.Fatalf("confirmation outcomes %v, want one not confirmed", outcomes)
+	if o := outcomes.list(); len(o) != 1 || o[0] {
+		t.Fatalf("confirmation outcomes %v, want one not confirmed", o)
 	}
-	mu.Unlock()
 	if n := available(t, ctx, admin, "s"); n != 1 {
 		t.Fatalf("available permits %d after the release of a taken-back grant, want 1", n)
 	}
