@@ -714,6 +714,9 @@ def _may_hold(shape: Shape, caps: Optional[Capabilities]) -> None:
 #: away, and a server down for longer than the grace reloads the grant from its AOF and
 #: answers it. Between tries of one place: AWAY_FIRST doubling to AWAY_MAX seconds.
 CONFIRM_RETRY_S = 5.0
+#: How long a blocking client's close waits for each reader thread to end (it ends as
+#: soon as its socket is shut down: a bound, not a pause).
+CLOSE_JOIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -990,6 +993,8 @@ class SyncTicketConn:
         self.conn: Any = None
         #: What the last connection's ``RLOCK.HELLO`` said (None before the first).
         self.caps: Optional[Capabilities] = None
+        #: The reader threads that may still run (a replaced connection's reads its end).
+        self.readers: List[threading.Thread] = []
         self.closed = False
 
     def _hold(self, until: Optional[float]) -> "_Held":
@@ -1020,8 +1025,10 @@ class SyncTicketConn:
             conn._parser.set_pubsub_push_handler(_Push)
             _unbound(conn)
             self.conn = conn
-            threading.Thread(target=self._read, args=(conn,), daemon=True,
-                             name="rlock-tickets-reader").start()
+            reader = threading.Thread(target=self._read, args=(conn,), daemon=True,
+                                      name="rlock-tickets-reader")
+            self.readers = [t for t in self.readers if t.is_alive()] + [reader]
+            reader.start()
         return self.conn
 
     def _send_locked(self, args: Tuple[Any, ...], sub: bool = False,
@@ -1180,10 +1187,20 @@ class SyncTicketConn:
             threading.Thread(target=self._undo, args=(due, None, 0), daemon=True).start()
 
     def close(self) -> None:
+        """Closes the connection and waits (bounded by `CLOSE_JOIN_S`) for its reader
+        threads to end: each sees its socket shut down at once, so none is left reading
+        when this returns. A give-back thread after the close fails at once (the server
+        dropped the tickets with the connection); a late confirmation's thread ends on
+        its own, within `CONFIRM_RETRY_S`, its connections closed."""
         with self.lock:
             self.closed = True
             if self.conn is not None:
                 self._lost_locked(self.conn)
+            readers, self.readers = self.readers, []
+        me = threading.current_thread()
+        for reader in readers:
+            if reader is not me:
+                reader.join(CLOSE_JOIN_S)
 
     def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection (see `run_ticket_wait`)."""
@@ -1337,6 +1354,9 @@ class AsyncTicketConn:
         #: What the last connection's ``RLOCK.HELLO`` said (None before the first).
         self.caps: Optional[Capabilities] = None
         self.reader: Optional[asyncio.Task] = None
+        #: Every task of this connection still running: its readers (a replaced
+        #: connection's reader may still be reading its end) and what `_spawn` started;
+        #: `close` cancels and awaits them all.
         self.tasks: set = set()
         self.closed = False
 
@@ -1368,10 +1388,13 @@ class AsyncTicketConn:
             except BaseException:
                 await conn.disconnect()
                 raise
+            if self.closed:  # closed while this connected: nothing may outlive the close
+                await conn.disconnect()
+                raise ConnectionError("the ticket connection is closed")
             conn._parser.set_pubsub_push_handler(_async_push)
             conn.socket_timeout = None  # read at each read: see `_ticket_conns`
             self.conn = conn
-            self.reader = asyncio.get_running_loop().create_task(self._read(conn))
+            self.reader = self._spawn(self._read(conn))
         return self.conn
 
     async def _send_locked(self, args: Tuple[Any, ...], sub: bool = False,
@@ -1433,7 +1456,11 @@ class AsyncTicketConn:
 
     def later(self, hold: Any, reply: Any, look: Tuple[Any, ...]) -> None:
         """Runs `confirm_later` in a task of its own (rare), on this loop: the lost
-        report it may end with runs where the hold's watchdog does."""
+        report it may end with runs where the hold's watchdog does. Once the connection
+        is closed the hold is reported lost at once (no task may outlive the close)."""
+        if self.closed:
+            hold.settle(False)
+            return
         self._spawn(self._confirm_later(hold, reply, look))
 
     async def _confirm_later(self, hold: Any, reply: Any, look: Tuple[Any, ...]) -> None:
@@ -1453,11 +1480,21 @@ class AsyncTicketConn:
         except Exception:  # noqa: BLE001 - unsettled: reported lost
             log.exception("rlock: a late ticket confirmation failed")
             hold.settle(False)
+        except asyncio.CancelledError:  # the connection closed: unsettled, reported lost
+            hold.settle(False)
+            raise
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> Optional[asyncio.Task]:
+        """Runs ``coro`` in a task of this connection (`close` ends it); after the
+        close, not at all: an unsubscribe or a give-back has no connection left to go
+        on (the server dropped the tickets and subscriptions with it)."""
+        if self.closed:
+            coro.close()
+            return None
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def _undo(self, look: Optional[List[Any]], channel: Optional[bytes],
                     gen: int) -> None:
@@ -1569,9 +1606,19 @@ class AsyncTicketConn:
             self._spawn(self._undo(due, None, 0))
 
     async def close(self) -> None:
+        """Closes the connection and ends every task of it, cancelled and awaited: its
+        readers and its give-backs, unsubscribes and late confirmations. Once this
+        returns no task and no socket of the connection is left for the loop's end to
+        find pending (nor a redis-py connection to close after the loop is gone)."""
         self.closed = True
         if self.conn is not None:
             await self._lost(self.conn)
+        me = asyncio.current_task()
+        tasks = [t for t in self.tasks if t is not me]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def wait(self, shape: Shape, started: float) -> Any:
         """Drives `ticket_wait` on this connection; cancellation-safe (an orphan)."""

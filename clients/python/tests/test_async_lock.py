@@ -10,7 +10,8 @@ import time
 
 import pytest
 import redis.asyncio
-from conftest import SCRIPTS, acommand, client_kwargs, grant_and_pause_writes, scripts_stat
+from conftest import (SCRIPTS, acommand, client_kwargs, clients_named, grant_and_pause_writes,
+                      scripts_stat)
 from redis.exceptions import LockNotOwnedError
 from rlock_server import RedisServer
 
@@ -70,15 +71,20 @@ async def test_waiters_are_served_in_arrival_order(ar):
 
 async def test_a_wait_may_outlast_the_socket_timeout(server, ar):
     short = redis.asyncio.Redis(port=server.port, socket_timeout=0.2, **client_kwargs())
-    holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
-    assert await holder.acquire(blocking=False)
-    lock = short.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
-    started = time.monotonic()
-    assert await lock.acquire(blocking_timeout=0.8) is False
-    # Past the socket timeout (the point), and bounded; the envelope itself (never after
-    # blocking_timeout) is redis-py's own test_blocking_timeout, run by redis_py_suite.
-    assert 0.6 < time.monotonic() - started < 2
-    await short.aclose()
+    try:
+        holder = ar.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+        assert await holder.acquire(blocking=False)
+        lock = short.lock("k", timeout=10, lock_class=rlock.asyncio.Lock)
+        started = time.monotonic()
+        assert await lock.acquire(blocking_timeout=0.8) is False
+        # Past the socket timeout (the point), and bounded; the envelope itself (never
+        # after blocking_timeout) is redis-py's own test_blocking_timeout, run by
+        # redis_py_suite.
+        assert 0.6 < time.monotonic() - started < 2
+    finally:
+        # Its ticket connection too, or its reader outlives the test's loop.
+        await rlock.asyncio.aclose_tickets(short)
+        await short.aclose()
 
 
 @pytest.mark.module_only  # tickets
@@ -206,3 +212,77 @@ async def test_a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace(c
         await rlock.asyncio.aclose_tickets(r)
         await r.aclose()
         s.stop(sig_kill=True)
+
+
+# ---- closing: nothing of the client outlives aclose_tickets -------------------------------
+
+
+def _rlock_tasks() -> list:
+    """The tasks still running code of the rlock package (a ticket reader, a give-back)."""
+    me = asyncio.current_task()
+    return [t for t in asyncio.all_tasks() if t is not me and not t.done()
+            and "/rlock/" in getattr(getattr(t.get_coro(), "cr_code", None), "co_filename", "")]
+
+
+@pytest.mark.module_only  # ticket connections
+@pytest.mark.parametrize("killed", [False, True], ids=["served", "replaced"])
+async def test_aclose_tickets_leaves_no_task_and_no_connection(server, ar, killed):
+    """After a wait served by ticket (and, ``replaced``, one whose ticket connection was
+    killed under it and connected again), `aclose_tickets` cancels and awaits the ticket
+    readers and closes the connections: no task of rlock is left when it returns. Left
+    pending, the loop's end destroys it ("Task was destroyed but it is pending!") and
+    its redis-py connection is closed by the garbage collector after the loop is gone
+    ("Event loop is closed")."""
+    admin = server.client(socket_timeout=5)
+    try:
+        holder = rlock.asyncio.Lock(ar, "k", timeout=30, thread_local=False)
+        assert await holder.acquire(blocking=False)
+        lock = rlock.asyncio.Lock(ar, "k", timeout=30, thread_local=False)
+        waiter = asyncio.create_task(lock.acquire(blocking_timeout=30))
+        await await_until(lambda: _eq(astat(ar, "waiters"), 1), what="the ticket queued")
+        if killed:
+            (old,) = [c["id"] for c in admin.client_list()
+                      if c["name"] == rlock.TICKET_CONNECTION_NAME]
+            admin.client_kill_filter(_id=old)
+
+            async def queued_again() -> bool:
+                ids = [c["id"] for c in admin.client_list()
+                       if c["name"] == rlock.TICKET_CONNECTION_NAME]
+                return ids not in ([], [old]) and await astat(ar, "waiters") == 1
+            await await_until(queued_again, 10, "the ticket queued on a new connection")
+        await holder.release()
+        assert await asyncio.wait_for(waiter, 10) is True
+        await lock.release()
+        assert _rlock_tasks(), "the ticket reader runs while the client is open"
+        await rlock.asyncio.aclose_tickets(ar)
+        assert _rlock_tasks() == []
+        await await_until(
+            lambda: _true(clients_named(admin, rlock.TICKET_CONNECTION_NAME) == 0),
+            what="the ticket connection closed")
+    finally:
+        admin.close()
+
+
+@pytest.mark.module_only  # a grant held on its message (ticket-holds)
+async def test_aclose_tickets_with_a_confirmation_out_leaves_no_task(server, ar,
+                                                                     confirmations):
+    """A hold's confirmation still unanswered (writes paused) when the client closes its
+    ticket connections: the close fails it, and no task is left to try it again after
+    the close (it would outlive the client, and the loop); the hold is reported lost,
+    as the server takes an unconfirmed grant back after its grace."""
+    settled = confirmations
+    admin = server.client(socket_timeout=5)
+    try:
+        lock = rlock.asyncio.Lock(ar, "k", timeout=30, thread_local=False)
+        waiter = await _queued_behind_outside(server, lock, admin)
+        grant_and_pause_writes(admin, "k")  # the confirmation (a write) waits
+        try:
+            assert await asyncio.wait_for(waiter, 10) is True, "held on the grant's message"
+            assert settled == []
+            await rlock.asyncio.aclose_tickets(ar)
+            assert _rlock_tasks() == []
+            assert settled == [False]
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+    finally:
+        admin.close()

@@ -214,6 +214,46 @@ def test_a_holder_whose_grant_cannot_be_confirmed_is_told_it_is_lost(server, r):
     admin.close()
 
 
+@pytest.mark.parametrize("killed", [False, True], ids=["served", "replaced"])
+def test_close_tickets_leaves_no_reader_thread_and_no_connection(server, r, killed):
+    """After a wait served by ticket (and, ``replaced``, one whose ticket connection was
+    killed under it and connected again), `close_tickets` shuts the connections and
+    joins their reader threads: none is left reading when it returns."""
+    others = set(threading.enumerate())
+
+    def readers() -> list:  # this client's
+        return [t for t in threading.enumerate()
+                if t.name == "rlock-tickets-reader" and t.is_alive() and t not in others]
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    try:
+        holder = rlock.Lock(r, "k", timeout=30)
+        assert holder.acquire(blocking=False)
+        waiting = rlock.Lock(r, "k", timeout=30, blocking_timeout=30, thread_local=False)
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(waiting.acquire()), daemon=True)
+        t.start()
+        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+        if killed:
+            (old,) = [c["id"] for c in admin.client_list()
+                      if c["name"] == rlock.TICKET_CONNECTION_NAME]
+            admin.client_kill_filter(_id=old)
+            wait_until(lambda: [c["id"] for c in admin.client_list()
+                                if c["name"] == rlock.TICKET_CONNECTION_NAME] not in ([], [old])
+                       and stat(admin, "waiters") == 1,
+                       what="the ticket queued on a new connection")
+        holder.release()
+        t.join(10)
+        assert got == [True]
+        waiting.release()
+        assert readers(), "the reader runs while the client is open"
+        rlock.close_tickets(r)
+        assert readers() == []
+        wait_until(lambda: clients_named(admin, rlock.TICKET_CONNECTION_NAME) == 0,
+                   what="the ticket connection closed")
+    finally:
+        admin.close()
+
+
 def _warm(admin, r):
     """A first wait makes the ticket connection, whose RLOCK.HELLO names `ticket-holds`."""
     admin.execute_command("RLOCK.ACQUIRE", "warm", "someone-else", 100)
