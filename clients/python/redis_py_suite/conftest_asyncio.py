@@ -6,17 +6,21 @@ module-loaded server of ../conftest.py. run.py copies this file to
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest_asyncio
 import redis.asyncio as redis_asyncio
+
+import rlock.asyncio
 
 from ..conftest import server_url
 
 
 @pytest_asyncio.fixture(params=[True, False], ids=["single", "pool"])
 async def create_redis(request: Any) -> Any:
-    """Factory of asyncio clients on a flushed database, closed at teardown."""
+    """Factory of asyncio clients on a flushed database, closed at teardown with their
+    ticket connections (whose reader task would otherwise outlive the test's loop)."""
     single_connection = request.param
     clients = []
 
@@ -36,10 +40,15 @@ async def create_redis(request: Any) -> Any:
 
     yield client_factory
     for client, flushdb in clients:
+        await rlock.asyncio.aclose_tickets(client)
         if flushdb:
             await client.flushdb()
         await client.aclose()
         await client.connection_pool.disconnect()
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not me and not t.done() and "/rlock/" in
+            getattr(getattr(t.get_coro(), "cr_code", None), "co_filename", "")]
+    assert not left, f"tasks of rlock left after the clients closed: {left}"
 
 
 @pytest_asyncio.fixture()

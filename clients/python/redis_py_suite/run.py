@@ -26,6 +26,8 @@ PYTEST_INI = """\
 [pytest]
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function
+filterwarnings =
+    error::pytest.PytestUnraisableExceptionWarning
 markers =
     onlynoncluster: redis-py marker (the suite runs on one server)
     onlycluster: redis-py marker
