@@ -64,7 +64,7 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
@@ -297,6 +297,11 @@ struct State {
     /// grant once the slot came back (the fault harness's `migrate` cell, with idle
     /// channels kept: acquires timed out).
     unheard: HashSet<Vec<u8>>,
+    /// Confirmations of held grants not written yet ([`CONFIRM_DEFER`]): they go out in
+    /// front of the connection's next write, or with the flusher's.
+    deferred: Vec<u8>,
+    /// The flusher writes `deferred` out once [`CONFIRM_DEFER`] has passed.
+    flush_armed: bool,
 }
 
 /// How many key channels a ticket connection keeps subscribed with nobody waiting on
@@ -359,6 +364,10 @@ pub(crate) struct Shared {
     /// design.md 5): tickets go without `NOTIFY`, heard on the key's channel, from the
     /// next connection on.
     untagged: std::sync::atomic::AtomicBool,
+    /// Wakes the flusher ([`flusher`]) when a confirmation is deferred.
+    flush: Condvar,
+    /// The flusher thread was started (once, at the first deferred confirmation).
+    flusher: std::sync::atomic::AtomicBool,
 }
 
 /// One client's ticket connection and waiters. Dropping it closes the connection.
@@ -433,6 +442,8 @@ impl Tickets {
                 holds: std::sync::atomic::AtomicBool::new(false),
                 refused: Mutex::new(None),
                 untagged: std::sync::atomic::AtomicBool::new(false),
+                flush: Condvar::new(),
+                flusher: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -916,10 +927,88 @@ fn take_idle(st: &mut State, channel: &[u8]) -> bool {
 
 /// Writes on the current connection, if any; a failed write closes it (the reader then
 /// reports it lost).
+/// Writes `bytes` on the current connection, after the confirmations deferred so far (in
+/// the order their replies are expected).
 fn write_locked(st: &mut State, bytes: &[u8]) {
+    let joined;
+    let bytes = if st.deferred.is_empty() {
+        bytes
+    } else {
+        let mut all = std::mem::take(&mut st.deferred);
+        all.extend_from_slice(bytes);
+        joined = all;
+        &joined
+    };
+    if bytes.is_empty() {
+        return;
+    }
     if let Some(w) = st.writer.as_mut() {
         if w.write_all(bytes).is_err() {
             w.shutdown();
+        }
+    }
+}
+
+/// How long a held grant's confirmation may wait to go out with the ticket connection's
+/// next write. A process that waits in a loop queues its next ticket right after its
+/// release, and the confirmation rides in the same write: the server reads both with one
+/// read and answers both with one write, where alone the confirmation costs it a read and
+/// a write of their own per handoff. It stays far below the server's grace
+/// (`rlock.ticket-confirm-ms`), which only starts when the connection closes; a
+/// connection that breaks first confirms on another ([`confirm_later`]), as a
+/// confirmation written and not answered does. The plain semaphore's confirmation is not
+/// deferred: its release waits for the answer (design.md 5).
+const CONFIRM_DEFER: Duration = Duration::from_millis(10);
+
+/// How often an idle flusher looks whether its tickets are gone.
+const FLUSHER_IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Queues `packed` (a held grant's confirmation) for the connection's next write, and
+/// makes sure the flusher writes it within [`CONFIRM_DEFER`] if nothing else goes out.
+fn defer_locked(shared: &Arc<Shared>, st: &mut State, packed: &[u8]) {
+    st.deferred.extend_from_slice(packed);
+    if st.flush_armed {
+        return;
+    }
+    st.flush_armed = true;
+    if !shared.flusher.swap(true, Ordering::Relaxed) {
+        let weak = Arc::downgrade(shared);
+        let started = std::thread::Builder::new()
+            .name("rlock-tickets-flush".into())
+            .spawn(move || flusher(weak));
+        if started.is_err() {
+            shared.flusher.store(false, Ordering::Relaxed);
+            st.flush_armed = false;
+            return write_locked(st, &[]);
+        }
+    }
+    shared.flush.notify_one();
+}
+
+/// The flusher of one ticket connection's deferred confirmations: once armed, waits
+/// [`CONFIRM_DEFER`] and writes what is still deferred. Ends once its tickets are gone.
+fn flusher(weak: Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        let armed = {
+            let st = lock_ignoring_poison(&shared.state);
+            if st.flush_armed {
+                true
+            } else {
+                let (st, _) = shared
+                    .flush
+                    .wait_timeout(st, FLUSHER_IDLE_CHECK)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                st.flush_armed
+            }
+        };
+        if armed {
+            std::thread::sleep(CONFIRM_DEFER);
+            let mut st = lock_ignoring_poison(&shared.state);
+            st.flush_armed = false;
+            write_locked(&mut st, &[]);
         }
     }
 }
@@ -973,6 +1062,7 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     *lock_ignoring_poison(&shared.refused) = None;
     st.gen += 1;
     st.pending.clear();
+    st.deferred.clear();
     // The old connection's subscriptions went with it; only waiters' are made again.
     st.idle.clear();
     st.unheard.clear();
@@ -1102,6 +1192,9 @@ fn reader_loop(
         w.shutdown();
     }
     st.pending.clear();
+    // Confirmations not written went with the connection too: their holders are
+    // `Confirming` and confirm on a connection of their own, below.
+    st.deferred.clear();
     for slot in st.waiters.values() {
         if let Slot::Live { sink, .. } = slot {
             sink(Event::Lost(gen));
@@ -1286,6 +1379,7 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
                 return;
             };
             let packed = pack(&look);
+            let defer = look.first().map(Vec::as_slice) != Some(b"RSEMAPHORE.ACQUIRE");
             st.pending.push_back(Pending::Reply(id.clone()));
             st.waiters.insert(
                 id,
@@ -1295,7 +1389,11 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
                     confirm,
                 },
             );
-            write_locked(st, &packed);
+            if defer {
+                defer_locked(shared, st, &packed);
+            } else {
+                write_locked(st, &packed);
+            }
         }
         Some(Slot::Live { sink, .. }) => sink(Event::Note(note)),
         Some(Slot::Confirming { .. }) => {}

@@ -630,3 +630,49 @@ fn it_leaves_an_orphan_when_its_deadline_comes_with_the_ticket_queued() {
     c.sent(1);
     assert_eq!(c.expire(Vec::new(), now).1, Leaves::Orphan);
 }
+
+/// A held grant's confirmation waits for the connection's next write and goes out in
+/// front of it (one write, so the server reads both at once); with nothing else to send,
+/// the flusher writes it alone a moment later.
+#[cfg(unix)]
+#[test]
+fn a_deferred_confirmation_rides_with_the_next_write_or_goes_alone_soon_after() {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
+    let (ours, mut server) = UnixStream::pair().unwrap();
+    server.set_nonblocking(true).unwrap();
+    let read_all = |s: &mut UnixStream| {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    };
+    {
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        st.writer = Some(Stream::Unix(ours));
+        defer_locked(&t.shared, &mut st, b"confirm;");
+        assert!(read_all(&mut server).is_empty(), "deferred, not written");
+        write_locked(&mut st, b"next;");
+    }
+    assert_eq!(
+        read_all(&mut server),
+        b"confirm;next;",
+        "in front of the next write"
+    );
+    {
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        defer_locked(&t.shared, &mut st, b"alone;");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(CONFIRM_DEFER);
+        got = read_all(&mut server);
+    }
+    assert_eq!(got, b"alone;", "the flusher wrote it");
+}
