@@ -348,6 +348,22 @@ def _release_and_pause_writes(admin, name):
     p.execute()
 
 
+def _semaphore_held_on_its_message(admin, r):
+    """A blocking `rlock.Semaphore` on "s" (its permit held outside) waits in a thread,
+    is granted with writes paused in the same transaction (`_release_and_pause_writes`)
+    and returns holding on the grant's message: the semaphore, writes still paused (the
+    caller unpauses, also when this fails)."""
+    sem = rlock.Semaphore(r, "s", blocking_timeout=30)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(sem.acquire()), daemon=True)
+    t.start()
+    wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+    _release_and_pause_writes(admin, "s")
+    t.join(10)
+    assert got == [True], "held on the grant's message, writes still paused"
+    return sem
+
+
 def _confirm_ms(admin, ms):
     """Sets rlock.ticket-confirm-ms; returns the value it had."""
     old = admin.config_get("rlock.ticket-confirm-ms")["rlock.ticket-confirm-ms"]
@@ -385,15 +401,8 @@ def test_a_semaphore_ticket_holds_on_its_message_and_releases_after_its_confirma
     try:
         _warm(admin, r)
         _permit_held_outside(admin, "s")
-        sem = rlock.Semaphore(r, "s", blocking_timeout=30)
-        got: list = []
-        t = threading.Thread(target=lambda: got.append(sem.acquire()), daemon=True)
-        t.start()
-        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
-        _release_and_pause_writes(admin, "s")
         try:
-            t.join(10)
-            assert got == [True], "held on the grant's message, writes still paused"
+            sem = _semaphore_held_on_its_message(admin, r)
             assert _permits.in_flight(r, "s"), "its confirmation waits for the pause"
         finally:
             admin.execute_command("CLIENT", "UNPAUSE")
@@ -419,15 +428,8 @@ def test_a_semaphore_grant_taken_back_is_not_released_again(server, r, caplog):
         _warm(admin, r)
         _permit_held_outside(admin, "s")
         revoked = stat(admin, "revoked_handoffs")
-        sem = rlock.Semaphore(r, "s", blocking_timeout=30)
-        got: list = []
-        t = threading.Thread(target=lambda: got.append(sem.acquire()), daemon=True)
-        t.start()
-        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
-        _release_and_pause_writes(admin, "s")
         try:
-            t.join(10)
-            assert got == [True], "held on the grant's message, writes still paused"
+            sem = _semaphore_held_on_its_message(admin, r)
             maxclients, refused = _cut_off_the_ticket_connection(admin)
             wait_until(refused, what="the confirmation's retry refused")
         finally:
