@@ -121,8 +121,14 @@ def test_a_ticket_whose_slot_migrates_while_it_waits_is_served_on_the_new_node(c
     cluster.settle_epochs()
     dst.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(src))
     src.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", cluster.node_id(dst))
+    # Every key of the slot, as a resharding moves them: the fencing token's key and the
+    # request-id records too. A key left on the source made its SETSLOT NODE below fail
+    # ("still hold keys") whenever it came before the source had heard of the new owner.
+    in_slot = src.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    assert key.encode() in in_slot
     assert src.client().execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000,
-                                        "KEYS", key)
+                                        "KEYS", *in_slot)
+    assert src.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
     wait_until(lambda: waiters(dst) == 1, what="the waiter waits on the destination")
     assert waiters(src) == 0
     dst_id = cluster.node_id(dst)
