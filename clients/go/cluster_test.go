@@ -1,7 +1,8 @@
 // The client on a 3-master Redis Cluster: commands routed by key, tickets queued and
 // heard (SSUBSCRIBE) on the node that owns the key's slot, one hub per node with waiters;
 // a ticket follows its node's connections being killed and (Valkey 9.0+) an atomic slot
-// migration, which also makes the hub forget a channel left subscribed with no waiter.
+// migration, which also makes the hub forget a channel left subscribed with no waiter,
+// and which must not leave it counting a channel the node redirected as subscribed.
 
 package rlock_test
 
@@ -9,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -59,6 +61,28 @@ func nodeID(t *testing.T, node *redis.Client) string {
 	id, err := node.Do(context.Background(), "CLUSTER", "MYID").Text()
 	must(t, err)
 	return id
+}
+
+// waitersOn is the waiters' count of the lock key on node (RLOCK.INFO), -1 when the node
+// does not answer it (MOVED: it does not serve the key's slot).
+func waitersOn(node *redis.Client, key string) int64 {
+	v, err := node.Do(context.Background(), "RLOCK.INFO", key).Result()
+	if err != nil {
+		return -1
+	}
+	switch m := v.(type) {
+	case map[any]any:
+		n, _ := m["waiters"].(int64)
+		return n
+	case []any:
+		for i := 0; i+1 < len(m); i += 2 {
+			if m[i] == "waiters" {
+				n, _ := m[i+1].(int64)
+				return n
+			}
+		}
+	}
+	return -1
 }
 
 func TestClusterLocksWaitOnTheKeysNode(t *testing.T) {
@@ -153,25 +177,7 @@ func TestClusterTicketFollowsAnAtomicSlotMigration(t *testing.T) {
 	const key = "asm-go"
 	slot, src, dst := slotMigration(t, cl, rdb, key)
 	dstID := nodeID(t, dst)
-	waitersOn := func(node *redis.Client) int64 {
-		v, err := node.Do(ctx, "RLOCK.INFO", key).Result()
-		if err != nil {
-			return -1
-		}
-		switch m := v.(type) {
-		case map[any]any:
-			n, _ := m["waiters"].(int64)
-			return n
-		case []any:
-			for i := 0; i+1 < len(m); i += 2 {
-				if m[i] == "waiters" {
-					n, _ := m[i+1].(int64)
-					return n
-				}
-			}
-		}
-		return -1
-	}
+	waitersOn := func(node *redis.Client) int64 { return waitersOn(node, key) }
 	holder := c.NewMutex(key)
 	must(t, holder.Lock())
 	waiter := c.NewMutex(key)
@@ -236,5 +242,130 @@ func TestClusterAChannelDroppedByASlotMigrationIsSubscribedAgain(t *testing.T) {
 	queuedWait()
 	if n := src.PubSubShardNumSub(ctx, tagged).Val()[tagged]; n != 1 {
 		t.Fatalf("subscribers of the channel after the migration back: %d, want 1", n)
+	}
+}
+
+// movedAnswers is how many commands node has answered MOVED (INFO errorstats); 0 when it
+// does not answer.
+func movedAnswers(node *redis.Client) int64 {
+	info, _ := node.Info(context.Background(), "errorstats").Result()
+	for _, line := range strings.Split(info, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "errorstat_MOVED:count="); ok {
+			n, _ := strconv.ParseInt(rest, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// A wait sent to a node its key's slot had left (the client's slot map not yet corrected)
+// has the SSUBSCRIBE of its key's channel answered MOVED there, like its ticket: the hub
+// must not count that channel as subscribed on the node. Counted so and left lingering
+// after its last waiter, once the slot came back the next wait there would send no
+// SSUBSCRIBE and never hear its grant (the Rust client's bug, found by the fault
+// harness's lock:migrate cell). Valkey 9 (atomic slot migration); every step within the
+// channel's linger. The waiting client's slot map is held stale (ClusterSlots) from the
+// slot's move away until the node it left has answered that wait MOVED.
+func TestClusterAChannelRedirectedWithItsTicketIsSubscribedAgainWhenTheSlotReturns(t *testing.T) {
+	cl, rdb, holders := clusterSetup(t)
+	ctx := context.Background()
+	const key = "asm-back-go"
+	slot, a, b := slotMigration(t, cl, rdb, key)
+	aID, bID := nodeID(t, a), nodeID(t, b)
+	seed := cl.Nodes[0].Client(t)
+	var (
+		mu      sync.Mutex
+		stale   bool                // the map read last is served, not a new one
+		last    []redis.ClusterSlot // the map read last
+		movedAt int64               // A's MOVED answers when the stale wait started; -1 before
+	)
+	addrs := []string{}
+	for _, n := range cl.Nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	wrdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs,
+		ClusterSlots: func(ctx context.Context) ([]redis.ClusterSlot, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			// Stale until A has answered the wait MOVED as well as its first try (which
+			// go-redis follows to B by itself).
+			if stale && (movedAt < 0 || movedAnswers(a) < movedAt+2) && last != nil {
+				return last, nil
+			}
+			stale = false
+			s, err := seed.ClusterSlots(ctx).Result()
+			if err == nil {
+				last = s
+			}
+			return s, err
+		}})
+	t.Cleanup(func() { wrdb.Close() })
+	// More tries than the default: go-redis reads the map again at most once per 200 ms
+	// (ReloadState is lazy), and the reload that the first try's MOVED started still
+	// serves the stale map, so the hub's tries must outlast that pause.
+	c := rlock.New(wrdb, rlock.WithRetry(10, 50*time.Millisecond, time.Second))
+	t.Cleanup(func() { c.Close() })
+	tagged := "rlock_ticket:{" + key + "}:" + rlock.TicketTag(c)
+	subscribers := func(node *redis.Client) int64 { return node.PubSubShardNumSub(ctx, tagged).Val()[tagged] }
+	moved := func(node *redis.Client) bool {
+		err := node.Get(ctx, key).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "MOVED")
+	}
+	migrate := func(from, to *redis.Client, toID string) {
+		must(t, from.Do(ctx, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", toID).Err())
+		testserver.WaitUntil(t, 30*time.Second, "the slot moved", func() bool { return moved(from) && !moved(to) })
+	}
+	holder, waiter := holders.NewMutex(key), c.NewMutex(key)
+	// A wait on the key that queues a ticket on node (the holder's lock held meanwhile).
+	queuedWait := func(what string, node *redis.Client, before func()) {
+		t.Helper()
+		must(t, holder.Lock())
+		if before != nil {
+			before()
+		}
+		got := make(chan error, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			got <- waiter.LockContext(wctx)
+		}()
+		testserver.WaitUntil(t, 20*time.Second, what+": the ticket queued", func() bool { return waitersOn(node, key) == 1 })
+		_, err := holder.Unlock()
+		must(t, err)
+		if err := <-got; err != nil {
+			t.Fatalf("%s: the wait was not granted: %v", what, err)
+		}
+		_, err = waiter.Unlock()
+		must(t, err)
+	}
+	// The map read, the channel subscribed on A, lingering there after the wait.
+	queuedWait("first wait, on A", a, nil)
+	if n := subscribers(a); n != 1 {
+		t.Fatalf("subscribers of the channel on A after the first wait: %d, want 1", n)
+	}
+	mu.Lock()
+	stale, movedAt = true, -1
+	mu.Unlock()
+	// A drops the channel with the slot; the waiting client's map still says A.
+	migrate(a, b, bID)
+	testserver.WaitUntil(t, 10*time.Second, "A dropped the channel", func() bool { return subscribers(a) == 0 })
+	// Sent to A (its first try is followed to B by go-redis, the hub's is redirected),
+	// queued and granted on B.
+	queuedWait("wait sent to A, redirected to B", b, func() {
+		mu.Lock()
+		movedAt = movedAnswers(a)
+		mu.Unlock()
+	})
+	mu.Lock()
+	wentToA := !stale
+	mu.Unlock()
+	if !wentToA {
+		t.Fatal("the wait was not sent to A: the map was never read again")
+	}
+	// Back to A, within the channel's linger on A had it been counted there.
+	migrate(b, a, aID)
+	queuedWait("wait after the slot came back to A", a, nil)
+	if n := subscribers(a); n != 1 {
+		t.Fatalf("subscribers of the channel on A after the slot came back: %d, want 1", n)
 	}
 }

@@ -15,10 +15,13 @@
 // tagged channel whose last waiter left stays subscribed, idle (only this client's
 // messages come there, so it hears nothing), and the next wait on the key uses it
 // without a SUBSCRIBE; at most maxIdle per session, the one idle longest unsubscribed
-// first, none carried over to a new session. Not on a cluster node (design.md 5: idle
-// shard channels lost grants under slot migration in the Rust client's fault runs, not
-// understood yet), nor for the key's channel (an idle subscriber there hears every other
-// client's messages): those are unsubscribed linger after their last waiter left. A
+// first, none carried over to a new session. Not on a cluster node (design.md 5: only the
+// Rust client keeps idle shard channels), nor for the key's channel (an idle subscriber
+// there hears every other client's messages): those are unsubscribed linger after their
+// last waiter left. A cluster node that no longer serves a channel's slot answers its
+// SSUBSCRIBE MOVED, which the reader takes as a broken session (every waiter re-routes):
+// so a channel is never counted as subscribed on a node that refused it, and a lingering
+// one cannot leave a later waiter deaf once the slot comes back. A
 // new session's probe may answer otherwise (a failover to an older module): every
 // waiter then moves to the matching channel before it queues again. A lock's, RW
 // lock's, fenced lock's, semaphore's or expirable semaphore's waiter on a server naming
@@ -346,9 +349,8 @@ func (h *hub) ref(channel string) {
 
 // keepsIdle tells whether channels stay subscribed idle after their last waiter (h.mu
 // held): tagged ones (`ticket-notify`), where only this client's messages come, and only
-// on a single server. On a cluster node, which drops a shard channel by itself when its
-// slot leaves, idle shard channels lost grants under slot migration in the Rust client's
-// fault runs (design.md 5), so they linger as the key's channel does.
+// on a single server; a cluster node's shard channels linger as the key's channel does
+// (design.md 5 says where only the Rust client keeps them idle).
 func (h *hub) keepsIdle() bool { return h.notify && !h.shard }
 
 // forget drops channel's state (h.mu held), idle or not; the caller unsubscribes it, or
