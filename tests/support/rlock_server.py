@@ -43,6 +43,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """The server exited because its port was taken (`bind: Address already in use`)."""
+
+
 class RedisServer:
     """One redis-server process; `start()`, then `stop()`.
 
@@ -72,6 +76,8 @@ class RedisServer:
         self.proc: Optional[subprocess.Popen] = None
         self.log = self.dir / "redis.log"
         self._clients: list = []
+        #: Answered once: later starts are restarts, on the same port.
+        self._started = False
 
     @property
     def url(self) -> str:
@@ -88,7 +94,19 @@ class RedisServer:
         return cmd + self.args
 
     def start(self) -> "RedisServer":
-        """Starts the server and waits (bounded) until it answers PING."""
+        """Starts the server and waits (bounded) until it answers PING. The first start
+        moves to another free port if its own was taken before the server bound it (by
+        another process); a restart keeps its port."""
+        for attempt in range(1, 6):
+            try:
+                return self._start()
+            except PortTaken:
+                if self._started or attempt == 5:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> "RedisServer":
         self.proc = subprocess.Popen(self.command_line(), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
@@ -96,13 +114,17 @@ class RedisServer:
         try:
             while True:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"redis-server exited: {self.proc.stderr.read().decode()}\n"
-                        f"{self.log.read_text() if self.log.exists() else ''}")
+                    why = (f"redis-server exited: {self.proc.stderr.read().decode()}\n"
+                           f"{self.log.read_text() if self.log.exists() else ''}")
+                    if "Address already in use" in why:
+                        raise PortTaken(why)
+                    raise RuntimeError(why)
                 try:
                     if probe.ping():
+                        self._started = True
                         return self
-                except (redis.ConnectionError, redis.BusyLoadingError):
+                # (TimeoutError: whatever took the port answers nothing; the exit says.)
+                except (redis.ConnectionError, redis.BusyLoadingError, redis.TimeoutError):
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError("redis-server did not answer PING in 10s")

@@ -82,37 +82,86 @@ public final class TestServer implements AutoCloseable {
         return new TestServer(false, extra);
     }
 
+    /** How many ports a new server tries: another process may take the free one first. */
+    private static final int PORT_TRIES = 5;
+
     private TestServer(boolean module, String... extra) {
-        this.port = freePort();
-        try {
-            this.dir = Files.createTempDirectory("rlock-java-" + port + "-");
-            this.cmd = new ArrayList<>(List.of(serverBinary(), "--port", Integer.toString(port),
-                    "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir.toString(),
-                    "--logfile", dir.resolve("redis.log").toString(), "--enable-module-command", "yes",
-                    "--enable-debug-command", "yes"));
-            if (module) {
-                cmd.addAll(List.of("--loadmodule", module().toString()));
-            }
-            cmd.addAll(List.of(extra));
-        } catch (IOException e) {
-            throw new IllegalStateException("cannot start " + serverBinary() + ": " + e, e);
-        }
-        this.admin = RedisClient.create(uri());
-        run();
+        Started s = start(module, extra);
+        this.port = s.port();
+        this.dir = s.dir();
+        this.cmd = s.cmd();
+        this.admin = s.admin();
+        this.proc = s.proc();
         this.adminConn = admin.connect(StringCodec.UTF8);
     }
 
-    /** Starts the process and waits (bounded) until it answers PING (loaded). */
+    /** A server process answering on its port, with what a restart needs. */
+    private record Started(int port, Path dir, List<String> cmd, RedisClient admin, Process proc) {
+    }
+
+    /** Starts a server on a free port, on another if that one is taken before it binds. */
+    private static Started start(boolean module, String... extra) {
+        for (int attempt = 1; ; attempt++) {
+            int p = freePort();
+            Path d;
+            List<String> c;
+            try {
+                d = Files.createTempDirectory("rlock-java-" + p + "-");
+                c = new ArrayList<>(List.of(serverBinary(), "--port", Integer.toString(p),
+                        "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", d.toString(),
+                        "--logfile", d.resolve("redis.log").toString(), "--enable-module-command", "yes",
+                        "--enable-debug-command", "yes"));
+                if (module) {
+                    c.addAll(List.of("--loadmodule", module().toString()));
+                }
+                c.addAll(List.of(extra));
+            } catch (IOException e) {
+                throw new IllegalStateException("cannot start " + serverBinary() + ": " + e, e);
+            }
+            RedisClient a = RedisClient.create(RedisURI.create("redis://127.0.0.1:" + p));
+            try {
+                return new Started(p, d, c, a, launch(c, d, a));
+            } catch (PortTaken e) {
+                // Free when drawn, taken by another process before the server bound it.
+                a.shutdown();
+                if (attempt >= PORT_TRIES) {
+                    throw new IllegalStateException("no port could be bound in " + PORT_TRIES + " tries: " + e.getMessage());
+                }
+            }
+        }
+    }
+
+    /** The server exited because its port was taken (`bind: Address already in use`). */
+    private static final class PortTaken extends RuntimeException {
+        PortTaken(String log) {
+            super(log);
+        }
+    }
+
+    /** Starts the process again on its port (a restart). */
     private void run() {
+        this.proc = launch(cmd, dir, admin);
+    }
+
+    /**
+     * Starts `cmd` and waits (bounded) until it answers PING (loaded); {@link PortTaken} if
+     * it exited unable to bind its port.
+     */
+    private static Process launch(List<String> cmd, Path dir, RedisClient admin) {
+        Process proc;
         try {
-            this.proc = new ProcessBuilder(cmd).redirectErrorStream(true)
+            proc = new ProcessBuilder(cmd).redirectErrorStream(true)
                     .redirectOutput(ProcessBuilder.Redirect.appendTo(dir.resolve("stdout.log").toFile())).start();
         } catch (IOException e) {
             throw new IllegalStateException("cannot start " + serverBinary() + ": " + e, e);
         }
         waitUntil(Duration.ofSeconds(10), "the server answers PING", () -> {
             if (!proc.isAlive()) {
-                throw new IllegalStateException("the server exited: " + log());
+                String log = log(dir);
+                if (log.contains("Address already in use")) {
+                    throw new PortTaken(log);
+                }
+                throw new IllegalStateException("the server exited: " + log);
             }
             try (var c = admin.connect()) {
                 return "PONG".equals(c.sync().ping());
@@ -120,6 +169,7 @@ public final class TestServer implements AutoCloseable {
                 return false;
             }
         });
+        return proc;
     }
 
     /**
@@ -145,6 +195,10 @@ public final class TestServer implements AutoCloseable {
     }
 
     public String log() {
+        return log(dir);
+    }
+
+    private static String log(Path dir) {
         try {
             return Files.readString(dir.resolve("stdout.log")) + Files.readString(dir.resolve("redis.log"));
         } catch (IOException e) {
