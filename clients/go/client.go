@@ -64,6 +64,9 @@ type options struct {
 	// confirmHook is told each held grant's confirmation outcome once settled (tests,
 	// export_test.go); nil everywhere else.
 	confirmHook func(ok bool)
+	// killHook is called with a blocked wait's connection id just before the kill
+	// that ends it (tests hold the kill back, export_test.go); nil everywhere else.
+	killHook func(id int64)
 }
 
 // Option configures a Client.

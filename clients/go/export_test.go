@@ -1,7 +1,8 @@
 // What the black-box tests (package rlock_test) may see of the client's insides: its
 // notification tag (which names its ticket channels), a test double of the ticket hub's
 // probe answer (a server that names less than it can do), each held grant's
-// confirmation outcome, and the ticket hubs' sweep of idle channels (without its wait).
+// confirmation outcome, the kill that ends a blocked wait (held back), and the ticket
+// hubs' sweep of idle channels (without its wait).
 
 package rlock
 
@@ -19,6 +20,12 @@ func WithProbeFilter(f func(Capabilities) Capabilities) Option {
 // it is settled.
 func WithConfirmHook(f func(ok bool)) Option {
 	return func(o *options) { o.confirmHook = f }
+}
+
+// WithKillHook is called with a blocked wait's connection id just before the kill that
+// ends it (its context ended); the kill waits for it to return.
+func WithKillHook(f func(id int64)) Option {
+	return func(o *options) { o.killHook = f }
 }
 
 // SweepTickets runs each ticket hub's sweep as if every idle channel's linger had passed.

@@ -6,7 +6,7 @@
 // id from the message. A waiter whose grant is taken back before the message reached it
 // (both hub connections killed with the grant) is answered TAKENBACK and queues again
 // under a fresh id. And the opt-in blocked waits (WithBlockingWaits), which queue no
-// ticket.
+// ticket, and whose kill at a context's end ends no other wait.
 
 package rlock_test
 
@@ -133,6 +133,73 @@ func TestWithBlockingWaitsAWaitBlocksAConnectionAndQueuesNoTicket(t *testing.T) 
 	}
 	if waiter.Held() != 1 {
 		t.Fatal("the waiter does not hold the lock")
+	}
+}
+
+// A blocked wait whose context ended is killed (CLIENT KILL ID) on another connection,
+// and its grant, if the wait was granted before the kill landed, is given back. Such a
+// kill can still be on its way when the wait's reply has come: the connection it is
+// aimed at must serve no other blocked wait, which it would end. The kill is held back
+// (WithKillHook) until a second wait blocks; it must end neither.
+func TestWithBlockingWaitsAKillAimedAtAFinishedWaitEndsNoOtherWait(t *testing.T) {
+	aimed := make(chan int64, 1)
+	hold := make(chan struct{})
+	_, rdb, c := setup(t, rlock.WithBlockingWaits(), rlock.WithKillHook(func(id int64) {
+		aimed <- id
+		<-hold
+	}))
+	ctx := context.Background()
+	blocked := func() bool {
+		for _, line := range strings.Split(rdb.ClientList(ctx).Val(), "\n") {
+			if strings.Contains(line, "flags=b ") && strings.Contains(line, "cmd=rlock.acquire") {
+				return true
+			}
+		}
+		return false
+	}
+	holder := c.NewMutex("k1")
+	must(t, holder.Lock())
+	wctx, cancel := context.WithCancel(ctx)
+	first := make(chan error, 1)
+	go func() { first <- c.NewMutex("k1").LockContext(wctx) }()
+	testserver.WaitUntil(t, 10*time.Second, "the first wait blocked", blocked)
+	cancel()
+	var id int64
+	select {
+	case id = <-aimed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no kill for the first wait")
+	}
+	// Granted before the kill lands: the reply comes, the grant is given back.
+	_, err := holder.Unlock()
+	must(t, err)
+	select {
+	case err := <-first:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the first wait: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first wait did not end with its reply")
+	}
+	testserver.WaitUntil(t, 10*time.Second, "the first wait's grant given back", func() bool {
+		return rdb.Exists(ctx, "k1").Val() == 0
+	})
+	holder2, waiter2 := c.NewMutex("k2"), c.NewMutex("k2")
+	must(t, holder2.Lock())
+	second := within(waiter2.LockContext)
+	testserver.WaitUntil(t, 10*time.Second, "the second wait blocked", blocked)
+	close(hold)
+	testserver.WaitUntil(t, 10*time.Second, "the kill landed", func() bool {
+		list, err := rdb.Do(ctx, "CLIENT", "LIST", "ID", id).Text()
+		return err == nil && strings.TrimSpace(list) == ""
+	})
+	_, err = holder2.Unlock()
+	must(t, err)
+	if err := <-second; err != nil {
+		t.Fatalf("the second wait, on a connection the first one's kill was aimed at: %v", err)
+	}
+	if waiter2.Held() != 1 {
+		t.Fatal("the second waiter does not hold the lock")
 	}
 }
 

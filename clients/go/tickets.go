@@ -94,8 +94,11 @@ type hub struct {
 	// `NOTIFY tag` and hear their messages on the key's channel for this client's tag
 	// (proto.NotifyChannel); else on the key's channel. Every waiter's channel follows it.
 	notify bool
-	// blocker holds the connections of blocked waits (no read timeout), made on the first.
-	blocker *redis.Client
+	// blockers: every connection of blocked waits (no read timeout), each on a client of
+	// its own, so that one a kill was aimed at is closed rather than reused
+	// (killOnCancel); idleBlockers: the ones free, the one used last at the end.
+	blockers     map[*redis.Client]struct{}
+	idleBlockers []*redis.Client
 }
 
 // session is one generation of the hub's two connections.
@@ -250,9 +253,10 @@ func (h *hub) close() {
 	h.closed = true
 	s := h.sess
 	h.sess = nil
-	if h.blocker != nil {
-		_ = h.blocker.Close()
+	for b := range h.blockers {
+		_ = b.Close()
 	}
+	h.blockers, h.idleBlockers = nil, nil
 	for _, w := range h.waiters {
 		deliver(w, event{ev: proto.Event{Lost: true}, gen: ^uint64(0)})
 	}
@@ -1080,8 +1084,8 @@ func (h *hub) lateReply(w *waiter, pending chan sent) {
 
 // blockedWait runs a waiting command (with `WAIT w`, no ASYNC) as a blocked wait on a
 // connection of its own: how a wait goes on a server whose probe did not name tickets.
-// The caller's context ending kills that connection (CLIENT KILL ID), which drops the
-// wait in the server; a grant that raced the kill is given back.
+// The caller's context ending kills that connection (CLIENT KILL ID, killOnCancel),
+// which drops the wait in the server; a grant that raced the kill is given back.
 func (h *hub) blockedWait(ctx context.Context, args []any) (any, error) {
 	shape, ok := proto.ShapeOf(args)
 	if !ok {
@@ -1092,31 +1096,18 @@ func (h *hub) blockedWait(ctx context.Context, args []any) (any, error) {
 		h.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if h.blocker == nil {
-		o := *h.node.Options()
-		o.ReadTimeout = -1 // the server ends the wait (WAIT w), or the kill below does
-		o.ContextTimeoutEnabled = false
-		h.blocker = redis.NewClient(&o)
-	}
-	conn := h.blocker.Conn()
+	b := h.takeBlocker()
 	h.mu.Unlock()
-	defer conn.Close()
+	conn := b.Conn()
 	id, err := conn.ClientID(ctx).Result()
 	if err != nil {
+		h.putBlocker(b, conn, false)
 		return nil, err
 	}
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			kctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
-			defer cancel()
-			_ = h.node.ClientKillByFilter(kctx, "ID", proto.Strings([]any{id})[0]).Err()
-		case <-stop:
-		}
-	}()
+	finished := make(chan struct{})
+	go h.killOnCancel(ctx, b, conn, id, finished)
 	reply, err := conn.Do(context.Background(), args...).Result()
-	close(stop)
+	close(finished) // conn is killOnCancel's from here
 	if errors.Is(err, redis.Nil) {
 		reply, err = nil, nil
 	}
@@ -1131,6 +1122,74 @@ func (h *hub) blockedWait(ctx context.Context, args []any) (any, error) {
 		return nil, ctx.Err()
 	}
 	return reply, err
+}
+
+// killOnCancel ends a blocked wait whose caller's context ended before its reply: CLIENT
+// KILL ID id on another connection, which drops the wait in the server. It gives the
+// wait's connection back once the wait has finished: for the next blocked wait if no
+// kill was aimed at it, else closed. A kill may still be on its way when the wait's
+// reply has come (the grant raced it), and would end whichever blocked wait ran on the
+// connection by the time it lands.
+func (h *hub) killOnCancel(ctx context.Context, b *redis.Client, conn *redis.Conn, id int64, finished chan struct{}) {
+	select {
+	case <-finished:
+		h.putBlocker(b, conn, false)
+		return
+	case <-ctx.Done():
+	}
+	select {
+	case <-finished: // the reply came first: nothing to kill
+		h.putBlocker(b, conn, false)
+		return
+	default:
+	}
+	if f := h.c.opts.killHook; f != nil {
+		f(id)
+	}
+	kctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	_ = h.node.ClientKillByFilter(kctx, "ID", proto.Strings([]any{id})[0]).Err()
+	cancel()
+	<-finished
+	h.putBlocker(b, conn, true)
+}
+
+// takeBlocker is a free connection for a blocked wait, on a client of its own (h.mu
+// held): one connection, no read timeout (the server ends the wait, or a kill does).
+func (h *hub) takeBlocker() *redis.Client {
+	if n := len(h.idleBlockers); n > 0 {
+		b := h.idleBlockers[n-1]
+		h.idleBlockers = h.idleBlockers[:n-1]
+		return b
+	}
+	o := *h.node.Options()
+	o.ReadTimeout = -1
+	o.ContextTimeoutEnabled = false
+	o.PoolSize, o.MaxActiveConns, o.MinIdleConns, o.MaxIdleConns = 1, 1, 0, 1
+	b := redis.NewClient(&o)
+	if h.blockers == nil {
+		h.blockers = map[*redis.Client]struct{}{}
+	}
+	h.blockers[b] = struct{}{}
+	return b
+}
+
+// putBlocker gives back a blocked wait's connection: kept for the next one (at most the
+// node's pool size of them idle), or closed with its client when a kill was aimed at it
+// (killed), or the hub closed.
+func (h *hub) putBlocker(b *redis.Client, conn *redis.Conn, killed bool) {
+	_ = conn.Close() // back to b's own pool
+	h.mu.Lock()
+	_, open := h.blockers[b]
+	keep := open && !killed && len(h.idleBlockers) < h.node.Options().PoolSize
+	if keep {
+		h.idleBlockers = append(h.idleBlockers, b)
+	} else {
+		delete(h.blockers, b)
+	}
+	h.mu.Unlock()
+	if open && !keep {
+		_ = b.Close()
+	}
 }
 
 // abandonOrLeave ends w's wait before its answer (its context ended): an orphan while a
