@@ -280,22 +280,7 @@ fn a_ticket_follows_its_key_through_an_atomic_slot_migration() {
     let key = cluster.key_on(0, "asm");
     let slot = keyslot(&mut s, &key);
     let c = rlock_client::Client::open_cluster(cluster.urls()).unwrap();
-    let holder = rlock_client::Client::open_cluster_with(
-        cluster.urls(),
-        ClientOptions::new().with_wait_mode(WaitMode::Blocking),
-    )
-    .unwrap();
-    let held = holder.lock(key.as_str()).acquire().unwrap();
-    let waiter = {
-        let (c, k) = (c.clone(), key.clone());
-        thread::spawn(move || {
-            c.lock(k)
-                .acquire_timeout(Duration::from_secs(30))
-                .unwrap()
-                .expect("handed the lock")
-        })
-    };
-    assert!(wait_until(LONG, || waiters(&cluster, &key) == 1));
+    let (held, waiter) = held_with_a_waiter(&cluster, &c, &key, Duration::from_secs(30));
     assert_eq!(ticket_conns(&mut s), 1, "a ticket, on the source");
     // Valkey 9 moves the slot atomically: the source answers the ticket MOVED after the
     // handover (never grants it there), and the client queues it again on the new owner.
@@ -323,13 +308,38 @@ fn a_ticket_follows_its_key_through_an_atomic_slot_migration() {
     );
     assert_eq!(node_waiters(&mut s), 0, "nobody waits on the source");
     held.release().unwrap();
-    let g = waiter.join().unwrap();
+    let g = waiter.join().unwrap().expect("handed the lock");
     assert!(
         exists(&mut d, &key),
         "the new owner holds the waiter's lock"
     );
     g.release().unwrap();
     assert!(!exists(&mut d, &key));
+}
+
+/// `key` held by a client of its own (blocked waits), and a thread of `c` queued for it
+/// (at most `wait`): the hold, and the waiter's outcome.
+fn held_with_a_waiter(
+    cluster: &Cluster,
+    c: &rlock_client::Client,
+    key: &str,
+    wait: Duration,
+) -> (
+    rlock_client::LockGuard,
+    thread::JoinHandle<Option<rlock_client::LockGuard>>,
+) {
+    let holder = rlock_client::Client::open_cluster_with(
+        cluster.urls(),
+        ClientOptions::new().with_wait_mode(WaitMode::Blocking),
+    )
+    .unwrap();
+    let held = holder.lock(key).acquire().unwrap();
+    let waiter = {
+        let (c, k) = (c.clone(), key.to_owned());
+        thread::spawn(move || c.lock(k).acquire_timeout(wait).unwrap())
+    };
+    assert!(wait_until(LONG, || waiters(cluster, key) == 1));
+    (held, waiter)
 }
 
 /// Moves `key`'s slot from the node of `from` to the node of `to` (Valkey's atomic slot
@@ -399,17 +409,7 @@ fn a_shard_channel_redirected_with_its_ticket_is_subscribed_again_when_the_slot_
         .unwrap();
     // Back to A; the map now says B.
     migrate_slot(&key, &mut b, &mut a);
-    let holder = rlock_client::Client::open_cluster_with(
-        cluster.urls(),
-        ClientOptions::new().with_wait_mode(WaitMode::Blocking),
-    )
-    .unwrap();
-    let held = holder.lock(key.as_str()).acquire().unwrap();
-    let waiter = {
-        let (c, k) = (c.clone(), key.clone());
-        thread::spawn(move || c.lock(k).acquire_timeout(wait).unwrap())
-    };
-    assert!(wait_until(LONG, || waiters(&cluster, &key) == 1));
+    let (held, waiter) = held_with_a_waiter(&cluster, &c, &key, wait);
     held.release().unwrap();
     let g = waiter
         .join()

@@ -705,11 +705,7 @@ fn an_expirable_ticket_holds_on_its_message_with_the_permit_id() {
 /// permit comes while writes are still paused, where a collect would wait out the pause.
 #[test]
 fn a_semaphore_ticket_holds_on_its_message() {
-    let s = Server::start();
-    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
-    let mut r = s.conn();
-    let (sem, waiter) = semaphore_waiter_behind_a_holder(&c, &mut r);
-    grant_and_pause_writes(&mut r, redis::cmd("RSEMAPHORE.RELEASE").arg("s").arg(1));
+    let (_s, mut r, sem, waiter) = semaphore_granted_with_writes_paused();
     let held = waiter.recv_timeout(Duration::from_secs(10));
     let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut r).unwrap();
     let p = held
@@ -727,11 +723,7 @@ fn a_semaphore_ticket_holds_on_its_message() {
 /// nothing: releasing too would add a permit that never existed (design.md 5).
 #[test]
 fn a_permit_taken_back_is_not_released_again() {
-    let s = Server::start();
-    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
-    let mut r = s.conn();
-    let (sem, waiter) = semaphore_waiter_behind_a_holder(&c, &mut r);
-    grant_and_pause_writes(&mut r, redis::cmd("RSEMAPHORE.RELEASE").arg("s").arg(1));
+    let (_s, mut r, sem, waiter) = semaphore_granted_with_writes_paused();
     let p = waiter.recv_timeout(LONG).unwrap().expect("granted");
     assert!(p.is_held());
     // One connection fewer than now once the ticket connection is gone: none can open.
@@ -772,6 +764,22 @@ fn a_permit_taken_back_is_not_released_again() {
 
 /// A semaphore "s" of one permit, held by `r`, and a thread of `c` waiting for it (its
 /// permit, or none, comes on the receiver).
+/// A server, a connection to it, and a client's semaphore "s" whose queued waiter was
+/// just granted (`grant_and_pause_writes`): writes are paused; the waiter's outcome.
+fn semaphore_granted_with_writes_paused() -> (
+    Server,
+    redis::Connection,
+    rlock_client::Semaphore,
+    std::sync::mpsc::Receiver<Option<rlock_client::SemaphorePermit>>,
+) {
+    let s = Server::start();
+    let c = rlock_client::Client::open_with(s.url(), support::quick_retries()).unwrap();
+    let mut r = s.conn();
+    let (sem, waiter) = semaphore_waiter_behind_a_holder(&c, &mut r);
+    grant_and_pause_writes(&mut r, redis::cmd("RSEMAPHORE.RELEASE").arg("s").arg(1));
+    (s, r, sem, waiter)
+}
+
 fn semaphore_waiter_behind_a_holder(
     c: &rlock_client::Client,
     r: &mut redis::Connection,
