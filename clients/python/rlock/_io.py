@@ -30,6 +30,7 @@ from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from .errors import OutcomeUnknown, module_error
 from ._proto import (Call, Listen, Pipe, Settled, Shape, Sleep, Subscribe, Wait, Watch,
                      new_notify_tag, to_bytes)
+from ._pubsub import node_of
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
 log = logging.getLogger("rlock")
@@ -288,12 +289,14 @@ class SyncIO:
         if isinstance(effect, Call):
             if effect.once:
                 return _send_once(self.redis, effect)
+            if effect.until is not None:
+                return _send_by(self.redis, effect, effect.until)
             if effect.at is not None and _is_cluster(self.redis):
                 node = self.redis.get_node_from_key(effect.at)
                 return self.redis.execute_command(*effect.args, target_nodes=node)
             return self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
-            return self.wait(effect.shape)
+            return self.wait(effect.shape, effect.since)
         if isinstance(effect, Pipe):
             target = self.redis
             if effect.at is not None and _is_cluster(self.redis):
@@ -318,12 +321,14 @@ class SyncIO:
             return effect.sub.wait(effect.timeout)
         raise TypeError(f"unknown effect {effect!r}")
 
-    def wait(self, shape: Shape) -> Any:
-        started = time.monotonic()
+    def wait(self, shape: Shape, since: Optional[float] = None) -> Any:
+        """``shape``'s wait, its time counted from ``since`` (None: now)."""
+        started = time.monotonic() if since is None else since
         hub = sync_hub(self.redis) if self.use_tickets else None
         if hub is not None and hub.take_blocking():
             try:
-                return self.blocking(shape.with_wait(shape.wait_ms, False), shape.wait_ms)
+                left = shape.wait_left(time.monotonic() - started)
+                return self.blocking(shape.with_wait(left, False), left)
             finally:
                 hub.give_blocking()
         if hub is not None and not hub.refused:
@@ -453,13 +458,15 @@ class AsyncIO:
         if isinstance(effect, Call):
             if effect.once:
                 return await _asend_once(self.redis, effect)
+            if effect.until is not None:
+                return await _asend_by(self.redis, effect, effect.until)
             if effect.at is not None and _is_cluster(self.redis):
                 await self.redis.initialize()  # an asyncio cluster client maps its nodes lazily
                 node = self.redis.get_node_from_key(effect.at)
                 return await self.redis.execute_command(*effect.args, target_nodes=node)
             return await self.redis.execute_command(*effect.args)
         if isinstance(effect, Wait):
-            return await self.wait(effect.shape)
+            return await self.wait(effect.shape, effect.since)
         if isinstance(effect, Pipe):
             if effect.at is not None and _is_cluster(self.redis):
                 return await _node_pipe(self.redis, effect)
@@ -480,13 +487,14 @@ class AsyncIO:
             return await effect.sub.await_message(effect.timeout)
         raise TypeError(f"unknown effect {effect!r}")
 
-    async def wait(self, shape: Shape) -> Any:
-        started = time.monotonic()
+    async def wait(self, shape: Shape, since: Optional[float] = None) -> Any:
+        """As `SyncIO.wait`."""
+        started = time.monotonic() if since is None else since
         hub = async_hub(self.redis) if self.use_tickets else None
         if hub is not None and hub.take_blocking():
             try:
-                return await self.blocking(shape.with_wait(shape.wait_ms, False),
-                                           shape.wait_ms)
+                left = shape.wait_left(time.monotonic() - started)
+                return await self.blocking(shape.with_wait(left, False), left)
             finally:
                 hub.give_blocking()
         if hub is not None and not hub.refused:
@@ -603,6 +611,67 @@ async def _asend_once(redis: Any, effect: Call) -> Any:
             raise
     finally:
         await pool.release(conn)
+
+
+#: What a connection made for one bounded `Call` leaves out of its client's settings: no
+#: retries or health checks (each would take time the deadline does not have).
+_UNBOUNDED = ("retry", "retry_on_timeout", "retry_on_error", "health_check_interval")
+
+
+def _bounded_conn(redis: Any, at: Optional[bytes], left: float) -> Any:
+    """A new connection (blocking or asyncio, as ``redis``'s) to the server, or cluster
+    node owning ``at``, with the client's settings and its timeouts cut to ``left``."""
+    _, cls, kwargs = node_of(redis, at or b"")
+    connect_s = kwargs.get("socket_connect_timeout")
+    over = {k: v for k, v in kwargs.items() if k not in _UNBOUNDED}
+    over.update(socket_timeout=left, socket_connect_timeout=min(left, connect_s or left))
+    return cls(**over)
+
+
+def _no_reply(effect: Call) -> RedisTimeoutError:
+    return RedisTimeoutError(f"no reply to {to_bytes(effect.args[0]).decode()} by its "
+                             "wait's deadline")
+
+
+def _send_by(redis: Any, effect: Call, until: float) -> Any:
+    """A `Call` answered by ``until`` or redis-py's ``TimeoutError``: on a connection of
+    its own (a pool's connects, and does its handshake, with the client's full timeout),
+    closed after; the reply's read is bounded by what is left then."""
+    left = until - time.monotonic()
+    if left <= 0:
+        raise _no_reply(effect)
+    conn = _bounded_conn(redis, effect.at, left)
+    try:
+        conn.connect()
+        conn.send_command(*effect.args)
+        if not conn.can_read(timeout=max(0.0, until - time.monotonic())):
+            raise _no_reply(effect)
+        return conn.read_response()
+    finally:
+        conn.disconnect()
+
+
+async def _asend_by(redis: Any, effect: Call, until: float) -> Any:
+    """`_send_by` for asyncio: the whole exchange under one timeout (a cancelled read
+    closes its connection)."""
+    left = until - time.monotonic()
+    if left <= 0:
+        raise _no_reply(effect)
+
+    async def exchange() -> Any:
+        if _is_cluster(redis):
+            await redis.initialize()  # an asyncio cluster client maps its nodes lazily
+        conn = _bounded_conn(redis, effect.at, left)
+        try:
+            await conn.connect()
+            await conn.send_command(*effect.args)
+            return await conn.read_response()
+        finally:
+            await conn.disconnect()
+    try:
+        return await asyncio.wait_for(exchange(), left)
+    except asyncio.TimeoutError:
+        raise _no_reply(effect) from None
 
 
 async def _node_pipe(redis: Any, effect: Pipe) -> list:

@@ -5,6 +5,10 @@ Every client has a mode, ``auto`` (the default), ``module`` or ``scripts``
 whether the rlock module is loaded (`detect`: the capability probe ``RLOCK.HELLO`` of
 `rlock._hello`, "unknown command" meaning no module), and asks again after a connection error
 or when a module command comes back unknown (a failover to a server without the module).
+The probe before a timed wait is bounded by that wait's deadline (design.md 5: a timed
+wait ends at its deadline on the client's clock): a server that does not answer it in
+time tells the caller no, and the next command asks again (nothing is cached from a
+probe that got no answer).
 A client in scripts mode also asks again every `REPROBE_SECONDS` and when its
 subscriber connection breaks: redis-py reconnects its pool silently, and scripts keep
 working on a server that gained the module, so no error would tell. `dispatch` is the
@@ -29,6 +33,7 @@ from . import _scripts
 from ._hello import HELLO_ARGS, parse_hello
 from ._proto import Call, Wait, to_bytes
 from ._pubsub import Subscriber, node_of
+from ._tickets import CLOCK_SLACK_S
 
 Op = Generator[Any, Any, Any]
 
@@ -141,24 +146,26 @@ def no_such_command(error: ResponseError) -> bool:
     return "unknown command" in text.lower() or text.startswith("NOPERM")
 
 
-def _probe(key: bytes, *args: Any) -> Op:
+def _probe(key: bytes, *args: Any, until: Optional[float] = None) -> Op:
     """True if the server (on a cluster: the node owning ``key``) runs ``args``' command
     (any reply, or an error other than an unknown or forbidden command: a wrong number of
-    arguments means it is there)."""
+    arguments means it is there). ``until``: as `Call`'s."""
     try:
-        yield Call(tuple(args), direct=True, at=key)
+        yield Call(tuple(args), direct=True, at=key, until=until)
     except ResponseError as e:
         return not no_such_command(e)
     return True
 
 
-def detect(b: Backend, cluster: bool, key: bytes) -> Op:
+def detect(b: Backend, cluster: bool, key: bytes, until: Optional[float] = None) -> Op:
     """Asks the server (on a cluster, the node owning ``key``: one node answers for the
     client) whether the module is loaded (``auto``), and on a cluster whether it has
-    sharded pub/sub (for the scripts' publish command)."""
+    sharded pub/sub (for the scripts' publish command). ``until``: the deadline of the
+    timed wait that asks (`Call`'s); a probe not answered by then raises redis-py's
+    ``TimeoutError`` and records nothing."""
     if b.mode is None:
         try:
-            reply = yield Call(HELLO_ARGS, direct=True, at=key)
+            reply = yield Call(HELLO_ARGS, direct=True, at=key, until=until)
         except ResponseError as e:
             reply = e
         try:
@@ -166,33 +173,51 @@ def detect(b: Backend, cluster: bool, key: bytes) -> Op:
         except ResponseError:
             # The user may not run RLOCK.HELLO (an ACL that predates it): ask whether the
             # module's commands exist, with one that changes nothing without arguments.
-            found = yield from _probe(key, "RLOCK.ACQUIRE")
+            found = yield from _probe(key, "RLOCK.ACQUIRE", until=until)
         b.mode = "module" if found else "scripts"
         b.probed_at = time.monotonic()
     if b.mode == "scripts" and cluster and not b.sharded_known:
-        b.publish = "spublish" if (yield from _probe(key, "SPUBLISH")) else "publish"
+        b.publish = "spublish" if (yield from _probe(key, "SPUBLISH", until=until)) \
+            else "publish"
         b.sharded_known = True
 
 
 def dispatch(b: Backend, effect: Any, cluster: bool) -> Op:
-    """A module command (Call or Wait) done by the backend the client's mode picks."""
-    args = effect.shape.args if isinstance(effect, Wait) else effect.args
+    """A module command (Call or Wait) done by the backend the client's mode picks.
+
+    A timed wait's probe is bounded by the wait's deadline, and what it took counts
+    against the wait (``since``): not answered by then, the wait is told no ("not now",
+    `Shape.ran_out`) with nothing of it sent; a probe's other failures are raised as
+    before (the caller's retries ask again)."""
+    shape = effect.shape if isinstance(effect, Wait) else None
+    args = effect.args if shape is None else shape.args
     key = to_bytes(args[1]) if len(args) > 1 else b""
+    since = time.monotonic() if shape is None or effect.since is None else effect.since
+    until = since + shape.wait_ms / 1000 if shape is not None and shape.wait_ms else None
     if (b.mode == "scripts" and b.setting == "auto"
             and time.monotonic() - b.probed_at >= REPROBE_SECONDS):
         b.mode = None  # has a failover brought a server with the module?
     for attempt in range(2):
         if b.mode is None or (b.mode == "scripts" and cluster and not b.sharded_known):
-            yield from detect(b, cluster, key)
+            try:
+                yield from detect(b, cluster, key, until)
+            except (ConnectionError, RedisTimeoutError):
+                if until is not None and time.monotonic() >= until - CLOCK_SLACK_S:
+                    return shape.ran_out()  # the deadline came first
+                raise
+            if until is not None and time.monotonic() >= until:
+                return shape.ran_out()  # answered, with no time left to wait
         if b.mode == "scripts":
             try:
-                if isinstance(effect, Wait):
-                    return (yield from _scripts.wait(effect.shape, b.publish))
+                if shape is not None:
+                    return (yield from _scripts.wait(shape, b.publish, since))
                 return (yield from _scripts.command(effect.args, b.publish))
             except (ConnectionError, RedisTimeoutError):
                 b.forget()  # a failover may bring a server with the module
                 raise
         try:
+            if shape is not None:
+                return (yield dataclasses.replace(effect, direct=True, since=since))
             return (yield dataclasses.replace(effect, direct=True))
         except ResponseError as e:
             if attempt == 0 and b.setting == "auto" and no_such_command(e):

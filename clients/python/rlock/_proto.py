@@ -276,22 +276,30 @@ class Call:
     owning this key (a command whose arguments name no key: the mode probe). ``once``: sent
     at most once (no retry of redis-py's, none of the cluster client's): a failure after
     the write raises `rlock.OutcomeUnknown`, one before it (no connection) is raised as
-    is (scripts mode's scripts that must not run twice, `rlock._scripts.MAY_RETRY`)."""
+    is (scripts mode's scripts that must not run twice, `rlock._scripts.MAY_RETRY`).
+    ``until``: a deadline (`time.monotonic`) the reply must come by, or redis-py's
+    ``TimeoutError`` is raised then: sent on a connection of its own whose connecting,
+    handshake and reply are bounded by it, closed after (the mode probe before a timed
+    wait, `rlock._mode.dispatch`: a pool connection would connect unbounded)."""
 
     args: Tuple[Any, ...]
     direct: bool = False
     at: Optional[bytes] = None
     once: bool = False
+    until: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class Wait:
     """Run a waiting command: as a queued ticket on the client's ticket connection when the
     module takes ``ASYNC``, else blocked in ``WAIT`` on a connection of its own. The reply
-    is the command's ordinary reply to the wait. ``direct``: as `Call`'s."""
+    is the command's ordinary reply to the wait. ``direct``: as `Call`'s. ``since``: when
+    the wait's time began (`time.monotonic`; None: when the driver starts it), so that
+    what ran before it for it (the mode probe) counts against its deadline."""
 
     shape: Shape
     direct: bool = False
+    since: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Generator, List, Tuple
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -577,15 +577,17 @@ def _granted(cmd: bytes, reply: Any) -> bool:
     return reply == 1  # RSEMAPHORE.ACQUIRE, RLATCH.AWAIT
 
 
-def wait(shape: Shape, publish: str) -> Op:
+def wait(shape: Shape, publish: str, since: Optional[float] = None) -> Op:
     """A waiting command, Redisson's way: subscribe the primitive's channel first (so no
     release is missed), try, and until the wait ends sleep until a message on the channel
     or the holder's lease end (the PTTL, or the first permit's expiry) before trying
-    again. The module's reply to the wait."""
+    again. The module's reply to the wait. ``since``: when the wait's time began (the
+    mode probe before it counts; None: now)."""
     args = shape.with_wait(None, False)
     cmd = to_bytes(args[0]).upper()
     channel = channel_of(args)
-    deadline = None if shape.wait_ms == 0 else time.monotonic() + shape.wait_ms / 1000
+    began = time.monotonic() if since is None else since
+    deadline = None if shape.wait_ms == 0 else began + shape.wait_ms / 1000
     sub = yield Subscribe(shape.key, channel)
     try:
         while True:

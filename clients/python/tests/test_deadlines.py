@@ -12,15 +12,20 @@ fresh client's first wait and a wait whose `QUEUED` is late are told no in time,
 lock that their command takes after the deadline is given back. The races are swept: a
 release lands at offsets around the waiter's deadline, for the lock (held on its
 `granted` message) and the semaphore (held on its message as well), threads and
-asyncio.
+asyncio. A fresh client's first call asks the server whether the module is loaded
+(`RLOCK.HELLO`, mode ``auto``): before a timed wait, that probe is bounded by the wait's
+deadline too, with the server's process stopped (SIGSTOP) across it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 import time
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import pytest
 import redis
@@ -295,3 +300,85 @@ async def test_an_asyncio_wait_whose_queued_is_late_gives_a_grant_back(r, ar):
     while stat(r, "acquisitions") == acquisitions or r.exists("k") or stat(r, "waiters"):
         assert loop.time() < deadline, "the late grant given back, no ticket left"
         await asyncio.sleep(0.002)
+
+
+# ---- the mode probe before a fresh client's first wait ---------------------------------
+
+#: How late past its deadline a timed wait may return on a loaded machine: a CPU for the
+#: waiter's timer and thread (the Rust client's DEADLINE_MARGIN, tests/tickets.rs).
+DEADLINE_MARGIN = 0.15
+
+
+@contextlib.contextmanager
+def _stopped(server: Any) -> Iterator[None]:
+    """The server's process stopped (SIGSTOP): the kernel still accepts connections, and
+    nothing answers them (no handshake, no probe) until it goes on (SIGCONT)."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def _on_time(elapsed: float) -> None:
+    """A native primitive's timed wait (no ``sleep``): told no at its deadline."""
+    assert BT - 0.01 <= elapsed <= BT + DEADLINE_MARGIN, elapsed
+
+
+def test_a_fresh_clients_first_timed_waits_end_by_their_deadline_while_the_server_is_stopped(
+        server, r):
+    """The first call of a fresh ``auto`` client probes the server before anything else;
+    with the server stopped, a timed acquire's probe ends at the acquire's deadline (it
+    used to wait out the socket timeout, three times over with the retries) and the
+    caller is told no. Nothing is cached from the unanswered probe: once the server
+    answers, the next call probes again and the lock and the permit are taken."""
+    fresh = redis.Redis(port=server.port, socket_timeout=2)
+    rlock.set_blocking_waits(fresh, 0)
+    try:
+        lock = fresh.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
+                          lock_class=rlock.Lock)
+        sem = rlock.Semaphore(fresh, "s")
+        with _stopped(server):
+            start = time.monotonic()
+            assert lock.acquire() is False
+            _within_bt(time.monotonic() - start)
+            start = time.monotonic()
+            assert sem.acquire(blocking_timeout=BT) is False
+            _on_time(time.monotonic() - start)
+            assert rlock.get_mode(fresh) is None
+        assert lock.acquire()
+        assert rlock.get_mode(fresh) == "module"
+        lock.release()
+        assert sem.try_set_permits(1)
+        assert sem.acquire(blocking_timeout=1)
+        sem.release()
+    finally:
+        rlock.close_tickets(fresh)
+        fresh.close()
+
+
+async def test_an_asyncio_fresh_clients_first_timed_waits_end_by_their_deadline(server, r):
+    """As the threads' twin, on an asyncio client."""
+    fresh = redis.asyncio.Redis(port=server.port, socket_timeout=2)
+    rlock.set_blocking_waits(fresh, 0)
+    loop = asyncio.get_running_loop()
+    try:
+        lock = arlock.Lock(fresh, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
+        sem = arlock.Semaphore(fresh, "s")
+        with _stopped(server):
+            start = loop.time()
+            assert await lock.acquire() is False
+            _within_bt(loop.time() - start)
+            start = loop.time()
+            assert await sem.acquire(blocking_timeout=BT) is False
+            _on_time(loop.time() - start)
+            assert rlock.get_mode(fresh) is None
+        assert await lock.acquire()
+        assert rlock.get_mode(fresh) == "module"
+        await lock.release()
+        assert await sem.try_set_permits(1)
+        assert await sem.acquire(blocking_timeout=1)
+        await sem.release()
+    finally:
+        await arlock.aclose_tickets(fresh)
+        await fresh.aclose()
