@@ -374,25 +374,41 @@ func (c *Client) replicasToSync(ctx context.Context, node *redis.Client) int {
 	return n
 }
 
-// waitCall runs a call that may wait: first without waiting (on the shared client, one
-// round trip when it can be served now), then, when satisfied says the reply is not
-// enough and the call may wait, as a queued ticket on the key's hub. build makes the
-// command for a wait in ms (-1: no WAIT; 0: no limit) with the call's request id; the
-// same id serves both tries, since a call that was not served changed nothing. The wait
-// ends by the call's deadline, counted from its start (or the context's, if sooner):
-// the ticket's WAIT is what is left of it, rounded up, and the hub ends a ticket's wait
-// at that on the client's clock.
+// waitCall runs a call that may wait, as proto.StartWait's rule says from seen (the
+// handle's findings; nil: always the first way): first without waiting (on the shared
+// client, one round trip when it can be served now), then, when satisfied says the reply
+// is not enough and the call may wait, as a queued ticket on the key's hub; a handle that
+// found it held lately queues at once. build makes the command for a wait in ms (-1: no
+// WAIT; 0: no limit) with the call's request id; the same id serves the try and the wait,
+// since a call that was not served changed nothing. The wait ends by the call's deadline,
+// counted from its start (or the context's, if sooner): the ticket's WAIT is what is left
+// of it, rounded up, and the hub ends a ticket's wait at that on the client's clock.
 // Returns the last reply, not satisfied when the wait ran out without it.
 func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, forever bool,
-	build func(waitMs int64) []any, satisfied func(any) bool) (reply any, err error) {
+	seen *proto.Contention, build func(waitMs int64) []any, satisfied func(any) bool) (any, error) {
 	start := time.Now()
-	reply, err = c.doRetry(ctx, build(-1))
-	if err != nil || satisfied(reply) || (!forever && wait <= 0) {
-		return reply, err
+	try := func() (any, bool, error) {
+		reply, err := c.doRetry(ctx, build(-1))
+		return reply, err == nil && satisfied(reply), err
 	}
+	queue := func(asked bool, last any) proto.Waited {
+		reply, atOnce, err := c.queueWait(ctx, key, start, wait, forever, build, satisfied, asked, last)
+		return proto.Waited{Reply: reply, Err: err, Granted: err == nil && satisfied(reply), AtOnce: atOnce}
+	}
+	return proto.StartWait(seen, forever || wait > 0, time.Now, try, queue)
+}
+
+// queueWait is the wait of waitCall, started at start: a queued ticket on the key's hub
+// (a blocked wait where the server has no tickets; a scripts-mode wait), for what is left
+// of the wait. asked: a try came first, last its reply (not satisfied). atOnce: the
+// waiting command was answered with its final reply, not QUEUED first (false for a
+// blocked wait, which cannot tell).
+func (c *Client) queueWait(ctx context.Context, key string, start time.Time, wait time.Duration, forever bool,
+	build func(waitMs int64) []any, satisfied func(any) bool, asked bool, last any) (reply any, atOnce bool, err error) {
 	if c.scriptsOn(ctx) {
-		return c.scriptsWait(ctx, wait, forever, build, satisfied, reply)
+		return c.scriptsWait(ctx, wait, forever, build, satisfied)
 	}
+	reply = last
 	var until time.Time
 	if !forever {
 		until = start.Add(wait)
@@ -407,40 +423,48 @@ func (c *Client) waitCall(ctx context.Context, key string, wait time.Duration, f
 		if !until.IsZero() {
 			left := time.Until(until)
 			if left <= 0 && ctxBound {
-				return reply, context.DeadlineExceeded
+				return reply, false, context.DeadlineExceeded
+			}
+			if left <= 0 && !asked {
+				// The wait ran out before it was queued: a timed acquire asks once.
+				reply, err = c.doRetry(ctx, build(-1))
+				return reply, true, err
 			}
 			if left <= 0 {
-				return reply, nil // the first try's reply: not satisfied
+				return reply, false, nil // the first try's reply: not satisfied
 			}
 			waitMs = proto.MillisUp(left)
 		}
 		h, err := c.hubFor(ctx, key)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
+		queued := false
 		if c.opts.blockingWaits {
 			err = errNoTickets
 		} else {
-			reply, err = h.wait(ctx, build(waitMs))
+			reply, err = h.wait(ctx, build(waitMs), &queued)
 		}
+		atOnce = !queued
 		if errors.Is(err, errNoTickets) {
 			reply, err = h.blockedWait(ctx, build(waitMs))
+			atOnce = false
 		}
 		if err == nil && ctxBound && !satisfied(reply) {
 			// The wait ended at the context's deadline (maybe a moment before the
 			// context itself): the context's error, as a wait that the context ended.
-			return reply, context.DeadlineExceeded
+			return reply, false, context.DeadlineExceeded
 		}
 		if c.cluster != nil && (redirected(err) || errors.Is(err, errLost)) && tries < c.opts.backoff.Attempts {
 			// The slot moved, or the node's ticket connections broke (a failover, a
 			// restart): learn the layout again and queue on the key's node, same id.
 			c.cluster.ReloadState(ctx)
 			if serr := sleep(ctx, c.opts.backoff.Delay(tries)); serr != nil {
-				return nil, serr
+				return nil, false, serr
 			}
 			continue
 		}
-		return reply, err
+		return reply, atOnce, err
 	}
 }
 
@@ -459,8 +483,8 @@ func notServed(ctx context.Context, wait time.Duration, forever bool) error {
 // waitFor is waitCall for a call that must be satisfied: the reply that satisfied it,
 // or the error that says why not (notServed, or the failure), naming op and key.
 func (c *Client) waitFor(ctx context.Context, op, key string, wait time.Duration, forever bool,
-	build func(waitMs int64) []any, satisfied func(any) bool) (any, error) {
-	reply, err := c.waitCall(ctx, key, wait, forever, build, satisfied)
+	seen *proto.Contention, build func(waitMs int64) []any, satisfied func(any) bool) (any, error) {
+	reply, err := c.waitCall(ctx, key, wait, forever, seen, build, satisfied)
 	if err != nil {
 		return nil, opErr(op, key, err)
 	}

@@ -20,6 +20,8 @@ type hold struct {
 	lease   time.Duration // 0: the watchdog's
 	tryWait time.Duration // TryLock's wait limit (0: no wait)
 	parse   func(any) (proto.Acquired, error)
+	// seen: what this handle's last waiting acquire found (proto.StartWait).
+	seen proto.Contention
 
 	mu        sync.Mutex
 	holds     int
@@ -70,7 +72,7 @@ func (h *hold) acquire(ctx context.Context, op string, wait time.Duration, forev
 			if wait < 0 {
 				w = 0
 			}
-			reply, err = h.c.waitCall(withConfirmSlot(ctx, &cf, lease), h.words.Key, w, forever, build, satisfied)
+			reply, err = h.c.waitCall(withConfirmSlot(ctx, &cf, lease), h.words.Key, w, forever, &h.seen, build, satisfied)
 		}
 		if err != nil {
 			return opErr(op, h.words.Key, err)

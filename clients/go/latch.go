@@ -60,7 +60,8 @@ func (l *CountDownLatch) AwaitTimeout(ctx context.Context, d time.Duration) erro
 }
 
 func (l *CountDownLatch) await(ctx context.Context, d time.Duration, forever bool) error {
-	_, err := l.c.waitFor(ctx, "await", l.key, d, forever,
+	// A latch keeps no findings: an await always looks at the count first.
+	_, err := l.c.waitFor(ctx, "await", l.key, d, forever, nil,
 		func(waitMs int64) []any { return proto.LatchAwait(l.key, waitMs) },
 		func(v any) bool { return v == int64(1) })
 	return err

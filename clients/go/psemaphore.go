@@ -18,6 +18,8 @@ import (
 type PermitSemaphore struct {
 	c   *Client
 	key string
+	// seen: what this handle's last waiting acquire found (proto.StartWait).
+	seen proto.Contention
 }
 
 // NewPermitSemaphore makes a permit-expirable semaphore handle on name.
@@ -77,7 +79,7 @@ func (s *PermitSemaphore) acquire(ctx context.Context, lease, wait time.Duration
 	sent := time.Now()
 	// A wait that held on its granted note (design.md 5) leaves its confirm here.
 	var cf *confirm
-	v, err := s.c.waitFor(withConfirmSlot(ctx, &cf, lease), "acquire", s.key, wait, forever,
+	v, err := s.c.waitFor(withConfirmSlot(ctx, &cf, lease), "acquire", s.key, wait, forever, &s.seen,
 		func(waitMs int64) []any { return proto.PSemAcquire(s.key, leaseMs, 1, waitMs, id) },
 		func(v any) bool { ids, err := proto.ParsePermits(v); return err == nil && len(ids) == 1 })
 	if err != nil {

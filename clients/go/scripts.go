@@ -337,21 +337,22 @@ func scriptEval(args []any) ([]any, error) {
 	return append(out, sc.Argv...), nil
 }
 
-// scriptsWait is waitCall in scripts mode, after a first try that was not satisfied:
-// Redisson's wait. Subscribe the lock's channel on the subscriber connection of its node
-// (confirmed before trying, so an unlock message cannot be missed), try, and sleep until
-// a message or the holder's lease end (the PTTL the try answered), whichever comes first.
+// scriptsWait is waitCall's wait in scripts mode (after a first try that was not
+// satisfied, or instead of it when the handle found the lock held lately): Redisson's
+// wait. Subscribe the lock's channel on the subscriber connection of its node (confirmed
+// before trying, so an unlock message cannot be missed), try, and sleep until a message
+// or the holder's lease end (the PTTL the try answered), whichever comes first.
 // A subscription that ended (the connection broke, or the slot left the node) is made
-// again, where the slot is now, before the next try.
+// again, where the slot is now, before the next try. atOnce: its first try took it.
 func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bool,
-	build func(waitMs int64) []any, satisfied func(any) bool, reply any) (any, error) {
+	build func(waitMs int64) []any, satisfied func(any) bool) (reply any, atOnce bool, err error) {
 	channel, leased, ok := proto.WaitChannel(build(-1))
 	if !ok {
-		return nil, ErrNeedsModule
+		return nil, false, ErrNeedsModule
 	}
 	w, err := c.subscribe(ctx, channel)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer func() {
 		if w != nil {
@@ -364,19 +365,19 @@ func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bo
 		defer t.Stop()
 		deadline = t.C
 	}
-	for {
+	for first := true; ; first = false {
 		if w.broken.Load() {
 			w.hub.leave(w)
 			again, err := c.subscribe(ctx, channel)
 			if err != nil {
 				w = nil
-				return nil, err
+				return nil, false, err
 			}
 			w = again
 		}
 		reply, hint, err := c.scriptTry(ctx, build(-1))
 		if err != nil || satisfied(reply) {
-			return reply, err
+			return reply, first && err == nil, err
 		}
 		var leaseEnd <-chan time.Time
 		var t *time.Timer
@@ -395,10 +396,11 @@ func (c *Client) scriptsWait(ctx context.Context, wait time.Duration, forever bo
 		case <-deadline:
 			stop()
 			// One last look: a release may have come with the deadline.
-			return c.doRetry(ctx, build(-1))
+			reply, err := c.doRetry(ctx, build(-1))
+			return reply, false, err
 		case <-ctx.Done():
 			stop()
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 		stop()
 	}

@@ -17,6 +17,8 @@ import (
 type Semaphore struct {
 	c   *Client
 	key string
+	// seen: what this handle's last waiting acquire found (proto.StartWait).
+	seen proto.Contention
 }
 
 // NewSemaphore makes a semaphore handle on name.
@@ -60,7 +62,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait time.Duration, fo
 	// A wait that held on its granted note (design.md 5) leaves its confirm here; no
 	// lease bounds it (confirmBound does).
 	var cf *confirm
-	_, err := s.c.waitFor(withConfirmSlot(ctx, &cf, 0), "acquire", s.key, wait, forever,
+	_, err := s.c.waitFor(withConfirmSlot(ctx, &cf, 0), "acquire", s.key, wait, forever, &s.seen,
 		func(waitMs int64) []any { return proto.SemAcquire(s.key, n, waitMs, id) },
 		func(v any) bool { return v == int64(1) })
 	if err == nil && cf != nil {

@@ -883,8 +883,9 @@ func (h *hub) send(ctx context.Context, w *waiter, args []any, queue bool) (uint
 // ends at its own deadline on the client's clock (Machine.Deadline), whatever the server
 // has answered by then, a command in flight included: a frozen or loaded server's answer
 // comes late. The server's wait is asked to end a little sooner (proto.TimeoutLead), so
-// its `timeout` message is normally in first.
-func (h *hub) wait(ctx context.Context, args []any) (any, error) {
+// its `timeout` message is normally in first. queued, if not nil, is told whether a
+// command of the wait was answered QUEUED (Machine.Queued).
+func (h *hub) wait(ctx context.Context, args []any, queued *bool) (any, error) {
 	shape, ok := proto.ShapeOf(args)
 	if !ok {
 		return nil, errors.New("rlock: not a waiting command")
@@ -903,6 +904,9 @@ func (h *hub) wait(ctx context.Context, args []any) (any, error) {
 	}
 	started := time.Now()
 	m := proto.NewMachine(shape, started)
+	if queued != nil {
+		defer func() { *queued = m.Queued }()
+	}
 	var deadline <-chan time.Time
 	if dl, timed := m.Deadline(); timed {
 		t := time.NewTimer(time.Until(dl))

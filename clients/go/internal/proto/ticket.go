@@ -395,6 +395,9 @@ type Machine struct {
 	// gone: its `timeout` message came before its deadline: nothing is queued any more,
 	// and the wait ends, not granted, at the deadline (a timed wait never ends sooner).
 	gone bool
+	// Queued: a command of this wait was answered QUEUED; a grant without it was the
+	// waiting command's own answer (what the handle's Contention hears).
+	Queued bool
 }
 
 // NewMachine starts a ticketed wait at started, on a server whose probe (Hello) named
@@ -514,6 +517,7 @@ func (m *Machine) On(ev Event, now time.Time) Step {
 		return Step{Done: true, Err: ev.Err}
 	default:
 		if s, ok := ev.Reply.(string); ok && s == "QUEUED" {
+			m.Queued = true
 			return Step{Wait: true}
 		}
 		m.Outstanding = false
