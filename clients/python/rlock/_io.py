@@ -29,7 +29,7 @@ from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from .errors import OutcomeUnknown, module_error
 from ._proto import (Call, Listen, Pipe, Settled, Shape, Sleep, Subscribe, Wait, Watch,
-                     new_notify_tag, to_bytes)
+                     new_notify_tag, ran_out, to_bytes, undo_args)
 from ._pubsub import node_of
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
@@ -291,6 +291,8 @@ class SyncIO:
                 return _send_once(self.redis, effect)
             if effect.until is not None:
                 return _send_by(self.redis, effect, effect.until)
+            if effect.by is not None:
+                return _try_by(self.redis, effect, effect.by)
             if effect.at is not None and _is_cluster(self.redis):
                 node = self.redis.get_node_from_key(effect.at)
                 return self.redis.execute_command(*effect.args, target_nodes=node)
@@ -460,6 +462,8 @@ class AsyncIO:
                 return await _asend_once(self.redis, effect)
             if effect.until is not None:
                 return await _asend_by(self.redis, effect, effect.until)
+            if effect.tries:
+                return await _atry(self.redis, effect)
             if effect.at is not None and _is_cluster(self.redis):
                 await self.redis.initialize()  # an asyncio cluster client maps its nodes lazily
                 node = self.redis.get_node_from_key(effect.at)
@@ -631,6 +635,96 @@ def _bounded_conn(redis: Any, at: Optional[bytes], left: float) -> Any:
 def _no_reply(effect: Call) -> RedisTimeoutError:
     return RedisTimeoutError(f"no reply to {to_bytes(effect.args[0]).decode()} by its "
                              "wait's deadline")
+
+
+def _try_by(redis: Any, effect: Call, by: float) -> Any:
+    """A timed wait's try first (`Call.by`): on a pool connection, its reply read until
+    ``by``; not in by then, the command's "not now" reply, and the connection is left to
+    a thread that reads the late reply and gives back what it took. A cluster client's
+    (no pool: redis-py routes it) is sent as any command."""
+    pool = getattr(redis, "connection_pool", None)
+    if pool is None:
+        return redis.execute_command(*effect.args)
+    verb = to_bytes(effect.args[0]).upper()
+    left = by - time.monotonic()
+    if left <= 0:
+        return ran_out(verb)
+    conn = pool.get_connection(*_plan.get_connection_args(pool, effect.args[0]))
+    try:
+        conn.send_command(*effect.args)
+        if conn.can_read(timeout=max(by - time.monotonic(), 0.001)):
+            reply = conn.read_response()
+        else:
+            threading.Thread(target=_late_try, args=(redis, pool, conn, effect.args),
+                             daemon=True, name="rlock-late-try").start()
+            return ran_out(verb)
+    except ResponseError:
+        pool.release(conn)
+        raise
+    except BaseException:
+        conn.disconnect()
+        pool.release(conn)
+        raise
+    pool.release(conn)
+    return reply
+
+
+def _late_try(redis: Any, pool: Any, conn: Any, args: Tuple[Any, ...]) -> None:
+    """The reply of a try whose caller left at its deadline: what it took is given back."""
+    try:
+        reply = conn.read_response()
+    except BaseException:  # noqa: BLE001 - nobody to raise to; the lease ends it
+        conn.disconnect()
+        pool.release(conn)
+        return
+    pool.release(conn)
+    _give_back(redis, args, reply)
+
+
+def _give_back(redis: Any, args: Tuple[Any, ...], reply: Any) -> Any:
+    """Sends the commands that give back what ``reply`` to ``args`` took (a blocking
+    client; an asyncio one's return an awaitable)."""
+    undo = undo_args(list(args), reply)
+    if not undo:
+        return None
+    log.debug("rlock: giving back what a late try on %r took", args[1])
+    if asyncio.iscoroutinefunction(redis.execute_command):
+        async def run() -> None:
+            for cmd in undo:
+                await redis.execute_command(*cmd)
+        return run()
+    for cmd in undo:
+        redis.execute_command(*cmd)
+    return None
+
+
+async def _atry(redis: Any, effect: Call) -> Any:
+    """A waiting acquire's try first on an asyncio client (`Call.tries`): its reply by
+    ``by`` (if given), else the command's "not now" reply; a caller that leaves before
+    the reply (its deadline, a cancelled task) leaves it to a callback that gives back
+    what it took."""
+    verb = to_bytes(effect.args[0]).upper()
+    left = None if effect.by is None else effect.by - time.monotonic()
+    if left is not None and left <= 0:
+        return ran_out(verb)
+    task = asyncio.ensure_future(redis.execute_command(*effect.args))
+    try:
+        done, _ = await asyncio.wait((task,), timeout=left)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: _late_atry(redis, effect.args, t))
+        raise
+    if task in done:
+        return task.result()
+    task.add_done_callback(lambda t: _late_atry(redis, effect.args, t))
+    return ran_out(verb)
+
+
+def _late_atry(redis: Any, args: Tuple[Any, ...], task: "asyncio.Future") -> None:
+    if task.cancelled() or task.exception() is not None:
+        return
+    undo = _give_back(redis, args, task.result())
+    if undo is not None:
+        asyncio.ensure_future(undo)
 
 
 def _send_by(redis: Any, effect: Call, until: float) -> Any:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Optional, Union
 from redis.exceptions import ConnectionError, LockError, LockNotOwnedError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import _plan, _proto, _replicas
+from . import _ops, _plan, _proto, _replicas
 from ._ops import Op, Result
 from ._plan import Number
 from ._proto import Call, Sleep, Watch
@@ -94,6 +94,8 @@ class LockOps:
         self._io = self._io_class(redis)
         self._watchdogs: Dict[bytes, Any] = {}
         self._watchdogs_lock = threading.Lock()
+        # What this handle's last waiting acquire found (rlock._ops.try_first).
+        self._contention = _plan.Contention()
 
     def _run(self, op: Op) -> Result:
         if self._io.redis is not self.redis:  # code (and tests) may swap ``lock.redis``
@@ -117,11 +119,22 @@ class LockOps:
         lease = _plan.lease_ms(self.timeout, self.watchdog_timeout)
         request_id = _plan.new_request_id()
         failures = 0
+        # A waiting acquire asks first without waiting unless this handle found the lock
+        # held lately (rlock._ops.try_first); a re-entry (this token holds it) does not.
+        trying = (blocking and getattr(self.local, "token", None) != token_bytes
+                  and self._contention.tries_first(time.monotonic()))
         while True:
             wait = _plan.plan_wait(blocking, stop_at, sleep, time.monotonic())
-            args = _plan.acquire_args(self.name, token_bytes, lease, wait, request_id)
+            tried = trying and wait.ms is not None
+            args = _plan.acquire_args(self.name, token_bytes, lease,
+                                      _plan.Wait(None) if tried else wait, request_id)
+            shape = None
             try:
-                if wait.ms is None:
+                if tried:
+                    reply = yield from _ops.try_first(
+                        self._contention, args,
+                        None if wait.ms == 0 else time.monotonic() + wait.ms / 1000)
+                elif wait.ms is None:
                     reply = yield Call(tuple(args))
                 else:
                     shape = _proto.waiting(args[:4], wait.ms, request_id)
@@ -143,12 +156,21 @@ class LockOps:
                     raise
                 # The key holds a value that is not a lock: nothing in the server will
                 # wake us when it goes, so do what redis-py's Lock does, poll every sleep.
+                trying = False
                 if not blocking:
                     return False
                 if stop_at is not None and time.monotonic() + sleep > stop_at:
                     return False
                 yield Sleep(sleep)
                 continue
+            if tried:
+                trying = False
+                if reply is not None:  # held: queue at once with what is left of the wait
+                    if _plan.plan_wait(blocking, stop_at, sleep, time.monotonic()).ms is None:
+                        return False
+                    continue
+            elif shape is not None:
+                _ops.waited(self._contention, shape)
             if reply is not None:
                 if reply == -2 and wait.ms is not None:
                     continue  # freed at the very instant the wait ended: try again

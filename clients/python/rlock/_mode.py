@@ -31,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _scripts
 from ._hello import HELLO_ARGS, parse_hello
-from ._proto import Call, Wait, to_bytes
+from ._proto import Call, Wait, ran_out, to_bytes
 from ._pubsub import Subscriber, node_of
 from ._tickets import CLOCK_SLACK_S
 
@@ -188,12 +188,15 @@ def dispatch(b: Backend, effect: Any, cluster: bool) -> Op:
     A timed wait's probe is bounded by the wait's deadline, and what it took counts
     against the wait (``since``): not answered by then, the wait is told no ("not now",
     `Shape.ran_out`) with nothing of it sent; a probe's other failures are raised as
-    before (the caller's retries ask again)."""
+    before (the caller's retries ask again). A timed wait's try first (a `Call` with
+    ``by``) is bounded the same way."""
     shape = effect.shape if isinstance(effect, Wait) else None
     args = effect.args if shape is None else shape.args
     key = to_bytes(args[1]) if len(args) > 1 else b""
     since = time.monotonic() if shape is None or effect.since is None else effect.since
     until = since + shape.wait_ms / 1000 if shape is not None and shape.wait_ms else None
+    if shape is None:
+        until = effect.by  # a timed wait's try first (`rlock._ops.try_first`)
     if (b.mode == "scripts" and b.setting == "auto"
             and time.monotonic() - b.probed_at >= REPROBE_SECONDS):
         b.mode = None  # has a failover brought a server with the module?
@@ -203,10 +206,10 @@ def dispatch(b: Backend, effect: Any, cluster: bool) -> Op:
                 yield from detect(b, cluster, key, until)
             except (ConnectionError, RedisTimeoutError):
                 if until is not None and time.monotonic() >= until - CLOCK_SLACK_S:
-                    return shape.ran_out()  # the deadline came first
+                    return ran_out(to_bytes(args[0]).upper())  # the deadline came first
                 raise
             if until is not None and time.monotonic() >= until:
-                return shape.ran_out()  # answered, with no time left to wait
+                return ran_out(to_bytes(args[0]).upper())  # no time left to wait
         if b.mode == "scripts":
             try:
                 if shape is not None:

@@ -25,7 +25,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _permits, _plan, _replicas
 from ._replicas import ReplicaSync
-from ._proto import Call, Settled, Shape, Sleep, Wait, Watch, new_request_id, waiting
+from ._plan import FREE, HELD, Contention
+from ._proto import (Call, Settled, Shape, Sleep, Wait, Watch, new_request_id, to_bytes, took,
+                     waiting)
 from ._tickets import CONFIRM_RETRY_S
 from .errors import OutcomeUnknown
 
@@ -51,10 +53,15 @@ def call(*args: Any) -> Op:
     which carry the same request id where the command changes something. Not
     `OutcomeUnknown`: scripts mode's answer that a script that must not run twice may
     have run (no request id makes its retry safe)."""
+    return (yield from call_effect(Call(tuple(args))))
+
+
+def call_effect(effect: Call) -> Op:
+    """`call` of a `Call` as given."""
     attempts = 0
     while True:
         try:
-            return (yield Call(tuple(args)))
+            return (yield effect)
         except OutcomeUnknown:
             raise
         except (ConnectionError, RedisTimeoutError):
@@ -74,27 +81,67 @@ def wait_ms_for(blocking: bool, blocking_timeout: Optional[Number]) -> Optional[
     return _plan.to_ms(blocking_timeout)
 
 
-def attempt(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
+#: `try_first`'s answer when the handle found the lock held lately: queue at once.
+NOT_TRIED: Any = object()
+
+
+def try_first(contention: Optional[Contention], args: List[Any],
+              by: Optional[float]) -> Op:
+    """How a waiting acquire starts (spec/vectors/waits.json): unless its handle found
+    the lock (or the permits) held less than `_plan.CONTENDED_FOR_S` ago, ``args`` (the
+    acquire without ``WAIT``, with its request id) once on the client's quick path, by
+    the wait's deadline ``by`` (None: no limit); its reply, the finding noted. Else
+    `NOT_TRIED`: the caller queues at once. A try that found it held changed nothing
+    (the server records no reply for it), so the wait reuses its request id. No
+    ``contention`` (a re-entry, the latch): `NOT_TRIED`."""
+    if contention is None or not contention.tries_first(time.monotonic()):
+        return NOT_TRIED
+    reply = yield from call_effect(Call(tuple(args), tries=True, by=by))
+    contention.found(FREE if took(to_bytes(args[0]).upper(), reply) else HELD,
+                     time.monotonic())
+    return reply
+
+
+def waited(contention: Optional[Contention], shape: Optional[Shape]) -> None:
+    """Notes what a wait found: free if its command was answered with the grant itself
+    (``shape.at_once``), else held (``QUEUED``, a timeout, a blocked ``WAIT``; ``shape``
+    None: a look after the wait ran out)."""
+    if contention is not None:
+        at_once = shape is not None and shape.at_once
+        contention.found(FREE if at_once else HELD, time.monotonic())
+
+
+def attempt(base: List[Any], wait_ms: Optional[int], latch: bool = False,
+            contention: Optional[Contention] = None) -> Op:
     """``base`` once (``wait_ms`` None) or waiting in the server, with a request id.
 
     A wait whose connection fails is retried (3 attempts in all) with the same request
     id and what is left of the wait: a grant made meanwhile is replayed, never doubled.
+    With ``contention`` (the handle's: `try_first`), a wait may start with a try.
     """
-    return (yield from attempt_held(base, wait_ms, latch))[0]
+    return (yield from attempt_held(base, wait_ms, latch, contention))[0]
 
 
-def attempt_held(base: List[Any], wait_ms: Optional[int], latch: bool = False) -> Op:
+def attempt_held(base: List[Any], wait_ms: Optional[int], latch: bool = False,
+                 contention: Optional[Contention] = None) -> Op:
     """`attempt`, returning (the reply, the `rlock._tickets.Confirm` of a grant held on
     its ``granted`` message, or None where the reply was collected or answered at once)."""
     rid = new_request_id()
     if wait_ms is None:
         return (yield from call(*(base if latch else base + ["ID", rid]))), None
-    shape = waiting(base, wait_ms, rid, latch)
     started = time.monotonic()
+    shape = waiting(base, wait_ms, rid, latch)
+    reply = yield from try_first(contention, base + ["ID", rid],
+                                 None if wait_ms == 0 else started + wait_ms / 1000)
+    if reply is not NOT_TRIED and (took(shape.verb, reply)
+                                   or shape.wait_left(time.monotonic() - started) is None):
+        return reply, None  # taken; or held, with no time left to wait
+    since: Optional[float] = started  # what the try took counts against the wait
     attempts = 0
     while True:
         try:
-            reply = yield Wait(shape)
+            reply = yield Wait(shape, since=since)
+            waited(contention, shape)
             return reply, (shape.confirm if shape.held_on_message else None)
         except OutcomeUnknown:
             raise
@@ -104,8 +151,10 @@ def attempt_held(base: List[Any], wait_ms: Optional[int], latch: bool = False) -
                 raise
         left = waiting(base, wait_ms, rid, latch).wait_left(time.monotonic() - started)
         if left is None:  # the wait is over: one look, which replays a grant if any
-            return (yield from call(*shape.with_wait(None, False))), None
-        shape = waiting(base, left, rid, latch)
+            reply = yield from call(*shape.with_wait(None, False))
+            waited(contention, None)
+            return reply, None
+        shape, since = waiting(base, left, rid, latch), None
 
 
 def watchdog(renew: Callable[[], Op], lease_ms: int, name: Any) -> Op:
@@ -209,6 +258,7 @@ class _HoldOps(_Front):
         self.on_lost = on_lost
         self._holds = 0
         self._watch: Any = None
+        self._contention = Contention()
 
     # What a concrete hold says: its commands and what its acquire reply means.
     def _acquire_base(self, lease: int) -> List[Any]:
@@ -242,8 +292,10 @@ class _HoldOps(_Front):
         if blocking_timeout is None:
             blocking_timeout = self.blocking_timeout
         lease = self._lease
+        # A re-entry is answered at once: it neither tries first nor tells of contention.
         reply = yield from attempt(self._acquire_base(lease),
-                                   wait_ms_for(blocking, blocking_timeout))
+                                   wait_ms_for(blocking, blocking_timeout),
+                                   contention=None if self._holds else self._contention)
         if not self._acquired(reply):
             return False
         self._holds += 1
@@ -404,6 +456,7 @@ class SemaphoreOps(_Front):
         super().__init__(redis, name, use_tickets)
         self.blocking = blocking
         self.blocking_timeout = blocking_timeout
+        self._contention = Contention()
 
     def try_set_permits(self, permits: int, ttl: Optional[Number] = None) -> Result:
         """Sets the count if the semaphore does not exist (``ttl`` seconds: its TTL)."""
@@ -429,7 +482,8 @@ class SemaphoreOps(_Front):
         if blocking_timeout is None:
             blocking_timeout = self.blocking_timeout
         reply, confirm = yield from attempt_held(["RSEMAPHORE.ACQUIRE", self.name, permits],
-                                                 wait_ms_for(blocking, blocking_timeout))
+                                                 wait_ms_for(blocking, blocking_timeout),
+                                                 contention=self._contention)
         if reply == 1 and confirm is not None:
             _permits.held(self.redis, self.name, confirm, permits)
         return reply == 1
@@ -561,6 +615,7 @@ class ExpirableSemaphoreOps(_Front):
         self.blocking = blocking
         self.blocking_timeout = blocking_timeout
         self.watchdog_timeout = watchdog_timeout
+        self._contention = Contention()
 
     def try_set_permits(self, permits: int) -> Result:
         """Sets the number of permits if none was set; True if set."""
@@ -603,7 +658,8 @@ class ExpirableSemaphoreOps(_Front):
         base: List[Any] = ["RPSEMAPHORE.ACQUIRE", self.name, lease_ms]
         if permits != 1:
             base += ["PERMITS", permits]
-        reply = yield from attempt(base, wait_ms_for(blocking, blocking_timeout))
+        reply = yield from attempt(base, wait_ms_for(blocking, blocking_timeout),
+                                   contention=self._contention)
         if reply is None:
             return None
         permit = self._permit_class(self, reply if isinstance(reply, list) else [reply], lease)

@@ -32,6 +32,39 @@ RENEW_RETRY_DELAY: float = 1.0
 ACQUIRE_ATTEMPTS: int = 3
 
 
+#: A handle that found its lock (or its permits) held by another within this long
+#: queues its next waiting acquire at once; otherwise that acquire asks first without
+#: waiting (spec/vectors/waits.json, ``contended_for_ms``). A contended loop acquires
+#: far more often than this, so it does not pay a failed try before every wait.
+CONTENDED_FOR_S: float = 1.0
+
+#: What a handle's last waiting acquire found (`Contention`).
+HELD, FREE = "held", "free"
+
+
+class Contention:
+    """What a handle's last waiting acquire found: the lock (or permits) ``held`` by
+    another, when; or ``free``. Tells whether the next waiting acquire asks first without
+    waiting, on the client's quick path: an uncontended lock is then taken without the
+    hand-off of a ticket's reply from the ticket connection's reader to the caller. A
+    hint, shared by a handle's threads: one tuple, replaced whole."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        #: ``(finding, when)`` (`time.monotonic` seconds), or None before any.
+        self.last: Optional[tuple] = None
+
+    def tries_first(self, now: float) -> bool:
+        """True unless an acquire found it held less than `CONTENDED_FOR_S` before ``now``."""
+        last = self.last
+        return last is None or last[0] != HELD or now - last[1] >= CONTENDED_FOR_S
+
+    def found(self, finding: str, now: float) -> None:
+        """Records a waiting acquire's finding (`HELD` or `FREE`) at ``now``."""
+        self.last = (finding, now)
+
+
 def to_ms(seconds: Number) -> int:
     """Seconds (int or float, as redis-py takes them) to whole milliseconds, at least 1."""
     return max(1, int(seconds * 1000))

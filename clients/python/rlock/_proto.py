@@ -125,6 +125,11 @@ class Shape:
     #: ``granted`` message (its grant then is confirmed by ``confirm``); False when the
     #: grant was collected, or answered at once.
     held_on_message: bool = False
+    #: Set when the waiting command was answered with its reply itself, not ``QUEUED``
+    #: (a ticket answered at once; scripts mode's first try): the lock was free. False
+    #: where nobody can tell (a blocked ``WAIT``): the acquire then counts as having
+    #: found it held (spec/vectors/waits.json, ``acquires``).
+    at_once: bool = False
     #: How much sooner than the client's deadline the server's wait ends (None: the
     #: ticket connection's default, `rlock._tickets.TIMEOUT_LEAD_MS`).
     lead_ms: Optional[int] = None
@@ -157,8 +162,7 @@ class Shape:
         deadline (`rlock._tickets.ticket_wait`): what the server answers a wait that ran
         out, with ``-1`` where that reply carries the holder's PTTL (not known without
         asking; no caller reads it, and ``-2`` would ask the lock to try again)."""
-        return list(_RAN_OUT[self.verb]) if self.verb == b"RFENCED.ACQUIRE" \
-            else _RAN_OUT[self.verb]
+        return ran_out(self.verb)
 
     @property
     def many(self) -> bool:
@@ -208,6 +212,24 @@ _RAN_OUT: Dict[bytes, Any] = {
     b"RPSEMAPHORE.ACQUIRE": None,
     b"RLATCH.AWAIT": 0,
 }
+
+
+def ran_out(verb: bytes) -> Any:
+    """``verb``'s (upper case) "not now" reply: see `Shape.ran_out`."""
+    return list(_RAN_OUT[verb]) if verb == b"RFENCED.ACQUIRE" else _RAN_OUT[verb]
+
+
+def took(verb: bytes, reply: Any) -> bool:
+    """Whether the module's ``reply`` to an acquire ``verb`` (upper case) without ``WAIT``
+    took the lock or the permits; else they were held (a PTTL, 0, nil)."""
+    if verb in (b"RLOCK.ACQUIRE", b"RRWLOCK.ACQUIRE"):
+        return reply is None
+    if verb == b"RFENCED.ACQUIRE":
+        return isinstance(reply, list) and len(reply) == 2 and reply[0] is None
+    if verb == b"RPSEMAPHORE.ACQUIRE":
+        return reply is not None
+    return reply == 1  # RSEMAPHORE.ACQUIRE
+
 
 _TOKEN = re.compile(r"[0-9]{1,19}")
 _PERMIT = re.compile(r"(?:[0-9a-fA-F]{2})+")
@@ -287,6 +309,14 @@ class Call:
     at: Optional[bytes] = None
     once: bool = False
     until: Optional[float] = None
+    #: A waiting acquire's try without ``WAIT`` (`rlock._ops.try_first`), sent on the
+    #: client's own path as any command: if its caller leaves before the reply (a
+    #: cancelled task, ``by`` passed), a reply that took something is given back.
+    tries: bool = False
+    #: A try before a timed wait: the wait's deadline (`time.monotonic`). A reply not in
+    #: by then answers the command's "not now" (`ran_out`); the mode probe of a fresh
+    #: client is bounded by it too.
+    by: Optional[float] = None
 
 
 @dataclass(frozen=True)

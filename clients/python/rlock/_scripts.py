@@ -589,11 +589,14 @@ def wait(shape: Shape, publish: str, since: Optional[float] = None) -> Op:
     began = time.monotonic() if since is None else since
     deadline = None if shape.wait_ms == 0 else began + shape.wait_ms / 1000
     sub = yield Subscribe(shape.key, channel)
+    first = True
     try:
         while True:
             reply, hint = yield from _command(args, publish)
             if _granted(cmd, reply):
+                shape.at_once = first  # taken at its first try: it was free
                 return reply
+            first = False
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return reply

@@ -334,6 +334,7 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
                 raise Fallback(refused=False) from e
             raise
         if reply not in (b"QUEUED", "QUEUED"):
+            shape.at_once = True  # answered with the reply itself: it was free
             return reply
         # The server counts its wait from the command's arrival, and its `timeout` message
         # takes hops back (server, reader, waiter), each waiting for a CPU on a loaded

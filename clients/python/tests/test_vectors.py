@@ -1,25 +1,31 @@
 """The Python client's reader of the protocol contract, spec/vectors/ at the repository's
 root (its README: the format, and who reads what): the ticket channel and its tagged
 form (``NOTIFY``), the reading of ticket messages and what a waiter does with each, and
-how the client classes the module's error texts; so that a vector changed by hand, or a
-client change the vectors do not follow, fails this suite. No server needed."""
+how the client classes the module's error texts, and how a waiting acquire starts
+(asking without waiting first, or queueing at once: waits.json); so that a vector changed
+by hand, or a client change the vectors do not follow, fails this suite. No server
+needed."""
 
 from __future__ import annotations
 
 import json
 import pathlib
 import re
+import time
 
 import pytest
 import redis
 from redis.exceptions import ResponseError
 
+import rlock
 import rlock.errors
 from rlock import _plan
 from rlock._plan import Wait
+from rlock._proto import Call
+from rlock._proto import Wait as ProtoWait
 from rlock._proto import (new_notify_tag, new_request_id, note_action, parse_note,
                           ticket_channel, waiting)
-from rlock.primitives import FencedLock, RwLockHalf
+from rlock.primitives import ExpirableSemaphore, FencedLock, RwLockHalf, Semaphore
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "spec" / "vectors"
 
@@ -195,3 +201,81 @@ def test_an_acquire_reply_reads_as_the_vectors_outcome(case):
         assert ops._acquired(reply) is (case["outcome"] == "acquired"), reply
         if case["outcome"] == "acquired" and isinstance(ops, FencedLock):
             assert ops.token == reply[1] and ops.token > 0
+
+
+# ---- waits.json: how a waiting acquire starts ------------------------------------------
+
+WAITS = json.loads((VECTORS / "waits.json").read_text(encoding="utf-8"))
+
+
+def test_the_contended_window_is_the_vectors():
+    assert _plan.CONTENDED_FOR_S * 1000 == WAITS["contended_for_ms"]
+
+
+@pytest.mark.parametrize("case", WAITS["tries_first"], ids=ids(WAITS["tries_first"], "found"))
+def test_a_handle_tries_first_as_the_vectors_say(case):
+    contention = _plan.Contention()
+    t0 = 1000.0
+    if case["found"] is not None:
+        contention.found(case["found"], t0)
+    now = t0 + (case["ago_ms"] or 0) / 1000
+    assert contention.tries_first(now) is case["tries_first"]
+
+
+#: Each waiting primitive's handle (no I/O: the client never connects) and the module's
+#: replies to its acquire: taken (the grant), held (not now).
+_WAITERS = {
+    "lock": (lambda c: rlock.Lock(c, "k", timeout=30, replica_sync=None), None, 5000),
+    "fenced": (lambda c: FencedLock(c, "k", timeout=30, replica_sync=None), [None, 7],
+               [5000, None]),
+    "rwlock": (lambda c: RwLockHalf(c, "k", timeout=30, side="WRITE", replica_sync=None),
+               None, 5000),
+    "semaphore": (lambda c: Semaphore(c, "k"), 1, 0),
+    "expirable": (lambda c: ExpirableSemaphore(c, "k"), b"ab" * 16, None),
+}
+
+
+def _acquire_op(handle):
+    if isinstance(handle, rlock.Lock):
+        return handle._acquire_op(None, True, None, None)
+    if isinstance(handle, Semaphore):
+        return handle._acquire_op(1, True, None)
+    if isinstance(handle, ExpirableSemaphore):
+        return handle._acquire_op(30, 1, True, None, None)
+    return handle._acquire_op(True, None)
+
+
+def _run_acquire(handle, replies, grant, held):
+    """Runs the handle's own acquire over scripted replies: what it sent (``try``: a
+    command without WAIT; ``wait``: a waiting one), and whether it took it."""
+    op, sent, value, script = _acquire_op(handle), [], None, iter(replies)
+    while True:
+        try:
+            effect = op.send(value)
+        except StopIteration as done:
+            return sent, done.value
+        if isinstance(effect, Call):
+            assert effect.tries and "WAIT" not in effect.args, effect
+            sent.append("try")
+            value = grant if next(script) == "taken" else held
+        elif isinstance(effect, ProtoWait):
+            sent.append("wait")
+            reply = next(script)
+            effect.shape.at_once = reply == "at_once"
+            value = held if reply == "timeout" else grant
+        else:
+            raise AssertionError(f"unexpected effect {effect!r}")
+
+
+@pytest.mark.parametrize("waiter", sorted(_WAITERS))
+@pytest.mark.parametrize("case", WAITS["acquires"],
+                         ids=[f"{c['before']}-{'-'.join(c['replies'])}" for c in WAITS["acquires"]])
+def test_a_waiting_acquire_sends_and_learns_as_the_vectors_say(case, waiter):
+    make, grant, held = _WAITERS[waiter]
+    handle = make(redis.Redis(host="127.0.0.1", port=1))
+    if case["before"] is not None:
+        handle._contention.found(case["before"], time.monotonic())
+    sent, result = _run_acquire(handle, case["replies"], grant, held)
+    assert sent == case["sends"]
+    assert bool(result) is (case["replies"][-1] != "timeout")
+    assert handle._contention.last[0] == case["after"]
