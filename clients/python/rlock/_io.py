@@ -29,7 +29,7 @@ from . import _mode, _plan
 from ._hello import HELLO_ARGS, Capabilities, parse_hello
 from .errors import OutcomeUnknown, module_error
 from ._proto import (Call, Listen, Pipe, Settled, Shape, Sleep, Subscribe, Wait, Watch,
-                     new_notify_tag, ran_out, to_bytes, undo_args)
+                     BUSY, new_notify_tag, ran_out, to_bytes, undo_args)
 from ._pubsub import node_of
 from ._tickets import AsyncTicketConn, Fallback, SyncTicketConn
 
@@ -291,8 +291,16 @@ class SyncIO:
                 return _send_once(self.redis, effect)
             if effect.until is not None:
                 return _send_by(self.redis, effect, effect.until)
-            if effect.by is not None:
-                return _try_by(self.redis, effect, effect.by)
+            if effect.tries:
+                tries = _tries(self.redis)
+                if not tries.take():
+                    return BUSY
+                try:
+                    if effect.by is not None:
+                        return _try_by(self.redis, effect, effect.by)
+                    return self.redis.execute_command(*effect.args)
+                finally:
+                    tries.give()
             if effect.at is not None and _is_cluster(self.redis):
                 node = self.redis.get_node_from_key(effect.at)
                 return self.redis.execute_command(*effect.args, target_nodes=node)
@@ -463,7 +471,13 @@ class AsyncIO:
             if effect.until is not None:
                 return await _asend_by(self.redis, effect, effect.until)
             if effect.tries:
-                return await _atry(self.redis, effect)
+                tries = _tries(self.redis)
+                if not tries.take():
+                    return BUSY
+                try:
+                    return await _atry(self.redis, effect)
+                finally:
+                    tries.give()
             if effect.at is not None and _is_cluster(self.redis):
                 await self.redis.initialize()  # an asyncio cluster client maps its nodes lazily
                 node = self.redis.get_node_from_key(effect.at)
@@ -635,6 +649,47 @@ def _bounded_conn(redis: Any, at: Optional[bytes], left: float) -> Any:
 def _no_reply(effect: Call) -> RedisTimeoutError:
     return RedisTimeoutError(f"no reply to {to_bytes(effect.args[0]).decode()} by its "
                              "wait's deadline")
+
+
+#: How many tries first (`Call.tries`) of one client may be in flight at once. Each holds
+#: a pool connection for its round trip: without a bound, a burst of waiters of one
+#: client (200 threads starting at once) would open a pool connection each, where their
+#: tickets share one. A try over the bound is not sent (`BUSY`): its acquire queues at
+#: once, its handle's finding unchanged.
+TRIES_IN_FLIGHT = 2
+
+
+class _Tries:
+    """A client's tries first in flight (threads of a blocking client, or tasks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._n >= TRIES_IN_FLIGHT:
+                return False
+            self._n += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._n -= 1
+
+
+_TRIES: "weakref.WeakKeyDictionary[Any, _Tries]" = weakref.WeakKeyDictionary()
+_TRIES_LOCK = threading.Lock()
+
+
+def _tries(redis: Any) -> _Tries:
+    tries = _TRIES.get(redis)
+    if tries is None:
+        with _TRIES_LOCK:
+            tries = _TRIES.get(redis)
+            if tries is None:
+                tries = _TRIES[redis] = _Tries()
+    return tries
 
 
 def _try_by(redis: Any, effect: Call, by: float) -> Any:

@@ -26,7 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _permits, _plan, _replicas
 from ._replicas import ReplicaSync
 from ._plan import FREE, HELD, Contention
-from ._proto import (Call, Settled, Shape, Sleep, Wait, Watch, new_request_id, to_bytes, took,
+from ._proto import (BUSY, Call, Settled, Shape, Sleep, Wait, Watch, new_request_id, to_bytes, took,
                      waiting)
 from ._tickets import CONFIRM_RETRY_S
 from .errors import OutcomeUnknown
@@ -97,6 +97,8 @@ def try_first(contention: Optional[Contention], args: List[Any],
     if contention is None or not contention.tries_first(time.monotonic()):
         return NOT_TRIED
     reply = yield from call_effect(Call(tuple(args), tries=True, by=by))
+    if reply is BUSY:  # not sent: its client has enough tries in flight
+        return NOT_TRIED
     contention.found(FREE if took(to_bytes(args[0]).upper(), reply) else HELD,
                      time.monotonic())
     return reply

@@ -219,6 +219,11 @@ def ran_out(verb: bytes) -> Any:
     return list(_RAN_OUT[verb]) if verb == b"RFENCED.ACQUIRE" else _RAN_OUT[verb]
 
 
+#: A driver's answer to a `Call` with ``tries`` that it did not send (too many tries of
+#: its client in flight: `rlock._io.TRIES_IN_FLIGHT`): the acquire queues at once.
+BUSY: Any = type("Busy", (), {"__repr__": lambda self: "BUSY"})()
+
+
 def took(verb: bytes, reply: Any) -> bool:
     """Whether the module's ``reply`` to an acquire ``verb`` (upper case) without ``WAIT``
     took the lock or the permits; else they were held (a PTTL, 0, nil)."""

@@ -87,7 +87,9 @@ def test_a_waiter_whose_connection_dies_queues_again(r):
     t = threading.Thread(target=lambda: result.append(waiter.acquire()))
     t.start()
     wait_until(lambda: stat(r, "waiters") == 1, what="waiter queued")
-    blocked = [c for c in r.client_list() if c["cmd"] == "rlock.acquire"]
+    # The ticket connection (the waiter's try went before it on a pool connection).
+    blocked = [c for c in r.client_list() if c["cmd"] == "rlock.acquire"
+               and c["name"] == rlock.TICKET_CONNECTION_NAME]
     assert len(blocked) == 1
     r.client_kill_filter(_id=blocked[0]["id"])
     # The client retries (same request id) on a new connection and queues again.
