@@ -208,6 +208,21 @@ def _within_bt(elapsed: float) -> None:
     assert BT >= elapsed > BT - SLEEP, elapsed
 
 
+#: Whether the waiter's handle found the lock held lately (spec/vectors/waits.json): then
+#: its wait queues a ticket at once (the ticket connection's round trips are what the
+#: deadline bounds); else it first asks without waiting on a pool connection (that try is
+#: what the deadline bounds, and a late reply that took the lock is given back).
+QUEUES_AT_ONCE = pytest.mark.parametrize("queues_at_once", [True, False],
+                                         ids=["queues-at-once", "tries-first"])
+
+
+def _starts(waiter: Any, queues_at_once: bool) -> Any:
+    """The waiter, its handle made to have found the lock held just now (or not)."""
+    if queues_at_once:
+        waiter._contention.found(rlock._plan.HELD, time.monotonic())
+    return waiter
+
+
 def _told_no_in_time(waiter: Any, paused: _Paused) -> None:
     """The waiter's acquire, run across the pause, answers no within its deadline."""
     start = time.monotonic()
@@ -227,16 +242,18 @@ async def _atold_no_in_time(waiter: Any, paused: _Paused) -> None:
     _within_bt(elapsed)
 
 
-def test_a_first_wait_ends_by_its_deadline_while_the_server_is_paused(server, r):
+@QUEUES_AT_ONCE
+def test_a_first_wait_ends_by_its_deadline_while_the_server_is_paused(server, r,
+                                                                      queues_at_once):
     """The client's first wait connects its ticket connection (handshake, RLOCK.HELLO)
     to a paused server: the connecting counts against the wait, which ends by its
-    deadline (it used to wait out the pause)."""
+    deadline (it used to wait out the pause). So does a try first."""
     fresh = _fresh(server)
     try:
         holder = fresh.lock("k", timeout=30, lock_class=rlock.Lock)
         assert holder.acquire(blocking=False)
-        waiter = fresh.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
-                            lock_class=rlock.Lock)
+        waiter = _starts(fresh.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
+                                    lock_class=rlock.Lock), queues_at_once)
         _told_no_in_time(waiter, _Paused(server.port, 0.6))
         assert holder.owned() and stat(r, "waiters") == 0
         # The ticket connection comes up on the next wait.
@@ -249,17 +266,20 @@ def test_a_first_wait_ends_by_its_deadline_while_the_server_is_paused(server, r)
         fresh.close()
 
 
-def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back(r):
+@QUEUES_AT_ONCE
+def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back(
+        r, queues_at_once):
     """The ticket connection is up and subscribed to the key's channel (an earlier
     wait); the server is paused before the wait's command: the wait ends by its deadline,
     told no. The lock was free, so the command takes it when the pause ends (answered
     at once, no message follows): the client gives it back rather than leave it held by
-    a caller that was told no."""
+    a caller that was told no. The same for a try first whose reply is late."""
     warm = rlock.Lock(r, "k", timeout=30, thread_local=False)
     assert warm.acquire(blocking=False)
     assert rlock.Lock(r, "k", timeout=30).acquire(blocking_timeout=0.05) is False
     warm.release()
-    waiter = r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT, lock_class=rlock.Lock)
+    waiter = _starts(r.lock("k", timeout=30, sleep=SLEEP, blocking_timeout=BT,
+                            lock_class=rlock.Lock), queues_at_once)
     acquisitions = stat(r, "acquisitions")
     _told_no_in_time(waiter, _Paused(r.connection_pool.connection_kwargs["port"], 0.6))
     wait_until(lambda: stat(r, "acquisitions") > acquisitions, what="the late acquisition")
@@ -267,14 +287,16 @@ def test_a_wait_whose_queued_is_late_ends_by_its_deadline_and_gives_a_grant_back
     wait_until(lambda: stat(r, "waiters") == 0, what="no ticket left")
 
 
+@QUEUES_AT_ONCE
 async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_paused(
-        server, r):
+        server, r, queues_at_once):
     fresh = redis.asyncio.Redis(port=server.port, socket_timeout=5)
     rlock.set_blocking_waits(fresh, 0)
     try:
         holder = arlock.Lock(fresh, "k", timeout=30)
         assert await holder.acquire(blocking=False)
-        waiter = arlock.Lock(fresh, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
+        waiter = _starts(arlock.Lock(fresh, "k", timeout=30, sleep=SLEEP,
+                                     blocking_timeout=BT), queues_at_once)
         await _atold_no_in_time(waiter, _Paused(server.port, 0.6))
         assert await holder.owned() and stat(r, "waiters") == 0
         assert await waiter.acquire(blocking_timeout=0.2) is False
@@ -286,13 +308,15 @@ async def test_an_asyncio_first_wait_ends_by_its_deadline_while_the_server_is_pa
         await fresh.aclose()
 
 
-async def test_an_asyncio_wait_whose_queued_is_late_gives_a_grant_back(r, ar):
+@QUEUES_AT_ONCE
+async def test_an_asyncio_wait_whose_queued_is_late_gives_a_grant_back(r, ar, queues_at_once):
     """As the threads' twin."""
     warm = arlock.Lock(ar, "k", timeout=30)
     assert await warm.acquire(blocking=False)
     assert await arlock.Lock(ar, "k", timeout=30).acquire(blocking_timeout=0.05) is False
     await warm.release()
-    waiter = arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT)
+    waiter = _starts(arlock.Lock(ar, "k", timeout=30, sleep=SLEEP, blocking_timeout=BT),
+                     queues_at_once)
     acquisitions = stat(r, "acquisitions")
     await _atold_no_in_time(waiter, _Paused(r.connection_pool.connection_kwargs["port"], 0.6))
     loop = asyncio.get_running_loop()
