@@ -370,3 +370,88 @@ fn it_reads_every_reply_as_the_vectors_outcome() {
         }
     }
 }
+
+/// `waits.json`'s finding as the handle keeps it: `Some(held)`, or none yet.
+fn finding(v: &Json) -> Option<bool> {
+    match v.as_str() {
+        None => None,
+        Some("held") => Some(true),
+        Some("free") => Some(false),
+        Some(other) => panic!("no finding {other}"),
+    }
+}
+
+#[test]
+fn it_tries_first_as_the_vectors_say() {
+    use crate::proto::state::{Contention, CONTENDED_FOR};
+    let file = load("waits.json");
+    assert_eq!(
+        file["contended_for_ms"].as_u64(),
+        Some(CONTENDED_FOR.as_millis() as u64)
+    );
+    for case in cases(&file, "tries_first") {
+        let hint = Contention::default();
+        let t0 = Instant::now();
+        if let Some(held) = finding(&case["found"]) {
+            hint.found(held, t0);
+        }
+        let ago = std::time::Duration::from_millis(case["ago_ms"].as_u64().unwrap_or(0));
+        assert_eq!(
+            hint.tries_first(t0 + ago),
+            case["tries_first"].as_bool().unwrap(),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn it_starts_every_waiting_acquire_as_the_vectors_say() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::options::{AcquireOptions, ClientOptions, Wait};
+    use crate::proto::backoff::Jitter;
+    use crate::proto::cmd::Acquired;
+    use crate::proto::logic::{Acquiring, Next, Renewals, Route};
+    use crate::proto::state::LockShared;
+
+    struct NoRenewals;
+    impl Renewals for NoRenewals {
+        fn register(&self, _: &Arc<LockShared>, _: u64, _: Duration, _: bool, _: Instant) {}
+        fn rearmed(&self, _: u64, _: u64, _: Duration, _: Instant) {}
+        fn unregister(&self, _: u64) {}
+    }
+    let (client, jitter) = (ClientOptions::new(), Jitter::seeded(1));
+    for case in cases(&load("waits.json"), "acquires") {
+        let shared = Arc::new(LockShared::new("k".into(), "c:1".into(), 1));
+        if let Some(held) = finding(&case["before"]) {
+            shared.found(held, Instant::now());
+        }
+        let opts = AcquireOptions::new().with_wait(Wait::Up(Duration::from_secs(5)));
+        let mut run = Acquiring::new(&shared, opts, &client, &jitter).unwrap();
+        let mut sent = Vec::new();
+        for reply in cases(&case, "replies") {
+            let (command, route) = run.attempt(&shared, Instant::now());
+            let waits = cmd_words(&command).iter().any(|w| w == "WAIT");
+            assert_eq!(waits, route != Route::Shared, "{case}");
+            sent.push(if waits { "wait" } else { "try" });
+            let (answer, queued) = match reply.as_str().unwrap() {
+                "taken" | "at_once" => (Acquired::Yes, false),
+                "queued" => (Acquired::Yes, true),
+                "held" | "timeout" => (Acquired::HeldFor(100), false),
+                other => panic!("no reply {other}"),
+            };
+            match run.after_attempt(&NoRenewals, &shared, Instant::now(), Ok(answer)) {
+                Next::Taken => run.found(&shared, queued),
+                Next::NotTaken => run.found_held(&shared),
+                Next::Again => {}
+                _ => panic!("{case}: an unexpected step"),
+            }
+        }
+        let sends = cases(&case, "sends");
+        let want: Vec<&str> = sends.iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(sent, want, "{case}");
+        let after = finding(&case["after"]).expect("an acquire finds");
+        assert_eq!(shared.tries_first(Instant::now()), !after, "{case}");
+    }
+}

@@ -591,3 +591,160 @@ fn a_partitioned_holder_hears_of_the_loss_when_its_lease_ends() {
     );
     drop(g);
 }
+
+/// Starts logging every command the server runs, with its words (the slow log at 0 µs).
+fn log_commands(r: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-max-len")
+        .arg(100_000)
+        .query(r)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(r)
+        .unwrap();
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(r).unwrap();
+}
+
+/// The `RLOCK.ACQUIRE`s the server ran for `owner` since [`log_commands`], oldest first,
+/// as "try" (no `WAIT`) or "wait", leaving out a held grant's confirmation (the same
+/// request id as the ticket before it, without `WAIT`).
+fn acquires_sent(r: &mut redis::Connection, owner: &str) -> Vec<&'static str> {
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(-1).query(r).unwrap();
+    let mut out = Vec::new();
+    let mut waited_ids = Vec::new();
+    for entry in log.into_iter().rev() {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let words: Vec<String> = match &fields[3] {
+            redis::Value::Array(a) => a
+                .iter()
+                .map(|w| redis::from_redis_value::<String>(w.clone()).unwrap())
+                .collect(),
+            _ => continue,
+        };
+        if !words[0].eq_ignore_ascii_case("RLOCK.ACQUIRE")
+            || words.get(2).map(String::as_str) != Some(owner)
+        {
+            continue;
+        }
+        let id = words
+            .iter()
+            .position(|w| w == "ID")
+            .map(|i| words[i + 1].clone());
+        if words.iter().any(|w| w == "WAIT") {
+            waited_ids.push(id);
+            out.push("wait");
+        } else if !waited_ids.contains(&id) {
+            out.push("try");
+        }
+    }
+    out
+}
+
+/// Connections the server has besides `r`'s.
+fn other_connections(r: &mut redis::Connection) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(r).unwrap();
+    list.lines().count() - 1
+}
+
+#[test]
+fn an_uncontended_wait_is_one_round_trip_on_the_callers_own_connection() {
+    let s = Server::start();
+    let mut r = s.conn();
+    log_commands(&mut r);
+    let c = Client::open_with(s.url(), ClientOptions::new().with_replica_sync(None)).unwrap();
+    let lock = c.lock("k");
+    let sem = c.semaphore("s");
+    assert!(sem.try_set_permits(1).unwrap());
+    for _ in 0..3 {
+        let g = lock
+            .acquire_timeout(Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.release().unwrap(), ReleaseOutcome::Freed);
+        lock.acquire().unwrap().release().unwrap();
+        let p = sem
+            .acquire_timeout(1, Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        p.release().unwrap();
+    }
+    // Asked without waiting, and taken: no ticket, so no ticket connection; every call
+    // on the calling thread's own connection, so not the shared multiplexed one either.
+    assert_eq!(acquires_sent(&mut r, lock.owner()), ["try"; 6]);
+    assert_eq!(support::rlock_stat(&mut r, "rlock_tickets_queued"), 0);
+    let sem_waits: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(&mut r)
+        .unwrap();
+    assert!(
+        !format!("{sem_waits:?}").contains("\"WAIT\""),
+        "no semaphore acquire waited: {sem_waits:?}"
+    );
+    assert_eq!(other_connections(&mut r), 1, "one connection for the calls");
+}
+
+#[test]
+fn a_handle_that_found_its_lock_held_queues_at_once_for_a_second() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let holder = client(&s);
+    let c = Client::open_with(s.url(), ClientOptions::new().with_replica_sync(None)).unwrap();
+    let lock = c.lock("k");
+    log_commands(&mut r);
+    let g = holder.lock("k").acquire().unwrap();
+    thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let g = lock
+                .acquire_timeout(Duration::from_secs(10))
+                .unwrap()
+                .unwrap();
+            g.release().unwrap();
+            // Free now, but this handle found it held a moment ago: straight to the queue.
+            let g = lock
+                .acquire_timeout(Duration::from_secs(10))
+                .unwrap()
+                .unwrap();
+            g.release().unwrap();
+        });
+        assert!(queued(&holder, "k"), "the waiter's ticket is queued");
+        g.release().unwrap();
+        waiter.join().unwrap();
+    });
+    // First come, first served kept: the try found it held, then it queued and was granted.
+    assert_eq!(acquires_sent(&mut r, lock.owner()), ["try", "wait", "wait"]);
+}
+
+#[test]
+fn many_threads_share_a_few_caller_connections() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = Client::open_with(s.url(), ClientOptions::new().with_replica_sync(None)).unwrap();
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let lock = c.lock(format!("k{i}"));
+                for _ in 0..200 {
+                    lock.try_acquire().unwrap().unwrap().release().unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut peak = 0;
+    while !threads.iter().all(|t| t.is_finished()) {
+        peak = peak.max(other_connections(&mut r));
+        thread::sleep(Duration::from_millis(1));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Two calls at once on callers' own connections, the rest on the shared one.
+    assert!((1..=3).contains(&peak), "{peak} connections for 16 threads");
+}

@@ -19,7 +19,17 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// `waiters` of `RLOCK.INFO key` on the node serving it (0: none).
 fn waiters(cluster: &Cluster, key: &str) -> i64 {
-    info_waiters(&mut cluster.conn_for(key), "RLOCK.INFO", key)
+    // Asked of the node serving the key wherever its slot has moved (the others answer
+    // MOVED).
+    cluster
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let mut r = n.conn();
+            redis::cmd("RLOCK.INFO").arg(key).query::<redis::Value>(&mut r).ok()?;
+            Some(info_waiters(&mut r, "RLOCK.INFO", key))
+        })
+        .sum()
 }
 
 /// Names of the connections to a node other than `r` itself.
@@ -379,14 +389,17 @@ fn a_shard_channel_redirected_with_its_ticket_is_subscribed_again_when_the_slot_
     }
     let key = cluster.key_on(0, "back");
     let c = rlock_client::Client::open_cluster(cluster.urls()).unwrap();
-    let lock = c.lock(key.as_str());
     let wait = Duration::from_secs(20);
+    // Each wait below finds the lock held, so that it queues a ticket (an uncontended one
+    // would take it without: waits.json) and asks for its key's shard channel.
+    let queue_and_take = |c: &rlock_client::Client| {
+        let (held, waiter) = held_with_a_waiter(&cluster, c, &key, wait);
+        held.release().unwrap();
+        let g = waiter.join().unwrap().expect("granted");
+        g.release().unwrap();
+    };
     // The map read, the channel subscribed on A and kept idle there.
-    lock.acquire_timeout(wait)
-        .unwrap()
-        .expect("free")
-        .release()
-        .unwrap();
+    queue_and_take(&c);
     let idle = |r: &mut redis::Connection| -> Vec<String> {
         redis::cmd("PUBSUB")
             .arg("SHARDCHANNELS")
@@ -402,19 +415,9 @@ fn a_shard_channel_redirected_with_its_ticket_is_subscribed_again_when_the_slot_
     // A drops the channel with the slot; the client's map still says A.
     migrate_slot(&key, &mut a, &mut b);
     // Sent to A: its SSUBSCRIBE and ticket are redirected, and it is granted on B.
-    lock.acquire_timeout(wait)
-        .unwrap()
-        .expect("free on B")
-        .release()
-        .unwrap();
-    // Back to A; the map now says B.
+    queue_and_take(&c);
+    // Back to A; the map now says B. Granted on A: its channel subscribed there again.
     migrate_slot(&key, &mut b, &mut a);
-    let (held, waiter) = held_with_a_waiter(&cluster, &c, &key, wait);
-    held.release().unwrap();
-    let g = waiter
-        .join()
-        .unwrap()
-        .expect("granted on A: its channel subscribed there again");
-    g.release().unwrap();
+    queue_and_take(&c);
     assert_eq!(idle(&mut a).len(), 1, "kept again");
 }

@@ -133,8 +133,10 @@ fn threads_of_the_blocking_api_share_the_ticket_connection() {
         })
         .collect();
     assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64));
+    // The ticket connection, the shared one, and the calling threads' own (at most two:
+    // each wait first asked on one whether the lock was free).
     let conns = other_connections(&mut r);
-    assert!(conns <= 3, "{conns} connections for {N} waiting threads");
+    assert!(conns <= 4, "{conns} connections for {N} waiting threads");
     assert_eq!(blocked_clients(&mut r), 0);
     let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut r).unwrap();
     for line in list.lines() {

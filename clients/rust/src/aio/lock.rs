@@ -123,10 +123,17 @@ impl Lock {
                 Next::Taken => break,
                 Next::Renew | Next::Again => {}
                 Next::Backoff(pause) => tokio::time::sleep(pause).await,
-                Next::NotTaken => return Ok(None),
+                Next::NotTaken => {
+                    run.found_held(shared);
+                    return Ok(None);
+                }
                 Next::Fail(e) => return Err(e),
             }
         }
+        run.found(
+            shared,
+            confirm.as_ref().is_some_and(|c| !c.answered_at_once()),
+        );
         let took = run.finish(&**c, shared);
         if let Some(confirm) = confirm {
             let (lost, epoch) = (shared.clone(), took.epoch);

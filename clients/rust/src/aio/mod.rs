@@ -25,7 +25,10 @@ use tokio::sync::Notify;
 
 pub use crate::aio::rwlock::RwLock;
 use crate::error::{poisons_connection, Error, Result};
-use crate::net::conn::{record_renewals, renewal_pipelines, unanswered, AConn, Target, WaitPool};
+use crate::net::conn::{
+    caller_blocks, record_renewals, renewal_pipelines, unanswered, AConn, CallerConns, Target,
+    WaitPool,
+};
 use crate::net::tickets::Confirm;
 use crate::options::{AcquireOptions, ClientOptions, Mode, Wait};
 use crate::proto::backoff::Jitter;
@@ -120,6 +123,8 @@ pub(crate) struct ClientInner {
     jitter: Jitter,
     pub(crate) runtime: Handle,
     cmd_conn: tokio::sync::Mutex<Option<AConn>>,
+    // A single server's connections for blocking API callers' quick commands.
+    caller_conns: Option<CallerConns>,
     // A cluster opened by this crate: scripts mode's connection, without redis-rs's own
     // retries (None: scripts go on `cmd_conn`).
     scripts_target: Option<Target>,
@@ -323,8 +328,13 @@ impl Client {
             }
             Target::Single(_) => None,
         };
+        let caller_conns = match &target {
+            Target::Single(c) => Some(CallerConns::new(c.clone(), opts.response_timeout)),
+            Target::Cluster(_) => None,
+        };
         Client {
             inner: Arc::new(ClientInner {
+                caller_conns,
                 tickets,
                 cluster_tickets,
                 target,
@@ -527,19 +537,16 @@ impl ClientInner {
     /// `RLOCK.ACQUIRE` without arguments instead (the module answers a wrong-arity
     /// error, which changes nothing; "unknown command" or NOPERM: no module).
     async fn probe(&self) -> Result<Mode> {
-        let mut conn = self.conn().await?;
         let mut hello = redis::Cmd::new();
         for a in crate::proto::hello::hello_args() {
             hello.arg(a);
         }
-        let reply = hello.query_async::<Value>(&mut conn).await;
+        let reply = self.raw(&hello).await;
         match crate::proto::hello::parse(reply) {
             Ok(crate::Capabilities::NoModule) => Ok(Mode::Scripts),
             Ok(_) => Ok(Mode::Module),
             Err(e) if e.code() == Some("NOPERM") => {
-                let r = redis::cmd("RLOCK.ACQUIRE")
-                    .query_async::<Value>(&mut conn)
-                    .await;
+                let r = self.raw(&redis::cmd("RLOCK.ACQUIRE")).await;
                 match r.map_err(Error::from) {
                     Err(e) if no_module(&e) => Ok(Mode::Scripts),
                     _ => Ok(Mode::Module),
@@ -574,6 +581,16 @@ impl ClientInner {
 
     /// One command as it is, on the shared multiplexed connection.
     async fn run_raw(&self, c: &redis::Cmd) -> Result<Value> {
+        Ok(self.raw(c).await?)
+    }
+
+    /// `c` on this thread's own connection where the caller blocks, else on the shared one.
+    async fn raw(&self, c: &redis::Cmd) -> RedisResult<Value> {
+        if let Some(cc) = self.caller_conns.as_ref().filter(|_| caller_blocks()) {
+            if let Some(r) = cc.query(c) {
+                return r;
+            }
+        }
         let mut conn = self.conn().await?;
         let r = c.query_async::<Value>(&mut conn).await;
         if let Err(e) = &r {
@@ -581,7 +598,7 @@ impl ClientInner {
                 *self.cmd_conn.lock().await = None;
             }
         }
-        Ok(r?)
+        r
     }
 
     /// The replicas connected to the node serving `key`, as last read (at most once per
@@ -757,14 +774,16 @@ impl Renewals for ClientInner {
         renew: bool,
         at: Instant,
     ) {
-        lock_ignoring_poison(&self.watchdog.registry).insert(
+        let wake = lock_ignoring_poison(&self.watchdog.registry).insert(
             shared.clone(),
             epoch,
             lease,
             renew,
             at,
         );
-        self.watchdog.notify.notify_one();
+        if wake {
+            self.watchdog.notify.notify_one();
+        }
     }
 
     fn rearmed(&self, handle: u64, epoch: u64, lease: Duration, at: Instant) {
@@ -789,7 +808,11 @@ async fn renewal_task(
         let (due, lost, wake) = {
             let mut reg = lock_ignoring_poison(&wd.registry);
             let (due, lost) = reg.plan(Instant::now());
-            (due, lost, reg.next_wake())
+            let wake = reg.next_wake();
+            if due.is_empty() {
+                reg.worker_sleeps(wake);
+            }
+            (due, lost, wake)
         };
         report(lost);
         if due.is_empty() {

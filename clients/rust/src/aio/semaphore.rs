@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::net::tickets::{Confirm, Outcome};
 use crate::proto::cmd::request_id;
 use crate::proto::logic::lock_ignoring_poison;
-use crate::proto::state::LostReason;
+use crate::proto::state::{Contention, LostReason};
 
 impl Client {
     /// A handle on the semaphore `name` (see [`crate::Client::semaphore`]).
@@ -30,6 +30,7 @@ impl Client {
         Semaphore {
             client: self.inner.clone(),
             name: name.into(),
+            contention: Arc::default(),
         }
     }
 
@@ -39,6 +40,7 @@ impl Client {
         ExpirableSemaphore {
             client: self.inner.clone(),
             name: name.into(),
+            contention: Arc::default(),
         }
     }
 }
@@ -78,16 +80,55 @@ async fn call(c: &ClientInner, cmd: redis::Cmd) -> Result<i64> {
 /// request id goes with every retry. With `confirm`, a ticket's grant returns on its
 /// `granted` message (the expirable semaphore's permit ids read from it) and is confirmed
 /// off the path (design.md 5); `confirm` then says whether it was taken back.
+///
+/// A wait asks without waiting first unless `hint` says an acquire found the permits
+/// taken lately ([`Contention`]).
 async fn acquire_call(
     c: &ClientInner,
     verb: &str,
     name: &str,
     first: u64,
     wait: Option<Option<Duration>>,
+    confirm: &Arc<Confirm>,
+    hint: Hint<'_>,
+) -> Result<Value> {
+    let Hint { seen: hint, took } = hint;
+    let started = Instant::now();
+    let deadline = wait.flatten().map(|w| started + w);
+    if wait.is_some() && hint.tries_first(started) {
+        // A try that found nothing free changed nothing: the wait gets an id of its own.
+        let tried = acquire_once(c, verb, name, first, None, None, None).await?;
+        if took(&tried) {
+            hint.found(false, Instant::now());
+            return Ok(tried);
+        }
+    }
+    let r = acquire_once(c, verb, name, first, wait, deadline, Some(confirm)).await;
+    if wait.is_some() {
+        let held = !matches!(&r, Ok(v) if took(v)) || !confirm.answered_at_once();
+        hint.found(held, Instant::now());
+    }
+    r
+}
+
+/// What a semaphore handle's acquires found lately, and how to tell a reply that took
+/// the permits.
+struct Hint<'a> {
+    seen: &'a Contention,
+    took: fn(&Value) -> bool,
+}
+
+/// One acquire call of [`acquire_call`], with its retries.
+async fn acquire_once(
+    c: &ClientInner,
+    verb: &str,
+    name: &str,
+    first: u64,
+    wait: Option<Option<Duration>>,
+    deadline: Option<Instant>,
     confirm: Option<&Arc<Confirm>>,
 ) -> Result<Value> {
     let id = request_id();
-    let deadline = wait.flatten().map(|w| Instant::now() + w);
     let margin = c.opts.response_timeout.unwrap_or(Duration::from_secs(3));
     c.with_retries(c.retries(), || {
         let mut cmd = redis::cmd(verb);
@@ -118,6 +159,8 @@ async fn acquire_call(
 pub struct Semaphore {
     client: Arc<ClientInner>,
     name: String,
+    // Shared by the handle's clones.
+    contention: Arc<Contention>,
 }
 
 impl std::fmt::Debug for Semaphore {
@@ -184,7 +227,11 @@ impl Semaphore {
             &self.name,
             permits.into(),
             wait,
-            Some(&confirm),
+            &confirm,
+            Hint {
+                seen: &self.contention,
+                took: |v| matches!(v, Value::Int(1)),
+            },
         )
         .await?;
         Ok((int(reply)? == 1).then(|| SemaphorePermit {
@@ -311,6 +358,8 @@ impl Drop for SemaphorePermit {
 pub struct ExpirableSemaphore {
     client: Arc<ClientInner>,
     name: String,
+    // Shared by the handle's clones.
+    contention: Arc<Contention>,
 }
 
 impl std::fmt::Debug for ExpirableSemaphore {
@@ -389,7 +438,11 @@ impl ExpirableSemaphore {
             &self.name,
             lease_ms,
             wait,
-            Some(&confirm),
+            &confirm,
+            Hint {
+                seen: &self.contention,
+                took: |v| !matches!(v, Value::Nil),
+            },
         )
         .await?;
         let Some(mut ids) = hex_ids(reply)? else {

@@ -88,12 +88,13 @@ impl Rt {
         let waker = Waker::from(Arc::new(Unpark(thread::current())));
         let mut cx = Context::from_waker(&waker);
         let mut f = pin!(f);
-        loop {
+        // Its quick commands may do their I/O right here (net/conn.rs, `CallerConns`).
+        crate::net::conn::as_blocking_caller(|| loop {
             if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
                 return out;
             }
             thread::park();
-        }
+        })
     }
 
     /// A guard's best-effort release on drop: to its end where blocking is fine, or

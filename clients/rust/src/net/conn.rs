@@ -5,7 +5,14 @@
 //! release, info), one for the renewal worker, and one per waiting acquire, taken
 //! from a small pool, because a command blocked in the server holds up everything
 //! queued behind it on the same connection.
+//!
+//! The blocking API's quick commands on a single server go on [`CallerConns`] instead:
+//! written and read by the calling thread itself, with no hop to the runtime's worker
+//! and back (the shared connection's driver runs there), which on an uncontended lock
+//! was most of a call's time.
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -87,6 +94,91 @@ impl redis::aio::ConnectionLike for AConn {
             AConn::Single(c) => c.get_db(),
             AConn::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs a blocking API call to its end (`blocking::Rt::block_on`).
+    static CALLER_BLOCKS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread marked as a blocking API caller: a quick command it runs
+/// meanwhile may do its I/O on this thread ([`caller_blocks`]).
+pub(crate) fn as_blocking_caller<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CALLER_BLOCKS.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CALLER_BLOCKS.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether this thread is a blocking API caller, which may block on a socket. A task on
+/// the runtime never is (a guard dropped inside an async runtime releases there).
+pub(crate) fn caller_blocks() -> bool {
+    CALLER_BLOCKS.with(Cell::get)
+}
+
+/// Quick commands of blocking API callers on a single server, each written and read on
+/// the calling thread on a connection of a small pool. At most [`CallerConns::MAX`] calls
+/// use it at once; beyond that a call goes on the shared multiplexed connection, so that
+/// many threads do not mean many connections.
+pub(crate) struct CallerConns {
+    client: redis::Client,
+    timeout: Option<Duration>,
+    idle: WaitPool<redis::Connection>,
+    busy: AtomicUsize,
+}
+
+impl CallerConns {
+    /// Calls on caller-thread connections at once (and idle connections kept).
+    pub(crate) const MAX: usize = 2;
+
+    /// A pool of `client`'s connections whose commands time out after `timeout`.
+    pub(crate) fn new(client: redis::Client, timeout: Option<Duration>) -> Self {
+        CallerConns {
+            client,
+            timeout,
+            idle: WaitPool::new(Self::MAX),
+            busy: AtomicUsize::new(0),
+        }
+    }
+
+    /// `c`'s reply, sent and read on this thread; `None` when [`Self::MAX`] calls are at
+    /// it already. A connection that failed is closed, not kept.
+    pub(crate) fn query(&self, c: &Cmd) -> Option<RedisResult<Value>> {
+        struct Busy<'a>(&'a AtomicUsize);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _busy = Busy(&self.busy);
+        if self.busy.fetch_add(1, Ordering::AcqRel) >= Self::MAX {
+            return None;
+        }
+        let mut conn = match self.idle.take() {
+            Some(conn) => conn,
+            None => match self.open() {
+                Ok(conn) => conn,
+                Err(e) => return Some(Err(e)),
+            },
+        };
+        let r = c.query::<Value>(&mut conn);
+        self.idle.give_back(conn, &r);
+        Some(r)
+    }
+
+    fn open(&self) -> RedisResult<redis::Connection> {
+        let conn = match self.timeout {
+            Some(t) => self.client.get_connection_with_timeout(t)?,
+            None => self.client.get_connection()?,
+        };
+        conn.set_read_timeout(self.timeout)?;
+        conn.set_write_timeout(self.timeout)?;
+        Ok(conn)
     }
 }
 

@@ -153,6 +153,8 @@ pub(crate) struct Acquiring<'a> {
     lease_from: Option<Instant>,
     /// The acquire command: `RLOCK.ACQUIRE`, or `RFENCED.ACQUIRE` ([`Self::with_command`]).
     command: &'static str,
+    /// A waiting acquire's first attempt asks without waiting ([`LockShared::tries_first`]).
+    trying_first: bool,
 }
 
 impl<'a> Acquiring<'a> {
@@ -167,13 +169,17 @@ impl<'a> Acquiring<'a> {
         if lease.is_zero() {
             return Err(Error::InvalidArgument("lease must be positive"));
         }
+        let now = Instant::now();
+        let start = shared.begin_acquire();
+        let trying_first = start.holds == 0 && opts.wait != Wait::No && shared.tries_first(now);
         Ok(Acquiring {
+            trying_first,
             lease,
             lease_ms: millis(lease),
             response_timeout: client.response_timeout,
-            until: opts.wait_until(Instant::now()),
+            until: opts.wait_until(now),
             opts,
-            start: shared.begin_acquire(),
+            start,
             retries: Retries::new(&client.retry, jitter),
             request: cmd::request_id(),
             lease_from: None,
@@ -192,7 +198,7 @@ impl<'a> Acquiring<'a> {
         // Re-entry never waits (the server answers at once), and neither does a try:
         // both go on the shared connection.
         let wait_ms = match self.opts.wait {
-            _ if self.start.holds > 0 => None,
+            _ if self.start.holds > 0 || self.trying_first => None,
             Wait::No => None,
             Wait::Forever => Some(0),
             Wait::Up(_) => {
@@ -245,6 +251,13 @@ impl<'a> Acquiring<'a> {
             Ok(Acquired::Yes) => Next::Renew,
             // We thought we held it and someone else does: ours was lost.
             Ok(Acquired::HeldFor(_)) if self.start.holds > 0 => self.lost(c, shared),
+            Ok(Acquired::HeldFor(_)) if self.trying_first => {
+                // Held: wait for it at once, in the queue.
+                self.trying_first = false;
+                self.lease_from = None;
+                shared.found(true, Instant::now());
+                Next::Again
+            }
             Ok(Acquired::HeldFor(_)) => Next::NotTaken,
             Err(e) => match self.retries.backoff(&e) {
                 Some(d) => Next::Backoff(d),
@@ -295,6 +308,22 @@ impl<'a> Acquiring<'a> {
             Next::NotTaken
         } else {
             Next::Again
+        }
+    }
+
+    /// Tells the handle what this acquire, which took the lock, found: held by another
+    /// (`waited`: its ticket was queued, or it waited without being told) or free. A
+    /// re-entry or a try says nothing about it.
+    pub(crate) fn found(&self, shared: &LockShared, waited: bool) {
+        if self.start.holds == 0 && self.opts.wait != Wait::No {
+            shared.found(waited, Instant::now());
+        }
+    }
+
+    /// Tells the handle this acquire gave up, the lock held by another.
+    pub(crate) fn found_held(&self, shared: &LockShared) {
+        if self.opts.wait != Wait::No {
+            shared.found(true, Instant::now());
         }
     }
 
@@ -498,6 +527,8 @@ mod tests {
             if held {
                 take(&c, &s, AcquireOptions::new());
             }
+            // Found held lately: it queues at once (waits.json: tries first otherwise).
+            s.found(true, Instant::now());
             let opts = AcquireOptions::new().with_wait(wait);
             let run = Acquiring::new(&s, opts, &client, &jitter).unwrap();
             // Sent at the deadline minus the whole wait: exactly `up` left.

@@ -97,6 +97,7 @@ pub(crate) struct LockShared {
     pub(crate) handle: u64,
     inner: Mutex<Inner>,
     cond: Condvar,
+    contention: Contention,
 }
 
 impl std::fmt::Debug for LockShared {
@@ -105,6 +106,35 @@ impl std::fmt::Debug for LockShared {
             .field("key", &self.key)
             .field("owner", &self.owner)
             .finish_non_exhaustive()
+    }
+}
+
+/// How long a handle's acquires go straight to waiting after one found its lock held
+/// ([`Contention::tries_first`]): a contended loop acquires far more often than this.
+pub(crate) const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// What a handle's acquires found lately, so that a waiting acquire knows whether to
+/// ask without waiting first, on the quick path (for the blocking API, the calling
+/// thread's own connection), and queue only if the lock or the permits are taken. An
+/// uncontended lock then costs one round trip on the caller's thread, not a wait's
+/// hand-off between threads; a contended one does not pay a try that fails before
+/// every wait.
+#[derive(Debug, Default)]
+pub(crate) struct Contention {
+    /// When an acquire last found it taken.
+    at: Mutex<Option<Instant>>,
+}
+
+impl Contention {
+    /// True unless an acquire found it taken within [`CONTENDED_FOR`].
+    pub(crate) fn tries_first(&self, now: Instant) -> bool {
+        let at = *self.at.lock().unwrap_or_else(|p| p.into_inner());
+        at.is_none_or(|t| now.saturating_duration_since(t) >= CONTENDED_FOR)
+    }
+
+    /// What an acquire found: taken by another (`held`, at `now`), or free.
+    pub(crate) fn found(&self, held: bool, now: Instant) {
+        *self.at.lock().unwrap_or_else(|p| p.into_inner()) = held.then_some(now);
     }
 }
 
@@ -135,6 +165,7 @@ impl LockShared {
             handle,
             inner: Mutex::new(Inner::default()),
             cond: Condvar::new(),
+            contention: Contention::default(),
         }
     }
 
@@ -142,6 +173,16 @@ impl LockShared {
         // A panicking callback cannot leave Inner half-updated (callbacks run outside
         // the lock), so a poisoned mutex still holds consistent state.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a waiting acquire should first ask without waiting ([`Contention`]).
+    pub(crate) fn tries_first(&self, now: Instant) -> bool {
+        self.contention.tries_first(now)
+    }
+
+    /// What an acquire found ([`Contention::found`]).
+    pub(crate) fn found(&self, held: bool, now: Instant) {
+        self.contention.found(held, now);
     }
 
     /// The epoch and count an acquire starts from; opens a new epoch when the handle

@@ -53,6 +53,11 @@ pub(crate) struct Registry {
     interval: Duration,
     retry: RetryPolicy,
     jitter: Jitter,
+    /// When the worker will next look at the registry of its own accord: `None` while
+    /// it is at work (it plans again before sleeping), `Some(None)` asleep without a
+    /// timer. An insert wakes it only if it would otherwise look too late, so that an
+    /// acquire / release loop does not wake it on every acquire.
+    worker_looks: Option<Option<Instant>>,
 }
 
 /// A lock whose loss must be reported (outside the registry's lock).
@@ -73,11 +78,20 @@ impl Registry {
             interval,
             retry,
             jitter: Jitter::new(),
+            worker_looks: None,
         }
     }
 
+    /// The worker is about to sleep until `wake` (`None`: until woken), having planned
+    /// under the same lock.
+    pub(crate) fn worker_sleeps(&mut self, wake: Option<Instant>) {
+        self.worker_looks = Some(wake);
+    }
+
     /// Starts watching a lock acquired at `sent_at` (the send time, not the reply's:
-    /// the server's expiry is never earlier than `sent_at + lease`).
+    /// the server's expiry is never earlier than `sent_at + lease`). True when the
+    /// worker must be woken to look at it in time (it is then counted as at work).
+    #[must_use]
     pub(crate) fn insert(
         &mut self,
         shared: Arc<LockShared>,
@@ -85,7 +99,7 @@ impl Registry {
         lease: Duration,
         renew: bool,
         sent_at: Instant,
-    ) {
+    ) -> bool {
         let deadline = sent_at + lease;
         let next_renew = if renew {
             sent_at + self.interval
@@ -104,6 +118,15 @@ impl Registry {
                 failures: 0,
             },
         );
+        let wake = match self.worker_looks {
+            None => false,
+            Some(None) => true,
+            Some(Some(at)) => next_renew.min(deadline) < at,
+        };
+        if wake {
+            self.worker_looks = None;
+        }
+        wake
     }
 
     /// A re-entrant acquire re-armed the lease at `sent_at`.
@@ -265,11 +288,37 @@ mod tests {
     }
 
     #[test]
+    fn an_insert_wakes_the_worker_only_when_it_would_look_too_late() {
+        let mut r = registry();
+        let t0 = Instant::now();
+        let (s, e) = held(1);
+        assert!(
+            !r.insert(s.clone(), e, LEASE, true, t0),
+            "at work: it plans again"
+        );
+        r.remove(1);
+        r.worker_sleeps(None);
+        assert!(
+            r.insert(s.clone(), e, LEASE, true, t0),
+            "asleep without a timer"
+        );
+        assert!(!r.insert(s.clone(), e, LEASE, true, t0), "woken already");
+        r.worker_sleeps(r.next_wake());
+        r.remove(1);
+        // The loop's next acquire is due later than the timer already set.
+        assert!(!r.insert(s.clone(), e, LEASE, true, t0 + INTERVAL / 2));
+        r.remove(1);
+        // One due sooner (a shorter lease) needs it.
+        let short = Duration::from_millis(60);
+        assert!(r.insert(s, e, short, false, t0));
+    }
+
+    #[test]
     fn it_renews_watchdog_locks_every_interval() {
         let mut r = registry();
         let t0 = Instant::now();
         let (s, e) = held(1);
-        r.insert(s, e, LEASE, true, t0);
+        let _ = r.insert(s, e, LEASE, true, t0);
         assert!(r.plan(t0).0.is_empty(), "nothing due at once");
         assert_eq!(r.next_wake(), Some(t0 + INTERVAL));
         let (due, lost) = r.plan(t0 + INTERVAL);
@@ -286,7 +335,7 @@ mod tests {
         let mut r = registry();
         let t0 = Instant::now();
         let (s, e) = held(1);
-        r.insert(s.clone(), e, LEASE, true, t0);
+        let _ = r.insert(s.clone(), e, LEASE, true, t0);
         let (due, _) = r.plan(t0 + INTERVAL);
         let (_, epoch, why) = r.apply(&due[0], Outcome::NotHeld, t0 + INTERVAL).unwrap();
         assert_eq!((epoch, why), (e, LostReason::NotHeld));
@@ -298,7 +347,7 @@ mod tests {
         let mut r = registry();
         let t0 = Instant::now();
         let (s, e) = held(1);
-        r.insert(s, e, LEASE, true, t0);
+        let _ = r.insert(s, e, LEASE, true, t0);
         let (due, _) = r.plan(t0 + INTERVAL);
         assert!(r.apply(&due[0], Outcome::Failed, t0 + INTERVAL).is_none());
         let wake = r.next_wake().unwrap();
@@ -314,7 +363,7 @@ mod tests {
         let mut r = registry();
         let t0 = Instant::now();
         let (s, e) = held(1);
-        r.insert(s, e, LEASE, false, t0);
+        let _ = r.insert(s, e, LEASE, false, t0);
         assert_eq!(r.next_wake(), Some(t0 + LEASE));
         assert!(r.plan(t0 + INTERVAL).0.is_empty());
         assert_eq!(r.plan(t0 + LEASE).1.len(), 1);
@@ -325,14 +374,14 @@ mod tests {
         let mut r = registry();
         let t0 = Instant::now();
         let (s, e) = held(1);
-        r.insert(s.clone(), e, LEASE, true, t0);
+        let _ = r.insert(s.clone(), e, LEASE, true, t0);
         let (due, _) = r.plan(t0 + INTERVAL);
         // Released and re-acquired while the renewal was in flight.
         s.released(e, true);
         r.remove(1);
         let e2 = s.begin_acquire().epoch;
         s.acquired(e2, t0, LEASE);
-        r.insert(s, e2, LEASE, true, t0 + INTERVAL);
+        let _ = r.insert(s, e2, LEASE, true, t0 + INTERVAL);
         assert!(r.apply(&due[0], Outcome::NotHeld, t0 + INTERVAL).is_none());
         assert!(!r.is_empty());
     }

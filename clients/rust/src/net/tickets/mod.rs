@@ -109,6 +109,8 @@ pub(crate) struct Confirm {
 struct Confirmation {
     /// The waiter held on its message and the confirmation went out (or will).
     in_flight: bool,
+    /// The ticket's command was answered with the grant itself: the lock was free.
+    at_once: bool,
     outcome: Option<Outcome>,
     /// Runs once if the outcome is a loss.
     hook: Option<Box<dyn FnOnce() + Send>>,
@@ -156,6 +158,12 @@ impl Confirm {
     /// confirmation's answer. Called before the holder is woken.
     fn begin(&self) {
         lock_ignoring_poison(&self.state).in_flight = true;
+    }
+
+    /// Whether the wait's command was answered with the grant itself (the lock was
+    /// free), not queued: what the lock's next acquire goes by (`LockShared::found`).
+    pub(crate) fn answered_at_once(&self) -> bool {
+        lock_ignoring_poison(&self.state).at_once
     }
 
     fn settle(&self, outcome: Outcome) {
@@ -680,6 +688,11 @@ impl Tickets {
                         Ok(ev) => {
                             if let (Event::Lost(_), Some(out)) = (&ev, self.refusal()) {
                                 return out;
+                            }
+                            if let (Some(c), Event::Reply(Ok(v))) = (confirm, &ev) {
+                                if !matches!(v, Value::SimpleString(s) if s == "QUEUED") {
+                                    lock_ignoring_poison(&c.state).at_once = true;
+                                }
                             }
                             step = member.m.on(ev, Instant::now());
                         }
