@@ -26,7 +26,10 @@ fn waiters(cluster: &Cluster, key: &str) -> i64 {
         .iter()
         .filter_map(|n| {
             let mut r = n.conn();
-            redis::cmd("RLOCK.INFO").arg(key).query::<redis::Value>(&mut r).ok()?;
+            redis::cmd("RLOCK.INFO")
+                .arg(key)
+                .query::<redis::Value>(&mut r)
+                .ok()?;
             Some(info_waiters(&mut r, "RLOCK.INFO", key))
         })
         .sum()

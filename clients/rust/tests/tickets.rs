@@ -1341,3 +1341,83 @@ fn a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace() {
     );
     assert!(!exists(&mut r, "k"));
 }
+
+/// A plain semaphore's waiter holds on its grant's message and its confirmation waits
+/// for the ticket connection's next write; the release, which must come after it, goes
+/// right behind it in that write: the server reads and answers both at once (design.md
+/// 5), where the confirmation alone cost it a read and a write, and the release waited
+/// for its answer before going out on another connection.
+#[test]
+fn a_semaphore_release_rides_behind_its_grants_confirmation() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = rlock_client::Client::open_with(
+        s.url(),
+        rlock_client::ClientOptions::new().with_replica_sync(None),
+    )
+    .unwrap();
+    let holder = rlock_client::Client::open(s.url()).unwrap();
+    let held = holder.semaphore("s");
+    assert!(held.try_set_permits(1).unwrap());
+    let taken = held.try_acquire(1).unwrap().expect("free");
+    for (name, value) in [
+        ("slowlog-max-len", "100000"),
+        ("slowlog-log-slower-than", "0"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut r)
+            .unwrap();
+    }
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut r).unwrap();
+    thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let p = c.semaphore("s").acquire(1).unwrap();
+            assert_eq!(p.release().unwrap(), 1);
+        });
+        assert!(wait_until(LONG, || info_waiters(
+            &mut r,
+            "RSEMAPHORE.INFO",
+            "s"
+        ) == 1));
+        taken.release().unwrap();
+        waiter.join().unwrap();
+    });
+    // (command, connection name) of every semaphore command, oldest first.
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(&mut r)
+        .unwrap();
+    let ran: Vec<(String, String)> = log
+        .into_iter()
+        .rev()
+        .filter_map(|e| {
+            let redis::Value::Array(f) = e else {
+                return None;
+            };
+            let redis::Value::Array(words) = &f[3] else {
+                return None;
+            };
+            let word = redis::from_redis_value::<String>(words[0].clone()).ok()?;
+            let name = redis::from_redis_value::<String>(f[5].clone()).unwrap_or_default();
+            matches!(word.as_str(), "RSEMAPHORE.ACQUIRE" | "RSEMAPHORE.RELEASE")
+                .then_some((word, name))
+        })
+        .collect();
+    let tickets = "rlock-tickets".to_owned();
+    // Last come the waiter's confirmation and its release, in that order, on the ticket
+    // connection.
+    let last = &ran[ran.len() - 2..];
+    assert_eq!(
+        last,
+        [
+            ("RSEMAPHORE.ACQUIRE".to_owned(), tickets.clone()),
+            ("RSEMAPHORE.RELEASE".to_owned(), tickets)
+        ],
+        "{ran:?}"
+    );
+    assert_eq!(held.available().unwrap(), 1);
+}

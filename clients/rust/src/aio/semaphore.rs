@@ -317,12 +317,42 @@ impl SemaphorePermit {
     /// back (its permits are back in the pool already).
     pub async fn release(mut self) -> Result<i64> {
         self.done = true;
-        if self.confirm.outcome().await == Outcome::TakenBack {
-            return Err(Error::NotHeld {
+        give_back(&self.sem, self.permits, &self.confirm, true)
+            .await?
+            .ok_or_else(|| Error::NotHeld {
                 key: self.sem.name.clone(),
-            });
+            })
+    }
+}
+
+/// Returns `permits` taken under `confirm` (one request id across retries, `retries` or
+/// one attempt): the count after, or `None` without sending anything when the server had
+/// taken the grant back (its permits are back in the pool already). While the grant's
+/// confirmation is unanswered on the connection that heard it, the release goes right
+/// behind it there, in the same write if it was still held back ([`Confirm::send_behind`]).
+async fn give_back(
+    sem: &Semaphore,
+    permits: u32,
+    confirm: &Confirm,
+    retries: bool,
+) -> Result<Option<i64>> {
+    let mut cmd = redis::cmd("RSEMAPHORE.RELEASE");
+    cmd.arg(&sem.name).arg(permits).arg("ID").arg(request_id());
+    if let Some(reply) = confirm.send_behind(&cmd) {
+        // Any other end (the connection broke first, a refusal, a redirection on a
+        // cluster whose slot moved): as below, under the same id, which the server
+        // answers from its record if the release did run.
+        if let Ok(Ok(v)) = reply.await {
+            return int(v).map(Some);
         }
-        self.sem.release(self.permits).await
+    }
+    if confirm.outcome().await == Outcome::TakenBack {
+        return Ok(None);
+    }
+    if retries {
+        call(&sem.client, cmd).await.map(Some)
+    } else {
+        sem.client.run(&cmd).await.and_then(int).map(Some)
     }
 }
 
@@ -335,12 +365,7 @@ impl ReleaseOnce for SemaphorePermit {
 
 /// Releases unless the grant was taken back (see [`SemaphorePermit`]).
 async fn release_permits_once(sem: Semaphore, permits: u32, confirm: Arc<Confirm>) {
-    if confirm.outcome().await == Outcome::TakenBack {
-        return;
-    }
-    let mut cmd = redis::cmd("RSEMAPHORE.RELEASE");
-    cmd.arg(&sem.name).arg(permits).arg("ID").arg(request_id());
-    let _ = sem.client.run(&cmd).await;
+    let _ = give_back(&sem, permits, &confirm, false).await;
 }
 
 impl Drop for SemaphorePermit {

@@ -111,6 +111,9 @@ struct Confirmation {
     in_flight: bool,
     /// The ticket's command was answered with the grant itself: the lock was free.
     at_once: bool,
+    /// The connection that heard the grant, and the grant's request id, while its
+    /// confirmation may still go out there ([`Confirm::send_behind`]).
+    heard_on: Option<(Weak<Shared>, String)>,
     outcome: Option<Outcome>,
     /// Runs once if the outcome is a loss.
     hook: Option<Box<dyn FnOnce() + Send>>,
@@ -154,10 +157,42 @@ impl Confirm {
         }
     }
 
-    /// The waiter holds on its message: from now on its outcome waits for the
-    /// confirmation's answer. Called before the holder is woken.
-    fn begin(&self) {
-        lock_ignoring_poison(&self.state).in_flight = true;
+    /// The waiter holds on its message, heard on `conn` under request id `id`: from now
+    /// on its outcome waits for the confirmation's answer. Called before the holder is
+    /// woken.
+    fn begin(&self, conn: Weak<Shared>, id: String) {
+        let mut st = lock_ignoring_poison(&self.state);
+        st.in_flight = true;
+        st.heard_on = Some((conn, id));
+    }
+
+    /// Writes `cmd` on the connection that heard the grant, right behind its
+    /// confirmation, while that confirmation is unanswered there (the same write when it
+    /// was still held back for the next one): its reply, or an error once that connection
+    /// broke before answering (`cmd` may then have run or not; resend it under the same
+    /// request id once [`Self::outcome`] says the grant stands). `None` when the
+    /// confirmation went elsewhere or is answered: send it the usual way.
+    ///
+    /// Safe for a release of the grant's permits: the server takes a grant back only
+    /// after its connection closed, and runs one connection's commands in order, so a
+    /// release it runs there comes after a confirmation that stood. The server then reads
+    /// both at once and answers both in one write, where the confirmation alone cost it a
+    /// read and a write per grant, and the release waited for its answer.
+    pub(crate) fn send_behind(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Option<tokio::sync::oneshot::Receiver<RedisResult<Value>>> {
+        // Not under this lock: the reader takes the connection's state, then this.
+        let (weak, id) = lock_ignoring_poison(&self.state).heard_on.clone()?;
+        let shared = weak.upgrade()?;
+        let mut st = lock_ignoring_poison(&shared.state);
+        if !matches!(st.waiters.get(&id), Some(Slot::Confirming { .. })) || st.writer.is_none() {
+            return None;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        st.pending.push_back(Pending::Command(Answer(tx)));
+        write_locked(&mut st, &cmd.get_packed_command());
+        Some(rx)
     }
 
     /// Whether the wait's command was answered with the grant itself (the lock was
@@ -269,6 +304,25 @@ enum Pending {
     /// A cluster node's `SUNSUBSCRIBE` of this key channel: one `sunsubscribe` push for
     /// it. One for another channel is the node dropping that one by itself.
     UnsubscribeShard(Vec<u8>),
+    /// A command written behind a held grant's confirmation ([`Confirm::send_behind`]):
+    /// its reply goes to the caller; dropped unanswered when the connection breaks.
+    Command(Answer),
+}
+
+/// Where a [`Pending::Command`]'s reply goes.
+struct Answer(tokio::sync::oneshot::Sender<RedisResult<Value>>);
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Answer")
+    }
+}
+
+impl PartialEq for Answer {
+    /// Only itself: no two callers wait for the same reply.
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
 }
 
 #[derive(Default)]
@@ -969,8 +1023,8 @@ fn write_locked(st: &mut State, bytes: &[u8]) {
 /// a write of their own per handoff. It stays far below the server's grace
 /// (`rlock.ticket-confirm-ms`), which only starts when the connection closes; a
 /// connection that breaks first confirms on another ([`confirm_later`]), as a
-/// confirmation written and not answered does. The plain semaphore's confirmation is not
-/// deferred: its release waits for the answer (design.md 5).
+/// confirmation written and not answered does. A plain semaphore's release, which must
+/// come after its grant's confirmation, goes right behind it ([`Confirm::send_behind`]).
 const CONFIRM_DEFER: Duration = Duration::from_millis(10);
 
 /// How often an idle flusher looks whether its tickets are gone.
@@ -1167,6 +1221,9 @@ fn reader_loop(
             other => match st.pending.pop_front() {
                 Some(Pending::Reply(id)) => {
                     route_reply(&shared, &mut st, &id, other.extract_error())
+                }
+                Some(Pending::Command(Answer(tx))) => {
+                    let _ = tx.send(other.extract_error());
                 }
                 // A cluster node that does not serve the channel's slot (any more): the
                 // command written after it is redirected too, and its waiter re-routes.
@@ -1384,7 +1441,10 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
             // holder does not take this lock on its way out (`Member`'s drop skips
             // `leave` for a held grant), so the confirmation's write does not delay it.
             if let Some((_, confirm, _)) = &*hold {
-                confirm.begin();
+                // Before the holder wakes: its release may ride behind the confirmation
+                // at once (`Confirm::send_behind` then waits for this lock, under which
+                // the waiter becomes `Confirming` below).
+                confirm.begin(Arc::downgrade(shared), id.to_owned());
             }
             sink(Event::Note(note));
             let (look, confirm, _) = hold.take().expect("just seen");
@@ -1392,7 +1452,6 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
                 return;
             };
             let packed = pack(&look);
-            let defer = look.first().map(Vec::as_slice) != Some(b"RSEMAPHORE.ACQUIRE");
             st.pending.push_back(Pending::Reply(id.clone()));
             st.waiters.insert(
                 id,
@@ -1402,11 +1461,7 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
                     confirm,
                 },
             );
-            if defer {
-                defer_locked(shared, st, &packed);
-            } else {
-                write_locked(st, &packed);
-            }
+            defer_locked(shared, st, &packed);
         }
         Some(Slot::Live { sink, .. }) => sink(Event::Note(note)),
         Some(Slot::Confirming { .. }) => {}

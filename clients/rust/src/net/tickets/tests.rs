@@ -431,7 +431,7 @@ async fn an_outcome_waits_for_the_confirmation_of_a_held_grant_only() {
     assert_eq!(c.outcome_now(), Some(Outcome::Confirmed));
     assert_eq!(c.outcome().await, Outcome::Confirmed);
     let c = Arc::new(Confirm::default());
-    c.begin();
+    c.begin(Weak::new(), "r".into());
     assert_eq!(c.outcome_now(), None);
     let waiting = tokio::spawn({
         let c = c.clone();
@@ -675,4 +675,63 @@ fn a_deferred_confirmation_rides_with_the_next_write_or_goes_alone_soon_after() 
         got = read_all(&mut server);
     }
     assert_eq!(got, b"alone;", "the flusher wrote it");
+}
+
+/// A command sent behind a held grant's confirmation goes in the same write while the
+/// confirmation is still held back, and only while the grant is being confirmed on that
+/// connection (a plain semaphore's release, design.md 5).
+#[test]
+fn a_command_rides_behind_its_grants_confirmation_only_while_it_is_unanswered() {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
+    let (ours, mut server) = UnixStream::pair().unwrap();
+    server.set_nonblocking(true).unwrap();
+    let mut read_all = || {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = server.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    };
+    let confirm = Arc::new(Confirm::default());
+    let release = redis::cmd("PING");
+    // Not heard on a ticket connection: nothing rides.
+    assert!(confirm.send_behind(&release).is_none());
+    confirm.begin(Arc::downgrade(&t.shared), "g".into());
+    {
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        st.writer = Some(Stream::Unix(ours));
+        st.pending.push_back(Pending::Reply("g".into()));
+        st.waiters.insert(
+            "g".into(),
+            Slot::Confirming {
+                channel: b"c".to_vec(),
+                look: vec![b"RSEMAPHORE.ACQUIRE".to_vec()],
+                confirm: confirm.clone(),
+            },
+        );
+        defer_locked(&t.shared, &mut st, b"confirm;");
+    }
+    let reply = confirm
+        .send_behind(&release)
+        .expect("the confirmation is out");
+    let mut want = b"confirm;".to_vec();
+    want.extend_from_slice(&release.get_packed_command());
+    assert_eq!(
+        read_all(),
+        want,
+        "one write, the release behind the confirmation"
+    );
+    {
+        let st = lock_ignoring_poison(&t.shared.state);
+        assert!(matches!(st.pending.back(), Some(Pending::Command(_))));
+    }
+    drop(reply);
+    // Answered (no longer confirming there): the release goes the usual way.
+    lock_ignoring_poison(&t.shared.state).waiters.remove("g");
+    assert!(confirm.send_behind(&release).is_none());
 }
