@@ -13,7 +13,9 @@ import java.util.Locale;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledExecutorService;
+import java.util.function.Consumer;
 import java.util.function.Function;
+import java.util.function.Predicate;
 
 final class Backend {
     /** The module's command families: what is routed (the probe itself is not). */
@@ -180,9 +182,19 @@ final class Backend {
 
     /** {@link #await(List, Function)} with a lock's Confirm (Waits: held on the grant message in module mode). */
     CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Waits.Confirm confirm) {
+        return await(args, undo, confirm, null, null);
+    }
+
+    /**
+     * {@link #await(List, Function, Waits.Confirm)} for a handle's waiting acquire: in module
+     * mode, as {@link Contention#start} says from `seen` (null: queued at once, as the
+     * latch); `satisfied` tells a grant. Scripts-mode waits ask first anyway (Redisson's way).
+     */
+    CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Waits.Confirm confirm,
+                                    Contention seen, Predicate<Object> satisfied) {
         CompletableFuture<Boolean> mode = scripts();
         if (mode.isDone() && !mode.isCompletedExceptionally()) {
-            return route(mode.join(), args, undo, confirm);
+            return route(mode.join(), args, undo, confirm, seen, satisfied);
         }
         CompletableFuture<Object> out = new CompletableFuture<>();
         mode.whenComplete((s, e) -> {
@@ -190,7 +202,7 @@ final class Backend {
                 out.completeExceptionally(Wire.unwrap(e));
                 return;
             }
-            CompletableFuture<Object> inner = route(s, args, undo, confirm);
+            CompletableFuture<Object> inner = route(s, args, undo, confirm, seen, satisfied);
             out.whenComplete((v, x) -> {
                 if (out.isCancelled()) {
                     inner.cancel(true);
@@ -208,9 +220,19 @@ final class Backend {
     }
 
     private CompletableFuture<Object> route(boolean scriptsMode, List<String> args,
-                                            Function<Object, List<List<String>>> undo, Waits.Confirm confirm) {
-        if (!scriptsMode) {
+                                            Function<Object, List<List<String>>> undo, Waits.Confirm confirm,
+                                            Contention seen, Predicate<Object> satisfied) {
+        if (!scriptsMode && seen == null) {
             return waits.awaitModule(args, undo, confirm);
+        }
+        if (!scriptsMode) {
+            // The try carries the wait's request id: a try that found it held changed
+            // nothing (the server records no reply for it), so the wait reuses the id.
+            Consumer<Object> giveBack = r -> undo.apply(r).forEach(wire::sendRetrying);
+            long waitMs = Long.parseLong(args.get(Waits.Waiter.find(args, "WAIT") + 1));
+            return Contention.start(seen, waitMs, System::nanoTime,
+                    () -> wire.sendRetrying(Contention.withoutWait(args)), satisfied, giveBack,
+                    left -> waits.awaitModuleWaited(Contention.withWait(args, left), undo, confirm));
         }
         CompletableFuture<Void> ready = shardedKnown(args.get(1));
         if (ready.isDone() && !ready.isCompletedExceptionally()) {

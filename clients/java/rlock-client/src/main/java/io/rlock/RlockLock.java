@@ -31,6 +31,8 @@ public class RlockLock implements Lock {
     private final List<LockLostListener> listeners = new CopyOnWriteArrayList<>();
     /** Owners whose hold was found lost, until they acquire again. */
     private final Map<String, String> lost = new ConcurrentHashMap<>();
+    /** What this handle's waiting acquires found lately (whether the next one asks first). */
+    final Contention seen = new Contention();
 
     /** The outcome of an acquire: held or not; the fenced lock's token; the holder's PTTL. */
     record Acquired(boolean held, Long token, Long pttl) {}
@@ -108,7 +110,7 @@ public class RlockLock implements Lock {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
             confirm = new Waits.Confirm(); // held on the grant message (its token, for the fenced lock)
             raw = client.waits().await(args, reply -> parseAcquire(reply).held() ? List.of(undo(owner)) : List.of(),
-                    confirm);
+                    confirm, seen, reply -> parseAcquire(reply).held());
         }
         Waits.Confirm held = confirm;
         CompletableFuture<Acquired> out = raw.thenCompose(reply -> {

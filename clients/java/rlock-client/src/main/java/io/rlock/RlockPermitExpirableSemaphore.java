@@ -17,6 +17,8 @@ public final class RlockPermitExpirableSemaphore {
     private final RlockClient client;
     private final String name;
     private final List<LockLostListener> listeners = new CopyOnWriteArrayList<>();
+    /** What this handle's waiting acquires found lately (whether the next one asks first). */
+    final Contention seen = new Contention();
 
     RlockPermitExpirableSemaphore(RlockClient client, String name) {
         if (name == null || name.isEmpty()) {
@@ -58,7 +60,7 @@ public final class RlockPermitExpirableSemaphore {
             confirm = new Waits.Confirm(); // held on the grant message, which names the permit
             raw = client.waits().await(args, reply -> reply instanceof String id
                     ? List.of(List.of("RPSEMAPHORE.RELEASE", name, id, "ID", Wire.requestId()))
-                    : List.of(), confirm);
+                    : List.of(), confirm, seen, reply -> reply instanceof String);
         }
         Waits.Confirm held = confirm;
         CompletableFuture<String> out = raw.thenApply(v -> {

@@ -20,6 +20,8 @@ public final class RlockSemaphore {
     private final RlockClient client;
     private final String name;
     private final List<LockLostListener> listeners = new CopyOnWriteArrayList<>();
+    /** What this handle's waiting acquires found lately (whether the next one asks first). */
+    final Contention seen = new Contention();
 
     RlockSemaphore(RlockClient client, String name) {
         if (name == null || name.isEmpty()) {
@@ -66,7 +68,7 @@ public final class RlockSemaphore {
             confirm = new Waits.Confirm(); // held on the grant message where the server names ticket-holds
             raw = client.waits().await(args, reply -> Long.valueOf(1).equals(reply)
                     ? List.of(List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId()))
-                    : List.of(), confirm);
+                    : List.of(), confirm, seen, reply -> Long.valueOf(1).equals(reply));
         }
         Waits.Confirm held = confirm;
         return Sync.linked(raw.thenApply(v -> {

@@ -394,7 +394,7 @@ final class Waits {
             this.channel = tag == null ? keyChannel : keyChannel + ":" + tag;
         }
 
-        private static int find(List<String> args, String opt) {
+        static int find(List<String> args, String opt) {
             for (int i = args.size() - 2; i >= 2; i--) {
                 if (args.get(i).equalsIgnoreCase(opt)) {
                     return i;
@@ -475,6 +475,17 @@ final class Waits {
         return b != null ? b.await(args, undo, confirm) : awaitModule(args, undo, confirm);
     }
 
+    /**
+     * As {@link #await(List, Function, Confirm)}, for a handle's waiting acquire: in module
+     * mode it asks without WAIT first unless `seen` found it held lately ({@link Contention});
+     * `satisfied` tells a grant from a reply.
+     */
+    CompletableFuture<Object> await(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm,
+                                    Contention seen, java.util.function.Predicate<Object> satisfied) {
+        Backend b = backend;
+        return b != null ? b.await(args, undo, confirm, seen, satisfied) : awaitModule(args, undo, confirm);
+    }
+
     /** Where waits go first (the client's Backend: the module's tickets, or Redisson's way). */
     void route(Backend b) {
         this.backend = b;
@@ -492,10 +503,39 @@ final class Waits {
 
     /** {@link #await(List, Function, Confirm)} with the module. */
     CompletableFuture<Object> awaitModule(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
+        return started(args, undo, confirm).result;
+    }
+
+    /**
+     * {@link #awaitModule(List, Function, Confirm)} telling whether its reply came at once
+     * (the ticket answered with the grant itself, not QUEUED first; a blocked wait cannot
+     * tell, so never at once). Cancelling it cancels the wait; a grant that comes when the
+     * result is cancelled is given back with `undo`.
+     */
+    CompletableFuture<Contention.Waited> awaitModuleWaited(List<String> args, Function<Object, List<List<String>>> undo,
+                                                           Confirm confirm) {
+        Waiter w = started(args, undo, confirm);
+        CompletableFuture<Contention.Waited> out = new CompletableFuture<>();
+        out.whenComplete((v, x) -> {
+            if (out.isCancelled()) {
+                w.result.cancel(true);
+            }
+        });
+        w.result.whenComplete((reply, x) -> {
+            if (x != null) {
+                out.completeExceptionally(Wire.unwrap(x));
+            } else if (!out.complete(new Contention.Waited(reply, !w.queued && !w.blocked))) {
+                undo.apply(reply).forEach(wire::sendRetrying);
+            }
+        });
+        return out;
+    }
+
+    private Waiter started(List<String> args, Function<Object, List<List<String>>> undo, Confirm confirm) {
         Waiter w = new Waiter(args, undo, confirm);
         if (waitMode == RlockOptions.WaitMode.BLOCKING) {
             blockingWait(w);
-            return w.result;
+            return w;
         }
         if (w.waitMs > 0) {
             // Counted from here, whatever the probe, the subscription or the server take.
@@ -519,7 +559,7 @@ final class Waits {
                 blockingWait(w);
             }
         });
-        return w.result;
+        return w;
     }
 
     /**

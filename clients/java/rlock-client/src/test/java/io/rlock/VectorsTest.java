@@ -1,7 +1,7 @@
 // The Java client's reader of the protocol contract, spec/vectors/ at the repository's root
 // (its README: the format, and who reads what): the ticket channel, the reading of ticket
-// messages and what a waiter does with each, and which of the module's errors are retried;
-// so that a vector changed by hand, or a client change the vectors do not follow, fails
+// messages and what a waiter does with each, which of the module's errors are retried, and
+// how a waiting acquire starts (waits.json, through Contention, the rule Backend runs); so that a vector changed by hand, or a client change the vectors do not follow, fails
 // this suite. No server needed.
 package io.rlock;
 
@@ -198,5 +198,86 @@ class VectorsTest {
             }
         }
         assertTrue(read > 5, "read " + read);
+    }
+    // ---- waits.json: Contention, the rule Backend runs for every waiting acquire ----------
+
+    /** Sets `c` to a vector's finding (null: none yet), made at `at`. */
+    static void finding(Contention c, JsonElement found, long at) {
+        if (found.isJsonNull()) {
+            return;
+        }
+        switch (found.getAsString()) {
+            case "held" -> c.found(true, at);
+            case "free" -> c.found(false, at);
+            default -> fail("no finding " + found);
+        }
+    }
+
+    @Test
+    void whether_a_waiting_acquire_tries_first_is_the_vectors() throws IOException {
+        long contended = JsonParser.parseString(Files.readString(VECTORS.resolve("waits.json"), StandardCharsets.UTF_8))
+                .getAsJsonObject().get("contended_for_ms").getAsLong();
+        assertEquals(contended, Contention.CONTENDED_FOR_MS);
+        for (JsonElement e : load("waits.json", "tries_first")) {
+            JsonObject c = e.getAsJsonObject();
+            Contention seen = new Contention();
+            long t0 = System.nanoTime();
+            finding(seen, c.get("found"), t0);
+            long ago = c.get("ago_ms").isJsonNull() ? 0 : c.get("ago_ms").getAsLong();
+            assertEquals(c.get("tries_first").getAsBoolean(), seen.triesFirst(t0 + ago * 1_000_000), c.toString());
+        }
+    }
+
+    @Test
+    void what_a_waiting_acquire_sends_and_leaves_is_the_vectors() throws IOException {
+        for (JsonElement e : load("waits.json", "acquires")) {
+            JsonObject c = e.getAsJsonObject();
+            Contention seen = new Contention();
+            long t0 = System.nanoTime();
+            finding(seen, c.get("before"), t0);
+            List<String> replies = new ArrayList<>();
+            c.getAsJsonArray("replies").forEach(r -> replies.add(r.getAsString()));
+            List<String> sent = new ArrayList<>();
+            List<Long> waits = new ArrayList<>();
+            // The clock stands still at t0: what an acquire leaves is read at once after it.
+            // A grant is the reply "granted"; a lock held by another, its PTTL.
+            java.util.concurrent.CompletableFuture<Object> r = Contention.start(seen, 5_000, () -> t0,
+                    () -> {
+                        sent.add("try");
+                        assertFalse(replies.isEmpty(), c + ": a try past the replies");
+                        return switch (replies.remove(0)) {
+                            case "taken" -> java.util.concurrent.CompletableFuture.completedFuture("granted");
+                            case "held" -> java.util.concurrent.CompletableFuture.completedFuture(100L);
+                            default -> fail(c + ": a try's reply");
+                        };
+                    },
+                    "granted"::equals, reply -> fail(c + ": nothing is given back"),
+                    left -> {
+                        sent.add("wait");
+                        waits.add(left);
+                        assertFalse(replies.isEmpty(), c + ": a wait past the replies");
+                        return java.util.concurrent.CompletableFuture.completedFuture(switch (replies.remove(0)) {
+                            case "at_once" -> new Contention.Waited("granted", true);
+                            case "queued" -> new Contention.Waited("granted", false);
+                            case "timeout" -> new Contention.Waited(100L, false);
+                            default -> fail(c + ": a wait's reply");
+                        });
+                    });
+            assertTrue(r.isDone(), c.toString());
+            List<String> sends = new ArrayList<>();
+            c.getAsJsonArray("sends").forEach(x -> sends.add(x.getAsString()));
+            assertEquals(sends, sent, c.toString());
+            assertTrue(replies.isEmpty(), c + ": replies left " + replies);
+            assertEquals(List.of(5_000L).subList(0, waits.size()), waits, c + ": the wait is the rest of it");
+            // What it left: held (the next one queues at once) or free (it tries first).
+            assertEquals(c.get("after").getAsString().equals("held"), !seen.triesFirst(t0), c.toString());
+        }
+    }
+
+    @Test
+    void the_try_and_the_wait_are_the_same_command() {
+        List<String> args = List.of("RLOCK.ACQUIRE", "k", "o", "30000", "WAIT", "5000", "ID", "i");
+        assertEquals(List.of("RLOCK.ACQUIRE", "k", "o", "30000", "ID", "i"), Contention.withoutWait(args));
+        assertEquals(List.of("RLOCK.ACQUIRE", "k", "o", "30000", "WAIT", "1200", "ID", "i"), Contention.withWait(args, 1200));
     }
 }
