@@ -56,7 +56,7 @@ class TriesFirstTest {
     }
 
     static long ticketsQueued() {
-        return Long.parseLong(server.info("rlock", "tickets_queued"));
+        return Long.parseLong(server.info("rlock", "rlock_tickets_queued"));
     }
 
     static long serverWaiters() {
@@ -109,9 +109,10 @@ class TriesFirstTest {
         String name = key("queued");
         RlockLock h = holder.getLock(name);
         RlockLock b = waiter.getLock(name);
+        long base = serverWaiters(); // the server's count: other tests' waits may still be in
         h.lock();
         Thread t = spawn(b::lock); // tries (held), then queues
-        TestServer.waitUntil(Duration.ofSeconds(10), "the waiter queued", () -> serverWaiters() == 1);
+        TestServer.waitUntil(Duration.ofSeconds(10), "the waiter queued", () -> serverWaiters() == base + 1);
         h.forceUnlock();
         t.join(10_000);
         long granted = System.nanoTime(); // b found it held (its grant was QUEUED first)
@@ -128,7 +129,7 @@ class TriesFirstTest {
                 Thread.currentThread().interrupt();
             }
         });
-        TestServer.waitUntil(Duration.ofSeconds(10), "the waiter queued again", () -> serverWaiters() == 1);
+        TestServer.waitUntil(Duration.ofSeconds(10), "the waiter queued again", () -> serverWaiters() == base + 1);
         // Within the second (a loaded machine may take longer: then the rule rightly tries).
         assumeTrue(System.nanoTime() - granted < Contention.CONTENDED_FOR_MS * 900_000L, "took over 0.9 s");
         assertEquals(1, calls("rlock.acquire") - acquires, "the ticket alone, no failed try first");
@@ -142,6 +143,7 @@ class TriesFirstTest {
     void a_try_that_finds_it_held_queues_behind_earlier_waiters() throws Exception {
         String name = key("fifo");
         RlockLock h = holder.getLock(name);
+        long base = serverWaiters(); // the server's count: other tests' waits may still be in
         h.lock();
         List<String> order = Collections.synchronizedList(new ArrayList<>());
         RlockClient first = RlockClient.create(server.uri(), RlockOptions.defaults());
@@ -152,7 +154,7 @@ class TriesFirstTest {
                 order.add("first");
                 w1.unlock();
             });
-            TestServer.waitUntil(Duration.ofSeconds(10), "the first waiter queued", () -> serverWaiters() == 1);
+            TestServer.waitUntil(Duration.ofSeconds(10), "the first waiter queued", () -> serverWaiters() == base + 1);
             long acquires = calls("rlock.acquire");
             RlockLock b = waiter.getLock(name); // a fresh handle: it tries first
             AtomicBoolean got = new AtomicBoolean();
@@ -165,7 +167,7 @@ class TriesFirstTest {
                     Thread.currentThread().interrupt();
                 }
             });
-            TestServer.waitUntil(Duration.ofSeconds(10), "the second waiter queued", () -> serverWaiters() == 2);
+            TestServer.waitUntil(Duration.ofSeconds(10), "the second waiter queued", () -> serverWaiters() == base + 2);
             assertEquals(2, calls("rlock.acquire") - acquires, "the try (held), then the ticket");
             h.forceUnlock();
             t1.join(10_000);
