@@ -18,7 +18,9 @@ import org.junit.jupiter.api.Timeout;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -70,10 +72,26 @@ class TicketHoldsTest {
             this.hideHolds = hideHolds;
         }
 
+        /** Request ids sent with WAIT: a ticket's (or a blocked wait's). */
+        static final Set<String> waited = ConcurrentHashMap.newKeySet();
+
+        /**
+         * Whether `args` (every command a transport sends is shown here) confirms a grant:
+         * an acquire without WAIT under the id of a waiting one sent before. A waiting
+         * acquire's try (the same command and id without WAIT, before its ticket) is not.
+         */
         static boolean confirmation(List<String> args) {
             String c = args.get(0);
-            return (c.equals("RLOCK.ACQUIRE") || c.equals("RRWLOCK.ACQUIRE") || c.equals("RFENCED.ACQUIRE")
-                    || c.equals("RPSEMAPHORE.ACQUIRE")) && args.contains("ID") && !args.contains("WAIT");
+            int id = args.indexOf("ID");
+            if (id < 0 || !(c.equals("RLOCK.ACQUIRE") || c.equals("RRWLOCK.ACQUIRE") || c.equals("RFENCED.ACQUIRE")
+                    || c.equals("RPSEMAPHORE.ACQUIRE"))) {
+                return false;
+            }
+            if (args.contains("WAIT")) {
+                waited.add(args.get(id + 1));
+                return false;
+            }
+            return waited.contains(args.get(id + 1));
         }
 
         @Override
