@@ -4,8 +4,11 @@
 // RSemaphore), at 8 and 64 contenders (issue 40). Reports owner changes/s, acquisitions/s,
 // p50 and p99 wait, Jain fairness, connections and server CPU per acquisition, and writes
 // the table into BENCHMARK.md under its own heading. The coordinator (main) starts the
-// server and the worker JVMs (main with `worker`), which wait for "GO <wall-clock start>"
-// on stdin and print their numbers.
+// server and the worker JVMs (main with `worker`). Each worker starts its contenders on
+// "GO <wall-clock start>", says "WARM" once its JIT compilers have gone quiet (four JVMs
+// compiling Netty, Lettuce and Redisson on two cores take tens of seconds to, and until then
+// the run measures the compilers, not the clients), counts only inside the window that
+// "MEASURE <from> <to>" gives, and prints its numbers.
 package io.rlock;
 
 import org.redisson.Redisson;
@@ -15,9 +18,13 @@ import org.redisson.api.RedissonClient;
 import org.redisson.config.Config;
 
 import java.io.BufferedReader;
+import java.io.File;
+import java.io.IOException;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
+import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Instant;
 import java.util.ArrayList;
@@ -26,12 +33,19 @@ import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLongArray;
 
 public final class JvmBench {
     static final String HEADING = "## Java client vs Redisson across JVMs (make bench-java)";
     static final int JVMS = 4;
     static final long RUN_MS = Long.getLong("bench.ms", 5000);
-    static final long WARM_MS = Long.getLong("bench.warm.ms", 1000);
+    /** The least warm-up: every contender runs this long before its JVM may say WARM. */
+    static final long WARM_MS = Long.getLong("bench.warm.ms", 5000);
+    /** The most: a JVM whose compilers are still busy then says WARM anyway (and the table says so). */
+    static final long WARM_MAX_MS = Long.getLong("bench.warm.max.ms", 60000);
+    /** Quiet: the JIT compiler threads used less than this share of one core over the last QUIET_WINDOW_MS. */
+    static final double QUIET_SHARE = 0.05;
+    static final long QUIET_WINDOW_MS = 2000;
     static final int PERMITS = 4;
     /**
      * Only the rows matching `primitive:side:contenders` (`-Dbench.only=semaphore:rlock:8`;
@@ -46,7 +60,12 @@ public final class JvmBench {
     }
 
     record Result(String primitive, String side, int contenders, double changesPerSec, double acqPerSec,
-                  double p50Ms, double p99Ms, double jain, int connections, double cpuUsPerAcq) {}
+                  double p50Ms, double p99Ms, double jain, int connections, double cpuUsPerAcq, long warmMs,
+                  double jitShare) {
+        boolean quiet() {
+            return jitShare < QUIET_SHARE;
+        }
+    }
 
     /** Take and give back, one contender's loop body. */
     interface Contender {
@@ -83,9 +102,9 @@ public final class JvmBench {
                         }
                         Result r = run(s, primitive, side, n);
                         System.out.printf(Locale.ROOT, "%-9s %-8s %3d: %7.0f owner changes/s, %7.0f acq/s, p50 %6.2f ms,"
-                                        + " p99 %7.2f ms, Jain %.3f, %3d connections, %6.1f us CPU/acq%n",
+                                        + " p99 %7.2f ms, Jain %.3f, %3d connections, %6.1f us CPU/acq, warm-up %d ms%s%n",
                                 primitive, side, n, r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(),
-                                r.connections(), r.cpuUsPerAcq());
+                                r.connections(), r.cpuUsPerAcq(), r.warmMs(), r.quiet() ? "" : String.format(Locale.ROOT, " (JIT still at %.0f %% of a core)", r.jitShare() * 100));
                         results.add(r);
                     }
                 }
@@ -120,6 +139,7 @@ public final class JvmBench {
         for (int j = 0; j < JVMS; j++) {
             Process p = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(),
                     "-Xmx256m", "-Dbench.ms=" + RUN_MS, "-Dbench.warm.ms=" + WARM_MS,
+                    "-Dbench.warm.max.ms=" + WARM_MAX_MS,
                     "-cp", System.getProperty("java.class.path"), JvmBench.class.getName(),
                     "worker", primitive, side, Integer.toString(s.port), Integer.toString(n / JVMS),
                     Integer.toString(j))
@@ -130,13 +150,24 @@ public final class JvmBench {
         for (BufferedReader r : outs) {
             expect(r, "READY");
         }
-        // One wall-clock window for every JVM: their acquisitions can be put in one order.
-        long start = wallNanos() + 200_000_000L;
+        long go = wallNanos();
         for (Process p : procs) {
-            p.getOutputStream().write(("GO " + start + "\n").getBytes(StandardCharsets.UTF_8));
+            p.getOutputStream().write(("GO " + go + "\n").getBytes(StandardCharsets.UTF_8));
             p.getOutputStream().flush();
         }
-        long measureFrom = start + WARM_MS * 1_000_000, measureTo = measureFrom + RUN_MS * 1_000_000;
+        // Every JVM runs its contenders until its compilers are quiet; the slowest decides.
+        double jit = 0;
+        for (BufferedReader r : outs) {
+            jit = Math.max(jit, Double.parseDouble(expect(r, "WARM").split(" ")[1]));
+        }
+        long warmMs = (wallNanos() - go) / 1_000_000;
+        // One wall-clock window for every JVM: their acquisitions can be put in one order.
+        long measureFrom = wallNanos() + 200_000_000L, measureTo = measureFrom + RUN_MS * 1_000_000;
+        for (Process p : procs) {
+            p.getOutputStream().write(("MEASURE " + measureFrom + " " + measureTo + "\n")
+                    .getBytes(StandardCharsets.UTF_8));
+            p.getOutputStream().flush();
+        }
         sleepUntil(measureFrom);
         double cpu0 = cpu(s);
         sleepUntil(measureFrom + RUN_MS * 500_000);
@@ -180,7 +211,8 @@ public final class JvmBench {
         long[] xs = counts.stream().mapToLong(Long::longValue).toArray();
         long[] ws = waits.stream().mapToLong(Long::longValue).sorted().toArray();
         return new Result(primitive, side, n, changes * 1000.0 / RUN_MS, total * 1000.0 / RUN_MS,
-                pct(ws, 0.50), pct(ws, 0.99), Bench.jain(xs), conns, (cpu1 - cpu0) * 1e6 / Math.max(1, total));
+                pct(ws, 0.50), pct(ws, 0.99), Bench.jain(xs), conns, (cpu1 - cpu0) * 1e6 / Math.max(1, total), warmMs,
+                jit);
     }
 
     static double pct(long[] sorted, double q) {
@@ -261,7 +293,8 @@ public final class JvmBench {
         long[][] stamps = new long[threads][];
         long[][] waits = new long[threads][];
         int[] recorded = new int[threads];
-        long[] window = new long[2];
+        // The measuring window, from MEASURE; never reached until then.
+        AtomicLongArray window = new AtomicLongArray(new long[] {Long.MAX_VALUE, Long.MAX_VALUE});
         List<Thread> ts = new ArrayList<>();
         CountDownLatch go = new CountDownLatch(1);
         // Every thread takes and gives a few times before READY: class loading, JIT and the
@@ -281,17 +314,16 @@ public final class JvmBench {
                     }
                     warmed.countDown();
                     go.await();
-                    long from = window[0], end = window[1];
                     while (true) {
                         long t0 = System.nanoTime();
                         c.take();
                         long got = System.nanoTime();
                         long wall = wallNanos();
                         c.give();
-                        if (wall >= end) {
+                        if (wall >= window.get(1)) {
                             break;
                         }
-                        if (wall >= from && nw < stamps[me].length) {
+                        if (wall >= window.get(0) && nw < stamps[me].length) {
                             count[me]++;
                             stamps[me][nw] = wall;
                             waits[me][nw] = got - t0;
@@ -310,12 +342,14 @@ public final class JvmBench {
         out.println("READY");
         out.flush();
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
-        String go0 = expect(in, "GO");
-        long start = Long.parseLong(go0.split(" ")[1]);
-        window[0] = start + WARM_MS * 1_000_000;
-        window[1] = window[0] + RUN_MS * 1_000_000;
-        sleepUntil(start);
+        expect(in, "GO");
+        long started = System.nanoTime();
         go.countDown();
+        out.println("WARM " + warmUp(started));
+        out.flush();
+        String[] m = expect(in, "MEASURE").split(" ");
+        window.set(0, Long.parseLong(m[1]));
+        window.set(1, Long.parseLong(m[2]));
         for (Thread th : ts) {
             th.join();
         }
@@ -335,13 +369,76 @@ public final class JvmBench {
         System.exit(0);
     }
 
+    /**
+     * Waits, while the contenders run, until this JVM's JIT compiler threads used less than
+     * QUIET_SHARE of a core over the last QUIET_WINDOW_MS, after at least WARM_MS and at most
+     * WARM_MAX_MS. Returns their share of a core over that last window. Their CPU time is read from
+     * /proc/self/task (Linux); elsewhere, HotSpot's total compilation time stands in for it.
+     */
+    static double warmUp(long started) throws Exception {
+        List<long[]> seen = new ArrayList<>(); // {nanoTime, compiler ms}
+        double share = 1;
+        while (true) {
+            long now = System.nanoTime();
+            seen.add(new long[] {now, compilerMs()});
+            long ranMs = (now - started) / 1_000_000;
+            if (ranMs >= WARM_MS) {
+                long[] last = seen.get(seen.size() - 1);
+                for (long[] then : seen) {
+                    if ((last[0] - then[0]) / 1_000_000 <= QUIET_WINDOW_MS) {
+                        long windowMs = (last[0] - then[0]) / 1_000_000;
+                        if (windowMs >= QUIET_WINDOW_MS * 9 / 10) {
+                            share = (last[1] - then[1]) / (double) windowMs;
+                            if (share < QUIET_SHARE) {
+                                return share;
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+            if (ranMs >= WARM_MAX_MS) {
+                return share;
+            }
+            Thread.sleep(250);
+        }
+    }
+
+    /** CPU milliseconds this JVM's JIT compiler threads have used. */
+    static long compilerMs() {
+        File[] tasks = new File("/proc/self/task").listFiles();
+        if (tasks == null) {
+            return ManagementFactory.getCompilationMXBean().getTotalCompilationTime();
+        }
+        long ticks = 0;
+        for (File t : tasks) {
+            try {
+                String stat = Files.readString(t.toPath().resolve("stat"));
+                int close = stat.lastIndexOf(')');
+                String name = stat.substring(stat.indexOf('(') + 1, close);
+                if (name.contains("Compiler")) {
+                    String[] f = stat.substring(close + 2).split(" ");
+                    ticks += Long.parseLong(f[11]) + Long.parseLong(f[12]); // utime, stime
+                }
+            } catch (IOException | RuntimeException gone) {
+                // A thread that ended while being read.
+            }
+        }
+        return ticks * 10; // USER_HZ is 100 on Linux
+    }
+
     static String table(List<Result> rs, String version) {
         StringBuilder b = new StringBuilder(HEADING).append("\n\n");
         b.append("One run on ").append(version).append(" with the release module, ").append(JVMS)
                 .append(" worker JVMs on this machine's ").append(Runtime.getRuntime().availableProcessors())
                 .append(" cores (load average ").append(Bench.loadAverage()).append(" at the end: other work shares"
-                        + " the machine), ").append(RUN_MS).append(" ms measured after ").append(WARM_MS)
-                .append(" ms of warm-up, contenders split evenly over the JVMs. Each contender loops take → give"
+                        + " the machine), ").append(RUN_MS).append(" ms measured after a warm-up in which the contenders"
+                        + " run until every JVM's JIT compiler threads used under ").append(Math.round(QUIET_SHARE * 100))
+                .append(" % of a core over ").append(QUIET_WINDOW_MS).append(" ms (at least ").append(WARM_MS)
+                .append(" ms, at most ").append(WARM_MAX_MS).append(" ms; where a JVM's compilers were still busy then, the most busy one's share of a core is given)."
+                        + " Four JVMs compiling Netty, Lettuce and Redisson on two cores take tens of seconds to"
+                        + " settle, and a shorter warm-up measures their compilers more than either client."
+                        + " Contenders are split evenly over the JVMs. Each contender loops take → give"
                         + " back with an empty critical section, no lease (both sides run their watchdog). rlock:"
                         + " RlockClient's defaults (a ticket per wait, heard on the client's own tagged channel (NOTIFY);"
                         + " a lock holds on its grant message);"
@@ -351,14 +448,14 @@ public final class JvmBench {
                         + " the contenders' acquisitions. Connections: CLIENT LIST during the run, every JVM"
                         + " together. CPU: the server's user+sys time over the window per acquisition.\n\n");
         b.append("| primitive | contenders | client | owner changes/s | acquisitions/s | p50 wait (ms) | p99 wait (ms)"
-                + " | Jain | connections | server CPU/acq (µs) |\n");
-        b.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+                + " | Jain | connections | server CPU/acq (µs) | warm-up (s) |\n");
+        b.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for (Result r : rs) {
-            b.append(String.format(Locale.ROOT, "| %s | %d | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %d | %.1f |%n",
+            b.append(String.format(Locale.ROOT, "| %s | %d | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %d | %.1f | %.0f%s |%n",
                     r.primitive(), r.contenders(), r.side().equals("rlock") ? "rlock (Java client)"
                             : r.primitive().equals("lock") ? "Redisson RLock" : "Redisson RSemaphore",
                     r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(), r.connections(),
-                    r.cpuUsPerAcq()));
+                    r.cpuUsPerAcq(), r.warmMs() / 1000.0, r.quiet() ? "" : String.format(Locale.ROOT, " (JIT %.0f %%)", r.jitShare() * 100)));
         }
         b.append("\nRatios (rlock / Redisson):");
         for (int i = 0; i + 1 < rs.size(); i += 2) {
