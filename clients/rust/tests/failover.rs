@@ -141,11 +141,18 @@ fn by_default_an_acquire_waits_for_the_masters_connected_replicas() {
     // be loading what it was sent): the default's 1 s is put on trial only once the replica
     // has acknowledged the stream through the proxy.
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(15_000).query(&mut m).unwrap();
-    assert_eq!(acked, 1, "the replica never acknowledged the master's stream");
+    assert_eq!(
+        acked, 1,
+        "the replica never acknowledged the master's stream"
+    );
     let c = Client::open(master.url()).unwrap();
 
     let g = c.lock("synced").acquire().unwrap();
-    assert_eq!(calls(&mut m, "wait"), 2, "one WAIT for the one replica (and the test's own)");
+    assert_eq!(
+        calls(&mut m, "wait"),
+        2,
+        "one WAIT for the one replica (and the test's own)"
+    );
     g.release().unwrap();
 
     link.hold_replies(true);
