@@ -431,8 +431,8 @@ public final class JvmBench {
         StringBuilder b = new StringBuilder(HEADING).append("\n\n");
         b.append("One run on ").append(version).append(" with the release module, ").append(JVMS)
                 .append(" worker JVMs on this machine's ").append(Runtime.getRuntime().availableProcessors())
-                .append(" cores (load average ").append(Bench.loadAverage()).append(" at the end: other work shares"
-                        + " the machine), ").append(RUN_MS).append(" ms measured after a warm-up in which the contenders"
+                .append(" cores (load average ").append(Bench.loadAverage()).append(" at the end, the bench's own"
+                        + " JVMs included), ").append(RUN_MS).append(" ms measured after a warm-up in which the contenders"
                         + " run until every JVM's JIT compiler threads used under ").append(Math.round(QUIET_SHARE * 100))
                 .append(" % of a core over ").append(QUIET_WINDOW_MS).append(" ms (at least ").append(WARM_MS)
                 .append(" ms, at most ").append(WARM_MAX_MS).append(" ms; where a JVM's compilers were still busy then, the most busy one's share of a core is given)."
