@@ -79,20 +79,29 @@ fn replay(ctx: &Context, request: Option<&RedisString>) -> Option<RedisResult> {
 }
 
 /// How a call that cannot be served now waits: blocked in the server (`WAIT`), or as a
-/// queued ticket (`WAIT … ASYNC`, `queued` is `Some`, with its `NOTIFY` tag if any),
-/// answered `QUEUED` at once while the connection goes on. `pttl`: when the state may
-/// change by itself (see `engine::wait`).
+/// queued ticket (`WAIT … ASYNC`, `waiting.queued`, with its `NOTIFY` tag if any),
+/// answered `QUEUED` at once while the connection goes on, or not at all (`QUIET`: its
+/// message will be its only answer). `pttl`: when the state may change by itself (see
+/// `engine::wait`).
 fn wait_or_queue(
     ctx: &Context,
     db: i32,
     name: &RedisString,
     request: engine::Request,
     timeout: i64,
-    queued: Option<Option<&[u8]>>,
+    waiting: Waiting,
     pttl: i64,
 ) -> RedisResult {
-    if let Some(notify) = queued {
-        engine::queue_ticket(ctx, db, name, request, timeout, notify, pttl).map_err(err)?;
+    if waiting.queued {
+        engine::queue_ticket(ctx, db, name, request, timeout, waiting.notify, pttl).map_err(err)?;
+        // Quiet: the server writes nothing to the ticket's client until its message, as
+        // for a blocked wait, which saves a handoff a write on both sides (design.md 5).
+        // Only here, where the ticket is queued: every other outcome is the usual reply,
+        // and only where a client may block (`may_block`): never in MULTI, a script or a
+        // replicated stream, whose replies are counted.
+        if waiting.quiet {
+            return Ok(RedisValue::NoReply);
+        }
         Ok(RedisValue::SimpleStringStatic("QUEUED"))
     } else {
         engine::wait(ctx, db, name, engine::Waiter::new(request), timeout, pttl).map_err(err)?;
@@ -175,13 +184,14 @@ pub fn write_command<'a, P>(
 }
 
 /// How a waiting command may wait, as its parser read it: `WAIT timeout-ms` (`None`:
-/// answer at once), `ASYNC` (wait as a queued ticket, not a blocked client) and `NOTIFY
-/// tag` (the ticket's own channel).
+/// answer at once), `ASYNC` (wait as a queued ticket, not a blocked client), `NOTIFY
+/// tag` (the ticket's own channel) and `QUIET` (no `QUEUED` reply).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Waiting<'a> {
     pub timeout: Option<i64>,
     pub queued: bool,
     pub notify: Option<&'a [u8]>,
+    pub quiet: bool,
 }
 
 /// What a waiting command's own part found, once its plan is applied.
@@ -194,7 +204,7 @@ pub enum Answer<F> {
     Contended { reply: RedisValue, ask: F },
 }
 
-/// A command that may wait (`… [WAIT timeout-ms [ASYNC [NOTIFY tag]]] [ID request-id]`), written
+/// A command that may wait (`… [WAIT timeout-ms [ASYNC [NOTIFY tag] [QUIET]]] [ID request-id]`), written
 /// once: [`write_command`]'s opening (arity, parsing, request-id replay, the queue served
 /// first), the primitive's own part (`body`: read, plan, write, remember), then waiting
 /// or queueing where the call is contended, asked to wait, and may block; else the reply.
@@ -222,14 +232,12 @@ where
         |db, name, parsed, request| match body(db, name, parsed, request)? {
             Answer::Now(reply) => Ok(reply),
             Answer::Contended { reply, ask } => match waiting.get() {
-                Waiting {
+                w @ Waiting {
                     timeout: Some(timeout),
-                    queued,
-                    notify,
+                    ..
                 } if may_block(ctx) => {
                     let (ask, pttl) = ask();
-                    let how = queued.then_some(notify);
-                    wait_or_queue(ctx, db, name, ask, timeout, how, pttl)
+                    wait_or_queue(ctx, db, name, ask, timeout, w, pttl)
                 }
                 _ => Ok(reply),
             },

@@ -306,7 +306,7 @@ pub fn update_lease_time(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
+/// `RPSEMAPHORE.ACQUIRE <key> <lease-ms> [PERMITS <n>] [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>] [QUIET]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -319,6 +319,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     timeout: o.wait,
                     queued: o.queued,
                     notify: o.notify,
+                    quiet: o.quiet,
                 };
                 Ok(((lease, o.permits, o.id), o.id, waiting))
             },

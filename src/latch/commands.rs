@@ -186,6 +186,7 @@ pub fn await_open(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     timeout: o.wait,
                     queued: o.queued,
                     notify: o.notify,
+                    quiet: o.quiet,
                 };
                 // Its ID names a queued ticket, not a request to replay: awaiting changes
                 // nothing, so there is no first reply to remember.

@@ -33,7 +33,7 @@ fn value(reply: Reply) -> RedisValue {
     }
 }
 
-/// The arguments of an acquire (`owner lease-ms [WAIT timeout-ms [ASYNC [NOTIFY <tag>]]] [ID id]`), its
+/// The arguments of an acquire (`owner lease-ms [WAIT timeout-ms [ASYNC [NOTIFY <tag>] [QUIET]]] [ID id]`), its
 /// request id and how it may wait, for the pipeline (also the fenced lock's).
 pub fn parse_acquire<'a>(
     args: &[&'a [u8]],
@@ -45,12 +45,13 @@ pub fn parse_acquire<'a>(
             timeout: a.wait,
             queued: a.queued,
             notify: a.notify,
+            quiet: a.quiet,
         },
     );
     Ok((a, id, waiting))
 }
 
-/// `RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
+/// `RLOCK.ACQUIRE <key> <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>] [QUIET]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(

@@ -278,6 +278,7 @@ fn parse_acquire_table() {
             id: None,
             queued: false,
             notify: None,
+            quiet: false,
         }
     );
     assert_eq!(
@@ -289,10 +290,22 @@ fn parse_acquire_table() {
             id: Some(b"r1"),
             queued: false,
             notify: None,
+            quiet: false,
         }
     );
     let queued = p(&["o", "100", "WAIT", "5", "async", "ID", "r1"]).unwrap();
-    assert!(queued.queued && queued.wait == Some(5));
+    assert!(queued.queued && queued.wait == Some(5) && !queued.quiet);
+    // QUIET: a queued ticket gets no reply; it means nothing without ASYNC.
+    let quiet = p(&["o", "100", "WAIT", "5", "ASYNC", "quiet", "ID", "r1"]).unwrap();
+    assert!(quiet.queued && quiet.quiet);
+    assert_eq!(
+        p(&["o", "100", "WAIT", "5", "QUIET", "ID", "r1"]),
+        Err(ERR_QUIET_ASYNC)
+    );
+    assert_eq!(
+        p(&["o", "100", "WAIT", "5", "ASYNC", "QUIET", "QUIET", "ID", "r1"]),
+        Err(ERR_SYNTAX)
+    );
     assert!(
         p(&["o", "100", "ASYNC", "ID", "r1", "WAIT", "0"])
             .unwrap()

@@ -138,7 +138,7 @@ fn settle_after(ctx: &Context, db: i32, name: &RedisString, plan: &Plan, now: i6
     }
 }
 
-/// `RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
+/// `RRWLOCK.ACQUIRE <key> READ|WRITE <owner> <lease-ms> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>] [QUIET]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -151,6 +151,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     timeout: a.wait,
                     queued: a.queued,
                     notify: a.notify,
+                    quiet: a.quiet,
                 };
                 Ok(((side, a.owner, a.lease, a.id), a.id, waiting))
             },

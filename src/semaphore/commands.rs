@@ -165,7 +165,7 @@ pub fn drain_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
     })
 }
 
-/// `RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>]]] [ID <request-id>]`
+/// `RSEMAPHORE.ACQUIRE <key> <permits> [WAIT <timeout-ms> [ASYNC [NOTIFY <tag>] [QUIET]]] [ID <request-id>]`
 pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         waiting_command(
@@ -178,6 +178,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
                     timeout: o.wait,
                     queued: o.queued,
                     notify: o.notify,
+                    quiet: o.quiet,
                 };
                 Ok(((permits, o.id), o.id, waiting))
             },

@@ -323,9 +323,11 @@ pub struct Options<'a> {
     pub queued: bool,
     /// `NOTIFY tag` (with `ASYNC`): the ticket's own channel (docs/commands/tickets.md).
     pub notify: Option<&'a [u8]>,
+    /// `QUIET` (with `ASYNC`): no reply when the ticket is queued (docs/commands/tickets.md).
+    pub quiet: bool,
 }
 
-/// Parses `[WAIT timeout-ms [ASYNC [NOTIFY tag]]] [ID request-id] [PX ttl-ms] [PERMITS n]` as
+/// Parses `[WAIT timeout-ms [ASYNC [NOTIFY tag] [QUIET]]] [ID request-id] [PX ttl-ms] [PERMITS n]` as
 /// `allowed` says.
 pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<'a>, &'static str> {
     let mut o = Options::default();
@@ -334,6 +336,11 @@ pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<
         if let [flag, tail @ ..] = rest {
             if flag.eq_ignore_ascii_case(b"ASYNC") && allowed.wait && !o.queued {
                 o.queued = true;
+                rest = tail;
+                continue;
+            }
+            if flag.eq_ignore_ascii_case(b"QUIET") && allowed.wait && !o.quiet {
+                o.quiet = true;
                 rest = tail;
                 continue;
             }
@@ -363,7 +370,7 @@ pub fn parse_options<'a>(args: &[&'a [u8]], allowed: Allowed) -> Result<Options<
     if !rest.is_empty() {
         return Err(ERR_SYNTAX);
     }
-    args::check_queued(o.queued, o.wait, o.id, o.notify)?;
+    args::check_queued(o.queued, o.wait, o.id, o.notify, o.quiet)?;
     Ok(o)
 }
 
@@ -419,7 +426,7 @@ pub fn parse_id_only<'a>(args: &[&'a [u8]]) -> Result<Option<&'a [u8]>, &'static
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::errors::{ERR_NOTIFY_ASYNC, ERR_NOTIFY_TAG};
+    use crate::vocab::errors::{ERR_NOTIFY_ASYNC, ERR_NOTIFY_TAG, ERR_QUIET_ASYNC};
 
     fn sem(n: i64) -> SemState {
         SemState { available: Some(n) }
@@ -600,8 +607,18 @@ mod tests {
         assert_eq!((n, o.wait, o.id), (1, Some(100), Some(&b"r1"[..])));
         let (_, o) =
             parse_acquire(&a(&["1", "NOTIFY", "t1", "WAIT", "0", "ASYNC", "ID", "r"])).unwrap();
-        assert_eq!((o.queued, o.notify), (true, Some(&b"t1"[..])));
+        assert_eq!(
+            (o.queued, o.notify, o.quiet),
+            (true, Some(&b"t1"[..]), false)
+        );
+        let (_, o) = parse_acquire(&a(&["1", "WAIT", "0", "QUIET", "ASYNC", "ID", "r"])).unwrap();
+        assert!(o.queued && o.quiet);
         for (args, err) in [
+            (a(&["1", "WAIT", "1", "ID", "r", "QUIET"]), ERR_QUIET_ASYNC),
+            (
+                a(&["1", "WAIT", "1", "ASYNC", "ID", "r", "QUIET", "QUIET"]),
+                ERR_SYNTAX,
+            ),
             (a(&[]), ERR_SYNTAX),
             (a(&["-1"]), ERR_PERMITS),
             (a(&["2147483648"]), ERR_PERMITS),
@@ -637,6 +654,7 @@ mod tests {
         assert_eq!(parse_try_set(&a(&["3", "PX", "0"])), Err(ERR_TTL));
         assert_eq!(parse_try_set(&a(&["3", "WAIT", "1"])), Err(ERR_SYNTAX));
         assert_eq!(parse_try_set(&a(&["3", "NOTIFY", "t"])), Err(ERR_SYNTAX));
+        assert_eq!(parse_try_set(&a(&["3", "QUIET"])), Err(ERR_SYNTAX));
         assert_eq!(parse_add(&a(&["-5"])).unwrap().0, -5);
         assert_eq!(parse_add(&a(&["-2147483648"])), Err(ERR_PERMITS_DELTA));
         assert_eq!(

@@ -22,11 +22,13 @@ pub const PROTOCOL_VERSION: i64 = 1;
 /// `ticket-holds` (a `granted` message means held: an unconfirmed grant outlives its
 /// connection by `rlock.ticket-confirm-ms`, then its id answers `TAKENBACK`; design.md 5),
 /// `ticket-notify` (`NOTIFY tag`: a ticket's messages on its own channel, design.md 5),
-/// request ids (`ID id` replays), and one word per primitive.
-const ALWAYS: [&str; 10] = [
+/// `ticket-quiet` (`QUIET`: a queued ticket gets no reply, design.md 5), request ids
+/// (`ID id` replays), and one word per primitive.
+const ALWAYS: [&str; 11] = [
     "tickets",
     "ticket-holds",
     "ticket-notify",
+    "ticket-quiet",
     "request-ids",
     "lock",
     "fenced",

@@ -7,7 +7,7 @@
 use crate::vocab::effects::prefix_name;
 use crate::vocab::errors::{
     ERR_ASYNC, ERR_EMPTY_ID, ERR_EMPTY_OWNER, ERR_LEASE, ERR_NOTIFY_ASYNC, ERR_NOTIFY_TAG,
-    ERR_SYNTAX, ERR_TIMEOUT,
+    ERR_QUIET_ASYNC, ERR_SYNTAX, ERR_TIMEOUT,
 };
 
 /// The longest lease or wait a caller may ask for: 100 years in milliseconds. Bounded so
@@ -69,6 +69,9 @@ pub struct AcquireArgs<'a> {
     /// `NOTIFY tag`: the ticket's messages go to its own channel, the key's ticket
     /// channel with `:tag` appended (docs/commands/tickets.md).
     pub notify: Option<&'a [u8]>,
+    /// `QUIET`: a ticket that is queued gets no reply; its message is its only answer
+    /// (docs/commands/tickets.md).
+    pub quiet: bool,
 }
 
 /// Arguments of `RLOCK.RELEASE key owner [lease-ms] [ID request-id]` after the key.
@@ -107,18 +110,22 @@ pub fn parse_tag(tag: &[u8]) -> Result<&[u8], &'static str> {
     }
 }
 
-/// Parses `owner lease-ms [WAIT timeout-ms [ASYNC [NOTIFY tag]]] [ID request-id]`,
+/// Parses `owner lease-ms [WAIT timeout-ms [ASYNC [NOTIFY tag] [QUIET]]] [ID request-id]`,
 /// options in any order. The arity was checked by the caller.
 pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static str> {
     let owner = parse_owner(args[0])?;
     let lease = parse_ms(args[1], 1, ERR_LEASE)?;
-    let (mut wait, mut id, mut queued, mut notify) = (None, None, false, None);
+    let (mut wait, mut id, mut queued, mut notify, mut quiet) = (None, None, false, None, false);
     let mut rest = &args[2..];
     loop {
         rest = match rest {
             [] => break,
             [flag, tail @ ..] if is_option(flag, b"ASYNC") && !queued => {
                 queued = true;
+                tail
+            }
+            [flag, tail @ ..] if is_option(flag, b"QUIET") && !quiet => {
+                quiet = true;
                 tail
             }
             [option, value, tail @ ..] if is_option(option, b"WAIT") && wait.is_none() => {
@@ -136,7 +143,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static 
             _ => return Err(ERR_SYNTAX),
         };
     }
-    check_queued(queued, wait, id, notify)?;
+    check_queued(queued, wait, id, notify, quiet)?;
     Ok(AcquireArgs {
         owner,
         lease,
@@ -144,19 +151,23 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]]) -> Result<AcquireArgs<'a>, &'static 
         id,
         queued,
         notify,
+        quiet,
     })
 }
 
 /// `ASYNC` needs `WAIT` (it is a way of waiting) and `ID` (the grant is collected by it);
-/// `NOTIFY` needs `ASYNC` (it names where a ticket's messages go).
+/// `NOTIFY` and `QUIET` need `ASYNC` (they say where and how a ticket is answered).
 pub fn check_queued(
     queued: bool,
     wait: Option<i64>,
     id: Option<&[u8]>,
     notify: Option<&[u8]>,
+    quiet: bool,
 ) -> Result<(), &'static str> {
     if notify.is_some() && !queued {
         Err(ERR_NOTIFY_ASYNC)
+    } else if quiet && !queued {
+        Err(ERR_QUIET_ASYNC)
     } else if queued && (wait.is_none() || id.is_none()) {
         Err(ERR_ASYNC)
     } else {

@@ -2,7 +2,7 @@
 //! client matches, as Redis's own `WRONGTYPE` and `NOSCRIPT` (the rest is for people):
 //! - `BAD<ARG>`: an argument out of its range or shape (`BADLEASE`, `BADTIMEOUT`,
 //!   `BADOWNER`, `BADID`, `BADSIDE`, `BADPERMITS`, `BADPERMITID`, `BADDEADLINE`, `BADTTL`,
-//!   `BADCOUNT`, `BADASYNC`, `BADNOTIFY`);
+//!   `BADCOUNT`, `BADASYNC`, `BADNOTIFY`, `BADQUIET`);
 //! - `NOTA<KIND>`: the key holds a value of the right Redis type that is not this
 //!   primitive's (`NOTALOCK`, `NOTARWLOCK`, `NOTATOKEN`, `NOTASEMAPHORE`, `NOTAPERMITSET`,
 //!   `NOTALATCH`); a value of another type is Redis's `WRONGTYPE`;
@@ -33,6 +33,9 @@ pub const ERR_ASYNC: &str = "BADASYNC ASYNC needs WAIT and ID";
 /// `NOTIFY tag` names the channel of a queued ticket's messages (docs/commands/tickets.md):
 /// only a ticket has messages.
 pub const ERR_NOTIFY_ASYNC: &str = "BADNOTIFY NOTIFY needs ASYNC";
+/// `QUIET` leaves a queued ticket's `QUEUED` reply out (docs/commands/tickets.md): only a
+/// ticket is queued.
+pub const ERR_QUIET_ASYNC: &str = "BADQUIET QUIET needs ASYNC";
 /// A tag is appended to the key's ticket channel: short, and without braces, which would
 /// move the channel to another cluster slot than the key's.
 pub const ERR_NOTIFY_TAG: &str = "BADNOTIFY tag must be 1 to 64 bytes of A-Z a-z 0-9 . _ -";
