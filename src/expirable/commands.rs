@@ -312,7 +312,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
         waiting_command(
             ctx,
             args,
-            3..=12,
+            3..=13,
             |a| {
                 let (lease, o) = expirable::parse_acquire(a)?;
                 let waiting = Waiting {

@@ -179,7 +179,7 @@ pub fn await_open(ctx: &Context, args: &[RedisString]) -> RedisResult {
         waiting_command(
             ctx,
             args,
-            2..=9,
+            2..=10,
             |a| {
                 let o = latch::parse_await(a)?;
                 let waiting = Waiting {

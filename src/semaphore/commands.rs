@@ -171,7 +171,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> RedisResult {
         waiting_command(
             ctx,
             args,
-            3..=10,
+            3..=11,
             |a| {
                 let (permits, o) = semaphore::parse_acquire(a)?;
                 let waiting = Waiting {
