@@ -17,7 +17,8 @@ from cluster_helpers import (aof_commands, info_field, snapshot, wait_link_up, w
                              wait_replicated)
 from conftest import EFFECTS, wait_until
 import errors
-from errors import ASYNC, EMPTY_ID, LATCH_COUNT, LATCH_OVERFLOW, NOT_A_LATCH, SYNTAX, TIMEOUT, WRONGTYPE
+from errors import (ASYNC, EMPTY_ID, LATCH_COUNT, LATCH_OVERFLOW, NOT_A_LATCH, QUIET_ASYNC, SYNTAX,
+                    TIMEOUT, WRONGTYPE)
 from hostile_helpers import Map, Raw, ReplyError, arity_error, blocked_clients, rlock_stat
 from redisson_sync import NEW_COUNT_MESSAGE, ZERO_COUNT_MESSAGE, RedissonCountDownLatch, latch_channel
 
@@ -269,6 +270,29 @@ def test_await_in_multi_or_lua_answers_at_once(r):
     assert waiters(r) == 0
 
 
+def test_quiet_await_tickets_answer_only_by_their_message(server):
+    """`ASYNC QUIET`: a queued await gets no reply; its `granted` message, when the count
+    reaches zero, is its whole answer. An open latch answers a quiet await at once."""
+    r = server.client()
+    latch(r, "RLATCH.TRYSETCOUNT", "l", 1)
+    c = Raw(server.port)
+    c.call("HELLO", "3")
+    assert c.call("SUBSCRIBE", "rlock_ticket:{l}")[0] == b"subscribe"
+    c.send_many([("RLATCH.AWAIT", "l", "WAIT", 0, "ASYNC", "QUIET", "ID", f"a{i}")
+                 for i in range(5)] + [("PING",)])
+    assert c.read() == b"PONG", "no reply for the five queued awaits"
+    assert waiters(r) == 5
+    assert latch(r, "RLATCH.COUNTDOWN", "l") == 0
+    got = [c.read() for _ in range(5)]
+    assert [m[:2] for m in got] == [[b"message", b"rlock_ticket:{l}"]] * 5
+    assert [m[2] for m in got] == [f"granted:2:0:a{i}".encode() for i in range(5)]
+    assert waiters(r) == 0
+    assert c.call("RLATCH.AWAIT", "l", "WAIT", 0, "ASYNC", "QUIET", "ID", "a5") == 1
+    assert c.call("PING") == b"PONG"
+    assert not c.has_reply(0.1)
+    c.close()
+
+
 def test_await_on_a_key_that_is_no_latch_waits_until_it_goes(server):
     r = server.client()
     latch(r, "RLATCH.TRYSETCOUNT", "l", 1)
@@ -481,6 +505,11 @@ BAD = [
     (("RLATCH.AWAIT", "l", "WAIT", 1, "ASYNC"), ASYNC),
     (("RLATCH.AWAIT", "l", "ID", "t", "ASYNC"), ASYNC),
     (("RLATCH.AWAIT", "l", "WAIT", 1, "ASYNC", "ID", "t", "X"), SYNTAX),
+    (("RLATCH.AWAIT", "l", "WAIT", 1, "QUIET", "ID", "t"), QUIET_ASYNC),
+    (("RLATCH.AWAIT", "l", "QUIET"), QUIET_ASYNC),
+    (("RLATCH.AWAIT", "l", "WAIT", 1, "ASYNC", "QUIET", "QUIET", "ID", "t"), SYNTAX),
+    (("RLATCH.TRYSETCOUNT", "new", 1, "QUIET"), SYNTAX),
+    (("RLATCH.COUNTDOWN", "l", "QUIET"), SYNTAX),
     (("RLATCH.AWAIT", "l", "WAIT", 1, "ASYNC", "ID", "t", "NOTIFY", "n", "X"),
      arity_error("RLATCH.AWAIT")),
     (("RLATCH.AWAIT", "str", "WAIT", 0), NOT_A_LATCH),

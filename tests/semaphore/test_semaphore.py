@@ -10,6 +10,7 @@ import redis
 import errors
 from cluster_helpers import snapshot, wait_link_up, wait_online, wait_replicated
 from conftest import EFFECTS, wait_until
+from hostile_helpers import Raw
 from sem_helpers import BlockedCall, info_map, queue, rlock_info, waiters
 
 
@@ -263,6 +264,31 @@ def test_a_ticket_grant_whose_semaphore_was_deleted_is_not_taken_back_into_a_new
     wait_until(lambda: settled_grants(r) == 1, what="the grant forgotten or taken back")
     assert rlock_info(r, "revoked_handoffs") == 0, "taken back into the new semaphore"
     assert r.get("s") == b"3"
+
+
+def test_a_quiet_ticket_gets_no_reply_and_is_granted_when_all_its_permits_are_back(server):
+    """`ASYNC QUIET` (docs/commands/tickets.md): queued, the ticket gets no reply at all;
+    its `granted` message is its answer, once the count covers all it asks for."""
+    r = server.client()
+    sem(r, "RSEMAPHORE.TRYSETPERMITS", "s", 0)
+    c = Raw(server.port)
+    c.call("HELLO", "3")
+    assert c.call("SUBSCRIBE", "rlock_ticket:{s}")[0] == b"subscribe"
+    cmd = ("RSEMAPHORE.ACQUIRE", "s", 2, "WAIT", 10_000, "ASYNC", "QUIET", "ID", "q2")
+    c.send_many([cmd, ("RLOCK.HELLO",)])
+    assert dict(c.read())[b"module"] == b"rlock", "the fence's reply first"
+    assert waiters(r, "s") == 1
+    assert sem(r, "RSEMAPHORE.RELEASE", "s", 1) == 1, "one permit back: not enough yet"
+    assert c.call("PING") == b"PONG", "no message in between"
+    sem(r, "RSEMAPHORE.RELEASE", "s", 1)  # both back: granted in this release
+    assert c.read() == [b"message", b"rlock_ticket:{s}", b"granted:2:0:q2"]
+    assert r.get("s") == b"0" and waiters(r, "s") == 0
+    assert c.call(*cmd) == 1, "confirmed: the grant's reply, replayed"
+    # Permits free: a quiet ticket is served at once and answers as without QUIET.
+    sem(r, "RSEMAPHORE.RELEASE", "s", 1)
+    assert c.call("RSEMAPHORE.ACQUIRE", "s", 1, "WAIT", 0, "ASYNC", "QUIET", "ID", "q3") == 1
+    assert c.call("PING") == b"PONG"
+    c.close()
 
 
 def settled_grants(r):
