@@ -1091,18 +1091,10 @@ RELEASE = {
     "latch": ("RLATCH.COUNTDOWN", "l"),
 }
 
-# RLATCH.AWAIT's, RSEMAPHORE.ACQUIRE's and RPSEMAPHORE.ACQUIRE's registered arity still
-# stops one argument short of `NOTIFY tag QUIET` (with PERMITS, for the expirable one).
-ARITY_SHORT = pytest.mark.xfail(
-    strict=True, reason="the command's arity has no room for QUIET with NOTIFY "
-                        "(src/{latch,semaphore,expirable}/commands.rs)")
-
-
 def quiet_primitives():
     for primitive in TICKETED:
         for tagged in (False, True):
-            short = tagged and primitive in ("semaphore", "latch")
-            yield pytest.param(primitive, tagged, marks=[ARITY_SHORT] if short else [],
+            yield pytest.param(primitive, tagged,
                                id=f"{primitive}-{'notify-tag' if tagged else 'key-channel'}")
 
 
@@ -1130,7 +1122,6 @@ def test_every_primitives_quiet_ticket_gets_no_reply_when_queued(server, r, prim
     c.close()
 
 
-@ARITY_SHORT
 def test_an_expirable_quiet_ticket_of_several_permits_with_notify(server, r):
     """The longest waiting call there is, every option at once."""
     c = quiet_listener(server, f"{channel('e')}:{TAG1}")
