@@ -115,8 +115,10 @@ register_commands! {
         ["rlock.forcerelease", lock::commands::force_release, "write", 1, 1, 1],
         ["rlock.info", lock::commands::info, "readonly", 1, 1, 1],
         // What the module is and can do (server/hello.rs): no key, so any node answers
-        // it, a replica too (stale or loading: it reads no data); allowed in scripts.
-        ["rlock.hello", server::hello::hello, "readonly fast allow-stale allow-loading", 0, 0, 0],
+        // it, a replica too (stale or loading: it reads no data); allowed in scripts and
+        // while a script runs long (allow-busy): a client's fence behind a QUIET ticket
+        // (docs/commands/tickets.md) must not be refused where the ticket was accepted.
+        ["rlock.hello", server::hello::hello, "readonly fast allow-stale allow-loading allow-busy", 0, 0, 0],
         // Countdown latch (design.md 4.5). AWAIT changes nothing: readonly (a replica answers
         // it at once, never queues it).
         ["rlatch.trysetcount", latch::commands::try_set_count, "write deny-oom", 1, 1, 1],

@@ -207,11 +207,13 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
     assert!(eventually(LONG, || info_waiters(&mut r, "RLOCK.INFO", "k") == N as i64).await);
     let old = ticket_conn(&mut r).unwrap();
     // The client asked once which mode to run in (docs/scripts-mode.md), and its ticket
-    // connection once on connecting.
-    assert_eq!(
-        hello_calls(&mut r),
-        2,
-        "the client and its ticket connection probed once"
+    // connection once on connecting (its `HELLO 3`); `RLOCK.HELLO` is also the fence
+    // behind a quiet ticket, sent or not as the tasks' timing has it.
+    assert_eq!(command_calls(&mut r, "hello"), 1, "one ticket connection");
+    let probes = hello_calls(&mut r);
+    assert!(
+        probes >= 2,
+        "the client and its ticket connection probed: {probes}"
     );
     // Killing it (the only subscriber: TYPE pubsub, RESP3 or not) drops every ticket
     // queued on it, and its subscriptions.
@@ -230,7 +232,15 @@ async fn waiters_resend_when_the_ticket_connection_is_killed() {
         })
         .await
     );
-    assert_eq!(hello_calls(&mut r), 3, "the new connection probed again");
+    assert_eq!(
+        command_calls(&mut r, "hello"),
+        2,
+        "one new ticket connection"
+    );
+    assert!(
+        hello_calls(&mut r) > probes,
+        "the new connection probed again"
+    );
     let _: () = redis::cmd("DEL").arg("k").query(&mut r).unwrap();
     for t in tasks {
         tokio::time::timeout(LONG, t).await.unwrap().unwrap();
@@ -1420,4 +1430,188 @@ fn a_semaphore_release_rides_behind_its_grants_confirmation() {
         "{ran:?}"
     );
     assert_eq!(held.available().unwrap(), 1);
+}
+
+/// `total_writes_processed` (INFO stats): the server's socket writes so far.
+fn writes_processed(r: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(r).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_writes_processed:"))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// (command, its arguments, connection name) of every `RLOCK.*` command in the slow log
+/// (every command is logged: see `log_every_command`), oldest first.
+fn logged_lock_commands(r: &mut redis::Connection) -> Vec<(Vec<String>, String)> {
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(-1).query(r).unwrap();
+    log.into_iter()
+        .rev()
+        .filter_map(|e| {
+            let redis::Value::Array(f) = e else {
+                return None;
+            };
+            let redis::Value::Array(words) = &f[3] else {
+                return None;
+            };
+            let words: Vec<String> = words
+                .iter()
+                .map(|w| redis::from_redis_value::<String>(w.clone()).unwrap_or_default())
+                .collect();
+            let name = redis::from_redis_value::<String>(f[5].clone()).unwrap_or_default();
+            words[0].starts_with("RLOCK.").then_some((words, name))
+        })
+        .collect()
+}
+
+fn log_every_command(r: &mut redis::Connection) {
+    for (name, value) in [
+        ("slowlog-max-len", "100000"),
+        ("slowlog-log-slower-than", "0"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(r)
+            .unwrap();
+    }
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(r).unwrap();
+}
+
+/// A lock handoff to a ticket costs the server what one to a blocked `WAIT` does (issue
+/// 40, design.md 5): the ticket goes `QUIET`, so the server writes nothing when it
+/// queues it (where `QUEUED` was a write of its own), and the holder's release rides
+/// right behind its grant's confirmation on the ticket connection, one read and one
+/// write for both.
+#[test]
+fn a_lock_handoff_to_a_quiet_ticket_writes_nothing_when_queued() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = rlock_client::Client::open_with(s.url(), ClientOptions::new().with_replica_sync(None))
+        .unwrap();
+    let holder = rlock_client::Client::open(s.url()).unwrap();
+    let held = holder.lock("k");
+    let waiting = c.lock("k");
+    let handoff = |held_guard: rlock_client::LockGuard, r: &mut redis::Connection| {
+        thread::scope(|scope| {
+            let waiter = scope.spawn(|| {
+                let g = waiting.acquire_with(lease()).unwrap().unwrap();
+                g.release().unwrap();
+            });
+            assert!(wait_until(LONG, || info_waiters(r, "RLOCK.INFO", "k") == 1));
+            held_guard.release().unwrap();
+            waiter.join().unwrap();
+        });
+    };
+    // The first wait subscribes the key's channel, which then stays subscribed.
+    handoff(held.acquire_with(lease()).unwrap().unwrap(), &mut r);
+    let g = held.acquire_with(lease()).unwrap().unwrap();
+    log_every_command(&mut r);
+    let before = writes_processed(&mut r);
+    let waiter = thread::spawn(move || {
+        let g = waiting.acquire_with(lease()).unwrap().unwrap();
+        g.release().unwrap();
+    });
+    let mut polls = 0;
+    assert!(wait_until(LONG, || {
+        polls += 1;
+        info_waiters(&mut r, "RLOCK.INFO", "k") == 1
+    }));
+    // The first INFO's reply and one per poll: nothing written to the waiter.
+    assert_eq!(writes_processed(&mut r) - before, 1 + polls);
+    g.release().unwrap();
+    waiter.join().unwrap();
+    let ran = logged_lock_commands(&mut r);
+    let tickets = "rlock-tickets";
+    let on_tickets: Vec<&Vec<String>> = ran
+        .iter()
+        .filter(|(_, name)| name == tickets)
+        .map(|(words, _)| words)
+        .collect();
+    // The quiet ticket, its grant's confirmation (the same command without WAIT), and
+    // the release, in that order, all on the ticket connection.
+    assert_eq!(on_tickets.len(), 3, "{ran:?}");
+    assert_eq!(on_tickets[0][0], "RLOCK.ACQUIRE");
+    assert!(on_tickets[0].iter().any(|w| w == "QUIET"), "{ran:?}");
+    assert_eq!(on_tickets[1][0], "RLOCK.ACQUIRE");
+    assert!(!on_tickets[1].iter().any(|w| w == "WAIT" || w == "QUIET"));
+    assert_eq!(on_tickets[2][0], "RLOCK.RELEASE");
+    assert!(!exists(&mut r, "k"));
+}
+
+fn set_maxmemory(r: &mut redis::Connection, bytes: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query(r)
+        .unwrap();
+}
+
+/// A quiet ticket has no reply when queued and one otherwise, the server's own refusals
+/// included (here `OOM`, given before any module code runs): its own refusal reaches
+/// its waiter, and a command written behind a quiet ticket still unanswered goes behind
+/// a fence, so that its reply is never taken for the ticket's (which would leave the
+/// queued waiter told "refused" and the other waiting forever).
+#[test]
+fn replies_behind_a_quiet_ticket_stay_in_step() {
+    let s = Server::start();
+    let mut r = s.conn();
+    let c = rlock_client::Client::open_with(s.url(), ClientOptions::new().with_replica_sync(None))
+        .unwrap();
+    let holder = rlock_client::Client::open(s.url()).unwrap();
+    let (k1, k2) = (c.lock("k1"), c.lock("k2"));
+    // Each handle learns its key contended (it then queues at once, without a try on
+    // the shared connection) and subscribes its channel, which stays subscribed.
+    for (key, handle) in [("k1", &k1), ("k2", &k2)] {
+        let g = holder.lock(key).acquire_with(lease()).unwrap().unwrap();
+        thread::scope(|scope| {
+            let w = scope.spawn(|| handle.acquire_with(lease()).unwrap().unwrap().release());
+            assert!(wait_until(LONG, || info_waiters(&mut r, "RLOCK.INFO", key) == 1));
+            g.release().unwrap();
+            w.join().unwrap().unwrap();
+        });
+    }
+    let g1 = holder.lock("k1").acquire_with(lease()).unwrap().unwrap();
+    let g2 = holder.lock("k2").acquire_with(lease()).unwrap().unwrap();
+    log_every_command(&mut r);
+    thread::scope(|scope| {
+        // Queued quietly: nothing comes back for it.
+        let first = scope.spawn(|| k1.acquire_with(lease()).unwrap().unwrap().release());
+        assert!(wait_until(LONG, || info_waiters(
+            &mut r,
+            "RLOCK.INFO",
+            "k1"
+        ) == 1));
+        // The server now refuses every write that could grow memory.
+        set_maxmemory(&mut r, "1");
+        // Behind the first, still unanswered: a fence, then this one, refused.
+        let second = k2.acquire_timeout(LONG);
+        assert!(
+            matches!(&second, Err(e) if e.to_string().contains("OOM")),
+            "{second:?}"
+        );
+        set_maxmemory(&mut r, "0");
+        // The first, still queued, gets its grant.
+        g1.release().unwrap();
+        first.join().unwrap().unwrap();
+        // Nothing in flight now: a quiet ticket refused outright, its refusal its answer.
+        set_maxmemory(&mut r, "1");
+        let third = k2.acquire_timeout(LONG);
+        assert!(
+            matches!(&third, Err(e) if e.to_string().contains("OOM")),
+            "{third:?}"
+        );
+        set_maxmemory(&mut r, "0");
+        g2.release().unwrap();
+        let g = k2.acquire_timeout(LONG).unwrap().expect("free");
+        g.release().unwrap();
+    });
+    let ran = logged_lock_commands(&mut r);
+    assert!(
+        ran.iter()
+            .any(|(w, n)| w[0] == "RLOCK.HELLO" && n == "rlock-tickets"),
+        "a fence went out: {ran:?}"
+    );
+    assert!(!exists(&mut r, "k1") && !exists(&mut r, "k2"));
 }

@@ -135,7 +135,7 @@ impl Lock {
             confirm.as_ref().is_some_and(|c| !c.answered_at_once()),
         );
         let took = run.finish(&**c, shared);
-        if let Some(confirm) = confirm {
+        if let Some(confirm) = &confirm {
             let (lost, epoch) = (shared.clone(), took.epoch);
             confirm.on_taken_back(move || {
                 lost.mark_lost(epoch, LostReason::NotHeld);
@@ -146,6 +146,7 @@ impl Lock {
             shared: shared.clone(),
             epoch: took.epoch,
             release_lease_ms: took.release_lease_ms,
+            confirm,
             done: false,
         };
         if let Some(rs) = c.opts.replica_sync {
@@ -190,15 +191,26 @@ impl Lock {
 }
 
 /// Releases one hold of `epoch`, retrying transient failures (if `retries`) without
-/// releasing twice.
+/// releasing twice (the command's request id). A hold granted by a ticket's message
+/// whose confirmation is still unanswered releases right behind it on the connection
+/// that heard the grant, in the same write while it is held back
+/// ([`Confirm::send_behind`]): the server then reads both at once and answers both in
+/// one write, so the handoff costs it what a blocked one does (design.md 5). If that
+/// connection breaks first, the usual path sends it again under the same id.
 async fn release_inner(
     c: &ClientInner,
     shared: &LockShared,
     epoch: u64,
     lease_ms: Option<u64>,
     retries: bool,
+    confirm: Option<&Confirm>,
 ) -> Result<ReleaseOutcome> {
     let command = logic::begin_release(c, shared, epoch, lease_ms)?;
+    if let Some(reply) = confirm.and_then(|k| k.send_behind(&command)) {
+        if let Ok(Ok(v)) = reply.await {
+            return logic::released(c, shared, epoch, cmd::parse_release(v)?);
+        }
+    }
     let retries = if retries {
         c.retries()
     } else {
@@ -244,6 +256,9 @@ pub struct LockGuard {
     shared: Arc<LockShared>,
     epoch: u64,
     release_lease_ms: Option<u64>,
+    /// The confirmation of the ticket grant this hold came from, if any: its release
+    /// may ride behind it.
+    confirm: Option<Arc<Confirm>>,
     done: bool,
 }
 
@@ -311,6 +326,7 @@ impl LockGuard {
             self.epoch,
             self.release_lease_ms,
             true,
+            self.confirm.as_deref(),
         )
         .await
     }
@@ -330,27 +346,43 @@ impl LockGuard {
     }
 
     /// Marks the guard done and stops its renewal; what a best-effort release needs.
-    fn give_up(&mut self) -> (Arc<ClientInner>, Arc<LockShared>, u64, Option<u64>) {
+    fn give_up(&mut self) -> BestEffort {
         self.done = true;
         if self.shared.current(self.epoch) == Some(1) {
             self.client.unregister(self.shared.handle);
         }
-        (
-            self.client.clone(),
-            self.shared.clone(),
-            self.epoch,
-            self.release_lease_ms,
-        )
+        BestEffort {
+            client: self.client.clone(),
+            shared: self.shared.clone(),
+            epoch: self.epoch,
+            lease_ms: self.release_lease_ms,
+            confirm: self.confirm.take(),
+        }
+    }
+}
+
+/// What a guard's best-effort release needs, taken from it.
+struct BestEffort {
+    client: Arc<ClientInner>,
+    shared: Arc<LockShared>,
+    epoch: u64,
+    lease_ms: Option<u64>,
+    confirm: Option<Arc<Confirm>>,
+}
+
+impl BestEffort {
+    /// One `RLOCK.RELEASE` (no retries), outcome ignored.
+    async fn run(self) {
+        let b = self;
+        let confirm = b.confirm.as_deref();
+        let _ = release_inner(&b.client, &b.shared, b.epoch, b.lease_ms, false, confirm).await;
     }
 }
 
 impl ReleaseOnce for LockGuard {
     /// One `RLOCK.RELEASE` (no retries), outcome ignored.
     fn release_once(mut self) -> impl Future<Output = ()> + Send + 'static {
-        let (client, shared, epoch, lease) = self.give_up();
-        async move {
-            let _ = release_inner(&client, &shared, epoch, lease, false).await;
-        }
+        self.give_up().run()
     }
 }
 
@@ -359,10 +391,8 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        let (client, shared, epoch, lease) = self.give_up();
-        let rt = client.runtime.clone();
-        drop(rt.spawn(async move {
-            let _ = release_inner(&client, &shared, epoch, lease, false).await;
-        }));
+        let release = self.give_up();
+        let rt = release.client.runtime.clone();
+        drop(rt.spawn(release.run()));
     }
 }

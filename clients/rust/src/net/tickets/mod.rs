@@ -190,8 +190,10 @@ impl Confirm {
             return None;
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut bytes = fenced(&mut st);
         st.pending.push_back(Pending::Command(Answer(tx)));
-        write_locked(&mut st, &cmd.get_packed_command());
+        bytes.extend_from_slice(&cmd.get_packed_command());
+        write_locked(&mut st, &bytes);
         Some(rx)
     }
 
@@ -307,6 +309,14 @@ enum Pending {
     /// A command written behind a held grant's confirmation ([`Confirm::send_behind`]):
     /// its reply goes to the caller; dropped unanswered when the connection breaks.
     Command(Answer),
+    /// A waiter's ticket sent `QUIET`: no reply if the server queued it (its message is
+    /// then its answer, and takes this entry out), one reply otherwise (granted at once,
+    /// an error, the server's own refusal such as `MOVED`). Nothing is written behind it
+    /// but a [`Pending::Fence`], which tells the two apart.
+    Quiet(String),
+    /// `RLOCK.HELLO`, written right behind a [`Pending::Quiet`] still unanswered before
+    /// anything else goes out ([`fenced`]): a reply in front of its own is the ticket's.
+    Fence,
 }
 
 /// Where a [`Pending::Command`]'s reply goes.
@@ -337,6 +347,9 @@ struct State {
     /// connection's subscriptions and tickets always agree; a reconnect that finds
     /// another answer (a failover to an older module) resubscribes and re-queues under it.
     notify: bool,
+    /// The current connection's probe named `ticket-quiet`: its tickets go `QUIET`, and
+    /// the server writes nothing for one it queues ([`Pending::Quiet`]).
+    quiet: bool,
     writer: Option<Stream>,
     gen: u64,
     pending: VecDeque<Pending>,
@@ -613,23 +626,39 @@ impl Tickets {
     /// generation. A ticket (`ticketed`) goes with `NOTIFY tag` where this connection's
     /// probe named `ticket-notify`: decided here, under the lock that also orders the
     /// connection's subscriptions, so the ticket's messages go to the channel it
-    /// subscribed. A write error closes the connection: every waiter then gets `Lost`.
-    fn send(&self, id: &str, args: &[Vec<u8>], ticketed: bool) -> RedisResult<u64> {
+    /// subscribed. A ticket goes `QUIET` where the probe named `ticket-quiet` and nothing
+    /// else is in flight: then the server answers it only if it did not queue it (the
+    /// second value says so). A write
+    /// error closes the connection: every waiter then gets `Lost`.
+    fn send(&self, id: &str, args: &[Vec<u8>], ticketed: bool) -> RedisResult<(u64, bool)> {
         let mut st = lock_ignoring_poison(&self.shared.state);
         if st.writer.is_none() {
             connect_locked(&self.shared, &mut st)?;
         }
-        st.pending.push_back(Pending::Reply(id.to_owned()));
-        let packed = if ticketed && st.notify {
-            let tag = st.tag.clone();
-            let mut c = packed_cmd(args);
-            c.arg("NOTIFY").arg(tag.as_bytes());
-            c.get_packed_command()
+        // Quiet only with nothing else in flight: then the server has nothing to write
+        // until the ticket's message, and no fence follows unless another command must go
+        // out before it. Behind other replies, `QUEUED` would share their write anyway.
+        let quiet = ticketed && st.quiet && st.pending.is_empty();
+        let mut bytes = fenced(&mut st);
+        st.pending.push_back(if quiet {
+            Pending::Quiet(id.to_owned())
         } else {
-            pack(args)
-        };
-        write_locked(&mut st, &packed);
-        Ok(st.gen)
+            Pending::Reply(id.to_owned())
+        });
+        if ticketed && (st.notify || quiet) {
+            let mut c = packed_cmd(args);
+            if st.notify {
+                c.arg("NOTIFY").arg(st.tag.as_bytes());
+            }
+            if quiet {
+                c.arg("QUIET");
+            }
+            bytes.extend_from_slice(&c.get_packed_command());
+        } else {
+            bytes.extend_from_slice(&pack(args));
+        }
+        write_locked(&mut st, &bytes);
+        Ok((st.gen, quiet))
     }
 
     /// Whether a connection is up (an async waiter connects on a blocking thread otherwise).
@@ -716,8 +745,10 @@ impl Tickets {
                     }
                     let ticketed = member.m.shape().is_ticketed(&args);
                     match self.send(member.id(), &args, ticketed) {
-                        Ok(gen) => {
+                        Ok((gen, quiet)) => {
                             member.m.sent(gen);
+                            // The probe said so: a quiet ticket's `QUEUED` never comes.
+                            member.m.known |= quiet;
                             step = Step::Wait;
                         }
                         Err(e) => return self.send_failed(&member, e),
@@ -931,13 +962,14 @@ fn leave_locked(st: &mut State, id: &str, orphan: Option<(Vec<Vec<u8>>, bool)>) 
 
 /// Subscribes `channel` on the current connection.
 fn subscribe(st: &mut State, channel: &[u8]) {
-    let packed = pack(&[subscribe_cmd(st.shard).to_vec(), st.wire(channel)]);
+    let mut bytes = fenced(st);
+    bytes.extend_from_slice(&pack(&[subscribe_cmd(st.shard).to_vec(), st.wire(channel)]));
     st.pending.push_back(if st.shard {
         Pending::SubscribeShard(channel.to_vec())
     } else {
         Pending::Subscribe(1)
     });
-    write_locked(st, &packed);
+    write_locked(st, &bytes);
 }
 
 /// One reference less on `channel`; unsubscribes after the last.
@@ -972,13 +1004,44 @@ fn unsubscribe(st: &mut State, channel: &[u8]) {
     } else {
         b"UNSUBSCRIBE"
     };
-    let packed = pack(&[verb.to_vec(), st.wire(channel)]);
+    let mut bytes = fenced(st);
+    bytes.extend_from_slice(&pack(&[verb.to_vec(), st.wire(channel)]));
     st.pending.push_back(if st.shard {
         Pending::UnsubscribeShard(channel.to_vec())
     } else {
         Pending::Unsubscribe(1)
     });
-    write_locked(st, &packed);
+    write_locked(st, &bytes);
+}
+
+/// What goes on the wire in front of the next command: a fence (`RLOCK.HELLO`) when the
+/// last thing written is a quiet ticket still unanswered, registered as
+/// [`Pending::Fence`]; nothing otherwise. The server writes nothing for a quiet ticket it
+/// queued and one reply for any other outcome, including its own refusals that no module
+/// code sees (`MOVED`, `OOM`, `LOADING`), so a reply read in that ticket's turn may be
+/// its own or the next command's. The fence's reply, a map no waiting command answers,
+/// settles it. The fence has no key and is allowed while the server loads, is stale or
+/// runs a long script, so it is refused only where the connection cannot work at all.
+/// At most one per quiet ticket, and rare: a ticket goes quiet only with nothing else in
+/// flight, its message takes its entry out, and a process waiting in a loop writes
+/// nothing between its ticket and that message.
+fn fenced(st: &mut State) -> Vec<u8> {
+    if matches!(st.pending.back(), Some(Pending::Quiet(_))) {
+        st.pending.push_back(Pending::Fence);
+        pack(&hello::hello_args())
+    } else {
+        Vec::new()
+    }
+}
+
+/// Whether `v` is the fence's reply (`RLOCK.HELLO`'s map): no waiting command's.
+fn fence_answer(v: &Value) -> bool {
+    match v {
+        Value::Map(fields) => fields
+            .iter()
+            .any(|(k, _)| matches!(k, Value::BulkString(b) if b == b"module")),
+        _ => false,
+    }
 }
 
 /// Takes `channel` out of the idle ones; true if it was there (still subscribed).
@@ -1124,6 +1187,7 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
         .store(caps.has("ticket-holds"), Ordering::Relaxed);
     // Before any subscription below: this connection's channels follow its answer.
     st.notify = caps.has("ticket-notify") && !shared.untagged.load(Ordering::Relaxed);
+    st.quiet = caps.has("ticket-quiet");
     stream.set_read_timeout(None)?;
     // A new connection: a channel refused on the old one may be allowed now.
     *lock_ignoring_poison(&shared.refused) = None;
@@ -1221,6 +1285,23 @@ fn reader_loop(
             other => match st.pending.pop_front() {
                 Some(Pending::Reply(id)) => {
                     route_reply(&shared, &mut st, &id, other.extract_error())
+                }
+                // The fence's reply: the quiet ticket was queued, and said nothing.
+                Some(Pending::Quiet(_))
+                    if st.pending.front() == Some(&Pending::Fence) && fence_answer(&other) =>
+                {
+                    st.pending.pop_front();
+                }
+                Some(Pending::Quiet(id)) => {
+                    route_reply(&shared, &mut st, &id, other.extract_error())
+                }
+                Some(Pending::Fence) if fence_answer(&other) => {}
+                // Out of step (a fence refused): no reply after this one can be placed.
+                // Closing the connection tells every waiter `Lost`; they send again.
+                Some(Pending::Fence) => {
+                    if let Some(w) = st.writer.as_ref() {
+                        w.shutdown();
+                    }
                 }
                 Some(Pending::Command(Answer(tx))) => {
                     let _ = tx.send(other.extract_error());
@@ -1417,6 +1498,14 @@ fn route_reply(shared: &Arc<Shared>, st: &mut State, id: &str, r: RedisResult<Va
 }
 
 fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
+    // A quiet ticket that has its message was queued: no reply of its own will come.
+    if let Some(at) = st
+        .pending
+        .iter()
+        .position(|p| matches!(p, Pending::Quiet(q) if q == id))
+    {
+        st.pending.remove(at);
+    }
     match st.waiters.get_mut(id) {
         Some(Slot::Live {
             sink,
@@ -1451,7 +1540,8 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
             let Some((id, Slot::Live { channel, .. })) = st.waiters.remove_entry(id) else {
                 return;
             };
-            let packed = pack(&look);
+            let mut packed = fenced(st);
+            packed.extend_from_slice(&pack(&look));
             st.pending.push_back(Pending::Reply(id.clone()));
             st.waiters.insert(
                 id,
