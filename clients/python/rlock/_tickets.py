@@ -54,6 +54,17 @@ start, whatever the server or the machine's load does to those hops. A command s
 not answered by then leaves its waiter an orphan, and an answer that comes after it and
 is not ``QUEUED`` (the lock was free: taken at once) is given back (`Book.answered`).
 
+Where the connection's ``RLOCK.HELLO`` names ``ticket-quiet``, a ticket sent with
+nothing else in flight goes ``QUIET`` (docs/commands/tickets.md, design.md 5): the
+server writes nothing when it queues it, and answers any other outcome (granted at once,
+refused, by the module or by the server itself: ``MOVED``, ``OOM``, ``LOADING``) with its
+one reply. Its entry in the replies due (`Book.pending`) may get one reply or none, so
+anything written behind it while it is unanswered goes behind a fence, ``RLOCK.HELLO``,
+whose map tells the two apart (`Book.expect`, `Book.frame`); its message takes the entry
+out. The waiter takes a quiet ticket as ``QUEUED``, and its reply, if one comes, as an
+`Answered` note in its mailbox, as it would take the reply of a ticket sent without
+``QUIET``; an orphan's is given back as `Book.answered` gives a late reply back.
+
 `SyncTicketConn` and `AsyncTicketConn` are the two thin I/O shells (thread + lock,
 task + asyncio lock). A waiter that leaves while its ticket may still be queued (a
 cancelled task, KeyboardInterrupt, its deadline come on the client's clock first) stays
@@ -345,6 +356,17 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
                            else max(0.0, until - time.monotonic()))
         if note is None:
             return RanOut(shape.ran_out())
+        if isinstance(note, Answered):
+            # A quiet ticket's own reply (it was not queued): what a ticket sent without
+            # QUIET would have been answered, taken the same way.
+            if isinstance(note.reply, ResponseError):
+                if redirected(str(note.reply)):
+                    raise Fallback(refused=False) from note.reply
+                raise note.reply
+            if isinstance(note.reply, Exception):
+                raise note.reply
+            shape.at_once = True
+            return note.reply
         if note.kind == "lost":
             attempts += 1
             if attempts >= TICKET_ATTEMPTS:
@@ -377,6 +399,61 @@ def ticket_wait(shape: Shape, started: float) -> Generator[Any, Any, Any]:
 
 class _Push(list):
     """A RESP3 push frame, told apart from a reply by its type."""
+
+
+#: The reply a ticket's command is given by the shell when it went ``QUIET``: treated as
+#: ``QUEUED`` (its message answers it, or its own reply comes as an `Answered` note).
+QUEUED = b"QUEUED"
+
+
+@dataclass(frozen=True)
+class Answered(Note):
+    """The reply to a ``QUIET`` ticket, which the server did not queue (granted at once,
+    refused, replayed), delivered to its waiter's mailbox: ``reply`` (the error raised
+    for a refusal). Its kind is ``error`` for a refusal, ``reply`` otherwise (a grant,
+    maybe: `Book.leave` gives it back if the waiter is gone)."""
+
+    reply: Any = None
+
+
+class _Quiet:
+    """In `Book.pending`: a ``QUIET`` ticket of waiter ``id``, which gets one reply (not
+    queued) or none (queued: its message is its answer)."""
+
+    __slots__ = ("id",)
+    sub = False
+
+    def __init__(self, note_id: str) -> None:
+        self.id = note_id
+
+    def put(self, value: Any) -> None:  # the connection broke: its waiter is told LOST
+        pass
+
+
+class _Fence:
+    """In `Book.pending`: the ``RLOCK.HELLO`` written behind an unanswered quiet ticket
+    before anything else; its reply (a map with ``module``) tells whether a reply read
+    in front of it was the ticket's."""
+
+    __slots__ = ()
+    sub = False
+
+    def put(self, value: Any) -> None:
+        pass
+
+
+_FENCE = _Fence()
+
+
+class OutOfStep(Exception):
+    """A reply read in a fence's turn is not the fence's: no reply after it can be placed;
+    the shell closes the connection (its waiters send again, as on any broken one)."""
+
+
+def _fence_answer(frame: Any) -> bool:
+    """Whether ``frame`` is ``RLOCK.HELLO``'s reply (a map with ``module``), which no
+    waiting command answers."""
+    return isinstance(frame, dict) and (b"module" in frame or "module" in frame)
 
 
 _SUB_KINDS = {b"subscribe", b"ssubscribe", b"unsubscribe", b"sunsubscribe"}
@@ -412,6 +489,69 @@ class Book:
         #: Ticket messages heard (every one, for any waiter or none): what a client that
         #: shares a key's channel with others pays for their handoffs.
         self.heard = 0
+        #: The connection's probe named ``ticket-quiet``: a ticket sent with nothing else
+        #: in flight goes ``QUIET`` (`expect`). Set by the shell on each connect.
+        self.quiet = False
+        #: Fences written (`expect`): one per quiet ticket another command followed.
+        self.fences = 0
+
+    def expect(self, sub: bool = False, ticket: Optional[str] = None
+               ) -> Tuple[Optional[Any], bool, bool]:
+        """Registers the reply (or replies) the next command written expects, in order;
+        returns (its slot, None for a quiet ticket; whether ``RLOCK.HELLO`` goes in front
+        of it, as the fence; whether it goes ``QUIET``). ``ticket``: the command is the
+        ticket of waiter ``ticket``, which goes ``QUIET`` where the probe named
+        ``ticket-quiet`` and nothing else is in flight (then the server has nothing to
+        write until its message). Anything written while the last entry is a quiet
+        ticket still unanswered is fenced: a reply read in that ticket's turn may be its
+        own (granted at once, or a refusal the server gives before the module runs:
+        ``MOVED``, ``OOM``, ``LOADING``) or the next command's."""
+        quiet = ticket is not None and self.quiet and not self.pending
+        fence = bool(self.pending) and isinstance(self.pending[-1], _Quiet)
+        if fence:
+            self.pending.append(_FENCE)
+            self.fences += 1
+        if quiet:
+            self.pending.append(_Quiet(ticket))  # type: ignore[arg-type]
+            return None, fence, True
+        slot = self.slot(sub)
+        self.pending.append(slot)
+        return slot, fence, False
+
+    def _reply(self, frame: Any) -> Optional[Tuple[Any, Any]]:
+        """A reply (not a push) read: to the head of `pending`. Raises `OutOfStep`."""
+        head = self.pending.popleft()
+        if isinstance(head, _Quiet):
+            if self.pending and self.pending[0] is _FENCE and _fence_answer(frame):
+                self.pending.popleft()  # the fence's: the ticket was queued, and silent
+                return None
+            return self.quiet_answered(head.id, frame)
+        if head is _FENCE:
+            if not _fence_answer(frame):
+                raise OutOfStep(f"the fence was answered {frame!r}")
+            return None
+        head.put(frame)
+        return None
+
+    def quiet_answered(self, note_id: str, reply: Any) -> Optional[Tuple[Any, Any]]:
+        """A quiet ticket's own reply (it was not queued, so no message follows): to its
+        waiter's mailbox as an `Answered` note, taken as the reply of a ticket sent
+        without ``QUIET`` would be; an orphan's as `answered` takes a late reply (a grant
+        given back, an error forgotten)."""
+        box = self.notes.get(note_id)
+        if box is None:
+            return self.answered(note_id, reply)
+        failed = isinstance(reply, Exception)
+        box.put(Answered("error" if failed else "reply", note_id, reply=reply))
+        return None
+
+    def unquiet(self, note_id: str) -> None:
+        """A ticket with a message was queued: its quiet entry, if any, expects nothing
+        more (a fence behind it still answers in its turn)."""
+        for entry in self.pending:
+            if isinstance(entry, _Quiet) and entry.id == note_id:
+                self.pending.remove(entry)
+                return
 
     def frame(self, frame: Any) -> Optional[Tuple[Any, Any]]:
         """Routes one frame read. For an orphan's message returns ``(look, channel)``:
@@ -427,6 +567,8 @@ class Book:
                 note = parse_note(frame[2])
                 if note is None:
                     return None
+                if self.pending:
+                    self.unquiet(note.id)
                 box = self.notes.get(note.id)
                 if box is not None:
                     if note_action(note) != "fail" and box.look is not None \
@@ -455,7 +597,7 @@ class Book:
                 return None
             return None
         if self.pending:
-            self.pending.popleft().put(frame)
+            return self._reply(frame)
         return None
 
     def answered(self, note_id: str, reply: Any) -> Optional[Tuple[Any, Any]]:
@@ -602,6 +744,14 @@ def _keeps(tag: Optional[str], shard: bool) -> bool:
     its grant once the slot came back (the Rust client's idle shard channels lost grants
     so in the fault harness's `migrate` cell), so there it is unsubscribed as before."""
     return tag is not None and not shard
+
+
+def _commands(args: Tuple[Any, ...], fence: bool, quiet: bool) -> List[Tuple[Any, ...]]:
+    """What one write carries (`Book.expect`): the fence (``RLOCK.HELLO``) first if due,
+    then ``args``, with ``QUIET`` last for a quiet ticket."""
+    out: List[Tuple[Any, ...]] = [HELLO_ARGS] if fence else []
+    out.append(tuple(args) + ("QUIET",) if quiet else tuple(args))
+    return out
 
 
 def _sub_command(shard: bool, on: bool) -> str:
@@ -1026,6 +1176,7 @@ class SyncTicketConn:
             conn._parser.set_pubsub_push_handler(_Push)
             _unbound(conn)
             self.conn = conn
+            self.book.quiet = self.caps.has("ticket-quiet")
             reader = threading.Thread(target=self._read, args=(conn,), daemon=True,
                                       name="rlock-tickets-reader")
             self.readers = [t for t in self.readers if t.is_alive()] + [reader]
@@ -1033,12 +1184,18 @@ class SyncTicketConn:
         return self.conn
 
     def _send_locked(self, args: Tuple[Any, ...], sub: bool = False,
-                     until: Optional[float] = None) -> _SyncSlot:
+                     until: Optional[float] = None,
+                     ticket: Optional[str] = None) -> Optional[_SyncSlot]:
+        """Writes ``args`` (fenced behind an unanswered quiet ticket; ``ticket``: the
+        ticket of that waiter, which may go ``QUIET``: `Book.expect`); its reply slot,
+        None for a quiet ticket."""
         conn = self._connect_locked(until)
-        slot = _SyncSlot(sub)
-        self.book.pending.append(slot)
+        slot, fence, quiet = self.book.expect(sub, ticket)
         try:
-            conn.send_command(*args)
+            if fence or quiet:
+                conn.send_packed_command(conn.pack_commands(_commands(args, fence, quiet)))
+            else:
+                conn.send_command(*args)
         except Exception:
             self._lost_locked(conn)
             raise
@@ -1066,7 +1223,12 @@ class SyncTicketConn:
             with self.lock:
                 if self.conn is not conn:
                     return
-                orphan = self.book.frame(frame)
+                try:
+                    orphan = self.book.frame(frame)
+                except OutOfStep as e:
+                    log.warning("rlock: ticket connection out of step, closed (%s)", e)
+                    self._lost_locked(conn)
+                    return
                 gen = self.book.gen
                 if orphan is not None and isinstance(orphan[0], _SyncMailbox):
                     box, note = orphan
@@ -1110,7 +1272,9 @@ class SyncTicketConn:
             if note_id is not None:
                 self.book.register(note_id, _SyncMailbox(collect, hold), _queue_on(
                     self.book, sub))
-            slot = self._send_locked(args, until=until)
+            slot = self._send_locked(args, until=until, ticket=note_id)
+        if slot is None:
+            return QUEUED  # quiet: queued, or its own reply comes as a note (`Answered`)
         if until is None:
             return slot.get()
         try:
@@ -1236,6 +1400,8 @@ class SyncTicketConn:
                         queued = effect.note_id is not None and value in (b"QUEUED", "QUEUED")
                     elif isinstance(effect, TNote):
                         value = self.note(effect.id, effect.timeout)
+                        if isinstance(value, Answered):
+                            queued = False  # a quiet ticket answered: not queued
                     elif isinstance(effect, TPause):
                         time.sleep(effect.seconds)
                     elif isinstance(effect, TCollect):
@@ -1395,16 +1561,22 @@ class AsyncTicketConn:
             conn._parser.set_pubsub_push_handler(_async_push)
             conn.socket_timeout = None  # read at each read: see `_ticket_conns`
             self.conn = conn
+            self.book.quiet = self.caps.has("ticket-quiet")
             self.reader = self._spawn(self._read(conn))
         return self.conn
 
     async def _send_locked(self, args: Tuple[Any, ...], sub: bool = False,
-                           until: Optional[float] = None) -> _AsyncSlot:
+                           until: Optional[float] = None,
+                           ticket: Optional[str] = None) -> Optional[_AsyncSlot]:
+        """As `SyncTicketConn._send_locked`."""
         conn = await self._connect_locked(until)
-        slot = _AsyncSlot(sub)
-        self.book.pending.append(slot)
+        slot, fence, quiet = self.book.expect(sub, ticket)
         try:
-            await conn.send_command(*args)
+            if fence or quiet:
+                await conn.send_packed_command(
+                    conn.pack_commands(_commands(args, fence, quiet)))
+            else:
+                await conn.send_command(*args)
         except BaseException:
             await self._lost(conn)
             raise
@@ -1430,7 +1602,12 @@ class AsyncTicketConn:
                 return
             if self.conn is not conn:
                 return
-            orphan = self.book.frame(frame)
+            try:
+                orphan = self.book.frame(frame)
+            except OutOfStep as e:
+                log.warning("rlock: ticket connection out of step, closed (%s)", e)
+                await self._lost(conn)
+                return
             if orphan is not None and isinstance(orphan[0], _AsyncMailbox):
                 box, note = orphan
                 if box.hold is not None and box.hold.holds_on(note):
@@ -1519,9 +1696,11 @@ class AsyncTicketConn:
             if note_id is not None:
                 self.book.register(note_id, _AsyncMailbox(collect, hold), _queue_on(
                     self.book, sub))
-            slot = await self._send_locked(args, until=until)
+            slot = await self._send_locked(args, until=until, ticket=note_id)
         finally:
             self.lock.release()
+        if slot is None:
+            return QUEUED  # quiet: as `SyncTicketConn.call`
         if until is not None:
             await self._until(slot, until, lambda: self._answered(note_id, slot.future))
         return await slot.get()
@@ -1660,6 +1839,8 @@ class AsyncTicketConn:
                     elif isinstance(effect, TNote):
                         box = self.book.notes.get(effect.id)
                         value = await box.get(effect.timeout) if box is not None else None
+                        if isinstance(value, Answered):
+                            queued = False  # a quiet ticket answered: not queued
                 except BaseException as e:  # noqa: BLE001 - thrown into the wait
                     error = e
         finally:
