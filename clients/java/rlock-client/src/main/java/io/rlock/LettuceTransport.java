@@ -148,6 +148,22 @@ final class LettuceTransport implements Transport {
         return send(conn.async(), args);
     }
 
+    /** Both on the command connection in one write: Lettuce encodes a batch into one buffer and flushes once. */
+    @Override
+    public List<CompletableFuture<Object>> sendBoth(List<String> first, List<String> second) {
+        AsyncCommand<String, String, Object> a = command(first), b = command(second);
+        try {
+            conn.dispatch(List.of(a, b));
+        } catch (RuntimeException e) {
+            return List.of(CompletableFuture.failedFuture(e), CompletableFuture.failedFuture(e));
+        }
+        return List.of(a.toCompletableFuture(), b.toCompletableFuture());
+    }
+
+    private static AsyncCommand<String, String, Object> command(List<String> args) {
+        return new AsyncCommand<>(new Command<>(Wire.keyword(args.get(0)), new Reply(), commandArgs(args)));
+    }
+
     /** At-most-once commands under way on the command connection (see {@link #sendOnce}). */
     private final Set<Once> once = ConcurrentHashMap.newKeySet();
 

@@ -65,7 +65,7 @@ public final class RlockClient implements AutoCloseable {
         s.setRemoveOnCancelPolicy(true);
         this.scheduler = Executors.unconfigurableScheduledExecutorService(s);
         this.wire = new Wire(transport, scheduler, options);
-        this.waits = new Waits(transport, wire, ForkJoinPool.commonPool(), options.waitMode(), stats);
+        this.waits = new Waits(transport, wire, ForkJoinPool.commonPool(), scheduler, options.waitMode(), stats);
         this.watchdog = new Watchdog(scheduler, wire, options.watchdogTimeout().toMillis(), stats);
         this.backend = Backend.install(transport, wire, waits, scheduler, ForkJoinPool.commonPool(), options, stats);
     }

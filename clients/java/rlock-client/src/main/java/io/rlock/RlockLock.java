@@ -31,6 +31,11 @@ public class RlockLock implements Lock {
     private final List<LockLostListener> listeners = new CopyOnWriteArrayList<>();
     /** Owners whose hold was found lost, until they acquire again. */
     private final Map<String, String> lost = new ConcurrentHashMap<>();
+    /**
+     * Owners holding on a grant message whose confirmation may still be held back: their
+     * next release carries it ({@link Waits#sendBehind}).
+     */
+    private final Map<String, Waits.Confirm> unconfirmed = new ConcurrentHashMap<>();
     /** What this handle's waiting acquires found lately (whether the next one asks first). */
     final Contention seen = new Contention();
 
@@ -108,7 +113,9 @@ public class RlockLock implements Lock {
             raw = client.wire().sendRetrying(args);
         } else {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
-            confirm = new Waits.Confirm(); // held on the grant message (its token, for the fenced lock)
+            // Held on the grant message (its token, for the fenced lock); the release may
+            // carry the confirmation: the server's take-back checks the owner still holds.
+            confirm = new Waits.Confirm(true);
             raw = client.waits().await(args, reply -> parseAcquire(reply).held() ? List.of(undo(owner)) : List.of(),
                     confirm, seen, reply -> parseAcquire(reply).held());
         }
@@ -128,6 +135,9 @@ public class RlockLock implements Lock {
                 // connection closed and none came within the server's grace) means the
                 // server gave this hold to the next waiter.
                 held.onTakenBack(() -> takenBack(owner));
+                if (held.held()) {
+                    unconfirmed.put(owner, held);
+                }
             }
             if (!client.syncsReplicas(name)) {
                 return CompletableFuture.completedFuture(a); // nothing to wait for: no stage more
@@ -164,7 +174,8 @@ public class RlockLock implements Lock {
         String owner = ownerOf(threadId);
         List<String> args = releaseArgs(owner);
         args.addAll(List.of("ID", Wire.requestId()));
-        return client.wire().sendRetrying(args).thenApply(reply -> {
+        CompletableFuture<Object> sent = client.waits().sendBehind(unconfirmed.remove(owner), args);
+        return (sent != null ? sent : client.wire().sendRetrying(args)).thenApply(reply -> {
             if (reply == null) {
                 String why = lost.remove(owner);
                 client.watchdog().release(watchName(owner), true);

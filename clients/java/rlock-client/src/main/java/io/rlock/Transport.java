@@ -62,6 +62,17 @@ public interface Transport extends AutoCloseable {
         return send(args);
     }
 
+    /**
+     * Sends two commands on the same connection, `first` then `second` (a lock's held-back
+     * confirmation and its release, design.md 5), and their replies in that order. A
+     * driver that can writes both at once, so the server reads them together and answers
+     * both in one write; the default sends them one after the other.
+     */
+    default List<CompletableFuture<Object>> sendBoth(List<String> first, List<String> second) {
+        CompletableFuture<Object> a = send(first);
+        return List.of(a, send(second));
+    }
+
     /** {@link #sendOnce} of a command whose arguments are bytes ({@link #sendBytes}). */
     default CompletableFuture<Object> sendBytesOnce(List<byte[]> args) {
         return sendBytes(args);

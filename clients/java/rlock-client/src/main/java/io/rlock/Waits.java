@@ -42,6 +42,7 @@ import io.lettuce.core.RedisCommandExecutionException;
 
 import java.nio.charset.StandardCharsets;
 import java.security.SecureRandom;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
@@ -53,6 +54,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 
@@ -86,6 +88,14 @@ final class Waits {
      */
     static final long CONFIRM_RETRY_PAUSE_MS = 10;
     static final long CONFIRM_RETRY_MAX_PAUSE_MS = 200;
+    /**
+     * How long a lock's held grant's confirmation waits for the holder's release to carry
+     * it ({@link #sendBehind}) before it goes alone: a holder that releases at once sends
+     * both in one write, which the server reads at once and answers in one write
+     * (design.md 5). Far below the server's grace, which only starts when the connection
+     * that queued the ticket closes.
+     */
+    static final long CONFIRM_DEFER_MS = 10;
 
     /** The server's part of a wait of `left` ms (0: no limit), {@link #TIMEOUT_LEAD_MS} sooner. */
     static long serverWait(long left) {
@@ -119,6 +129,16 @@ final class Waits {
     private final RlockStats stats;
     private final Wire wire;
     private final Executor executor;
+    private final ScheduledExecutorService scheduler;
+    /**
+     * Lock confirmations held back (see {@link #CONFIRM_DEFER_MS}), the oldest first; those a
+     * release took along stay until the sweep passes them. Guarded by itself.
+     */
+    private final ArrayDeque<Confirm> heldBack = new ArrayDeque<>();
+    /** A sweep of {@link #heldBack} is scheduled. Guarded by heldBack. */
+    private boolean sweeping;
+    /** {@link #CONFIRM_DEFER_MS} in nanoseconds (tests lengthen it to hold one back for sure). */
+    private volatile long deferNanos = TimeUnit.MILLISECONDS.toNanos(CONFIRM_DEFER_MS);
     private final RlockOptions.WaitMode waitMode;
     /** This client's ticket tag (`NOTIFY tag`): 16 lowercase hex characters, drawn once. */
     private final String tag = newTag();
@@ -187,11 +207,13 @@ final class Waits {
         return tag;
     }
 
-    Waits(Transport transport, Wire wire, Executor executor, RlockOptions.WaitMode waitMode, RlockStats stats) {
+    Waits(Transport transport, Wire wire, Executor executor, ScheduledExecutorService scheduler,
+          RlockOptions.WaitMode waitMode, RlockStats stats) {
         this.transport = transport;
         this.stats = stats;
         this.wire = wire;
         this.executor = executor;
+        this.scheduler = scheduler;
         this.waitMode = waitMode;
         transport.listen(this::onMessage);
         // A ticket lives as long as the connection that queued it, and a grant message sent
@@ -252,6 +274,43 @@ final class Waits {
         private CompletableFuture<Outcome> future;
         /** Held on its grant message: a confirmation is under way (set before the holder proceeds). */
         private volatile boolean held;
+        /**
+         * Whether the holder's release may carry the confirmation (a lock's: the server's
+         * take-back checks the owner still holds what the grant wrote, so a release run
+         * first leaves nothing to take). Such a confirmation is held back, to go out in front
+         * of that release in one write, or alone after {@link #CONFIRM_DEFER_MS}.
+         */
+        final boolean ridesWithRelease;
+        /** The confirmation held back, not yet written (null: none, or sent). Guarded by this. */
+        private List<String> heldBack;
+        /** When it was held back (System.nanoTime). */
+        private long heldBackAt;
+
+        /** A confirmation sent as soon as the grant is held on its message (a semaphore's). */
+        Confirm() {
+            this(false);
+        }
+
+        Confirm(boolean ridesWithRelease) {
+            this.ridesWithRelease = ridesWithRelease;
+        }
+
+        synchronized void holdBack(List<String> confirmation) {
+            heldBack = confirmation;
+            heldBackAt = System.nanoTime();
+        }
+
+        /** The held-back confirmation, taken to be written now by the caller (null: none left). */
+        synchronized List<String> takeHeldBack() {
+            List<String> a = heldBack;
+            heldBack = null;
+            return a;
+        }
+
+        /** Nanoseconds until a held-back confirmation is due alone (<= 0: due; Long.MIN_VALUE: none held back). */
+        synchronized long dueIn(long now, long deferNanos) {
+            return heldBack == null ? Long.MIN_VALUE : deferNanos - (now - heldBackAt);
+        }
 
         /** Runs `hook` once if the grant turns out lost, taken back or in doubt (at once if it was already). */
         void onTakenBack(Runnable hook) {
@@ -798,11 +857,133 @@ final class Waits {
         }
         Confirm c = w.confirm;
         c.markHeld();
-        // Straight to the module (a ticket is the module's; no Backend stage to pass through),
-        // on the command connection, which follows a MOVED to where the grant's slot went.
-        wire.retryingFor(w.confirmArgs, CONFIRM_RETRY_FOR_MS, CONFIRM_RETRY_PAUSE_MS, CONFIRM_RETRY_MAX_PAUSE_MS)
-                .whenComplete((r, e) -> c.settle(Confirm.of(e)));
+        if (c.ridesWithRelease) {
+            c.holdBack(w.confirmArgs);
+            deferred(c);
+        } else {
+            confirm(c, w.confirmArgs);
+        }
         finish(w, reply, null);
+    }
+
+    /**
+     * Sends confirmation `args` of `c` until a definite answer settles it. Straight to the
+     * module (a ticket is the module's; no Backend stage to pass through), on the command
+     * connection, which follows a MOVED to where the grant's slot went.
+     */
+    private void confirm(Confirm c, List<String> args) {
+        wire.retryingFor(args, CONFIRM_RETRY_FOR_MS, CONFIRM_RETRY_PAUSE_MS, CONFIRM_RETRY_MAX_PAUSE_MS)
+                .whenComplete((r, e) -> c.settle(Confirm.of(e)));
+    }
+
+    /** Holds `c`'s confirmation back for a release to carry; the sweep sends it alone when due. */
+    private void deferred(Confirm c) {
+        boolean schedule;
+        synchronized (heldBack) {
+            heldBack.add(c);
+            schedule = !sweeping;
+            sweeping = true;
+        }
+        if (schedule) {
+            scheduler.schedule(this::sweep, deferNanos, TimeUnit.NANOSECONDS);
+        }
+    }
+
+    /**
+     * Sends alone every held-back confirmation that is due and no release took along, and
+     * comes back for the next one: one scheduled task at a time, however many holders,
+     * and none while nothing is held back.
+     */
+    private void sweep() {
+        List<Confirm> due = new ArrayList<>();
+        long next = -1;
+        long now = System.nanoTime();
+        synchronized (heldBack) {
+            for (Confirm c; (c = heldBack.peek()) != null; ) {
+                long in = c.dueIn(now, deferNanos);
+                if (in == Long.MIN_VALUE || in <= 0) {
+                    heldBack.poll();
+                    if (in != Long.MIN_VALUE) {
+                        due.add(c);
+                    }
+                } else {
+                    next = in;
+                    break;
+                }
+            }
+            sweeping = next >= 0;
+        }
+        for (Confirm c : due) {
+            List<String> args = c.takeHeldBack();
+            if (args != null) {
+                confirm(c, args);
+            }
+        }
+        if (next >= 0) {
+            scheduler.schedule(this::sweep, next, TimeUnit.NANOSECONDS);
+        }
+    }
+
+    /** Tests: sends every held-back confirmation now; completes once each has its outcome. */
+    CompletableFuture<Void> flushHeldBack() {
+        List<Confirm> all;
+        synchronized (heldBack) {
+            all = new ArrayList<>(heldBack);
+        }
+        List<CompletableFuture<Confirm.Outcome>> outcomes = new ArrayList<>();
+        for (Confirm c : all) {
+            List<String> args = c.takeHeldBack();
+            if (args != null) {
+                confirm(c, args);
+                outcomes.add(c.outcome());
+            }
+        }
+        return CompletableFuture.allOf(outcomes.toArray(CompletableFuture[]::new));
+    }
+
+    /** Tests: hold lock confirmations back for `ms` instead of {@link #CONFIRM_DEFER_MS}. */
+    void deferConfirmsFor(long ms) {
+        deferNanos = TimeUnit.MILLISECONDS.toNanos(ms);
+    }
+
+    /**
+     * Sends `command` (a lock's release) right behind `c`'s held-back confirmation, both in
+     * one write on the command connection (design.md 5): the server runs them in that order
+     * and answers both in one write. Null when there is nothing held back (no confirmation,
+     * already sent, or a grant that was collected): the caller sends `command` itself. The
+     * confirmation settles `c` as it would alone, tried again alone after a transient
+     * failure; `command`, after one, goes through the usual retries (it carries an `ID`).
+     */
+    CompletableFuture<Object> sendBehind(Confirm c, List<String> command) {
+        List<String> confirmation = c == null ? null : c.takeHeldBack();
+        if (confirmation == null) {
+            return null;
+        }
+        List<CompletableFuture<Object>> both = transport.sendBoth(confirmation, command);
+        both.get(0).whenComplete((r, e) -> {
+            if (e != null && (Wire.isTransient(e) || Wire.refusedConnection(e))) {
+                confirm(c, confirmation);
+            } else {
+                c.settle(Confirm.of(e));
+            }
+        });
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        both.get(1).whenComplete((r, e) -> {
+            if (e == null) {
+                out.complete(r);
+            } else if (Wire.isTransient(e)) {
+                wire.sendRetrying(command).whenComplete((r2, e2) -> {
+                    if (e2 == null) {
+                        out.complete(r2);
+                    } else {
+                        out.completeExceptionally(Wire.unwrap(e2));
+                    }
+                });
+            } else {
+                out.completeExceptionally(Wire.unwrap(e));
+            }
+        });
+        return out;
     }
 
     /** {@link #heldReply}'s answer when the grant's reply cannot be read from its message. */

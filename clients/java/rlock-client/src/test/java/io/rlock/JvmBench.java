@@ -383,15 +383,17 @@ public final class JvmBench {
             seen.add(new long[] {now, compilerMs()});
             long ranMs = (now - started) / 1_000_000;
             if (ranMs >= WARM_MS) {
+                // Over the shortest window of at least QUIET_WINDOW_MS: the newest sample
+                // that old. (A window bounded above too was never found on a loaded machine,
+                // where the sleeps between samples overshoot, and the share stayed unknown.)
                 long[] last = seen.get(seen.size() - 1);
-                for (long[] then : seen) {
-                    if ((last[0] - then[0]) / 1_000_000 <= QUIET_WINDOW_MS) {
-                        long windowMs = (last[0] - then[0]) / 1_000_000;
-                        if (windowMs >= QUIET_WINDOW_MS * 9 / 10) {
-                            share = (last[1] - then[1]) / (double) windowMs;
-                            if (share < QUIET_SHARE) {
-                                return share;
-                            }
+                for (int i = seen.size() - 2; i >= 0; i--) {
+                    long[] then = seen.get(i);
+                    long windowMs = (last[0] - then[0]) / 1_000_000;
+                    if (windowMs >= QUIET_WINDOW_MS) {
+                        share = (last[1] - then[1]) / (double) windowMs;
+                        if (share < QUIET_SHARE) {
+                            return share;
                         }
                         break;
                     }
