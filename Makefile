@@ -230,7 +230,7 @@ bench-java: release ## Java contention benches (REDIS_SERVER; append to BENCHMAR
 		-Dexec.args="-classpath %classpath io.rlock.spring.RegistryBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
 
 # The worker JVMs are forked from the bench's class path: exec:exec runs it in a JVM of its own.
-bench-java-jvms: release ## Java client vs the real Redisson across 4 JVMs (REDIS_SERVER): one lock (RLock) and 4 permits (RSemaphore) at 8 and 64 contenders, each row measured once every JVM's JIT is quiet (60 s of warm-up at most); owner changes/s, acquisitions/s, p50/p99 wait, Jain, connections, server CPU/acq; writes its table into BENCHMARK.md
+bench-java-jvms: release ## Java client vs the real Redisson across 4 JVMs (REDIS_SERVER): one lock (RLock) and 4 permits (RSemaphore) at 8 and 64 contenders, each row measured once every JVM's JIT is quiet (120 s of warm-up at most); owner changes/s, acquisitions/s, p50/p99 wait, Jain, connections, server CPU/acq; writes its table into BENCHMARK.md
 	@./scripts/deps.sh --java
 	$(MVN) -q -pl rlock-client test-compile exec:exec -Dexec.classpathScope=test -Dexec.executable=java \
 		-Dexec.args="-classpath %classpath io.rlock.JvmBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"

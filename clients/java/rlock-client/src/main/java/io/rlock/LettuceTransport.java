@@ -27,6 +27,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.BiConsumer;
 
 final class LettuceTransport implements Transport {
@@ -65,10 +66,18 @@ final class LettuceTransport implements Transport {
                 // stack's commands again: an at-most-once command already written fails
                 // (done, Lettuce does not write it again); one not yet written waits.
                 if (c == conn) {
+                    // First: a pinned batch checked against the old generation is in
+                    // `pinned` by now (added before its check) and is settled just below.
+                    generation.incrementAndGet();
                     for (Once o : once) {
                         if (o.written) {
                             o.result.completeExceptionally(lostAfterWrite(o));
                         }
+                    }
+                    for (Once p : pinned) {
+                        // Done either way, so Lettuce writes neither again on the new connection.
+                        p.result.completeExceptionally(p.written ? lostAfterWrite(p)
+                                : new NotSent(p.getType() + " was not sent: the connection closed first"));
                     }
                 }
             }
@@ -162,6 +171,48 @@ final class LettuceTransport implements Transport {
 
     private static AsyncCommand<String, String, Object> command(List<String> args) {
         return new AsyncCommand<>(new Command<>(Wire.keyword(args.get(0)), new Reply(), commandArgs(args)));
+    }
+
+    /** The command connection's generation: one more at each of its disconnects. */
+    private final AtomicLong generation = new AtomicLong();
+    /** Pinned commands under way (see {@link #sendPinned}). */
+    private final Set<Once> pinned = ConcurrentHashMap.newKeySet();
+
+    @Override
+    public long generation() {
+        return generation.get();
+    }
+
+    @Override
+    public List<CompletableFuture<Object>> sendPinned(long gen, List<List<String>> commands) {
+        List<Once> cmds = new java.util.ArrayList<>(commands.size());
+        List<AsyncCommand<String, String, Object>> batch = new java.util.ArrayList<>(commands.size());
+        List<CompletableFuture<Object>> out = new java.util.ArrayList<>(commands.size());
+        for (List<String> args : commands) {
+            Once cmd = new Once(Wire.keyword(args.get(0)), commandArgs(args));
+            AsyncCommand<String, String, Object> async = new AsyncCommand<>(cmd);
+            cmd.result = async;
+            cmds.add(cmd);
+            batch.add(async);
+            out.add(async.toCompletableFuture());
+        }
+        // Registered before the generation is checked: a disconnect from here on settles them.
+        pinned.addAll(cmds);
+        if (generation.get() != gen) {
+            pinned.removeAll(cmds);
+            return null;
+        }
+        for (Once cmd : cmds) {
+            cmd.result.whenComplete((v, e) -> pinned.remove(cmd));
+        }
+        try {
+            conn.dispatch(batch);
+        } catch (RuntimeException e) {
+            for (AsyncCommand<String, String, Object> a : batch) {
+                a.completeExceptionally(e);
+            }
+        }
+        return out;
     }
 
     /** At-most-once commands under way on the command connection (see {@link #sendOnce}). */

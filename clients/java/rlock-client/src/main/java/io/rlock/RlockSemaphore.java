@@ -65,7 +65,9 @@ public final class RlockSemaphore {
             raw = client.wire().sendRetrying(args);
         } else {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", id));
-            confirm = new Waits.Confirm(); // held on the grant message where the server names ticket-holds
+            // Held on the grant message where the server names ticket-holds; the release may
+            // carry the confirmation, pinned to the connection that queued the ticket.
+            confirm = new Waits.Confirm(true);
             raw = client.waits().await(args, reply -> Long.valueOf(1).equals(reply)
                     ? List.of(List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId()))
                     : List.of(), confirm, seen, reply -> Long.valueOf(1).equals(reply));
@@ -187,6 +189,51 @@ public final class RlockSemaphore {
      */
     public CompletableFuture<Void> releaseAsync(int permits) {
         checkPermits(permits);
+        // Grants of this name held on their messages, their confirmations held back and no
+        // debt: the release goes right behind those confirmations in one write, pinned to
+        // the connection that queued the tickets (design.md 5), with no wait for outcomes.
+        List<Waits.Confirm> riding = client.semaphoreDebts().riders(name);
+        List<String> release = List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId());
+        CompletableFuture<Object> rode = riding == null ? null : client.waits().sendPinnedBehind(riding, release);
+        if (rode == null) {
+            if (riding == null) {
+                // Not waiting for the sweep to send what the release cannot carry.
+                client.waits().sendHeldBack(client.semaphoreDebts().heldBack(name));
+            }
+            return released(permits);
+        }
+        CompletableFuture<Void> out = new CompletableFuture<>();
+        rode.whenComplete((r, e) -> {
+            if (e == null) {
+                out.complete(null);
+                return;
+            }
+            Throwable x = Wire.unwrap(e);
+            CompletableFuture<Void> again;
+            if (x instanceof Transport.NotSent) {
+                again = released(permits); // never written: it did not run
+            } else {
+                // Written, maybe run: it ran only behind confirmations that stood, so one
+                // answered TAKENBACK means it did not; otherwise the same command again (the
+                // server replays it if it ran).
+                again = CompletableFuture.allOf(riding.stream().map(Waits.Confirm::outcome).toArray(CompletableFuture[]::new))
+                        .thenCompose(v -> riding.stream().anyMatch(c -> c.outcome().join() == Waits.Confirm.Outcome.TAKEN_BACK)
+                                ? released(permits)
+                                : client.wire().sendRetrying(release).thenApply(w -> (Void) null));
+            }
+            again.whenComplete((v, e2) -> {
+                if (e2 == null) {
+                    out.complete(null);
+                } else {
+                    out.completeExceptionally(Wire.unwrap(e2));
+                }
+            });
+        });
+        return out;
+    }
+
+    /** A release the usual way: after the name's confirmations in flight, less the debt. */
+    private CompletableFuture<Void> released(int permits) {
         return client.semaphoreDebts().toSend(name, permits).thenCompose(n -> n == 0 && permits > 0
                 ? CompletableFuture.completedFuture(null)
                 : client.wire().sendRetrying(List.of("RSEMAPHORE.RELEASE", name, Long.toString(n), "ID", Wire.requestId()))

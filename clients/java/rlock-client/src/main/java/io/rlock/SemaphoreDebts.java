@@ -13,6 +13,10 @@
 // died, would be followed by the take-back: permits that never existed), then (2) takes off
 // the debt, the permits whose grants were answered TAKENBACK and not released since, and
 // sends only the rest. Per name, not per handle: a release may come from another handle.
+// Except (riders): when every confirmation of the name in flight is still held back and
+// no debt is owed, the release carries them, right behind them in one write pinned to the
+// connection that queued their tickets (Waits.sendPinnedBehind), where the server runs it
+// only after confirmations that stood.
 package io.rlock;
 
 import java.util.ArrayList;
@@ -33,6 +37,11 @@ final class SemaphoreDebts {
     /** One name's confirmations in flight and its debt. Guarded by SemaphoreDebts.this. */
     private static final class Name {
         final List<CompletableFuture<Void>> inflight = new ArrayList<>();
+        /**
+         * The confirmations among those in flight that were held back for a release to
+         * carry (Waits.sendPinnedBehind), until one is taken along or has its outcome.
+         */
+        final List<Waits.Confirm> riders = new ArrayList<>();
         long debt;
     }
 
@@ -61,13 +70,18 @@ final class SemaphoreDebts {
         // run before the debt is).
         CompletableFuture<Void> settled = new CompletableFuture<>();
         synchronized (this) {
-            names.computeIfAbsent(name, n -> new Name()).inflight.add(settled);
+            Name n = names.computeIfAbsent(name, k -> new Name());
+            n.inflight.add(settled);
+            if (confirm.ridesWithRelease) {
+                n.riders.add(confirm);
+            }
         }
         confirm.outcome().thenAccept(o -> {
             synchronized (this) {
                 Name n = names.get(name);
                 if (n != null) {
                     n.inflight.remove(settled);
+                    n.riders.remove(confirm);
                     if (o == Waits.Confirm.Outcome.TAKEN_BACK) {
                         n.debt += permits;
                     }
@@ -112,6 +126,28 @@ final class SemaphoreDebts {
                 return r[0];
             }
         });
+    }
+
+    /**
+     * The confirmations a release of `name` may carry, taken off the name's riders: every
+     * confirmation of the name in flight, when all of them are riders and there is no debt
+     * (so the release needs no outcome to know what to send). Null otherwise: the release
+     * takes the usual way ({@link #toSend}).
+     */
+    synchronized List<Waits.Confirm> riders(String name) {
+        Name n = names.get(name);
+        if (n == null || n.debt != 0 || n.riders.isEmpty() || n.riders.size() != n.inflight.size()) {
+            return null;
+        }
+        List<Waits.Confirm> out = new ArrayList<>(n.riders);
+        n.riders.clear();
+        return out;
+    }
+
+    /** The riders of `name` (a release that cannot carry them sends them first, not waiting for the sweep). */
+    synchronized List<Waits.Confirm> heldBack(String name) {
+        Name n = names.get(name);
+        return n == null ? List.of() : new ArrayList<>(n.riders);
     }
 
     /** The debt of `name` (tests). */

@@ -73,6 +73,33 @@ public interface Transport extends AutoCloseable {
         return List.of(a, send(second));
     }
 
+    /**
+     * The command connection's generation, which changes whenever that connection breaks;
+     * -1 for a transport that cannot tell (it then sends no {@link #sendPinned} batch).
+     */
+    default long generation() {
+        return -1;
+    }
+
+    /**
+     * Sends `commands` in one write on the command connection, only if that connection is
+     * still generation `gen` (it queued the tickets whose confirmations lead the batch), and
+     * never on another: each command that was not written on it before it broke fails with
+     * {@link NotSent} (Lettuce would write it again after its reconnect; it does not), each
+     * that was, with {@link RlockOutcomeUnknownException}. Null when it cannot be sent so
+     * (another generation, a transport that cannot tell): nothing was sent.
+     */
+    default List<CompletableFuture<Object>> sendPinned(long gen, List<List<String>> commands) {
+        return null;
+    }
+
+    /** A pinned command that was never written (its connection broke first): it did not run. */
+    final class NotSent extends RuntimeException {
+        public NotSent(String message) {
+            super(message, null, false, false);
+        }
+    }
+
     /** {@link #sendOnce} of a command whose arguments are bytes ({@link #sendBytes}). */
     default CompletableFuture<Object> sendBytesOnce(List<byte[]> args) {
         return sendBytes(args);

@@ -20,12 +20,15 @@
 // A lock, RW lock, fenced lock, expirable or plain semaphore waiter holds on its `granted`
 // message when the server names `ticket-holds`, its grant's reply read from the message
 // (nil; the fencing token or the permit ids in its detail; 1 for the plain semaphore): the
-// listener (Lettuce's event loop) writes the confirmation (the same command and id without
-// WAIT) and completes the waiter's future on the spot, with no round trip and no executor
-// between the message and the waiting thread; the confirmation's reply settles the
-// waiter's Confirm later (TAKENBACK: the hold is reported lost; the plain semaphore's
-// release waits for it, see SemaphoreDebts). A detail it cannot read (an older module) and
-// the latch's waits collect first.
+// listener (Lettuce's event loop) completes the waiter's future on the spot, with no round
+// trip and no executor between the message and the waiting thread. The confirmation (the
+// same command and id without WAIT) is written there too for the expirable semaphore; a
+// lock's and a plain semaphore's is held back for the holder's release to carry in one
+// write (sendBehind; the semaphore's pinned to the connection that queued the ticket,
+// sendPinnedBehind), or sent alone by the sweep after CONFIRM_DEFER_MS. Its reply settles
+// the waiter's Confirm (TAKENBACK: the hold is reported lost; a plain semaphore's release
+// that cannot carry it waits for it, see SemaphoreDebts). A detail it cannot read (an
+// older module) and the latch's waits collect first.
 //
 // A timed wait ends at its own deadline on the client's clock (the wait counted from the
 // call), whatever the server has said by then: a frozen or loaded server's answer comes
@@ -285,6 +288,12 @@ final class Waits {
         private List<String> heldBack;
         /** When it was held back (System.nanoTime). */
         private long heldBackAt;
+        /**
+         * The command connection's generation ({@link Transport#generation}) that queued the
+         * ticket, for a ticket queued once (never sent again); -1 otherwise. A semaphore's
+         * release rides only on that connection ({@link #sendPinnedBehind}).
+         */
+        volatile long gen = -1;
 
         /** A confirmation sent as soon as the grant is held on its message (a semaphore's). */
         Confirm() {
@@ -416,6 +425,8 @@ final class Waits {
         /** The confirmation (`look()`), made before the grant, off its path. */
         List<String> confirmArgs;
         volatile boolean finished;
+        /** The command connection's generation when its ticket was last sent. */
+        volatile long gen = -1;
         /** Counted as a wait once (a resent ticket queued again is the same wait). */
         volatile boolean queued;
         /** The subscription this waiter counts in (null: none, or one the server dropped). Guarded by Waits.this. */
@@ -695,6 +706,9 @@ final class Waits {
             return;
         }
         boolean ticketed = args.contains("ASYNC");
+        if (ticketed) {
+            w.gen = transport.generation();
+        }
         wire.sendRetrying(w.channel, args).whenComplete((reply, e) -> onReply(w, ticketed, reply, e));
     }
 
@@ -858,6 +872,7 @@ final class Waits {
         Confirm c = w.confirm;
         c.markHeld();
         if (c.ridesWithRelease) {
+            c.gen = w.resent ? -1 : w.gen;
             c.holdBack(w.confirmArgs);
             deferred(c);
         } else {
@@ -921,6 +936,69 @@ final class Waits {
         }
         if (next >= 0) {
             scheduler.schedule(this::sweep, next, TimeUnit.NANOSECONDS);
+        }
+    }
+
+    /**
+     * Sends `command` (a plain semaphore's release) right behind the held-back confirmations
+     * `cs`, all in one write, pinned to the command connection that queued their tickets
+     * ({@link Transport#sendPinned}): the server takes a grant back only after that
+     * connection closed, and runs its commands in order, so a release it runs there follows
+     * confirmations that stood (design.md 5). Null when that cannot be (a confirmation no
+     * longer held back, a ticket sent again, that connection broken since, a transport that
+     * cannot pin): the confirmations still held back are sent alone, and the caller takes
+     * the usual way (waiting for their outcomes). The returned future fails with
+     * {@link Transport.NotSent} or {@link RlockOutcomeUnknownException} when the
+     * connection broke around the batch: the caller then waits for the outcomes too and
+     * sends `command` again under its request id (the server replays it if it ran).
+     */
+    CompletableFuture<Object> sendPinnedBehind(List<Confirm> cs, List<String> command) {
+        long gen = transport.generation();
+        List<List<String>> confirmations = new ArrayList<>(cs.size());
+        boolean pinnable = gen >= 0;
+        for (Confirm c : cs) {
+            List<String> a = c.takeHeldBack();
+            if (a == null || c.gen != gen) {
+                pinnable = false;
+            }
+            confirmations.add(a);
+        }
+        List<CompletableFuture<Object>> replies = null;
+        if (pinnable) {
+            List<List<String>> batch = new ArrayList<>(confirmations);
+            batch.add(command);
+            replies = transport.sendPinned(gen, batch);
+        }
+        for (int i = 0; i < cs.size(); i++) {
+            Confirm c = cs.get(i);
+            List<String> a = confirmations.get(i);
+            if (a == null) {
+                continue; // already sent alone
+            }
+            if (replies == null) {
+                confirm(c, a);
+            } else {
+                replies.get(i).whenComplete((r, e) -> {
+                    Throwable x = e == null ? null : Wire.unwrap(e);
+                    if (x != null && (Wire.isTransient(x) || Wire.refusedConnection(x)
+                            || x instanceof Transport.NotSent || x instanceof RlockOutcomeUnknownException)) {
+                        confirm(c, a);
+                    } else {
+                        c.settle(Confirm.of(e));
+                    }
+                });
+            }
+        }
+        return replies == null ? null : replies.get(cs.size());
+    }
+
+    /** Sends alone, now, those of `cs` still held back (a release that cannot carry them waits for them). */
+    void sendHeldBack(List<Confirm> cs) {
+        for (Confirm c : cs) {
+            List<String> a = c.takeHeldBack();
+            if (a != null) {
+                confirm(c, a);
+            }
         }
     }
 

@@ -42,7 +42,7 @@ public final class JvmBench {
     /** The least warm-up: every contender runs this long before its JVM may say WARM. */
     static final long WARM_MS = Long.getLong("bench.warm.ms", 5000);
     /** The most: a JVM whose compilers are still busy then says WARM anyway (and the table says so). */
-    static final long WARM_MAX_MS = Long.getLong("bench.warm.max.ms", 60000);
+    static final long WARM_MAX_MS = Long.getLong("bench.warm.max.ms", 120000);
     /** Quiet: the JIT compiler threads used less than this share of one core over the last QUIET_WINDOW_MS. */
     static final double QUIET_SHARE = 0.05;
     static final long QUIET_WINDOW_MS = 2000;

@@ -428,6 +428,66 @@ class TicketHoldsTest {
     }
 
     @Test
+    void a_semaphore_release_carries_its_held_back_confirmation_in_one_write() throws Exception {
+        try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            c.waits().deferConfirmsFor(60_000); // held back until the release, however slow the machine
+            String name = key("sem-carried");
+            RlockSemaphore sem = c.getSemaphore(name);
+            assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
+            assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
+            CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            assertEquals(1L, server.call("RSEMAPHORE.RELEASE", name, "1"));
+            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            long acquires = calls("rsemaphore.acquire"), releases = releasesSent();
+            long reads = Long.parseLong(server.info("stats", "total_reads_processed"));
+            sem.releaseAsync(1).get(10, TimeUnit.SECONDS);
+            long readsAfter = Long.parseLong(server.info("stats", "total_reads_processed"));
+            // Not waiting for an answer first: the confirmation, still held back, and the
+            // release in one read (the other is this INFO's own).
+            assertEquals(1, calls("rsemaphore.acquire") - acquires, "the confirmation went with the release");
+            assertEquals(1, releasesSent() - releases);
+            assertEquals(2, readsAfter - reads, "confirmation and release read at once");
+            assertEquals(1L, permits(name));
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
+    @Test
+    void a_semaphore_release_does_not_ride_on_a_connection_that_broke_since_the_grant() throws Exception {
+        confirmMs(200);
+        LettuceTransport t = new LettuceTransport(RedisClient.create(server.uri()), true, null);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            c.waits().deferConfirmsFor(60_000);
+            String name = key("sem-broke");
+            RlockSemaphore sem = c.getSemaphore(name);
+            CountDownLatch lost = new CountDownLatch(1);
+            sem.addLostListener((n, id, why) -> lost.countDown());
+            assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
+            assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
+            CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            long commandConn = Sync.asLong(t.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+            long gen = t.generation();
+            assertEquals(1L, server.call("RSEMAPHORE.RELEASE", name, "1"));
+            assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message, its confirmation held back");
+            // The connection that queued the ticket closes; Lettuce opens another at once, but
+            // nothing confirms within the 200 ms grace: the server takes the permit back.
+            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
+            TestServer.waitUntil(Duration.ofSeconds(10), "a new command connection", () -> t.generation() > gen);
+            TestServer.waitUntil(Duration.ofSeconds(10), "taken back", () -> permits(name) == 1L);
+            // Riding on the new connection, the release would run behind a TAKENBACK and
+            // make a second permit. It waits for the outcome instead and sends nothing.
+            sem.releaseAsync(1).get(10, TimeUnit.SECONDS);
+            assertTrue(lost.await(10, TimeUnit.SECONDS), "the take-back reported");
+            assertEquals(1L, permits(name), "no permit made from nothing");
+            assertEquals(0, c.semaphoreDebts().debt(name));
+        } finally {
+            confirmMs(1000);
+        }
+    }
+
+    @Test
     void a_semaphore_waiter_holds_on_its_granted_message() throws Exception {
         try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
             String name = key("sem-held");
