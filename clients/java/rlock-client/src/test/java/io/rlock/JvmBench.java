@@ -45,7 +45,7 @@ public final class JvmBench {
     static final long WARM_MAX_MS = Long.getLong("bench.warm.max.ms", 120000);
     /** Quiet: the JIT compiler threads used less than this share of one core over the last QUIET_WINDOW_MS. */
     static final double QUIET_SHARE = 0.05;
-    static final long QUIET_WINDOW_MS = 2000;
+    static final long QUIET_WINDOW_MS = 10000;
     static final int PERMITS = 4;
     /**
      * Only the rows matching `primitive:side:contenders` (`-Dbench.only=semaphore:rlock:8`;
