@@ -159,15 +159,9 @@ class TicketHoldsTest {
     void a_lock_waiter_holds_on_its_granted_message_before_its_confirmation_is_answered() throws Exception {
         Gated t = new Gated(false);
         try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
-            String name = key("held");
-            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
-            RlockLock lock = c.getLock(name);
-            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
-            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
-            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
             // Held while its confirmation has not even left the client: nothing but the
             // grant message stood between the release and the holder.
-            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            RlockLock lock = lockHeldOnGrant(c, key("held"));
             // Its confirmation went out (a lock's after its short hold-back) and waits at the gate.
             TestServer.waitUntil(Duration.ofSeconds(10), "confirmation sent", () -> t.held.get() == 1);
             assertTrue(lock.isHeldByThread(7));
@@ -183,25 +177,54 @@ class TicketHoldsTest {
         try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
             c.waits().deferConfirmsFor(60_000); // held back until the release, however slow the machine
             String name = key("carried");
-            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
-            RlockLock lock = c.getLock(name);
-            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
-            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
-            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
-            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            RlockLock lock = lockHeldOnGrant(c, name);
             long acquires = calls("rlock.acquire");
-            long reads = Long.parseLong(server.info("stats", "total_reads_processed"));
-            lock.unlockAsync(7).get(10, TimeUnit.SECONDS);
-            long readsAfter = Long.parseLong(server.info("stats", "total_reads_processed"));
             // The confirmation was still held back and went with the release: one acquire
-            // (the confirmation) in this window, and the server read both in one read (the
-            // other read is this INFO's own). Sent apart, they take two.
+            // (the confirmation) in this window, and the server read both in one read. Sent
+            // apart, they take two.
+            assertEquals(1, readsDuring(() -> lock.unlockAsync(7).get(10, TimeUnit.SECONDS)),
+                    "confirmation and release read at once");
             assertEquals(1, calls("rlock.acquire") - acquires, "the confirmation went with the release");
-            assertEquals(2, readsAfter - reads, "confirmation and release read at once");
             assertEquals(0L, server.call("EXISTS", name), "released");
             assertFalse(lock.isLost(7));
             assertEquals(0, c.stats().lostLocks());
         }
+    }
+
+    /**
+     * `c`'s lock `name`, held by its thread 7 on a grant message: queued behind "holder",
+     * which then released.
+     */
+    static RlockLock lockHeldOnGrant(RlockClient c, String name) throws Exception {
+        assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+        RlockLock lock = c.getLock(name);
+        CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+        TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+        assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+        assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+        return lock;
+    }
+
+    /**
+     * `c`'s semaphore `name` of 1 permit, that permit held by `c` on a grant message:
+     * queued behind a taker, which then released.
+     */
+    static RlockSemaphore permitHeldOnGrant(RlockClient c, String name) throws Exception {
+        RlockSemaphore sem = c.getSemaphore(name);
+        assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
+        assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
+        CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
+        TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+        assertEquals(1L, server.call("RSEMAPHORE.RELEASE", name, "1"));
+        assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+        return sem;
+    }
+
+    /** The server's reads while `call` runs (less the read of the INFO that counts them). */
+    static long readsDuring(java.util.concurrent.Callable<?> call) throws Exception {
+        long before = Long.parseLong(server.info("stats", "total_reads_processed"));
+        call.call();
+        return Long.parseLong(server.info("stats", "total_reads_processed")) - before - 1;
     }
 
     /** Calls of `command` so far (INFO commandstats). */
@@ -432,22 +455,14 @@ class TicketHoldsTest {
         try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
             c.waits().deferConfirmsFor(60_000); // held back until the release, however slow the machine
             String name = key("sem-carried");
-            RlockSemaphore sem = c.getSemaphore(name);
-            assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
-            assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
-            CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
-            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
-            assertEquals(1L, server.call("RSEMAPHORE.RELEASE", name, "1"));
-            assertTrue(waiting.get(10, TimeUnit.SECONDS));
+            RlockSemaphore sem = permitHeldOnGrant(c, name);
             long acquires = calls("rsemaphore.acquire"), releases = releasesSent();
-            long reads = Long.parseLong(server.info("stats", "total_reads_processed"));
-            sem.releaseAsync(1).get(10, TimeUnit.SECONDS);
-            long readsAfter = Long.parseLong(server.info("stats", "total_reads_processed"));
             // Not waiting for an answer first: the confirmation, still held back, and the
-            // release in one read (the other is this INFO's own).
+            // release in one read.
+            assertEquals(1, readsDuring(() -> sem.releaseAsync(1).get(10, TimeUnit.SECONDS)),
+                    "confirmation and release read at once");
             assertEquals(1, calls("rsemaphore.acquire") - acquires, "the confirmation went with the release");
             assertEquals(1, releasesSent() - releases);
-            assertEquals(2, readsAfter - reads, "confirmation and release read at once");
             assertEquals(1L, permits(name));
             assertEquals(0, c.stats().lostLocks());
         }
@@ -460,17 +475,11 @@ class TicketHoldsTest {
         try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
             c.waits().deferConfirmsFor(60_000);
             String name = key("sem-broke");
-            RlockSemaphore sem = c.getSemaphore(name);
-            CountDownLatch lost = new CountDownLatch(1);
-            sem.addLostListener((n, id, why) -> lost.countDown());
-            assertEquals(1L, server.call("RSEMAPHORE.TRYSETPERMITS", name, "1"));
-            assertEquals(1L, server.call("RSEMAPHORE.ACQUIRE", name, "1"));
-            CompletableFuture<Boolean> waiting = sem.tryAcquireAsync(1, 20, TimeUnit.SECONDS);
-            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
             long commandConn = Sync.asLong(t.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
             long gen = t.generation();
-            assertEquals(1L, server.call("RSEMAPHORE.RELEASE", name, "1"));
-            assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message, its confirmation held back");
+            RlockSemaphore sem = permitHeldOnGrant(c, name); // its confirmation held back
+            CountDownLatch lost = new CountDownLatch(1);
+            sem.addLostListener((n, id, why) -> lost.countDown());
             // The connection that queued the ticket closes; Lettuce opens another at once, but
             // nothing confirms within the 200 ms grace: the server takes the permit back.
             server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
