@@ -57,6 +57,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
@@ -900,7 +901,22 @@ final class Waits {
             sweeping = true;
         }
         if (schedule) {
-            scheduler.schedule(this::sweep, deferNanos, TimeUnit.NANOSECONDS);
+            sweepIn(deferNanos);
+        }
+    }
+
+    /** Schedules the sweep; on a client closing (its scheduler gone), sends what is held back now. */
+    private void sweepIn(long nanos) {
+        try {
+            scheduler.schedule(this::sweep, nanos, TimeUnit.NANOSECONDS);
+        } catch (RejectedExecutionException closing) {
+            List<Confirm> all;
+            synchronized (heldBack) {
+                all = new ArrayList<>(heldBack);
+                heldBack.clear();
+                sweeping = false;
+            }
+            sendHeldBack(all);
         }
     }
 
@@ -935,7 +951,7 @@ final class Waits {
             }
         }
         if (next >= 0) {
-            scheduler.schedule(this::sweep, next, TimeUnit.NANOSECONDS);
+            sweepIn(next);
         }
     }
 
