@@ -115,7 +115,7 @@ public class RlockLock implements Lock {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", Wire.requestId()));
             // Held on the grant message (its token, for the fenced lock); the release may
             // carry the confirmation: the server's take-back checks the owner still holds.
-            confirm = new Waits.Confirm(true);
+            confirm = new Waits.Confirm(Waits.Confirm.Ride.ANY);
             raw = client.waits().await(args, reply -> parseAcquire(reply).held() ? List.of(undo(owner)) : List.of(),
                     confirm, seen, reply -> parseAcquire(reply).held());
         }

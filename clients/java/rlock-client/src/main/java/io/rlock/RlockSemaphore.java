@@ -67,7 +67,7 @@ public final class RlockSemaphore {
             args.addAll(List.of("WAIT", Long.toString(waitMs), "ID", id));
             // Held on the grant message where the server names ticket-holds; the release may
             // carry the confirmation, pinned to the connection that queued the ticket.
-            confirm = new Waits.Confirm(true);
+            confirm = new Waits.Confirm(Waits.Confirm.Ride.PINNED);
             raw = client.waits().await(args, reply -> Long.valueOf(1).equals(reply)
                     ? List.of(List.of("RSEMAPHORE.RELEASE", name, Integer.toString(permits), "ID", Wire.requestId()))
                     : List.of(), confirm, seen, reply -> Long.valueOf(1).equals(reply));

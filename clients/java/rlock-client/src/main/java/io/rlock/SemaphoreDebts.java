@@ -72,7 +72,7 @@ final class SemaphoreDebts {
         synchronized (this) {
             Name n = names.computeIfAbsent(name, k -> new Name());
             n.inflight.add(settled);
-            if (confirm.ridesWithRelease) {
+            if (confirm.isHeldBack()) {
                 n.riders.add(confirm);
             }
         }

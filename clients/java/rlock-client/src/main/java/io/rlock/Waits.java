@@ -278,13 +278,30 @@ final class Waits {
         private CompletableFuture<Outcome> future;
         /** Held on its grant message: a confirmation is under way (set before the holder proceeds). */
         private volatile boolean held;
+        /** Whether, and how, the holder's release may carry the confirmation. */
+        enum Ride {
+            /** It may not: the confirmation goes as soon as the grant is held. */
+            NONE,
+            /**
+             * On any connection (a lock's: the server's take-back checks the owner still
+             * holds what the grant wrote, so a release run first leaves nothing to take).
+             */
+            ANY,
+            /**
+             * Only on the connection that queued the ticket (a plain semaphore's, whose
+             * release must run behind confirmations that stood): where the transport can
+             * pin a batch to it ({@link Transport#generation}); else the confirmation goes
+             * at once, so the release need not wait for it.
+             */
+            PINNED
+        }
+
         /**
-         * Whether the holder's release may carry the confirmation (a lock's: the server's
-         * take-back checks the owner still holds what the grant wrote, so a release run
-         * first leaves nothing to take). Such a confirmation is held back, to go out in front
-         * of that release in one write, or alone after {@link #CONFIRM_DEFER_MS}.
+         * How the holder's release may carry the confirmation. One that may is held back,
+         * to go out in front of that release in one write, or alone after
+         * {@link #CONFIRM_DEFER_MS}.
          */
-        final boolean ridesWithRelease;
+        final Ride ride;
         /** The confirmation held back, not yet written (null: none, or sent). Guarded by this. */
         private List<String> heldBack;
         /** When it was held back (System.nanoTime). */
@@ -296,13 +313,18 @@ final class Waits {
          */
         volatile long gen = -1;
 
-        /** A confirmation sent as soon as the grant is held on its message (a semaphore's). */
+        /** A confirmation sent as soon as the grant is held on its message (an expirable permit's). */
         Confirm() {
-            this(false);
+            this(Ride.NONE);
         }
 
-        Confirm(boolean ridesWithRelease) {
-            this.ridesWithRelease = ridesWithRelease;
+        Confirm(Ride ride) {
+            this.ride = ride;
+        }
+
+        /** Whether its confirmation is held back now (not yet written). */
+        synchronized boolean isHeldBack() {
+            return heldBack != null;
         }
 
         synchronized void holdBack(List<String> confirmation) {
@@ -872,8 +894,8 @@ final class Waits {
         }
         Confirm c = w.confirm;
         c.markHeld();
-        if (c.ridesWithRelease) {
-            c.gen = w.resent ? -1 : w.gen;
+        c.gen = w.resent ? -1 : w.gen;
+        if (c.ride == Confirm.Ride.ANY || (c.ride == Confirm.Ride.PINNED && c.gen >= 0)) {
             c.holdBack(w.confirmArgs);
             deferred(c);
         } else {

@@ -84,7 +84,7 @@ class TicketHoldsTest {
             String c = args.get(0);
             int id = args.indexOf("ID");
             if (id < 0 || !(c.equals("RLOCK.ACQUIRE") || c.equals("RRWLOCK.ACQUIRE") || c.equals("RFENCED.ACQUIRE")
-                    || c.equals("RPSEMAPHORE.ACQUIRE"))) {
+                    || c.equals("RPSEMAPHORE.ACQUIRE") || c.equals("RSEMAPHORE.ACQUIRE"))) {
                 return false;
             }
             if (args.contains("WAIT")) {
@@ -463,6 +463,23 @@ class TicketHoldsTest {
                     "confirmation and release read at once");
             assertEquals(1, calls("rsemaphore.acquire") - acquires, "the confirmation went with the release");
             assertEquals(1, releasesSent() - releases);
+            assertEquals(1L, permits(name));
+            assertEquals(0, c.stats().lostLocks());
+        }
+    }
+
+    @Test
+    void where_a_release_cannot_be_pinned_a_semaphores_confirmation_goes_at_once() throws Exception {
+        Gated t = new Gated(false); // cannot tell its connection's generation: no pinned batch
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults())) {
+            c.waits().deferConfirmsFor(60_000);
+            String name = key("sem-unpinned");
+            permitHeldOnGrant(c, name);
+            // Not held back for a release that could not carry it (which would then wait
+            // for it): it reaches the gate at once.
+            TestServer.waitUntil(Duration.ofSeconds(10), "confirmation sent", () -> t.held.get() == 1);
+            t.gate.complete(null);
+            c.getSemaphore(name).releaseAsync(1).get(10, TimeUnit.SECONDS);
             assertEquals(1L, permits(name));
             assertEquals(0, c.stats().lostLocks());
         }
