@@ -639,6 +639,15 @@ class Book:
             if ch == channel and box is not None:
                 box.put(Note("error", note_id, b"", note))
 
+    def last_due(self) -> Optional[Any]:
+        """The newest reply slot still due (not a quiet ticket's entry, which may never be
+        answered, nor a fence's): replies come in order, so once it is put, every reply
+        written before it is in. What a close waits for (`CLOSE_DRAIN_S`)."""
+        for entry in reversed(self.pending):
+            if not isinstance(entry, (_Quiet, _Fence)):
+                return entry
+        return None
+
     def lost(self) -> None:
         """The connection broke: replies fail (a holder's confirmation too: reported
         lost), waiters are told, the server has dropped our tickets and takes back
@@ -865,6 +874,12 @@ def _may_hold(shape: Shape, caps: Optional[Capabilities]) -> None:
 #: away, and a server down for longer than the grace reloads the grant from its AOF and
 #: answers it. Between tries of one place: AWAY_FIRST doubling to AWAY_MAX seconds.
 CONFIRM_RETRY_S = 5.0
+#: How long a close waits for the replies to what its connection has written (a grant's
+#: confirmation, above all): the server answered them, or is about to, and a reply cut
+#: off by the close would leave a standing hold unsettled (tried again on a connection of
+#: its own, or, once closed, reported lost). A bound for a server that stopped answering,
+#: not a pause: the replies normally take a round trip.
+CLOSE_DRAIN_S = 1.0
 #: How long a blocking client's close waits for each reader thread to end (it ends as
 #: soon as its socket is shut down: a bound, not a pause).
 CLOSE_JOIN_S = 5.0
@@ -1046,6 +1061,14 @@ class _SyncSlot:
         if isinstance(self.value, Exception):
             raise self.value
         return self.value
+
+    def arrived(self, timeout: float) -> bool:
+        """Whether the reply is in, waiting ``timeout`` seconds at most for it; leaves it
+        to its ``get``."""
+        if not self._unset.acquire(timeout=max(timeout, 0)):
+            return False
+        self._unset.release()
+        return True
 
     def abandon(self, then: Callable[[], None]) -> bool:
         """Under the lock ``put`` runs under: True, with ``then`` to run on the reply, if
@@ -1352,17 +1375,23 @@ class SyncTicketConn:
             threading.Thread(target=self._undo, args=(due, None, 0), daemon=True).start()
 
     def close(self) -> None:
-        """Closes the connection and waits (bounded by `CLOSE_JOIN_S`) for its reader
-        threads to end: each sees its socket shut down at once, so none is left reading
-        when this returns. A give-back thread after the close fails at once (the server
-        dropped the tickets with the connection); a late confirmation's thread ends on
-        its own, within `CONFIRM_RETRY_S`, its connections closed."""
+        """Closes the connection once the replies to what it has written are in (bounded
+        by `CLOSE_DRAIN_S`: a confirmation the server answered settles as such), then
+        waits (bounded by `CLOSE_JOIN_S`) for its reader threads to end: each sees its
+        socket shut down at once, so none is left reading when this returns. A give-back
+        thread after the close fails at once (the server dropped the tickets with the
+        connection); a late confirmation's thread ends on its own, within
+        `CONFIRM_RETRY_S`, its connections closed."""
+        me = threading.current_thread()
         with self.lock:
-            self.closed = True
+            self.closed = True  # nothing connects again
+            last = self.book.last_due() if self.conn is not None else None
+        if last is not None and me not in self.readers:  # a reader cannot wait on itself
+            last.arrived(CLOSE_DRAIN_S)
+        with self.lock:
             if self.conn is not None:
                 self._lost_locked(self.conn)
             readers, self.readers = self.readers, []
-        me = threading.current_thread()
         for reader in readers:
             if reader is not me:
                 reader.join(CLOSE_JOIN_S)
@@ -1789,8 +1818,14 @@ class AsyncTicketConn:
         """Closes the connection and ends every task of it, cancelled and awaited: its
         readers and its give-backs, unsubscribes and late confirmations. Once this
         returns no task and no socket of the connection is left for the loop's end to
-        find pending (nor a redis-py connection to close after the loop is gone)."""
-        self.closed = True
+        find pending (nor a redis-py connection to close after the loop is gone). The
+        replies to what the connection has written are read first (bounded by
+        `CLOSE_DRAIN_S`): a confirmation the server answered settles as such, rather
+        than reported lost by the close."""
+        self.closed = True  # nothing connects again, no task starts
+        last = self.book.last_due() if self.conn is not None else None
+        if last is not None and asyncio.current_task() is not self.reader:
+            await asyncio.wait([last.future], timeout=CLOSE_DRAIN_S)
         if self.conn is not None:
             await self._lost(self.conn)
         me = asyncio.current_task()

@@ -254,6 +254,42 @@ def test_close_tickets_leaves_no_reader_thread_and_no_connection(server, r, kill
         admin.close()
 
 
+@pytest.mark.module_only  # a grant held on its message (ticket-holds)
+def test_close_tickets_reads_the_confirmation_the_server_is_answering(server, r,
+                                                                       confirmations):
+    """A hold's confirmation written, its reply held up by a pause of writes that ends
+    while the client closes its ticket connections: the close reads that reply before it
+    shuts the socket, so the hold settles as confirmed when the close returns, with no
+    second confirmation sent. (Cut off, the confirmation was sent again on a connection
+    of its own after the close, which a FLUSHALL in between turns into a fresh acquire
+    of the lock.)"""
+    admin = redis.Redis(port=server.port, socket_timeout=5)
+    try:
+        admin.execute_command("RLOCK.ACQUIRE", "k", "outside", 30000)
+        lock = rlock.Lock(r, "k", timeout=30, blocking_timeout=30, thread_local=False)
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(lock.acquire()), daemon=True)
+        t.start()
+        wait_until(lambda: stat(admin, "waiters") == 1, what="the ticket queued")
+        grant_and_pause_writes(admin, "k")  # the confirmation (a write) waits
+        unpause = threading.Timer(0.2, lambda: admin.execute_command("CLIENT", "UNPAUSE"))
+        try:
+            t.join(10)
+            assert got == [True], "held on the grant's message"
+            assert confirmations == []
+            sent = admin.info("commandstats")["cmdstat_rlock.acquire"]["calls"]  # paused
+            unpause.start()
+            rlock.close_tickets(r)
+            assert confirmations == [True]
+        finally:
+            unpause.join()
+        assert admin.info("commandstats")["cmdstat_rlock.acquire"]["calls"] == sent + 1
+        held = admin.hgetall("k")  # the waiter's hold, confirmed
+        assert list(held.values()) == [b"1"] and b"outside" not in held
+    finally:
+        admin.close()
+
+
 def _warm(admin, r):
     """A first wait makes the ticket connection, whose RLOCK.HELLO names `ticket-holds`."""
     admin.execute_command("RLOCK.ACQUIRE", "warm", "someone-else", 100)
