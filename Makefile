@@ -230,10 +230,11 @@ bench-java: release ## Java contention benches (REDIS_SERVER; append to BENCHMAR
 		-Dexec.args="-classpath %classpath io.rlock.spring.RegistryBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
 
 # The worker JVMs are forked from the bench's class path: exec:exec runs it in a JVM of its own.
-bench-java-jvms: release ## Java client vs the real Redisson across 4 JVMs (REDIS_SERVER): one lock (RLock) and 4 permits (RSemaphore) at 8 and 64 contenders, each row measured once every JVM's JIT is quiet (120 s of warm-up at most); owner changes/s, acquisitions/s, p50/p99 wait, Jain, connections, server CPU/acq; writes its table into BENCHMARK.md
+bench-java-jvms: release ## Java client vs the real Redisson across 4 JVMs (REDIS_SERVER): one lock (RLock) and 4 permits (RSemaphore) at 8 and 64 contenders, each row measured once every JVM's JIT is quiet (120 s of warm-up at most), each pair beside the machine's floor (the Rust client's blocked WAIT, as many processes); owner changes/s, acquisitions/s, p50/p99 wait, Jain, connections, server CPU/acq; writes its table into BENCHMARK.md
 	@./scripts/deps.sh --java
+	cargo build --release -q -p rlock-client --example contenders
 	$(MVN) -q -pl rlock-client test-compile exec:exec -Dexec.classpathScope=test -Dexec.executable=java \
-		-Dexec.args="-classpath %classpath io.rlock.JvmBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md"
+		-Dexec.args="-classpath %classpath io.rlock.JvmBench --module $(MODULE_RELEASE) --server $(REDIS_SERVER) --report $(CURDIR)/BENCHMARK.md --floor $(CURDIR)/target/release/examples/contenders"
 
 # The Go client (clients/go): a Go module on go-redis v9; its tests start their own
 # module-loaded servers (RLOCK_MODULE, REDIS_SERVER) and a 3-master cluster. The module

@@ -8,7 +8,10 @@
 // "GO <wall-clock start>", says "WARM" once its JIT compilers have gone quiet (four JVMs
 // compiling Netty, Lettuce and Redisson on two cores take tens of seconds to, and until then
 // the run measures the compilers, not the clients), counts only inside the window that
-// "MEASURE <from> <to>" gives, and prints its numbers.
+// "MEASURE <from> <to>" gives, and prints its numbers. With `--floor PATH` (the Rust client's
+// contenders example, which the make target builds) each pair of rows is followed by the
+// machine's floor on the same server: the Rust client's blocked WAIT with as many contender
+// processes (issue 40: every client against that figure in the same run).
 package io.rlock;
 
 import org.redisson.Redisson;
@@ -80,13 +83,15 @@ public final class JvmBench {
             return;
         }
         String report = null;
+        String floor = null;
         for (int i = 0; i + 1 < args.length; i += 2) {
             switch (args[i]) {
                 case "--module" -> System.setProperty("rlock.module", args[i + 1]);
                 case "--server" -> System.setProperty("redis.server", args[i + 1]);
                 case "--report" -> report = args[i + 1];
+                case "--floor" -> floor = args[i + 1];
                 default -> throw new IllegalArgumentException("unknown option " + args[i]
-                        + " (use --module PATH --server PATH --report FILE)");
+                        + " (use --module PATH --server PATH --report FILE --floor PATH)");
             }
         }
         List<Result> results = new ArrayList<>();
@@ -105,6 +110,14 @@ public final class JvmBench {
                                         + " p99 %7.2f ms, Jain %.3f, %3d connections, %6.1f us CPU/acq, warm-up %d ms%s%n",
                                 primitive, side, n, r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(),
                                 r.connections(), r.cpuUsPerAcq(), r.warmMs(), r.quiet() ? "" : String.format(Locale.ROOT, " (JIT still at %.0f %% of a core)", r.jitShare() * 100));
+                        results.add(r);
+                    }
+                    if (floor != null && wanted(primitive, "floor", n)) {
+                        Result r = floor(s, floor, primitive, n);
+                        System.out.printf(Locale.ROOT, "%-9s %-8s %3d: %7.0f owner changes/s, %7.0f acq/s, p50 %6.2f ms,"
+                                        + " p99 %7.2f ms, Jain %.3f, %3d connections, %6.1f us CPU/acq%n",
+                                primitive, "floor", n, r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(),
+                                r.connections(), r.cpuUsPerAcq());
                         results.add(r);
                     }
                 }
@@ -213,6 +226,35 @@ public final class JvmBench {
         return new Result(primitive, side, n, changes * 1000.0 / RUN_MS, total * 1000.0 / RUN_MS,
                 pct(ws, 0.50), pct(ws, 0.99), Bench.jain(xs), conns, (cpu1 - cpu0) * 1e6 / Math.max(1, total), warmMs,
                 jit);
+    }
+
+    /**
+     * The machine's floor for one row: the Rust client's blocked WAIT, n contender processes,
+     * RUN_MS long, on the same server (`exe`: its contenders example, whose one-row mode
+     * prints the row as a table line: | primitive | n | client | changes/s | acq/s | p50 |
+     * p99 | Jain | connections | CPU/acq |).
+     */
+    static Result floor(TestServer s, String exe, String primitive, int n) throws Exception {
+        Process p = new ProcessBuilder(exe, "redis://127.0.0.1:" + s.port + "/", "blocking", primitive,
+                Integer.toString(n), Long.toString(Math.max(1, RUN_MS / 1000)))
+                .redirectError(ProcessBuilder.Redirect.INHERIT).start();
+        String row = null;
+        try (BufferedReader r = new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8))) {
+            for (String line = r.readLine(); line != null; line = r.readLine()) {
+                if (line.startsWith("|")) {
+                    row = line;
+                }
+            }
+        }
+        if (!p.waitFor(120, TimeUnit.SECONDS) || p.exitValue() != 0 || row == null) {
+            p.destroyForcibly();
+            throw new IllegalStateException("the floor's row did not run: " + exe);
+        }
+        String[] f = Arrays.stream(row.split("\\|")).map(String::trim).filter(x -> !x.isEmpty())
+                .toArray(String[]::new);
+        return new Result(primitive, "floor", n, Double.parseDouble(f[3]), Double.parseDouble(f[4]),
+                Double.parseDouble(f[5]), Double.parseDouble(f[6]), Double.parseDouble(f[7]),
+                Integer.parseInt(f[8]), Double.parseDouble(f[9]), 0, 0);
     }
 
     static double pct(long[] sorted, double q) {
@@ -448,28 +490,60 @@ public final class JvmBench {
                         + " the wall-clock stamp each takes inside its hold, whose contender differs from the"
                         + " one before (for the semaphore: of 4 permits). Wait: asking to holding. Jain: over"
                         + " the contenders' acquisitions. Connections: CLIENT LIST during the run, every JVM"
-                        + " together. CPU: the server's user+sys time over the window per acquisition.\n\n");
+                        + " together. CPU: the server's user+sys time over the window per acquisition.");
+        if (rs.stream().anyMatch(r -> r.side().equals("floor"))) {
+            b.append(" The floor: the machine's, on the same server right after each pair: the Rust client's"
+                    + " blocked WAIT (the module hands the hold over inside one command; no JVM), one contender per"
+                    + " process, as many processes as contenders (the rlock-client crate's contenders example),"
+                    + " measured as long, without a warm-up.");
+        }
+        b.append("\n\n");
         b.append("| primitive | contenders | client | owner changes/s | acquisitions/s | p50 wait (ms) | p99 wait (ms)"
                 + " | Jain | connections | server CPU/acq (µs) | warm-up (s) |\n");
         b.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for (Result r : rs) {
-            b.append(String.format(Locale.ROOT, "| %s | %d | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %d | %.1f | %.0f%s |%n",
-                    r.primitive(), r.contenders(), r.side().equals("rlock") ? "rlock (Java client)"
+            boolean floor = r.side().equals("floor");
+            b.append(String.format(Locale.ROOT, "| %s | %d | %s | %.0f | %.0f | %.2f | %.2f | %.3f | %d | %.1f | %s |%n",
+                    r.primitive(), r.contenders(), floor ? "floor: Rust client, blocked WAIT, " + r.contenders() + " processes"
+                            : r.side().equals("rlock") ? "rlock (Java client)"
                             : r.primitive().equals("lock") ? "Redisson RLock" : "Redisson RSemaphore",
                     r.changesPerSec(), r.acqPerSec(), r.p50Ms(), r.p99Ms(), r.jain(), r.connections(),
-                    r.cpuUsPerAcq(), r.warmMs() / 1000.0, r.quiet() ? "" : String.format(Locale.ROOT, " (JIT %.0f %%)", r.jitShare() * 100)));
+                    r.cpuUsPerAcq(), floor ? "–" : String.format(Locale.ROOT, "%.0f%s", r.warmMs() / 1000.0,
+                            r.quiet() ? "" : String.format(Locale.ROOT, " (JIT %.0f %%)", r.jitShare() * 100))));
         }
-        b.append("\nRatios (rlock / Redisson):");
-        for (int i = 0; i + 1 < rs.size(); i += 2) {
-            Result m = rs.get(i), o = rs.get(i + 1);
+        b.append("\nRatios (rlock / Redisson");
+        if (rs.stream().anyMatch(r -> r.side().equals("floor"))) {
+            b.append("; each side's owner changes/s over the floor's");
+        }
+        b.append("):");
+        for (Result m : rs) {
+            if (!m.side().equals("rlock")) {
+                continue;
+            }
+            Result o = find(rs, m, "redisson"), f = find(rs, m, "floor");
+            if (o == null) {
+                continue;
+            }
             b.append(String.format(Locale.ROOT, " %s at %d: %.1fx owner changes/s, %.1fx acquisitions/s, p99 wait"
-                            + " %.2fx, CPU/acq %.2fx;", m.primitive(), m.contenders(),
+                            + " %.2fx, CPU/acq %.2fx", m.primitive(), m.contenders(),
                     m.changesPerSec() / Math.max(1e-9, o.changesPerSec()),
                     m.acqPerSec() / Math.max(1e-9, o.acqPerSec()), m.p99Ms() / Math.max(1e-9, o.p99Ms()),
                     m.cpuUsPerAcq() / Math.max(1e-9, o.cpuUsPerAcq())));
+            if (f != null) {
+                b.append(String.format(Locale.ROOT, " (rlock %.2fx the floor, Redisson %.2fx)",
+                        m.changesPerSec() / Math.max(1e-9, f.changesPerSec()),
+                        o.changesPerSec() / Math.max(1e-9, f.changesPerSec())));
+            }
+            b.append(';');
         }
         b.setLength(b.length() - 1);
         b.append(".\n");
         return b.toString();
+    }
+
+    /** The row of `side` with m's primitive and contenders, or null. */
+    static Result find(List<Result> rs, Result m, String side) {
+        return rs.stream().filter(r -> r.side().equals(side) && r.primitive().equals(m.primitive())
+                && r.contenders() == m.contenders()).findFirst().orElse(null);
     }
 }
