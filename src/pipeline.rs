@@ -169,6 +169,56 @@ pub fn write_command<'a, P>(
     parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
     body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
 ) -> RedisResult {
+    command(ctx, args, arity, None, parse, body)
+}
+
+/// [`write_command`] for a release, which may end with `COLLECT grant-id` (feature word
+/// `release-collects`, design.md 5): the ticket grant it gives back is collected in the
+/// same command, so that a holder whose confirmation had not gone out yet sends no
+/// confirmation at all and a ticket handoff runs the commands a blocked one does. The
+/// first `fixed` words (the command, the key and the release's own arguments) are never
+/// read as the option: an owner may be named `COLLECT`. Once the rest parsed and the
+/// release's own `ID` replayed nothing, the grant's record decides: taken back (or being
+/// taken back), the release answers `TAKENBACK` and changes nothing (the holder's hold
+/// was lost and the take-back already gave it away); its reply, the grant is collected
+/// (never taken back from now on) and the release goes on; no record (a grant past the
+/// request-id window, or none), it goes on as without the option.
+pub fn release_command<'a, P>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    fixed: usize,
+    arity: std::ops::RangeInclusive<usize>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
+    body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
+) -> RedisResult {
+    let n = args.len();
+    let collect = match n.checked_sub(2).filter(|&at| at >= fixed) {
+        Some(at) => args::parse_collect(args[at].as_slice(), args[at + 1].as_slice()),
+        None => None,
+    };
+    match collect {
+        None => command(ctx, args, arity, None, parse, body),
+        Some(grant) => command(
+            ctx,
+            &args[..n - 2],
+            arity,
+            Some(grant.map_err(err)?),
+            parse,
+            body,
+        ),
+    }
+}
+
+/// The opening of [`write_command`] and [`release_command`] (`grant`: the release's
+/// `COLLECT grant-id`).
+fn command<'a, P>(
+    ctx: &Context,
+    args: &'a [RedisString],
+    arity: std::ops::RangeInclusive<usize>,
+    grant: Option<&[u8]>,
+    parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
+    body: impl FnOnce(i32, &RedisString, P, Option<&RedisString>) -> RedisResult,
+) -> RedisResult {
     if !arity.contains(&args.len()) {
         return Err(RedisError::WrongArity);
     }
@@ -177,6 +227,9 @@ pub fn write_command<'a, P>(
     let request = request_key(name, id);
     if let Some(first) = replay(ctx, request.as_ref()) {
         return first;
+    }
+    if let Some(Err(taken_back)) = replay(ctx, request_key(name, grant).as_ref()) {
+        return Err(taken_back);
     }
     let db = ffi::selected_db(ctx);
     serve_first(ctx, db, name);

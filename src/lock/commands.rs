@@ -18,7 +18,9 @@ use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
 use crate::lock::store::{apply, freed, open_for_write, read, write};
 use crate::lock::{self, LockState, Outcome, Plan, Reply};
-use crate::pipeline::{err, waiting_command, write_command, Answer, Parsed, Waiting};
+use crate::pipeline::{
+    err, release_command, waiting_command, write_command, Answer, Parsed, Waiting,
+};
 use crate::server::ffi::{self, LockKey};
 use crate::server::{guard, replication, stats, store};
 use crate::vocab::apply::Word;
@@ -141,12 +143,13 @@ fn acquire_at_words<'a>(
     Ok((name, owner, at))
 }
 
-/// `RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>]`
+/// `RLOCK.RELEASE <key> <owner> [<lease-ms>] [ID <request-id>] [COLLECT <grant-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
-        write_command(
+        release_command(
             ctx,
             args,
+            3,
             3..=6,
             |a| {
                 args::parse_release(a)

@@ -428,6 +428,15 @@ fn parse_release_and_renew_table() {
 }
 
 #[test]
+fn parse_collect_reads_only_its_own_option() {
+    assert_eq!(parse_collect(b"COLLECT", b"g1"), Some(Ok(&b"g1"[..])));
+    assert_eq!(parse_collect(b"collect", b"g1"), Some(Ok(&b"g1"[..])));
+    assert_eq!(parse_collect(b"COLLECT", b""), Some(Err(ERR_EMPTY_ID)));
+    assert_eq!(parse_collect(b"ID", b"g1"), None);
+    assert_eq!(parse_collect(b"COLLECTS", b"g1"), None);
+}
+
+#[test]
 fn request_ids_live_in_the_locks_slot_and_replies_round_trip() {
     assert_eq!(
         request_key(b"lock", b"r1"),

@@ -21,7 +21,9 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::engine::ticket::Names;
 use crate::engine::{self, Ask, Check, Grant, Path};
-use crate::pipeline::{err, remember, waiting_command, write_command, Answer, Parsed, Waiting};
+use crate::pipeline::{
+    err, release_command, remember, waiting_command, write_command, Answer, Parsed, Waiting,
+};
 use crate::rwlock::{self, Mode, Outcome, Plan, RwState, Side};
 use crate::server::ffi::{self, KeyKind, LockKey};
 use crate::server::store;
@@ -248,30 +250,39 @@ fn write(
 /// the lock read with the clock the plan will use, `plan` (which also says the side its
 /// outcome is counted under), [`write`], then waiters served and Redisson's message
 /// ([`settle_after`]).
+///
+/// `collects`: the command is a release, which may end with `COLLECT grant-id` after its
+/// first `collects` words ([`release_command`]).
 fn change<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
+    collects: Option<usize>,
     parse: impl FnOnce(&[&'a [u8]]) -> Parsed<'a, P>,
     plan: impl FnOnce(&RwState, &[u8], P, i64) -> (Plan, Option<Side>),
 ) -> RedisResult {
-    write_command(ctx, args, arity, parse, |db, name, parsed, request| {
+    let body = |db, name: &RedisString, parsed, request: Option<&RedisString>| {
         let now = ffi::now_ms();
         let (key, state) = open_state(ctx, name, now).map_err(err)?;
         let (plan, side) = plan(&state, name.as_slice(), parsed, now);
         let reply = write(ctx, name, key, &plan, side, request);
         settle_after(ctx, db, name, &plan, now);
         Ok(reply)
-    })
+    };
+    match collects {
+        Some(fixed) => release_command(ctx, args, fixed, arity, parse, body),
+        None => write_command(ctx, args, arity, parse, body),
+    }
 }
 
-/// `RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>]`
+/// `RRWLOCK.RELEASE <key> READ|WRITE <owner> [<lease-ms>] [ID <request-id>] [COLLECT <grant-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         change(
             ctx,
             args,
             4..=7,
+            Some(4),
             |a| {
                 let (side, a) = rwlock::parse_rw_release(a)?;
                 Ok(((side, a.owner, a.lease), a.id))
@@ -291,6 +302,7 @@ pub fn renew(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ctx,
             args,
             5..=5,
+            None,
             |a| Ok((rwlock::parse_rw_renew(a)?, None)),
             |state, name, (side, owner, lease), now| {
                 let plan = rwlock::renew(state, name, side, owner, lease, now);
@@ -307,6 +319,7 @@ pub fn force_release(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ctx,
             args,
             2..=3,
+            None,
             |a| Ok((rwlock::parse_rw_force(a)?, None)),
             |state, name, side, now| (rwlock::force_release(state, name, side, now), side),
         )

@@ -89,21 +89,27 @@ fn finish(
     }
 }
 
-/// A changing command: [`pipeline::write_command`]'s shared opening, then the semaphore's
-/// read, core, [`finish`] and reply.
+/// A changing command: [`pipeline::write_command`]'s shared opening (a release's,
+/// [`pipeline::release_command`], which may end with `COLLECT grant-id` after its first
+/// `collects` words), then the semaphore's read, core, [`finish`] and reply.
 fn write_command<'a, P>(
     ctx: &Context,
     args: &'a [RedisString],
     arity: std::ops::RangeInclusive<usize>,
+    collects: Option<usize>,
     parse: impl FnOnce(&[&'a [u8]]) -> Result<(P, Option<&'a [u8]>), &'static str>,
     run: impl FnOnce(&SemState, P) -> Result<Plan<SemState>, &'static str>,
 ) -> RedisResult {
-    pipeline::write_command(ctx, args, arity, parse, |db, name, parsed, request| {
+    let body = |db, name: &RedisString, parsed, request: Option<&RedisString>| {
         let (key, state) = open(ctx, name);
         let plan = run(&state.map_err(err)?, parsed).map_err(err)?;
         finish(ctx, db, name, key, &plan, request, Path::Command);
         Ok(ffi::value(plan.reply))
-    })
+    };
+    match collects {
+        Some(fixed) => pipeline::release_command(ctx, args, fixed, arity, parse, body),
+        None => pipeline::write_command(ctx, args, arity, parse, body),
+    }
 }
 
 /// `RSEMAPHORE.TRYSETPERMITS <key> <permits> [PX <ttl-ms>] [ID <request-id>]`
@@ -113,6 +119,7 @@ pub fn try_set_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ctx,
             args,
             3..=7,
+            None,
             |a| semaphore::parse_try_set(a).map(|(n, o)| ((n, o.px), o.id)),
             |state, (permits, px)| {
                 Ok(semaphore::try_set_permits(
@@ -133,19 +140,21 @@ pub fn add_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ctx,
             args,
             3..=5,
+            None,
             |a| semaphore::parse_add(a).map(|(n, o)| (n, o.id)),
             semaphore::add_permits,
         )
     })
 }
 
-/// `RSEMAPHORE.RELEASE <key> <permits> [ID <request-id>]`
+/// `RSEMAPHORE.RELEASE <key> <permits> [ID <request-id>] [COLLECT <grant-id>]`
 pub fn release(ctx: &Context, args: &[RedisString]) -> RedisResult {
     guard::command(|| {
         write_command(
             ctx,
             args,
             3..=5,
+            Some(3),
             |a| semaphore::parse_release(a).map(|(n, o)| (n, o.id)),
             semaphore::release,
         )
@@ -159,6 +168,7 @@ pub fn drain_permits(ctx: &Context, args: &[RedisString]) -> RedisResult {
             ctx,
             args,
             2..=4,
+            None,
             |a| semaphore::parse_id_only(a).map(|id| ((), id)),
             |state, ()| Ok(semaphore::drain(state)),
         )

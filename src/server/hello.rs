@@ -22,13 +22,15 @@ pub const PROTOCOL_VERSION: i64 = 1;
 /// `ticket-holds` (a `granted` message means held: an unconfirmed grant outlives its
 /// connection by `rlock.ticket-confirm-ms`, then its id answers `TAKENBACK`; design.md 5),
 /// `ticket-notify` (`NOTIFY tag`: a ticket's messages on its own channel, design.md 5),
-/// `ticket-quiet` (`QUIET`: a queued ticket gets no reply, design.md 5), request ids
-/// (`ID id` replays), and one word per primitive.
-const ALWAYS: [&str; 11] = [
+/// `ticket-quiet` (`QUIET`: a queued ticket gets no reply, design.md 5),
+/// `release-collects` (a release's `COLLECT grant-id` collects the ticket grant it gives
+/// back, design.md 5), request ids (`ID id` replays), and one word per primitive.
+const ALWAYS: [&str; 12] = [
     "tickets",
     "ticket-holds",
     "ticket-notify",
     "ticket-quiet",
+    "release-collects",
     "request-ids",
     "lock",
     "fenced",

@@ -194,6 +194,20 @@ pub fn parse_release<'a>(args: &[&'a [u8]]) -> Result<ReleaseArgs<'a>, &'static 
     Ok(ReleaseArgs { owner, lease, id })
 }
 
+/// `COLLECT grant-id`, a release's last option (design.md 5), from its last two words
+/// (`option`, `value`): the request id of the ticket grant the release gives back, which
+/// it collects first; `None` when the words are not that option.
+pub fn parse_collect<'a>(option: &[u8], value: &'a [u8]) -> Option<Result<&'a [u8], &'static str>> {
+    if !is_option(option, b"COLLECT") {
+        return None;
+    }
+    Some(if value.is_empty() {
+        Err(ERR_EMPTY_ID)
+    } else {
+        Ok(value)
+    })
+}
+
 /// The key that remembers a request id's first reply, in the lock's cluster slot (the
 /// same `prefixName` rule as the unlock channel, like Redisson's unlock latch).
 pub fn request_key(key: &[u8], id: &[u8]) -> Vec<u8> {

@@ -1133,3 +1133,159 @@ def test_an_expirable_quiet_ticket_of_several_permits_with_notify(server, r):
     _, kind, rid, _, detail = ticket_message(c.read())
     assert (kind, rid) == ("granted", "p2") and len(detail.split(",")) == 2
     c.close()
+
+
+# ---- a release collects the grant it gives back (COLLECT) ----
+
+def test_hello_names_release_collects(r):
+    hello = r.execute_command("RLOCK.HELLO")
+    assert b"release-collects" in dict(zip(hello[::2], hello[1::2]))[b"features"]
+
+
+def one_ticket_granted(server, r, key="k"):
+    """`key` held by `h`, a ticket r1 (owner w1, connection t) queued and then granted by
+    h's release; the listener and t."""
+    listen = Listener(server, key)
+    assert acquire(r, key, "h") is None
+    t = server.client()
+    assert ticket(t, key, "w1", "r1") == b"QUEUED"
+    assert r.execute_command("RLOCK.RELEASE", key, "h") == 1
+    assert listen.next()[1:3] == ("granted", "r1")
+    return listen, t
+
+
+@pytest.mark.parametrize("collect", [True, False], ids=["collected", "plain-release"])
+def test_a_release_that_collects_its_grant_keeps_the_owners_next_hold(server, r, collect):
+    """The holder of an unconfirmed grant releases it and takes the lock again (the same
+    owner, count 1: exactly what the grant wrote), then its ticket connection closes. A
+    release that collected the grant leaves nothing to take back; a plain one leaves the
+    grant unconfirmed, and its take-back frees the owner's new hold (design.md 5)."""
+    r.config_set("rlock.ticket-confirm-ms", 0)  # a take-back comes at once
+    listen, t = one_ticket_granted(server, r)
+    extra = ("COLLECT", "r1") if collect else ()
+    assert r.execute_command("RLOCK.RELEASE", "k", "w1", *extra) == 1
+    assert acquire(r, "k", "w1") is None
+    r.client_kill_filter(_id=t.client_id())
+    if collect:
+        # A take-back would come from a zero-delay timer right after the kill: give it a
+        # few turns (this asserts that nothing happens, which no wait-until can observe).
+        time.sleep(0.05)
+        assert owners(r, "k") == {"w1": 1}
+        assert stats(r)["revoked_handoffs"] == 0
+        # The grant's record still answers a late confirmation: it was the client's.
+        assert ticket(r, "k", "w1", "r1") is None
+    else:
+        wait_until(lambda: owners(r, "k") == {}, what="the new hold taken back")
+        assert stats(r)["revoked_handoffs"] == 1
+
+
+def test_a_release_collecting_a_grant_taken_back_answers_takenback_and_changes_nothing(
+        server, r):
+    r.config_set("rlock.ticket-confirm-ms", 0)
+    listen, t1, t2 = two_tickets_behind_a_holder(server, r)
+    assert r.execute_command("RLOCK.RELEASE", "k", "h") == 1
+    assert listen.next()[1:3] == ("granted", "r1")
+    r.client_kill_filter(_id=t1.client_id())  # gone before confirming: taken back
+    assert listen.next()[1:3] == ("granted", "r2")
+    with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.TAKEN_BACK) + "$"):
+        r.execute_command("RLOCK.RELEASE", "k", "w1", "ID", "rel", "COLLECT", "r1")
+    assert owners(r, "k") == {"w2": 1}
+    # Nothing was remembered under the release's own id: it answers the same again.
+    with pytest.raises(redis.ResponseError, match="TAKENBACK"):
+        r.execute_command("RLOCK.RELEASE", "k", "w1", "ID", "rel", "COLLECT", "r1")
+
+
+def test_a_collecting_release_with_an_id_is_replayed_like_any_other(server, r):
+    listen, t = one_ticket_granted(server, r)
+    release = ("RLOCK.RELEASE", "k", "w1", "ID", "rel", "COLLECT", "r1")
+    assert r.execute_command(*release) == 1
+    assert acquire(r, "k", "w2") is None
+    assert r.execute_command(*release) == 1  # the first reply, nothing released again
+    assert owners(r, "k") == {"w2": 1}
+
+
+def test_a_collect_with_no_record_releases_as_without_it(server, r):
+    """No grant under that id (never made, or past the request-id window): the release
+    goes on as it would without the option."""
+    assert acquire(r, "k", "w1") is None
+    assert r.execute_command("RLOCK.RELEASE", "k", "w1", 30_000, "COLLECT", "nope") == 1
+    assert owners(r, "k") == {}
+
+
+def test_a_bad_collect_is_an_error_and_changes_nothing(server, r):
+    r.config_set("rlock.ticket-confirm-ms", 0)
+    listen, t = one_ticket_granted(server, r)
+    with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.EMPTY_ID) + "$"):
+        r.execute_command("RLOCK.RELEASE", "k", "w1", "COLLECT", "")
+    with pytest.raises(redis.ResponseError, match="syntax"):
+        r.execute_command("RLOCK.RELEASE", "k", "w1", "ID", "COLLECT", "r1")
+    with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
+        r.execute_command("RLOCK.RELEASE", "k", "w1", 30_000, "ID", "x", "y", "COLLECT", "r1")
+    assert owners(r, "k") == {"w1": 1}
+    # The grant was not collected by any of them: still taken back with its connection.
+    r.client_kill_filter(_id=t.client_id())
+    wait_until(lambda: owners(r, "k") == {}, what="the uncollected grant taken back")
+
+
+def test_an_owner_named_collect_is_an_owner(r):
+    assert acquire(r, "k", "COLLECT") is None
+    assert r.execute_command("RLOCK.RELEASE", "k", "COLLECT", 30_000) == 1
+    assert owners(r, "k") == {}
+
+
+def test_a_rwlock_release_collects_its_write_grant(server, r):
+    r.config_set("rlock.ticket-confirm-ms", 0)
+    listen = Listener(server, "rw")
+    assert r.execute_command("RRWLOCK.ACQUIRE", "rw", "WRITE", "h", LEASE) is None
+    t = server.client()
+    cmd = ("RRWLOCK.ACQUIRE", "rw", "WRITE", "w", LEASE, "WAIT", 0, "ASYNC", "ID", "x")
+    assert t.execute_command(*cmd) == b"QUEUED"
+    assert r.execute_command("RRWLOCK.RELEASE", "rw", "WRITE", "h") == 1
+    assert listen.next()[1:3] == ("granted", "x")
+    assert r.execute_command("RRWLOCK.RELEASE", "rw", "WRITE", "w", "COLLECT", "x") == 1
+    assert r.execute_command("RRWLOCK.ACQUIRE", "rw", "WRITE", "w", LEASE) is None
+    r.client_kill_filter(_id=t.client_id())
+    time.sleep(0.05)  # as above: a take-back would come at once
+    assert r.hget("rw", "mode") == b"write" and stats(r)["revoked_handoffs"] == 0
+
+
+@pytest.mark.parametrize("collect", [True, False], ids=["collected", "plain-release"])
+def test_a_semaphore_release_that_collects_its_grant_is_not_followed_by_a_take_back(
+        server, r, collect):
+    """A permit has no owner, so only the collect tells a holder's release from the
+    take-back of the same grant: released with a plain release and then taken back, the
+    pool gains a permit that never existed."""
+    r.config_set("rlock.ticket-confirm-ms", 0)
+    listen = Listener(server, "s")
+    assert r.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 1) == 1
+    assert r.execute_command("RSEMAPHORE.ACQUIRE", "s", 1) == 1
+    t = server.client()
+    assert t.execute_command("RSEMAPHORE.ACQUIRE", "s", 1, "WAIT", 0, "ASYNC", "ID",
+                             "p1") == b"QUEUED"
+    r.execute_command("RSEMAPHORE.RELEASE", "s", 1)
+    assert listen.next()[1:3] == ("granted", "p1")
+    extra = ("COLLECT", "p1") if collect else ()
+    assert r.execute_command("RSEMAPHORE.RELEASE", "s", 1, *extra) == 1
+    r.client_kill_filter(_id=t.client_id())
+    if collect:
+        time.sleep(0.05)  # as above: a take-back would come at once
+        assert r.get("s") == b"1"
+    else:
+        wait_until(lambda: r.get("s") == b"2", what="the take-back's extra permit")
+
+
+def test_a_semaphore_release_collecting_a_grant_taken_back_returns_nothing(server, r):
+    r.config_set("rlock.ticket-confirm-ms", 0)
+    listen = Listener(server, "s")
+    assert r.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 1) == 1
+    assert r.execute_command("RSEMAPHORE.ACQUIRE", "s", 1) == 1
+    t = server.client()
+    assert t.execute_command("RSEMAPHORE.ACQUIRE", "s", 1, "WAIT", 0, "ASYNC", "ID",
+                             "p1") == b"QUEUED"
+    r.execute_command("RSEMAPHORE.RELEASE", "s", 1)
+    assert listen.next()[1:3] == ("granted", "p1")
+    r.client_kill_filter(_id=t.client_id())
+    wait_until(lambda: r.get("s") == b"1", what="the grant taken back")
+    with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.TAKEN_BACK) + "$"):
+        r.execute_command("RSEMAPHORE.RELEASE", "s", 1, "COLLECT", "p1")
+    assert r.get("s") == b"1"

@@ -15,8 +15,9 @@ from conftest import ROOT
 
 COMMANDS_JSON = json.loads((ROOT / "commands.json").read_text())
 
-ALWAYS = ["tickets", "ticket-holds", "ticket-notify", "ticket-quiet", "request-ids", "lock",
-          "fenced", "rwlock", "semaphore", "permit-expirable-semaphore", "latch"]
+ALWAYS = ["tickets", "ticket-holds", "ticket-notify", "ticket-quiet", "release-collects",
+          "request-ids", "lock", "fenced", "rwlock", "semaphore", "permit-expirable-semaphore",
+          "latch"]
 
 
 def test_hello_names_the_module_its_version_protocol_and_features(server):
