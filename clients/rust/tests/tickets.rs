@@ -1353,12 +1353,12 @@ fn a_held_grant_is_confirmed_after_a_restart_longer_than_the_grace() {
 }
 
 /// A plain semaphore's waiter holds on its grant's message and its confirmation waits
-/// for the ticket connection's next write; the release, which must come after it, goes
-/// right behind it in that write: the server reads and answers both at once (design.md
-/// 5), where the confirmation alone cost it a read and a write, and the release waited
-/// for its answer before going out on another connection.
+/// for the ticket connection's next write; the release, which must not run before the
+/// grant is confirmed, takes its place: it goes on the ticket connection and collects
+/// the grant itself (`COLLECT`, design.md 5), so the server runs no confirmation, where
+/// it once read and answered one of its own and the release waited for its answer.
 #[test]
-fn a_semaphore_release_rides_behind_its_grants_confirmation() {
+fn a_semaphore_release_collects_its_grant_in_place_of_the_confirmation() {
     let s = Server::start();
     let mut r = s.conn();
     let c = rlock_client::Client::open_with(
@@ -1395,41 +1395,36 @@ fn a_semaphore_release_rides_behind_its_grants_confirmation() {
         taken.release().unwrap();
         waiter.join().unwrap();
     });
-    // (command, connection name) of every semaphore command, oldest first.
-    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(-1)
-        .query(&mut r)
-        .unwrap();
-    let ran: Vec<(String, String)> = log
-        .into_iter()
-        .rev()
-        .filter_map(|e| {
-            let redis::Value::Array(f) = e else {
-                return None;
-            };
-            let redis::Value::Array(words) = &f[3] else {
-                return None;
-            };
-            let word = redis::from_redis_value::<String>(words[0].clone()).ok()?;
-            let name = redis::from_redis_value::<String>(f[5].clone()).unwrap_or_default();
-            matches!(word.as_str(), "RSEMAPHORE.ACQUIRE" | "RSEMAPHORE.RELEASE")
-                .then_some((word, name))
-        })
+    let ran = logged_commands(&mut r, "RSEMAPHORE.");
+    let on_tickets: Vec<&Vec<String>> = ran
+        .iter()
+        .filter(|(_, name)| name == "rlock-tickets")
+        .map(|(words, _)| words)
         .collect();
-    let tickets = "rlock-tickets".to_owned();
-    // Last come the waiter's confirmation and its release, in that order, on the ticket
-    // connection.
-    let last = &ran[ran.len() - 2..];
+    // The ticket, then the release collecting its grant, on the ticket connection: no
+    // confirmation in between.
+    assert_eq!(on_tickets.len(), 2, "{ran:?}");
+    assert_eq!(on_tickets[0][0], "RSEMAPHORE.ACQUIRE");
+    assert!(on_tickets[0].iter().any(|w| w == "WAIT"), "{ran:?}");
+    assert_eq!(on_tickets[1][0], "RSEMAPHORE.RELEASE");
     assert_eq!(
-        last,
-        [
-            ("RSEMAPHORE.ACQUIRE".to_owned(), tickets.clone()),
-            ("RSEMAPHORE.RELEASE".to_owned(), tickets)
-        ],
+        collected_id(on_tickets[1]),
+        ticket_id(on_tickets[0]),
         "{ran:?}"
     );
     assert_eq!(held.available().unwrap(), 1);
+}
+
+/// The request id a waiting command went under (`ID id`).
+fn ticket_id(words: &[String]) -> Option<&str> {
+    let at = words.iter().position(|w| w == "ID")?;
+    words.get(at + 1).map(String::as_str)
+}
+
+/// The grant a release collected (`COLLECT id`).
+fn collected_id(words: &[String]) -> Option<&str> {
+    let at = words.iter().position(|w| w == "COLLECT")?;
+    words.get(at + 1).map(String::as_str)
 }
 
 /// `total_writes_processed` (INFO stats): the server's socket writes so far.
@@ -1443,6 +1438,11 @@ fn writes_processed(r: &mut redis::Connection) -> u64 {
 /// (command, its arguments, connection name) of every `RLOCK.*` command in the slow log
 /// (every command is logged: see `log_every_command`), oldest first.
 fn logged_lock_commands(r: &mut redis::Connection) -> Vec<(Vec<String>, String)> {
+    logged_commands(r, "RLOCK.")
+}
+
+/// As [`logged_lock_commands`], for the commands whose name starts with `prefix`.
+fn logged_commands(r: &mut redis::Connection, prefix: &str) -> Vec<(Vec<String>, String)> {
     let log: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(-1).query(r).unwrap();
     log.into_iter()
         .rev()
@@ -1458,7 +1458,7 @@ fn logged_lock_commands(r: &mut redis::Connection) -> Vec<(Vec<String>, String)>
                 .map(|w| redis::from_redis_value::<String>(w.clone()).unwrap_or_default())
                 .collect();
             let name = redis::from_redis_value::<String>(f[5].clone()).unwrap_or_default();
-            words[0].starts_with("RLOCK.").then_some((words, name))
+            words[0].starts_with(prefix).then_some((words, name))
         })
         .collect()
 }
@@ -1480,9 +1480,9 @@ fn log_every_command(r: &mut redis::Connection) {
 
 /// A lock handoff to a ticket costs the server what one to a blocked `WAIT` does (issue
 /// 40, design.md 5): the ticket goes `QUIET`, so the server writes nothing when it
-/// queues it (where `QUEUED` was a write of its own), and the holder's release rides
-/// right behind its grant's confirmation on the ticket connection, one read and one
-/// write for both.
+/// queues it (where `QUEUED` was a write of its own), and the holder's release collects
+/// its grant on the ticket connection (`COLLECT`) in place of the held-back
+/// confirmation: the ticket and the release, the two commands a blocked handoff runs.
 #[test]
 fn a_lock_handoff_to_a_quiet_ticket_writes_nothing_when_queued() {
     let s = Server::start();
@@ -1528,14 +1528,17 @@ fn a_lock_handoff_to_a_quiet_ticket_writes_nothing_when_queued() {
         .filter(|(_, name)| name == tickets)
         .map(|(words, _)| words)
         .collect();
-    // The quiet ticket, its grant's confirmation (the same command without WAIT), and
-    // the release, in that order, all on the ticket connection.
-    assert_eq!(on_tickets.len(), 3, "{ran:?}");
+    // The quiet ticket and the release collecting its grant, in that order, on the
+    // ticket connection: no confirmation (the same command without WAIT) ran.
+    assert_eq!(on_tickets.len(), 2, "{ran:?}");
     assert_eq!(on_tickets[0][0], "RLOCK.ACQUIRE");
     assert!(on_tickets[0].iter().any(|w| w == "QUIET"), "{ran:?}");
-    assert_eq!(on_tickets[1][0], "RLOCK.ACQUIRE");
-    assert!(!on_tickets[1].iter().any(|w| w == "WAIT" || w == "QUIET"));
-    assert_eq!(on_tickets[2][0], "RLOCK.RELEASE");
+    assert_eq!(on_tickets[1][0], "RLOCK.RELEASE");
+    assert_eq!(
+        collected_id(on_tickets[1]),
+        ticket_id(on_tickets[0]),
+        "{ran:?}"
+    );
     assert!(!exists(&mut r, "k"));
 }
 

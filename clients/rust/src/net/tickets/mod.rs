@@ -166,12 +166,18 @@ impl Confirm {
         st.heard_on = Some((conn, id));
     }
 
-    /// Writes `cmd` on the connection that heard the grant, right behind its
-    /// confirmation, while that confirmation is unanswered there (the same write when it
-    /// was still held back for the next one): its reply, or an error once that connection
-    /// broke before answering (`cmd` may then have run or not; resend it under the same
-    /// request id once [`Self::outcome`] says the grant stands). `None` when the
-    /// confirmation went elsewhere or is answered: send it the usual way.
+    /// Writes `cmd` (the hold's release) on the connection that heard the grant, right
+    /// behind its confirmation, while that confirmation is unanswered there (the same
+    /// write when it was still held back for the next one): its reply, or an error once
+    /// that connection broke before answering (`cmd` may then have run or not; resend it
+    /// under the same request id once [`Self::outcome`] says the grant stands). `None`
+    /// when the confirmation went elsewhere or is answered: send it the usual way.
+    ///
+    /// Where the server collects a grant in a release (`release-collects`) and the
+    /// confirmation is still held back, it is not sent at all: `cmd` goes with
+    /// `COLLECT <grant id>`, and its reply settles the grant as the confirmation's would
+    /// (`TAKENBACK`: the release changed nothing, and the caller's usual path finds the
+    /// hold gone). The handoff then runs the commands a blocked one does (design.md 5).
     ///
     /// Safe for a release of the grant's permits: the server takes a grant back only
     /// after its connection closed, and runs one connection's commands in order, so a
@@ -190,6 +196,17 @@ impl Confirm {
             return None;
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
+        if withdraw_locked(&mut st, &id) {
+            // Its confirmation not written yet: the release collects the grant itself
+            // (`COLLECT`), and the server runs no confirmation at all.
+            let mut collecting = cmd.clone();
+            collecting.arg("COLLECT").arg(id.as_str());
+            let mut bytes = fenced(&mut st);
+            st.pending.push_back(Pending::Collecting(id, Answer(tx)));
+            bytes.extend_from_slice(&collecting.get_packed_command());
+            write_locked(&mut st, &bytes);
+            return Some(rx);
+        }
         let mut bytes = fenced(&mut st);
         st.pending.push_back(Pending::Command(Answer(tx)));
         bytes.extend_from_slice(&cmd.get_packed_command());
@@ -309,6 +326,12 @@ enum Pending {
     /// A command written behind a held grant's confirmation ([`Confirm::send_behind`]):
     /// its reply goes to the caller; dropped unanswered when the connection breaks.
     Command(Answer),
+    /// A release written in place of waiter `id`'s held-back confirmation, collecting its
+    /// grant (`COLLECT`, [`Confirm::send_behind`]): its reply goes to the caller and
+    /// settles the grant as the confirmation's would; dropped unanswered when the
+    /// connection breaks (the waiter, still confirming, confirms on a connection of its
+    /// own).
+    Collecting(String, Answer),
     /// A waiter's ticket sent `QUIET`: no reply if the server queued it (its message is
     /// then its answer, and takes this entry out), one reply otherwise (granted at once,
     /// an error, the server's own refusal such as `MOVED`). Nothing is written behind it
@@ -372,9 +395,15 @@ struct State {
     /// grant once the slot came back (the fault harness's `migrate` cell, with idle
     /// channels kept: acquires timed out).
     unheard: HashSet<Vec<u8>>,
+    /// The current connection's probe named `release-collects`: a release may collect
+    /// its grant in place of a held-back confirmation ([`Confirm::send_behind`]).
+    collects: bool,
     /// Confirmations of held grants not written yet ([`CONFIRM_DEFER`]): they go out in
     /// front of the connection's next write, or with the flusher's.
     deferred: Vec<u8>,
+    /// The last confirmation in `deferred`: its waiter's request id and where its
+    /// command starts there ([`withdraw_locked`]). Cleared whenever `deferred` is.
+    deferred_last: Option<(String, usize)>,
     /// The flusher writes `deferred` out once [`CONFIRM_DEFER`] has passed.
     flush_armed: bool,
 }
@@ -1034,6 +1063,46 @@ fn fenced(st: &mut State) -> Vec<u8> {
     }
 }
 
+/// Takes waiter `id`'s confirmation back out of `deferred` before it was written, where
+/// the server collects a grant in a release (`release-collects`) and it is the last thing
+/// deferred (its reply expected last): true if it did, and the caller's release collects
+/// the grant instead. A fence deferred in front of it stays: the release goes behind it.
+fn withdraw_locked(st: &mut State, id: &str) -> bool {
+    let last = matches!(&st.deferred_last, Some((d, _)) if d == id);
+    if !(st.collects && last && matches!(st.pending.back(), Some(Pending::Reply(r)) if r == id)) {
+        return false;
+    }
+    let (_, at) = st.deferred_last.take().expect("just seen");
+    st.deferred.truncate(at);
+    st.pending.pop_back();
+    true
+}
+
+/// The reply `r` of a release that collected waiter `id`'s grant ([`Pending::Collecting`])
+/// settles it as its confirmation's would: run (the grant stood and is collected), or
+/// `TAKENBACK` (the release changed nothing). Another error leaves it open (the release
+/// may have been refused after it collected, or before): the confirmation is sent on a
+/// connection of its own, whose answer decides.
+fn collected(shared: &Arc<Shared>, st: &mut State, id: &str, r: &RedisResult<Value>) {
+    if !matches!(st.waiters.get(id), Some(Slot::Confirming { .. })) {
+        return;
+    }
+    let Some(Slot::Confirming {
+        channel,
+        confirm,
+        look,
+    }) = st.waiters.remove(id)
+    else {
+        return;
+    };
+    release_channel(st, &channel);
+    match r {
+        Ok(_) => confirm.settle(Outcome::Confirmed),
+        Err(e) if e.code() == Some("TAKENBACK") => confirm.settle(Outcome::TakenBack),
+        Err(e) => confirm_later(shared, look, confirm, redirection(e).then(|| e.clone())),
+    }
+}
+
 /// Whether `v` is the fence's reply (`RLOCK.HELLO`'s map): no waiting command's.
 fn fence_answer(v: &Value) -> bool {
     match v {
@@ -1064,6 +1133,7 @@ fn write_locked(st: &mut State, bytes: &[u8]) {
     let bytes = if st.deferred.is_empty() {
         bytes
     } else {
+        st.deferred_last = None;
         let mut all = std::mem::take(&mut st.deferred);
         all.extend_from_slice(bytes);
         joined = all;
@@ -1188,12 +1258,14 @@ fn connect_locked(shared: &Arc<Shared>, st: &mut State) -> RedisResult<()> {
     // Before any subscription below: this connection's channels follow its answer.
     st.notify = caps.has("ticket-notify") && !shared.untagged.load(Ordering::Relaxed);
     st.quiet = caps.has("ticket-quiet");
+    st.collects = caps.has("release-collects");
     stream.set_read_timeout(None)?;
     // A new connection: a channel refused on the old one may be allowed now.
     *lock_ignoring_poison(&shared.refused) = None;
     st.gen += 1;
     st.pending.clear();
     st.deferred.clear();
+    st.deferred_last = None;
     // The old connection's subscriptions went with it; only waiters' are made again.
     st.idle.clear();
     st.unheard.clear();
@@ -1306,6 +1378,11 @@ fn reader_loop(
                 Some(Pending::Command(Answer(tx))) => {
                     let _ = tx.send(other.extract_error());
                 }
+                Some(Pending::Collecting(id, Answer(tx))) => {
+                    let r = other.extract_error();
+                    collected(&shared, &mut st, &id, &r);
+                    let _ = tx.send(r);
+                }
                 // A cluster node that does not serve the channel's slot (any more): the
                 // command written after it is redirected too, and its waiter re-routes.
                 Some(Pending::SubscribeShard(channel)) if redirected(&other) => {
@@ -1346,6 +1423,7 @@ fn reader_loop(
     // Confirmations not written went with the connection too: their holders are
     // `Confirming` and confirm on a connection of their own, below.
     st.deferred.clear();
+    st.deferred_last = None;
     for slot in st.waiters.values() {
         if let Slot::Live { sink, .. } = slot {
             sink(Event::Lost(gen));
@@ -1541,8 +1619,10 @@ fn route_note(shared: &Arc<Shared>, st: &mut State, id: &str, note: Note) {
                 return;
             };
             let mut packed = fenced(st);
+            let at = st.deferred.len() + packed.len();
             packed.extend_from_slice(&pack(&look));
             st.pending.push_back(Pending::Reply(id.clone()));
+            st.deferred_last = Some((id.clone(), at));
             st.waiters.insert(
                 id,
                 Slot::Confirming {

@@ -735,3 +735,100 @@ fn a_command_rides_behind_its_grants_confirmation_only_while_it_is_unanswered() 
     lock_ignoring_poison(&t.shared.state).waiters.remove("g");
     assert!(confirm.send_behind(&release).is_none());
 }
+
+/// Where the server collects a grant in a release (`release-collects`), a release sent
+/// while its grant's confirmation is still held back takes the confirmation's place: the
+/// confirmation is never written, the release goes with `COLLECT <id>` (behind a fence
+/// deferred in front of the confirmation, which stays), and its reply settles the grant.
+/// Not the last thing deferred, or without the feature, it rides behind as before.
+#[test]
+fn a_release_collects_its_grant_in_place_of_a_held_back_confirmation() {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
+    let (ours, mut server) = UnixStream::pair().unwrap();
+    server.set_nonblocking(true).unwrap();
+    let mut read_all = || {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = server.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    };
+    let release = redis::cmd("RSEMAPHORE.RELEASE");
+    // A grant heard on this connection whose confirmation is held back, as `route_note`
+    // leaves it: its reply expected last, its bytes last in `deferred`.
+    let held_back = |collects: bool, fence: bool| {
+        let confirm = Arc::new(Confirm::default());
+        confirm.begin(Arc::downgrade(&t.shared), "g".into());
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        st.collects = collects;
+        if fence {
+            st.pending.push_back(Pending::Fence);
+            st.deferred.extend_from_slice(b"fence;");
+        }
+        let at = st.deferred.len();
+        st.pending.push_back(Pending::Reply("g".into()));
+        st.deferred_last = Some(("g".into(), at));
+        st.waiters.insert(
+            "g".into(),
+            Slot::Confirming {
+                channel: b"c".to_vec(),
+                look: vec![b"RSEMAPHORE.ACQUIRE".to_vec()],
+                confirm: confirm.clone(),
+            },
+        );
+        defer_locked(&t.shared, &mut st, b"confirm;");
+        confirm
+    };
+    lock_ignoring_poison(&t.shared.state).writer = Some(Stream::Unix(ours));
+
+    let confirm = held_back(true, true);
+    let _reply = confirm.send_behind(&release).expect("held back here");
+    let mut collecting = release.clone();
+    collecting.arg("COLLECT").arg("g");
+    let mut want = b"fence;".to_vec();
+    want.extend_from_slice(&collecting.get_packed_command());
+    assert_eq!(read_all(), want, "no confirmation; the release collects");
+    {
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        assert!(matches!(st.pending.back(), Some(Pending::Collecting(id, _)) if id == "g"));
+        assert_eq!(st.deferred_last, None);
+        // Its reply settles the grant as the confirmation's would.
+        st.pending.clear();
+        collected(&t.shared, &mut st, "g", &Ok(Value::Int(1)));
+        assert!(st.waiters.is_empty());
+    }
+    assert_eq!(
+        confirm.state.lock().unwrap().outcome,
+        Some(Outcome::Confirmed)
+    );
+
+    let confirm = held_back(true, false);
+    let _reply = confirm.send_behind(&release).expect("held back here");
+    read_all();
+    {
+        let mut st = lock_ignoring_poison(&t.shared.state);
+        st.pending.clear();
+        let taken = note_error("TAKENBACK the grant was taken back");
+        collected(&t.shared, &mut st, "g", &Err(taken));
+    }
+    assert_eq!(
+        confirm.state.lock().unwrap().outcome,
+        Some(Outcome::TakenBack)
+    );
+
+    // Without the feature: behind the confirmation, in the same write.
+    let confirm = held_back(false, false);
+    let _reply = confirm.send_behind(&release).expect("held back here");
+    let mut want = b"confirm;".to_vec();
+    want.extend_from_slice(&release.get_packed_command());
+    assert_eq!(read_all(), want);
+    let mut st = lock_ignoring_poison(&t.shared.state);
+    assert!(matches!(st.pending.back(), Some(Pending::Command(_))));
+    st.pending.clear();
+    st.waiters.clear();
+}
