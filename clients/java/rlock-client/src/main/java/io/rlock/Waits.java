@@ -1016,15 +1016,7 @@ final class Waits {
             if (replies == null) {
                 confirm(c, a);
             } else {
-                replies.get(i).whenComplete((r, e) -> {
-                    Throwable x = e == null ? null : Wire.unwrap(e);
-                    if (x != null && (Wire.isTransient(x) || Wire.refusedConnection(x)
-                            || x instanceof Transport.NotSent || x instanceof RlockOutcomeUnknownException)) {
-                        confirm(c, a);
-                    } else {
-                        c.settle(Confirm.of(e));
-                    }
-                });
+                settleRidden(c, a, replies.get(i));
             }
         }
         return replies == null ? null : replies.get(cs.size());
@@ -1069,20 +1061,22 @@ final class Waits {
      * already sent, or a grant that was collected): the caller sends `command` itself. The
      * confirmation settles `c` as it would alone, tried again alone after a transient
      * failure; `command`, after one, goes through the usual retries (it carries an `ID`).
+     * Where the server collects a grant in a release (`release-collects`), the
+     * confirmation is not sent at all: `command` collects the grant itself
+     * ({@link #sendCollecting}).
      */
     CompletableFuture<Object> sendBehind(Confirm c, List<String> command) {
         List<String> confirmation = c == null ? null : c.takeHeldBack();
         if (confirmation == null) {
             return null;
         }
+        Capabilities caps = capabilities().getNow(null);
+        int id = Waiter.find(confirmation, "ID");
+        if (caps != null && caps.has("release-collects") && id >= 0) {
+            return sendCollecting(c, confirmation, command, confirmation.get(id + 1));
+        }
         List<CompletableFuture<Object>> both = transport.sendBoth(confirmation, command);
-        both.get(0).whenComplete((r, e) -> {
-            if (e != null && (Wire.isTransient(e) || Wire.refusedConnection(e))) {
-                confirm(c, confirmation);
-            } else {
-                c.settle(Confirm.of(e));
-            }
-        });
+        settleRidden(c, confirmation, both.get(0));
         CompletableFuture<Object> out = new CompletableFuture<>();
         both.get(1).whenComplete((r, e) -> {
             if (e == null) {
@@ -1100,6 +1094,65 @@ final class Waits {
             }
         });
         return out;
+    }
+
+    /**
+     * Sends `command` (a lock's release) with `COLLECT grant` in place of `c`'s held-back
+     * confirmation `confirmation` (design.md 5): the server collects the grant and
+     * releases in one command, so the handoff runs no confirmation at all. Its reply
+     * settles `c` as the confirmation's would. `TAKENBACK`: the release changed nothing
+     * and `c` is lost; `command` then goes as usual and finds the hold gone. Another
+     * failure leaves the grant open: the confirmation goes alone (its answer decides), and
+     * the failure is the caller's, as the release's own. The retries are the usual ones:
+     * the release's `ID` replays it, and collecting again is answered as a confirmation.
+     */
+    private CompletableFuture<Object> sendCollecting(Confirm c, List<String> confirmation, List<String> command,
+                                                     String grant) {
+        List<String> collecting = new ArrayList<>(command.size() + 2);
+        collecting.addAll(command);
+        collecting.add("COLLECT");
+        collecting.add(grant);
+        CompletableFuture<Object> out = new CompletableFuture<>();
+        wire.sendRetrying(collecting).whenComplete((r, e) -> {
+            Throwable x = e == null ? null : Wire.unwrap(e);
+            Confirm.Outcome o = Confirm.of(x);
+            if (o == Confirm.Outcome.IN_DOUBT) {
+                confirm(c, confirmation);
+                out.completeExceptionally(x);
+                return;
+            }
+            c.settle(o);
+            if (o == Confirm.Outcome.CONFIRMED) {
+                out.complete(r);
+                return;
+            }
+            wire.sendRetrying(command).whenComplete((r2, e2) -> {
+                if (e2 == null) {
+                    out.complete(r2);
+                } else {
+                    out.completeExceptionally(Wire.unwrap(e2));
+                }
+            });
+        });
+        return out;
+    }
+
+    /**
+     * Settles `c` from the reply of its confirmation `args`, sent in a batch with a release:
+     * where the batch may not have run it (a transient failure, a refused connection, a
+     * batch not sent, or one in doubt) the confirmation is sent again alone, with its usual
+     * retries (the same command and request id: the server replays it if it ran).
+     */
+    private void settleRidden(Confirm c, List<String> args, CompletableFuture<Object> reply) {
+        reply.whenComplete((r, e) -> {
+            Throwable x = e == null ? null : Wire.unwrap(e);
+            if (x != null && (Wire.isTransient(x) || Wire.refusedConnection(x)
+                    || x instanceof Transport.NotSent || x instanceof RlockOutcomeUnknownException)) {
+                confirm(c, args);
+            } else {
+                c.settle(Confirm.of(e));
+            }
+        });
     }
 
     /** {@link #heldReply}'s answer when the grant's reply cannot be read from its message. */

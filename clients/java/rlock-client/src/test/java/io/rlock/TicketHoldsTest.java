@@ -173,18 +173,19 @@ class TicketHoldsTest {
     }
 
     @Test
-    void a_lock_holders_release_carries_its_held_back_confirmation_in_one_write() throws Exception {
+    void a_lock_holders_release_collects_its_grant_in_place_of_the_held_back_confirmation() throws Exception {
         try (RlockClient c = RlockClient.create(server.uri(), RlockOptions.defaults())) {
             c.waits().deferConfirmsFor(60_000); // held back until the release, however slow the machine
             String name = key("carried");
             RlockLock lock = lockHeldOnGrant(c, name);
-            long acquires = calls("rlock.acquire");
-            // The confirmation was still held back and went with the release: one acquire
-            // (the confirmation) in this window, and the server read both in one read. Sent
-            // apart, they take two.
+            long acquires = calls("rlock.acquire"), releases = calls("rlock.release");
+            // The confirmation was still held back: the release collected the grant itself
+            // (COLLECT), one command in one read, no confirmation (an acquire) at all. Sent
+            // behind the confirmation it took one acquire more; apart, a read more.
             assertEquals(1, readsDuring(() -> lock.unlockAsync(7).get(10, TimeUnit.SECONDS)),
-                    "confirmation and release read at once");
-            assertEquals(1, calls("rlock.acquire") - acquires, "the confirmation went with the release");
+                    "one read");
+            assertEquals(0, calls("rlock.acquire") - acquires, "no confirmation");
+            assertEquals(1, calls("rlock.release") - releases);
             assertEquals(0L, server.call("EXISTS", name), "released");
             assertFalse(lock.isLost(7));
             assertEquals(0, c.stats().lostLocks());
@@ -395,6 +396,43 @@ class TicketHoldsTest {
             IllegalMonitorStateException e = assertThrows(IllegalMonitorStateException.class,
                     () -> Sync.join(lock.unlockAsync(7)));
             assertTrue(e.getMessage().contains("lost"), e.getMessage());
+            next.getLock(name).unlockAsync(8).get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void a_release_collecting_a_grant_taken_back_changes_nothing_and_reports_the_lock_lost() throws Exception {
+        confirmMs(200);
+        Gated t = new Gated(false);
+        try (RlockClient c = RlockClient.create(t, RlockOptions.defaults());
+             RlockClient next = RlockClient.create(server.uri(), RlockOptions.defaults())) {
+            c.waits().deferConfirmsFor(60_000); // held back: the release is what would collect the grant
+            String name = key("collect-takenback");
+            RlockLock lock = c.getLock(name);
+            CountDownLatch lost = new CountDownLatch(1);
+            lock.addLostListener((n, owner, why) -> {
+                if (owner.equals(lock.ownerOf(7)) && why.contains("TAKENBACK")) {
+                    lost.countDown();
+                }
+            });
+            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+            CompletableFuture<Boolean> after = next.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 8);
+            TestServer.waitUntil(Duration.ofSeconds(10), "both queued", () -> waiters() == 2);
+            long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+            assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+            // Cut off before its confirmation went: the server takes the grant back after
+            // 200 ms and hands the lock on.
+            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
+            assertTrue(after.get(10, TimeUnit.SECONDS), "the next waiter got the lock taken back");
+            IllegalMonitorStateException e = assertThrows(IllegalMonitorStateException.class,
+                    () -> Sync.join(lock.unlockAsync(7)));
+            assertTrue(e.getMessage().contains("lost"), e.getMessage());
+            assertTrue(lost.await(10, TimeUnit.SECONDS), "the lost-lock listener fired");
+            assertTrue(next.getLock(name).isHeldByThread(8), "the release changed nothing");
+            assertEquals(1, c.stats().lostLocks());
             next.getLock(name).unlockAsync(8).get(10, TimeUnit.SECONDS);
         }
     }
