@@ -1249,12 +1249,9 @@ def test_a_rwlock_release_collects_its_write_grant(server, r):
     assert r.hget("rw", "mode") == b"write" and stats(r)["revoked_handoffs"] == 0
 
 
-@pytest.mark.parametrize("collect", [True, False], ids=["collected", "plain-release"])
-def test_a_semaphore_release_that_collects_its_grant_is_not_followed_by_a_take_back(
-        server, r, collect):
-    """A permit has no owner, so only the collect tells a holder's release from the
-    take-back of the same grant: released with a plain release and then taken back, the
-    pool gains a permit that never existed."""
+def one_permit_granted(server, r):
+    """Semaphore `s` of 1 permit, taken, a ticket p1 (connection t) queued and then granted
+    by the permit's release, with take-backs at once (`rlock.ticket-confirm-ms` 0); t."""
     r.config_set("rlock.ticket-confirm-ms", 0)
     listen = Listener(server, "s")
     assert r.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 1) == 1
@@ -1264,6 +1261,16 @@ def test_a_semaphore_release_that_collects_its_grant_is_not_followed_by_a_take_b
                              "p1") == b"QUEUED"
     r.execute_command("RSEMAPHORE.RELEASE", "s", 1)
     assert listen.next()[1:3] == ("granted", "p1")
+    return t
+
+
+@pytest.mark.parametrize("collect", [True, False], ids=["collected", "plain-release"])
+def test_a_semaphore_release_that_collects_its_grant_is_not_followed_by_a_take_back(
+        server, r, collect):
+    """A permit has no owner, so only the collect tells a holder's release from the
+    take-back of the same grant: released with a plain release and then taken back, the
+    pool gains a permit that never existed."""
+    t = one_permit_granted(server, r)
     extra = ("COLLECT", "p1") if collect else ()
     assert r.execute_command("RSEMAPHORE.RELEASE", "s", 1, *extra) == 1
     r.client_kill_filter(_id=t.client_id())
@@ -1275,15 +1282,7 @@ def test_a_semaphore_release_that_collects_its_grant_is_not_followed_by_a_take_b
 
 
 def test_a_semaphore_release_collecting_a_grant_taken_back_returns_nothing(server, r):
-    r.config_set("rlock.ticket-confirm-ms", 0)
-    listen = Listener(server, "s")
-    assert r.execute_command("RSEMAPHORE.TRYSETPERMITS", "s", 1) == 1
-    assert r.execute_command("RSEMAPHORE.ACQUIRE", "s", 1) == 1
-    t = server.client()
-    assert t.execute_command("RSEMAPHORE.ACQUIRE", "s", 1, "WAIT", 0, "ASYNC", "ID",
-                             "p1") == b"QUEUED"
-    r.execute_command("RSEMAPHORE.RELEASE", "s", 1)
-    assert listen.next()[1:3] == ("granted", "p1")
+    t = one_permit_granted(server, r)
     r.client_kill_filter(_id=t.client_id())
     wait_until(lambda: r.get("s") == b"1", what="the grant taken back")
     with pytest.raises(redis.ResponseError, match="^" + re.escape(errors.TAKEN_BACK) + "$"):

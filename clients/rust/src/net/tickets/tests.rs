@@ -631,30 +631,42 @@ fn it_leaves_an_orphan_when_its_deadline_comes_with_the_ticket_queued() {
     assert_eq!(c.expire(Vec::new(), now).1, Leaves::Orphan);
 }
 
+/// A ticket connection's state (no server) whose writes go to one end of a socket pair;
+/// the other end, non-blocking, for [`drain`].
+#[cfg(unix)]
+fn wired() -> (Tickets, UnixStream) {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
+    let (ours, server) = UnixStream::pair().unwrap();
+    server.set_nonblocking(true).unwrap();
+    lock_ignoring_poison(&t.shared.state).writer = Some(Stream::Unix(ours));
+    (t, server)
+}
+
+/// Everything written to `s` so far.
+#[cfg(unix)]
+fn drain(s: &mut UnixStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
 /// A held grant's confirmation waits for the connection's next write and goes out in
 /// front of it (one write, so the server reads both at once); with nothing else to send,
 /// the flusher writes it alone a moment later.
 #[cfg(unix)]
 #[test]
 fn a_deferred_confirmation_rides_with_the_next_write_or_goes_alone_soon_after() {
-    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
-    let (ours, mut server) = UnixStream::pair().unwrap();
-    server.set_nonblocking(true).unwrap();
-    let read_all = |s: &mut UnixStream| {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 256];
-        while let Ok(n) = s.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
-    };
+    let (t, mut server) = wired();
+    let read_all = drain;
     {
         let mut st = lock_ignoring_poison(&t.shared.state);
-        st.writer = Some(Stream::Unix(ours));
         defer_locked(&t.shared, &mut st, b"confirm;");
         assert!(read_all(&mut server).is_empty(), "deferred, not written");
         write_locked(&mut st, b"next;");
@@ -682,21 +694,8 @@ fn a_deferred_confirmation_rides_with_the_next_write_or_goes_alone_soon_after() 
 /// connection (a plain semaphore's release, design.md 5).
 #[test]
 fn a_command_rides_behind_its_grants_confirmation_only_while_it_is_unanswered() {
-    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
-    let (ours, mut server) = UnixStream::pair().unwrap();
-    server.set_nonblocking(true).unwrap();
-    let mut read_all = || {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 256];
-        while let Ok(n) = server.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
-    };
+    let (t, mut server) = wired();
+    let mut read_all = || drain(&mut server);
     let confirm = Arc::new(Confirm::default());
     let release = redis::cmd("PING");
     // Not heard on a ticket connection: nothing rides.
@@ -704,7 +703,6 @@ fn a_command_rides_behind_its_grants_confirmation_only_while_it_is_unanswered() 
     confirm.begin(Arc::downgrade(&t.shared), "g".into());
     {
         let mut st = lock_ignoring_poison(&t.shared.state);
-        st.writer = Some(Stream::Unix(ours));
         st.pending.push_back(Pending::Reply("g".into()));
         st.waiters.insert(
             "g".into(),
@@ -743,21 +741,8 @@ fn a_command_rides_behind_its_grants_confirmation_only_while_it_is_unanswered() 
 /// Not the last thing deferred, or without the feature, it rides behind as before.
 #[test]
 fn a_release_collects_its_grant_in_place_of_a_held_back_confirmation() {
-    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
-    let t = Tickets::new(&client, WaitMode::Auto, "t1".into()).unwrap();
-    let (ours, mut server) = UnixStream::pair().unwrap();
-    server.set_nonblocking(true).unwrap();
-    let mut read_all = || {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 256];
-        while let Ok(n) = server.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
-    };
+    let (t, mut server) = wired();
+    let mut read_all = || drain(&mut server);
     let release = redis::cmd("RSEMAPHORE.RELEASE");
     // A grant heard on this connection whose confirmation is held back, as `route_note`
     // leaves it: its reply expected last, its bytes last in `deferred`.
@@ -784,8 +769,6 @@ fn a_release_collects_its_grant_in_place_of_a_held_back_confirmation() {
         defer_locked(&t.shared, &mut st, b"confirm;");
         confirm
     };
-    lock_ignoring_poison(&t.shared.state).writer = Some(Stream::Unix(ours));
-
     let confirm = held_back(true, true);
     let _reply = confirm.send_behind(&release).expect("held back here");
     let mut collecting = release.clone();

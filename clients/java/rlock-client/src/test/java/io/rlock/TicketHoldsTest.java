@@ -357,6 +357,25 @@ class TicketHoldsTest {
         }
     }
 
+    /**
+     * `lock` (of the client on `t`) held by its thread 7 on a grant message, `next`'s thread
+     * 8 queued behind it; then `t`'s command connection killed before any confirmation
+     * went, and the grant, taken back (rlock.ticket-confirm-ms later), handed to `next`.
+     */
+    static void takenBackToNext(Gated t, RlockLock lock, RlockLock next) throws Exception {
+        String name = lock.getName();
+        assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
+        CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
+        TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
+        CompletableFuture<Boolean> after = next.tryLockAsync(20, -1, TimeUnit.SECONDS, 8);
+        TestServer.waitUntil(Duration.ofSeconds(10), "both queued", () -> waiters() == 2);
+        long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
+        assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
+        assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
+        server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
+        assertTrue(after.get(10, TimeUnit.SECONDS), "the next waiter got the lock taken back");
+    }
+
     @Test
     void a_grant_taken_back_before_its_confirmation_is_reported_as_a_lost_lock() throws Exception {
         confirmMs(200);
@@ -373,19 +392,10 @@ class TicketHoldsTest {
                     lost.countDown();
                 }
             });
-            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
-            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
-            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
-            CompletableFuture<Boolean> after = next.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 8);
-            TestServer.waitUntil(Duration.ofSeconds(10), "both queued", () -> waiters() == 2);
-            long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
-            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
-            assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
             // The connection that queued the ticket closes before any confirmation (a
             // paused or cut-off holder): the server waits 200 ms, takes the grant back
             // and hands the lock to the next waiter.
-            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
-            assertTrue(after.get(10, TimeUnit.SECONDS), "the next waiter got the lock taken back");
+            takenBackToNext(t, lock, next.getLock(name));
             assertTrue(next.getLock(name).isHeldByThread(8));
             // The late confirmation hears TAKENBACK: the holder is told it lost the lock.
             t.gate.complete(null);
@@ -415,18 +425,9 @@ class TicketHoldsTest {
                     lost.countDown();
                 }
             });
-            assertNull(server.call("RLOCK.ACQUIRE", name, "holder", "30000"));
-            CompletableFuture<Boolean> waiting = lock.tryLockAsync(20, -1, TimeUnit.SECONDS, 7);
-            TestServer.waitUntil(Duration.ofSeconds(10), "queued", () -> waiters() == 1);
-            CompletableFuture<Boolean> after = next.getLock(name).tryLockAsync(20, -1, TimeUnit.SECONDS, 8);
-            TestServer.waitUntil(Duration.ofSeconds(10), "both queued", () -> waiters() == 2);
-            long commandConn = Sync.asLong(t.inner.send(List.of("CLIENT", "ID")).get(10, TimeUnit.SECONDS));
-            assertEquals(1L, server.call("RLOCK.RELEASE", name, "holder"));
-            assertTrue(waiting.get(10, TimeUnit.SECONDS), "held on the grant message");
             // Cut off before its confirmation went: the server takes the grant back after
             // 200 ms and hands the lock on.
-            server.call("CLIENT", "KILL", "ID", Long.toString(commandConn));
-            assertTrue(after.get(10, TimeUnit.SECONDS), "the next waiter got the lock taken back");
+            takenBackToNext(t, lock, next.getLock(name));
             IllegalMonitorStateException e = assertThrows(IllegalMonitorStateException.class,
                     () -> Sync.join(lock.unlockAsync(7)));
             assertTrue(e.getMessage().contains("lost"), e.getMessage());
