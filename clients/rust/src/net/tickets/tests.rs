@@ -657,6 +657,21 @@ fn drain(s: &mut UnixStream) -> Vec<u8> {
     got
 }
 
+/// Grant "g", heard on `t`, held by `confirm`: confirming, its confirmation deferred (as
+/// `route_note` leaves a held grant).
+#[cfg(unix)]
+fn hold_back(t: &Tickets, st: &mut State, confirm: &Arc<Confirm>) {
+    st.waiters.insert(
+        "g".into(),
+        Slot::Confirming {
+            channel: b"c".to_vec(),
+            look: vec![b"RSEMAPHORE.ACQUIRE".to_vec()],
+            confirm: confirm.clone(),
+        },
+    );
+    defer_locked(&t.shared, st, b"confirm;");
+}
+
 /// A held grant's confirmation waits for the connection's next write and goes out in
 /// front of it (one write, so the server reads both at once); with nothing else to send,
 /// the flusher writes it alone a moment later.
@@ -704,15 +719,7 @@ fn a_command_rides_behind_its_grants_confirmation_only_while_it_is_unanswered() 
     {
         let mut st = lock_ignoring_poison(&t.shared.state);
         st.pending.push_back(Pending::Reply("g".into()));
-        st.waiters.insert(
-            "g".into(),
-            Slot::Confirming {
-                channel: b"c".to_vec(),
-                look: vec![b"RSEMAPHORE.ACQUIRE".to_vec()],
-                confirm: confirm.clone(),
-            },
-        );
-        defer_locked(&t.shared, &mut st, b"confirm;");
+        hold_back(&t, &mut st, &confirm);
     }
     let reply = confirm
         .send_behind(&release)
@@ -758,15 +765,7 @@ fn a_release_collects_its_grant_in_place_of_a_held_back_confirmation() {
         let at = st.deferred.len();
         st.pending.push_back(Pending::Reply("g".into()));
         st.deferred_last = Some(("g".into(), at));
-        st.waiters.insert(
-            "g".into(),
-            Slot::Confirming {
-                channel: b"c".to_vec(),
-                look: vec![b"RSEMAPHORE.ACQUIRE".to_vec()],
-                confirm: confirm.clone(),
-            },
-        );
-        defer_locked(&t.shared, &mut st, b"confirm;");
+        hold_back(&t, &mut st, &confirm);
         confirm
     };
     let confirm = held_back(true, true);
